@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: Apache-2.0
+// Vocabulary of the collective engine: operations, algorithms, per-call options and the raw
+// buffer view. Thread-safety: value types.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <string_view>
+
+#include "kf/common/dtype.hpp"
+
+namespace kf {
+
+enum class Device : std::uint8_t { cpu, cuda };
+
+/// A view of a caller-owned buffer: pointer, element count, element type, device.
+/// The caller keeps the memory alive and untouched until the collective's handle completes.
+struct Buffer {
+  void* data = nullptr;
+  std::size_t count = 0;
+  DType dtype = DType::f32;
+  Device device = Device::cpu;
+
+  std::size_t bytes() const noexcept { return count * dtype_bytes(dtype); }
+};
+
+template <typename T>
+constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::f32; }
+template <> constexpr DType dtype_of<double>() { return DType::f64; }
+template <> constexpr DType dtype_of<std::int32_t>() { return DType::i32; }
+template <> constexpr DType dtype_of<std::int64_t>() { return DType::i64; }
+template <> constexpr DType dtype_of<std::uint8_t>() { return DType::u8; }
+
+/// A Buffer over a typed array. The const overload is for send buffers: kf never writes to a
+/// send buffer unless it is also the receive buffer.
+template <typename T>
+Buffer buffer(T* p, std::size_t count) {
+  return Buffer{p, count, dtype_of<T>(), Device::cpu};
+}
+template <typename T>
+Buffer buffer(const T* p, std::size_t count) {
+  return Buffer{const_cast<T*>(p), count, dtype_of<T>(), Device::cpu};
+}
+
+enum class CollOp : std::uint8_t {
+  allreduce, broadcast, allgather, reduce_scatter, gather, barrier, consensus
+};
+
+/// Algorithms (DESIGN.md "Collectives"). job_default takes the job's setting (KF_ALGORITHM or
+/// the cluster settings' "algorithm"), whose own default is auto.
+enum class Algorithm : std::uint8_t { job_default, auto_select, star, ring, tree, clique, rhd };
+
+std::string_view to_string(CollOp op) noexcept;
+std::string_view to_string(Algorithm a) noexcept;
+/// Parses "star", "ring", "tree", "clique", "rhd", "auto"; nullopt otherwise.
+std::optional<Algorithm> parse_algorithm(std::string_view s) noexcept;
+
+/// Per-call options (gloo's AllreduceOptions style).
+struct CollOptions {
+  Algorithm algorithm = Algorithm::job_default;
+  ReduceOp op = ReduceOp::sum;   ///< allreduce and reduce_scatter
+  int root = 0;                  ///< broadcast and gather
+  /// No progress from a peer for this long fails the collective; zero takes the peer's default.
+  std::chrono::milliseconds timeout{0};
+};
+
+}  // namespace kf

@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: Apache-2.0
+// Every KF_* environment variable kf reads, declared once. kfrun sets them for the workers it
+// starts; a worker reads them through Env::from_environment(). Thread-safety: value type.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+#include "kf/cluster/cluster.hpp"
+
+namespace kf {
+
+namespace env {
+inline constexpr const char* kSelf = "KF_SELF";                  ///< host:port this worker listens on
+inline constexpr const char* kCluster = "KF_CLUSTER";            ///< initial cluster, JSON
+inline constexpr const char* kJobId = "KF_JOB_ID";               ///< job id (part of the handshake)
+inline constexpr const char* kJobToken = "KF_JOB_TOKEN";         ///< job token (secret)
+inline constexpr const char* kJobTokenFile = "KF_JOB_TOKEN_FILE";  ///< file holding the token
+inline constexpr const char* kConfigServer = "KF_CONFIG_SERVER";  ///< URL of the config service
+inline constexpr const char* kAlgorithm = "KF_ALGORITHM";        ///< job default algorithm
+inline constexpr const char* kTimeoutMs = "KF_TIMEOUT_MS";       ///< collective deadline, ms
+inline constexpr const char* kLogLevel = "KF_LOG_LEVEL";         ///< trace|debug|info|warn|error
+inline constexpr const char* kRank = "KF_RANK";                  ///< informational: initial rank
+inline constexpr const char* kSize = "KF_SIZE";                  ///< informational: initial size
+}  // namespace env
+
+/// The settings a worker takes from its environment.
+struct Env {
+  Endpoint self;
+  Cluster cluster;
+  std::string job_id;
+  std::string job_token;
+  std::optional<std::string> config_server;
+  std::optional<std::string> algorithm;
+  std::optional<std::chrono::milliseconds> timeout;
+
+  /// Reads the KF_* variables. Throws: std::invalid_argument naming the variable that is missing
+  /// or malformed (e.g. "KF_CLUSTER: workers[1].port must be an integer in 1-65535").
+  static Env from_environment();
+};
+
+/// Reads a job token file: its content up to the first newline. Throws: std::runtime_error when
+/// the file cannot be read or is empty.
+std::string read_token_file(const std::string& path);
+
+}  // namespace kf

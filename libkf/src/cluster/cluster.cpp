@@ -1,0 +1,118 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kf/cluster/cluster.hpp"
+
+#include <charconv>
+#include <set>
+#include <stdexcept>
+
+namespace kf {
+
+Endpoint Endpoint::parse(std::string_view s) {
+  const auto colon = s.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) {
+    throw std::invalid_argument("endpoint '" + std::string(s) + "' is not host:port");
+  }
+  unsigned port = 0;
+  const auto digits = s.substr(colon + 1);
+  auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
+  if (ec != std::errc{} || ptr != digits.data() + digits.size() || port == 0 || port > 65535) {
+    throw std::invalid_argument("endpoint '" + std::string(s) + "' has no valid port (1-65535)");
+  }
+  return Endpoint{std::string(s.substr(0, colon)), static_cast<std::uint16_t>(port)};
+}
+
+std::optional<int> Cluster::rank_of(const Endpoint& self) const noexcept {
+  for (std::size_t i = 0; i < workers.size(); ++i) {
+    if (workers[i].endpoint == self) return static_cast<int>(i);
+  }
+  return std::nullopt;
+}
+
+std::string Cluster::validate() const {
+  std::set<std::string> seen;
+  for (std::size_t i = 0; i < workers.size(); ++i) {
+    const auto& e = workers[i].endpoint;
+    if (e.host.empty()) return "workers[" + std::to_string(i) + "].host is empty";
+    if (e.port == 0) return "workers[" + std::to_string(i) + "].port must be 1-65535";
+    if (!seen.insert(e.str()).second) return "duplicate worker " + e.str();
+    if (workers[i].slot < 0) return "workers[" + std::to_string(i) + "].slot is negative";
+  }
+  return {};
+}
+
+namespace {
+
+Endpoint endpoint_from_json(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) throw std::invalid_argument(where + " must be an object");
+  for (const auto& [k, v] : j.items()) {
+    if (k != "host" && k != "port" && k != "slot") {
+      throw std::invalid_argument(where + " has unknown field '" + k + "'");
+    }
+  }
+  if (!j.contains("host") || !j["host"].is_string() || j["host"].get<std::string>().empty()) {
+    throw std::invalid_argument(where + ".host must be a non-empty string");
+  }
+  if (!j.contains("port") || !j["port"].is_number_integer() || j["port"].get<std::int64_t>() < 1 ||
+      j["port"].get<std::int64_t>() > 65535) {
+    throw std::invalid_argument(where + ".port must be an integer in 1-65535");
+  }
+  return Endpoint{j["host"].get<std::string>(), static_cast<std::uint16_t>(j["port"].get<int>())};
+}
+
+}  // namespace
+
+nlohmann::json Cluster::to_json() const {
+  nlohmann::json ws = nlohmann::json::array();
+  for (const auto& w : workers) {
+    ws.push_back({{"host", w.endpoint.host}, {"port", w.endpoint.port}, {"slot", w.slot}});
+  }
+  nlohmann::json as = nlohmann::json::array();
+  for (const auto& a : agents) as.push_back({{"host", a.host}, {"port", a.port}});
+  return {{"version", version}, {"workers", ws}, {"agents", as}, {"settings", settings}};
+}
+
+Cluster Cluster::from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw std::invalid_argument("cluster must be a JSON object");
+  for (const auto& [k, v] : j.items()) {
+    if (k != "version" && k != "workers" && k != "agents" && k != "settings") {
+      throw std::invalid_argument("cluster has unknown field '" + k + "'");
+    }
+  }
+  Cluster c;
+  if (j.contains("version")) {
+    if (!j["version"].is_number_unsigned() && !(j["version"].is_number_integer() &&
+                                                j["version"].get<std::int64_t>() >= 0)) {
+      throw std::invalid_argument("cluster.version must be a non-negative integer");
+    }
+    c.version = j["version"].get<std::uint64_t>();
+  }
+  if (!j.contains("workers") || !j["workers"].is_array()) {
+    throw std::invalid_argument("cluster.workers must be an array");
+  }
+  for (std::size_t i = 0; i < j["workers"].size(); ++i) {
+    const auto& w = j["workers"][i];
+    const std::string where = "workers[" + std::to_string(i) + "]";
+    WorkerSpec spec{endpoint_from_json(w, where), 0};
+    if (w.contains("slot")) {
+      if (!w["slot"].is_number_integer() || w["slot"].get<std::int64_t>() < 0) {
+        throw std::invalid_argument(where + ".slot must be a non-negative integer");
+      }
+      spec.slot = w["slot"].get<int>();
+    }
+    c.workers.push_back(std::move(spec));
+  }
+  if (j.contains("agents")) {
+    if (!j["agents"].is_array()) throw std::invalid_argument("cluster.agents must be an array");
+    for (std::size_t i = 0; i < j["agents"].size(); ++i) {
+      c.agents.push_back(endpoint_from_json(j["agents"][i], "agents[" + std::to_string(i) + "]"));
+    }
+  }
+  if (j.contains("settings")) {
+    if (!j["settings"].is_object()) throw std::invalid_argument("cluster.settings must be an object");
+    c.settings = j["settings"];
+  }
+  if (auto why = c.validate(); !why.empty()) throw std::invalid_argument(why);
+  return c;
+}
+
+}  // namespace kf

@@ -1,0 +1,80 @@
+// SPDX-License-Identifier: Apache-2.0
+// Collective schedules as pure data: given (operation, algorithm, rank, size, element count) a
+// plan says which ranges of a work buffer each rank sends to and receives from which rank, in
+// which order. No I/O happens here; coll/exec runs plans over the transport, and the unit tests
+// run them over an in-memory simulator.
+//
+// Shape: a plan has lanes that run concurrently (chunks of a pipelined message); a lane is a
+// sequence of steps; a step is a set of transfers that run concurrently, and the next step
+// starts when all of them are done. Messages between a pair of ranks within a lane are matched
+// in order (first send to first receive), so every plan must list, for each ordered pair, its
+// sends on one side in the same order as the matching receives on the other.
+//
+// Work-buffer layout per operation (count = elements per rank where it applies):
+//   allreduce       work = count elements (the receive buffer, initialised with the input)
+//   broadcast       work = count elements
+//   allgather       work = size*count, block r holds rank r's input
+//   reduce_scatter  work = size*count (a copy of the input); rank r's result is block r
+//   gather          work = size*count; block r holds rank r's input, the root gets them all
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kf/coll/types.hpp"
+
+namespace kf::coll {
+
+enum class XferKind : std::uint8_t { send, recv_reduce, recv_copy };
+
+struct Xfer {
+  XferKind kind;
+  int peer;             ///< rank in the cluster
+  std::size_t offset;   ///< elements from the start of the work buffer
+  std::size_t count;    ///< elements
+  friend bool operator==(const Xfer&, const Xfer&) = default;
+};
+
+struct Step {
+  std::vector<Xfer> xfers;
+};
+
+struct Lane {
+  std::vector<Step> steps;
+};
+
+struct Plan {
+  std::vector<Lane> lanes;
+};
+
+struct PlanRequest {
+  CollOp op = CollOp::allreduce;
+  Algorithm algorithm = Algorithm::ring;  ///< a concrete algorithm (not job_default/auto)
+  int rank = 0;
+  int size = 1;
+  std::size_t count = 0;  ///< allreduce/broadcast: elements; others: elements per rank
+  int root = 0;
+  int lanes = 1;          ///< pipeline chunks (allreduce and broadcast only; others use 1)
+  std::size_t max_xfer_count = 0;  ///< split transfers larger than this (0: never)
+};
+
+/// The element count of the work buffer for a request (see the layout above).
+std::size_t work_count(const PlanRequest& r) noexcept;
+
+/// Builds the plan for one rank. Throws: std::invalid_argument for a root out of range or an
+/// algorithm that is not concrete.
+Plan make_plan(const PlanRequest& r);
+
+/// How many lanes to pipeline a message of `bytes` over for this algorithm and size.
+int default_lanes(CollOp op, Algorithm a, std::size_t bytes, int size) noexcept;
+
+/// Splits [0, count) into k near-equal parts; part i is [begin, begin+len).
+struct Range {
+  std::size_t begin = 0;
+  std::size_t count = 0;
+};
+Range split(std::size_t count, int k, int i) noexcept;
+
+}  // namespace kf::coll

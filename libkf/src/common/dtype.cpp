@@ -1,0 +1,220 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kf/common/dtype.hpp"
+
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+namespace kf {
+
+std::size_t dtype_bytes(DType t) noexcept {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::f16: return 2;
+    case DType::bf16: return 2;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+    case DType::u8: return 1;
+  }
+  return 1;
+}
+
+std::string_view to_string(DType t) noexcept {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+    case DType::u8: return "u8";
+  }
+  return "?";
+}
+
+std::string_view to_string(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::min: return "min";
+    case ReduceOp::max: return "max";
+    case ReduceOp::prod: return "prod";
+    case ReduceOp::avg: return "avg";
+  }
+  return "?";
+}
+
+std::optional<DType> parse_dtype(std::string_view s) noexcept {
+  struct Name { std::string_view name; DType t; };
+  static constexpr std::array<Name, 12> kNames{{
+      {"f32", DType::f32}, {"float32", DType::f32}, {"f64", DType::f64},
+      {"float64", DType::f64}, {"f16", DType::f16}, {"float16", DType::f16},
+      {"bf16", DType::bf16}, {"bfloat16", DType::bf16}, {"i32", DType::i32},
+      {"i64", DType::i64}, {"u8", DType::u8}, {"uint8", DType::u8}}};
+  for (const auto& n : kNames) {
+    if (n.name == s) return n.t;
+  }
+  return std::nullopt;
+}
+
+std::optional<ReduceOp> parse_reduce_op(std::string_view s) noexcept {
+  for (auto op : {ReduceOp::sum, ReduceOp::min, ReduceOp::max, ReduceOp::prod, ReduceOp::avg}) {
+    if (to_string(op) == s) return op;
+  }
+  return std::nullopt;
+}
+
+std::uint16_t float_to_f16(float f) noexcept {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t abs = x & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // overflow: inf
+  if (abs < 0x38800000u) {
+    // Result is subnormal (or zero) in half: value = abs_float * 2^24 units of 2^-24.
+    // Add the float to 0.5 (2^-1) so the FPU rounds to nearest-even at the 2^-24 position.
+    const float magic = std::bit_cast<float>(0x3f000000u);  // 0.5
+    const float r = std::bit_cast<float>(abs) + magic;
+    return static_cast<std::uint16_t>(sign | (std::bit_cast<std::uint32_t>(r) - 0x3f000000u));
+  }
+  // Normal: rebias exponent (127 -> 15) and round the 13 dropped mantissa bits to nearest-even.
+  const std::uint32_t odd = (abs >> 13) & 1u;
+  std::uint32_t v = abs + 0xc8000fffu + odd;  // -(112 << 23) + rounding bias
+  return static_cast<std::uint16_t>(sign | (v >> 13));
+}
+
+float f16_to_float(std::uint16_t h) noexcept {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu;
+  const std::uint32_t man = h & 0x3ffu;
+  std::uint32_t out;
+  if (exp == 0) {
+    if (man == 0) {
+      out = sign;
+    } else {  // subnormal: value = man * 2^-24
+      const float v = static_cast<float>(man) * 5.9604644775390625e-08f;
+      out = sign | std::bit_cast<std::uint32_t>(v);
+    }
+  } else if (exp == 31) {
+    out = sign | 0x7f800000u | (man << 13) | (man ? 0x00400000u : 0u);
+  } else {
+    out = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  return std::bit_cast<float>(out);
+}
+
+std::uint16_t float_to_bf16(float f) noexcept {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
+  const std::uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<std::uint16_t>((x + rounding) >> 16);
+}
+
+float bf16_to_float(std::uint16_t h) noexcept {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16);
+}
+
+namespace {
+
+template <typename T>
+inline T combine(T a, T b, ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg: return static_cast<T>(a + b);
+    case ReduceOp::prod: return static_cast<T>(a * b);
+    case ReduceOp::min:
+      if constexpr (std::is_floating_point_v<T>) {
+        if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
+      }
+      return b < a ? b : a;
+    case ReduceOp::max:
+      if constexpr (std::is_floating_point_v<T>) {
+        if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
+      }
+      return a < b ? b : a;
+  }
+  return a;
+}
+
+// One loop per operator so the compiler vectorises each; the switch stays outside the loop.
+template <typename T>
+void reduce_typed(T* __restrict acc, const T* __restrict in, std::size_t n, ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg:
+      for (std::size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(acc[i] + in[i]);
+      return;
+    case ReduceOp::prod:
+      for (std::size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(acc[i] * in[i]);
+      return;
+    case ReduceOp::min:
+    case ReduceOp::max:
+      for (std::size_t i = 0; i < n; ++i) acc[i] = combine(acc[i], in[i], op);
+      return;
+  }
+}
+
+template <float (*ToF)(std::uint16_t), std::uint16_t (*FromF)(float)>
+void reduce_half(std::uint16_t* acc, const std::uint16_t* in, std::size_t n, ReduceOp op) noexcept {
+  for (std::size_t i = 0; i < n; ++i) acc[i] = FromF(combine(ToF(acc[i]), ToF(in[i]), op));
+}
+
+template <typename T>
+void divide_typed(T* buf, std::size_t n, std::size_t d) noexcept {
+  const T dv = static_cast<T>(d);
+  for (std::size_t i = 0; i < n; ++i) buf[i] = static_cast<T>(buf[i] / dv);
+}
+
+}  // namespace
+
+void reduce_into(void* acc, const void* in, std::size_t count, DType t, ReduceOp op) noexcept {
+  switch (t) {
+    case DType::f32:
+      return reduce_typed(static_cast<float*>(acc), static_cast<const float*>(in), count, op);
+    case DType::f64:
+      return reduce_typed(static_cast<double*>(acc), static_cast<const double*>(in), count, op);
+    case DType::i32:
+      return reduce_typed(static_cast<std::int32_t*>(acc), static_cast<const std::int32_t*>(in),
+                          count, op);
+    case DType::i64:
+      return reduce_typed(static_cast<std::int64_t*>(acc), static_cast<const std::int64_t*>(in),
+                          count, op);
+    case DType::u8:
+      return reduce_typed(static_cast<std::uint8_t*>(acc), static_cast<const std::uint8_t*>(in),
+                          count, op);
+    case DType::f16:
+      return reduce_half<f16_to_float, float_to_f16>(static_cast<std::uint16_t*>(acc),
+                                                     static_cast<const std::uint16_t*>(in), count,
+                                                     op);
+    case DType::bf16:
+      return reduce_half<bf16_to_float, float_to_bf16>(static_cast<std::uint16_t*>(acc),
+                                                       static_cast<const std::uint16_t*>(in),
+                                                       count, op);
+  }
+}
+
+void finish_avg(void* buf, std::size_t count, DType t, std::size_t n) noexcept {
+  if (n <= 1) return;
+  switch (t) {
+    case DType::f32: return divide_typed(static_cast<float*>(buf), count, n);
+    case DType::f64: return divide_typed(static_cast<double*>(buf), count, n);
+    case DType::i32: return divide_typed(static_cast<std::int32_t*>(buf), count, n);
+    case DType::i64: return divide_typed(static_cast<std::int64_t*>(buf), count, n);
+    case DType::u8: return divide_typed(static_cast<std::uint8_t*>(buf), count, n);
+    case DType::f16: {
+      auto* p = static_cast<std::uint16_t*>(buf);
+      for (std::size_t i = 0; i < count; ++i)
+        p[i] = float_to_f16(f16_to_float(p[i]) / static_cast<float>(n));
+      return;
+    }
+    case DType::bf16: {
+      auto* p = static_cast<std::uint16_t*>(buf);
+      for (std::size_t i = 0; i < count; ++i)
+        p[i] = float_to_bf16(bf16_to_float(p[i]) / static_cast<float>(n));
+      return;
+    }
+  }
+}
+
+}  // namespace kf
