@@ -5,6 +5,8 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 namespace kf {
 
@@ -47,11 +49,12 @@ std::string_view to_string(ReduceOp op) noexcept {
 
 std::optional<DType> parse_dtype(std::string_view s) noexcept {
   struct Name { std::string_view name; DType t; };
-  static constexpr std::array<Name, 12> kNames{{
+  static constexpr std::array<Name, 14> kNames{{
       {"f32", DType::f32}, {"float32", DType::f32}, {"f64", DType::f64},
       {"float64", DType::f64}, {"f16", DType::f16}, {"float16", DType::f16},
       {"bf16", DType::bf16}, {"bfloat16", DType::bf16}, {"i32", DType::i32},
-      {"i64", DType::i64}, {"u8", DType::u8}, {"uint8", DType::u8}}};
+      {"int32", DType::i32}, {"i64", DType::i64}, {"int64", DType::i64},
+      {"u8", DType::u8}, {"uint8", DType::u8}}};
   for (const auto& n : kNames) {
     if (n.name == s) return n.t;
   }
@@ -117,20 +120,45 @@ float bf16_to_float(std::uint16_t h) noexcept {
 
 namespace {
 
+// Integers wrap around (in the unsigned type: signed overflow would be undefined behaviour).
+template <typename T>
+inline T add(T a, T b) noexcept {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  } else {
+    return a + b;
+  }
+}
+
+template <typename T>
+inline T mul(T a, T b) noexcept {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+  } else {
+    return a * b;
+  }
+}
+
+// min and max order -0 below +0 (IEEE 754-2019 minimum/maximum), so that the result never
+// depends on the order of the operands; a plain comparison would return the first of two zeros.
 template <typename T>
 inline T combine(T a, T b, ReduceOp op) noexcept {
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::avg: return static_cast<T>(a + b);
-    case ReduceOp::prod: return static_cast<T>(a * b);
+    case ReduceOp::avg: return add(a, b);
+    case ReduceOp::prod: return mul(a, b);
     case ReduceOp::min:
       if constexpr (std::is_floating_point_v<T>) {
         if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
+        if (a == b) return std::signbit(a) ? a : b;
       }
       return b < a ? b : a;
     case ReduceOp::max:
       if constexpr (std::is_floating_point_v<T>) {
         if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
+        if (a == b) return std::signbit(a) ? b : a;
       }
       return a < b ? b : a;
   }
@@ -143,10 +171,10 @@ void reduce_typed(T* __restrict acc, const T* __restrict in, std::size_t n, Redu
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::avg:
-      for (std::size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(acc[i] + in[i]);
+      for (std::size_t i = 0; i < n; ++i) acc[i] = add(acc[i], in[i]);
       return;
     case ReduceOp::prod:
-      for (std::size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(acc[i] * in[i]);
+      for (std::size_t i = 0; i < n; ++i) acc[i] = mul(acc[i], in[i]);
       return;
     case ReduceOp::min:
     case ReduceOp::max:
@@ -162,8 +190,16 @@ void reduce_half(std::uint16_t* acc, const std::uint16_t* in, std::size_t n, Red
 
 template <typename T>
 void divide_typed(T* buf, std::size_t n, std::size_t d) noexcept {
-  const T dv = static_cast<T>(d);
-  for (std::size_t i = 0; i < n; ++i) buf[i] = static_cast<T>(buf[i] / dv);
+  if constexpr (std::is_integral_v<T>) {
+    // Divide in 64 bits: d need not fit T (a u8 average over 256 ranks would divide by zero).
+    using W = std::conditional_t<std::is_signed_v<T>, std::int64_t, std::uint64_t>;
+    const auto max_d = static_cast<std::uint64_t>(std::numeric_limits<W>::max());
+    const W dv = static_cast<W>(d < max_d ? d : max_d);
+    for (std::size_t i = 0; i < n; ++i) buf[i] = static_cast<T>(static_cast<W>(buf[i]) / dv);
+  } else {
+    const T dv = static_cast<T>(d);
+    for (std::size_t i = 0; i < n; ++i) buf[i] = buf[i] / dv;
+  }
 }
 
 }  // namespace

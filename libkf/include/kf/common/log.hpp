@@ -15,8 +15,8 @@ spdlog::logger& logger();
 
 }  // namespace kf
 
-#define KF_LOG(level, subsystem, ...) \
-  ::kf::logger().log(::spdlog::level::level, "[" subsystem "] " __VA_ARGS__)
+#define KF_LOG(lvl, subsystem, ...) \
+  ::kf::logger().log(::spdlog::level::lvl, "[" subsystem "] " __VA_ARGS__)
 
 #define KF_CHECK(cond, msg)                                      \
   do {                                                           \

@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: Apache-2.0
+// The handle of an asynchronous collective: a shared completion state that the engine's I/O
+// thread completes and any thread may wait on. Thread-safety: all methods may be called from
+// any thread, concurrently.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <system_error>
+
+namespace kf {
+
+namespace detail {
+struct OpState;
+}
+
+class Handle {
+ public:
+  Handle() = default;
+  explicit Handle(std::shared_ptr<detail::OpState> s) : state_(std::move(s)) {}
+
+  /// True once the collective has finished (successfully or not). Never blocks.
+  bool ready() const noexcept;
+  /// Blocks until the collective finishes. Throws: kf::Error with the failure's code
+  /// (errc::peer_lost, errc::timeout, errc::invalid_argument, ...) and a message naming the
+  /// collective and the reason.
+  void wait() const;
+  /// Blocks until the collective finishes and returns its status instead of throwing.
+  std::error_code wait_status() const noexcept;
+  /// The failure's description ("allreduce 'grad#3': peer 127.0.0.1:10002 lost: ..."), or
+  /// empty. Valid after completion.
+  std::string message() const;
+
+ private:
+  std::shared_ptr<detail::OpState> state_;
+};
+
+}  // namespace kf

@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: Apache-2.0
+// kf::Peer is one worker's endpoint in a job: it listens for its peers, keeps one TCP
+// connection per ordered pair of workers that talk (opened lazily, authenticated with the job
+// token, kept open), and runs named asynchronous collectives over the current cluster.
+//
+// Ownership: the Peer owns its I/O context and the I/O thread ("kf-io") that drives every
+// socket; collectives run there as coroutines and complete a Handle. Buffers passed to a
+// collective belong to the caller, who keeps them alive until the handle completes.
+// Thread-safety: collective calls may be made from any thread; calls that must be ordered the
+// same way on every worker (collectives sharing a name) must be issued in the same order.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "kf/cluster/cluster.hpp"
+#include "kf/coll/handle.hpp"
+#include "kf/coll/types.hpp"
+
+namespace kf {
+
+struct PeerOptions {
+  Endpoint listen{"127.0.0.1", 0};  ///< port 0 picks a free port (see Peer::endpoint())
+  std::string job_id = "kf";
+  std::string job_token;            ///< must be non-empty
+  /// A collective fails when a peer it waits on shows no progress for this long.
+  std::chrono::milliseconds timeout{3000};
+  /// How long a new connection may take to open and authenticate (peers may start late).
+  std::chrono::milliseconds connect_timeout{20000};
+  Algorithm default_algorithm = Algorithm::auto_select;
+  std::size_t max_frame_bytes = std::size_t{64} << 20;       ///< larger transfers are split
+  std::size_t max_unexpected_bytes = std::size_t{2} << 30;   ///< early-arrival buffer limit
+};
+
+namespace detail {
+class PeerImpl;
+}
+
+class Peer {
+ public:
+  /// Binds the listening socket and starts the I/O thread. Throws: kf::Error when the address
+  /// cannot be bound; std::invalid_argument for an empty token.
+  explicit Peer(PeerOptions opts);
+  /// Sends a goodbye to every connected peer, waits a bounded time for queued frames to leave,
+  /// then closes everything. Never throws.
+  ~Peer();
+  Peer(const Peer&) = delete;
+  Peer& operator=(const Peer&) = delete;
+
+  /// A worker started by kfrun: options and the initial cluster from the KF_* environment,
+  /// already started. Throws: std::invalid_argument naming the bad variable; kf::Error.
+  static std::unique_ptr<Peer> from_environment();
+
+  /// The address this peer listens on (with the actual port when 0 was asked for).
+  Endpoint endpoint() const;
+
+  /// Adopts a cluster: this peer's rank is its index there. Call before the first collective.
+  /// Throws: kf::Error(errc::not_member) when this peer is not in the cluster.
+  void start(const Cluster& cluster);
+
+  int rank() const noexcept;
+  int size() const noexcept;
+  std::uint64_t version() const noexcept;
+  const Cluster& cluster() const noexcept;
+
+  /// recv = OP over all workers of send (send and recv may be the same buffer).
+  Handle allreduce(std::string_view name, Buffer send, Buffer recv, const CollOptions& o = {});
+  /// buf on every worker = buf on opts.root.
+  Handle broadcast(std::string_view name, Buffer buf, const CollOptions& o = {});
+  /// recv (size * send.count elements) = every worker's send, in rank order.
+  Handle allgather(std::string_view name, Buffer send, Buffer recv, const CollOptions& o = {});
+  /// send has size * recv.count elements; worker r gets block r of the reduction.
+  Handle reduce_scatter(std::string_view name, Buffer send, Buffer recv,
+                        const CollOptions& o = {});
+  /// recv on opts.root (size * send.count elements) = every worker's send; ignored elsewhere.
+  Handle gather(std::string_view name, Buffer send, Buffer recv, const CollOptions& o = {});
+  /// Completes on every worker once all workers have entered it.
+  Handle barrier(std::string_view name, const CollOptions& o = {});
+  /// *agreed = whether every worker passed the same bytes (same length and content).
+  Handle consensus(std::string_view name, Buffer data, bool* agreed, const CollOptions& o = {});
+
+  /// The algorithm a call with these options would use for `bytes` (resolves job_default and
+  /// auto through the cost model).
+  Algorithm resolve(CollOp op, Algorithm a, std::size_t bytes) const noexcept;
+
+ private:
+  std::unique_ptr<detail::PeerImpl> impl_;
+};
+
+}  // namespace kf

@@ -1,0 +1,295 @@
+// SPDX-License-Identifier: Apache-2.0
+// kf::Peer's public surface: construction, cluster adoption, argument checks, and handing
+// collectives to the I/O thread. The coroutines live in transport/tcp/connections.cpp and
+// coll/exec/executor.cpp.
+#include "kf/peer.hpp"
+
+#include <future>
+#include <stdexcept>
+
+#include "kf/coll/cost_model.hpp"
+#include "kf/common/env.hpp"
+#include "kf/common/log.hpp"
+#include "peer_impl.hpp"
+
+namespace kf {
+
+// ---- Handle ---------------------------------------------------------------------------------
+
+bool Handle::ready() const noexcept {
+  return !state_ || state_->ready.load(std::memory_order_acquire);
+}
+
+std::error_code Handle::wait_status() const noexcept {
+  if (!state_) return {};
+  // Small collectives finish within tens of microseconds: spin briefly before sleeping, so the
+  // waiting thread is not descheduled for a wake-up that costs more than the collective.
+  for (int i = 0; i < 2000 && !state_->ready.load(std::memory_order_acquire); ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  std::unique_lock<std::mutex> lk(state_->mu);
+  state_->cv.wait(lk, [&] { return state_->done_; });
+  return state_->ec;
+}
+
+void Handle::wait() const {
+  const std::error_code ec = wait_status();
+  if (ec) throw Error(ec, message());
+}
+
+std::string Handle::message() const {
+  if (!state_) return {};
+  std::lock_guard<std::mutex> lk(state_->mu);
+  return state_->what;
+}
+
+// ---- PeerImpl setup -------------------------------------------------------------------------
+
+namespace detail {
+
+namespace {
+
+tcp::endpoint resolve_listen(asio::io_context& ioc, const Endpoint& ep) {
+  boost::system::error_code ec;
+  auto addr = asio::ip::make_address(ep.host, ec);
+  if (!ec) return tcp::endpoint(addr, ep.port);
+  tcp::resolver res(ioc);
+  auto results = res.resolve(ep.host, std::to_string(ep.port), ec);
+  if (ec || results.empty()) {
+    throw Error(make_error_code(errc::invalid_argument),
+                "cannot resolve listen host '" + ep.host + "': " + ec.message());
+  }
+  return results.begin()->endpoint();
+}
+
+}  // namespace
+
+PeerImpl::PeerImpl(PeerOptions opts) : opts_(std::move(opts)), acceptor_(ioc_) {
+  if (opts_.job_token.empty()) throw std::invalid_argument("PeerOptions.job_token is empty");
+  const tcp::endpoint ep = resolve_listen(ioc_, opts_.listen);
+  boost::system::error_code ec;
+  acceptor_.open(ep.protocol(), ec);
+  if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(ep, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    throw Error(make_error_code(errc::invalid_argument),
+                "cannot listen on " + opts_.listen.str() + ": " + ec.message());
+  }
+  self_ = Endpoint{opts_.listen.host, acceptor_.local_endpoint().port()};
+  identity_ = self_.str();
+  asio::co_spawn(ioc_, accept_loop(), asio::detached);
+  io_thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "kf-io");
+    auto guard = asio::make_work_guard(ioc_);
+    ioc_.run();
+  });
+}
+
+PeerImpl::~PeerImpl() {
+  try {
+    auto done = asio::co_spawn(ioc_, shutdown(), asio::use_future);
+    if (done.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+      KF_LOG(warn, "peer", "{}: shutdown did not finish in 5 s; closing anyway", identity_);
+    }
+  } catch (const std::exception& e) {
+    KF_LOG(warn, "peer", "{}: shutdown failed: {}", identity_, e.what());
+  }
+  ioc_.stop();
+  if (io_thread_.joinable()) io_thread_.join();
+}
+
+void PeerImpl::start(const Cluster& c) {
+  auto r = c.rank_of(self_);
+  if (!r) {
+    throw Error(make_error_code(errc::not_member),
+                "this peer (" + identity_ + ") is not a worker of cluster version " +
+                    std::to_string(c.version));
+  }
+  // Register every member on the I/O thread so connection bookkeeping stays single-threaded.
+  auto done = asio::co_spawn(
+      ioc_,
+      [this, c]() -> awaitable<std::vector<int>> {
+        std::vector<int> idx;
+        for (const auto& w : c.workers) idx.push_back(peer_index(w.endpoint));
+        co_return idx;
+      },
+      asio::use_future);
+  rank_to_peer_ = done.get();
+  cluster_ = c;
+  rank_ = *r;
+}
+
+int PeerImpl::peer_index(const Endpoint& ep) {
+  const std::string key = ep.str();
+  auto it = peer_by_key_.find(key);
+  if (it != peer_by_key_.end()) return it->second;
+  const int idx = static_cast<int>(peers_.size());
+  PeerState ps;
+  ps.ep = ep;
+  ps.key = key;
+  peers_.push_back(std::move(ps));
+  peer_by_key_.emplace(key, idx);
+  return idx;
+}
+
+Algorithm PeerImpl::resolve(CollOp op, Algorithm a, std::size_t bytes) const noexcept {
+  if (a == Algorithm::job_default) a = opts_.default_algorithm;
+  if (a == Algorithm::job_default) a = Algorithm::auto_select;
+  if (a != Algorithm::auto_select) return a;
+  return coll::choose(op, bytes, std::max(1, cluster_.size()), coll::LinkParams{});
+}
+
+Handle PeerImpl::submit(std::shared_ptr<CollCtx> ctx) {
+  ctx->state = std::make_shared<OpState>();
+  Handle h(ctx->state);
+  auto fail = [&](const std::string& why) {
+    ctx->state->complete(make_error_code(errc::invalid_argument),
+                         std::string(to_string(ctx->op)) + " '" + ctx->name + "': " + why);
+    return h;
+  };
+  if (cluster_.workers.empty()) return fail("the peer has no cluster yet (call start())");
+  if (ctx->send.device != Device::cpu || ctx->recv.device != Device::cpu) {
+    return fail("device buffers need the NCCL backend, which this build does not have");
+  }
+  ctx->version = cluster_.version;
+  ctx->rank = rank_;
+  ctx->size = cluster_.size();
+  const auto p = static_cast<std::size_t>(ctx->size);
+  if (ctx->opts.root < 0 || ctx->opts.root >= ctx->size) {
+    return fail("root " + std::to_string(ctx->opts.root) + " is not a rank of this " +
+                std::to_string(ctx->size) + "-worker cluster");
+  }
+  if (ctx->name.empty() || ctx->name.size() > transport::kMaxNameBytes) {
+    return fail("a collective needs a name of 1-" + std::to_string(transport::kMaxNameBytes) +
+                " bytes");
+  }
+  const Buffer& s = ctx->send;
+  const Buffer& r = ctx->recv;
+  switch (ctx->op) {
+    case CollOp::allreduce:
+      if (s.count != r.count || s.dtype != r.dtype) return fail("send and recv differ in shape");
+      break;
+    case CollOp::allgather:
+    case CollOp::gather:
+      if (s.dtype != r.dtype) return fail("send and recv differ in dtype");
+      if ((ctx->op == CollOp::allgather || ctx->rank == ctx->opts.root) && r.count != s.count * p) {
+        return fail("recv needs size*send.count = " + std::to_string(s.count * p) + " elements");
+      }
+      break;
+    case CollOp::reduce_scatter:
+      if (s.dtype != r.dtype) return fail("send and recv differ in dtype");
+      if (s.count != r.count * p) {
+        return fail("send needs size*recv.count = " + std::to_string(r.count * p) + " elements");
+      }
+      break;
+    default:
+      break;
+  }
+  if ((s.count > 0 && s.data == nullptr) || (r.count > 0 && r.data == nullptr &&
+                                             !(ctx->op == CollOp::gather &&
+                                               ctx->rank != ctx->opts.root))) {
+    return fail("null buffer");
+  }
+  ctx->timeout = ctx->opts.timeout.count() > 0 ? ctx->opts.timeout : opts_.timeout;
+  ctx->algorithm = resolve(ctx->op, ctx->opts.algorithm, s.bytes());
+  ctx->rank_to_peer = rank_to_peer_;
+  asio::co_spawn(ioc_, run_collective(ctx), [ctx](std::exception_ptr e) {
+    if (!e) return;
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      KF_LOG(err, "coll", "{} '{}' raised: {}", to_string(ctx->op), ctx->name, ex.what());
+      ctx->state->complete(make_error_code(errc::protocol_error), ex.what());
+    }
+  });
+  return h;
+}
+
+}  // namespace detail
+
+// ---- Peer -------------------------------------------------------------------------------------
+
+Peer::Peer(PeerOptions opts) : impl_(std::make_unique<detail::PeerImpl>(std::move(opts))) {}
+Peer::~Peer() = default;
+
+std::unique_ptr<Peer> Peer::from_environment() {
+  const Env e = Env::from_environment();
+  PeerOptions o;
+  o.listen = Endpoint{e.self.host, e.self.port};
+  o.job_id = e.job_id;
+  o.job_token = e.job_token;
+  if (e.timeout) o.timeout = *e.timeout;
+  std::optional<std::string> algo = e.algorithm;
+  if (!algo && e.cluster.settings.contains("algorithm") &&
+      e.cluster.settings["algorithm"].is_string()) {
+    algo = e.cluster.settings["algorithm"].get<std::string>();
+  }
+  if (algo) {
+    auto a = parse_algorithm(*algo);
+    if (!a) {
+      throw std::invalid_argument(std::string(env::kAlgorithm) + "='" + *algo +
+                                  "' is not one of auto, star, ring, tree, clique, rhd");
+    }
+    o.default_algorithm = *a;
+  }
+  auto p = std::make_unique<Peer>(std::move(o));
+  p->start(e.cluster);
+  return p;
+}
+
+Endpoint Peer::endpoint() const { return impl_->endpoint(); }
+void Peer::start(const Cluster& cluster) { impl_->start(cluster); }
+int Peer::rank() const noexcept { return impl_->rank_; }
+int Peer::size() const noexcept { return impl_->cluster_.size(); }
+std::uint64_t Peer::version() const noexcept { return impl_->cluster_.version; }
+const Cluster& Peer::cluster() const noexcept { return impl_->cluster_; }
+
+Algorithm Peer::resolve(CollOp op, Algorithm a, std::size_t bytes) const noexcept {
+  return impl_->resolve(op, a, bytes);
+}
+
+namespace {
+
+std::shared_ptr<detail::CollCtx> make_ctx(CollOp op, std::string_view name, Buffer send,
+                                          Buffer recv, const CollOptions& o) {
+  auto c = std::make_shared<detail::CollCtx>();
+  c->op = op;
+  c->name = std::string(name);
+  c->send = send;
+  c->recv = recv;
+  c->opts = o;
+  return c;
+}
+
+}  // namespace
+
+Handle Peer::allreduce(std::string_view name, Buffer send, Buffer recv, const CollOptions& o) {
+  return impl_->submit(make_ctx(CollOp::allreduce, name, send, recv, o));
+}
+Handle Peer::broadcast(std::string_view name, Buffer buf, const CollOptions& o) {
+  return impl_->submit(make_ctx(CollOp::broadcast, name, buf, buf, o));
+}
+Handle Peer::allgather(std::string_view name, Buffer send, Buffer recv, const CollOptions& o) {
+  return impl_->submit(make_ctx(CollOp::allgather, name, send, recv, o));
+}
+Handle Peer::reduce_scatter(std::string_view name, Buffer send, Buffer recv,
+                            const CollOptions& o) {
+  return impl_->submit(make_ctx(CollOp::reduce_scatter, name, send, recv, o));
+}
+Handle Peer::gather(std::string_view name, Buffer send, Buffer recv, const CollOptions& o) {
+  return impl_->submit(make_ctx(CollOp::gather, name, send, recv, o));
+}
+Handle Peer::barrier(std::string_view name, const CollOptions& o) {
+  Buffer none{nullptr, 0, DType::u8, Device::cpu};
+  return impl_->submit(make_ctx(CollOp::barrier, name, none, none, o));
+}
+Handle Peer::consensus(std::string_view name, Buffer data, bool* agreed, const CollOptions& o) {
+  auto c = make_ctx(CollOp::consensus, name, data, data, o);
+  c->agreed = agreed;
+  return impl_->submit(std::move(c));
+}
+
+}  // namespace kf

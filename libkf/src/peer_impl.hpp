@@ -1,0 +1,254 @@
+// SPDX-License-Identifier: Apache-2.0
+// Private state of kf::Peer. Everything below runs on the peer's single I/O thread (kf-io)
+// unless a comment says otherwise, so it needs no locks; other threads reach it through
+// asio::post / co_spawn. Asio lives only in this header and the .cpp files that include it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <boost/asio.hpp>
+
+#include "coll/plan/plan.hpp"
+#include "kf/common/error.hpp"
+#include "kf/peer.hpp"
+#include "transport/frame.hpp"
+
+namespace kf::detail {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+template <typename T>
+using awaitable = asio::awaitable<T>;
+
+/// Completion state shared by a Handle (any thread) and the I/O thread.
+struct OpState {
+  std::mutex mu;  // guards done_, ec, what
+  std::condition_variable cv;
+  bool done_ = false;
+  std::error_code ec;
+  std::string what;
+  std::atomic<bool> ready{false};
+
+  void complete(std::error_code e, std::string w) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      done_ = true;
+      ec = e;
+      what = std::move(w);
+    }
+    ready.store(true, std::memory_order_release);
+    cv.notify_all();
+  }
+};
+
+/// A one-shot event on the I/O thread: a timer that is cancelled to signal completion, and
+/// whose expiry doubles as the waiter's deadline.
+struct Event {
+  explicit Event(const asio::any_io_executor& ex) : timer(ex, Clock::time_point::max()) {}
+  asio::steady_timer timer;
+  bool done = false;
+  std::error_code ec;
+  void set(std::error_code e) {
+    if (done) return;
+    done = true;
+    ec = e;
+    timer.cancel();
+  }
+};
+
+struct MailKey {
+  int peer;
+  std::uint64_t version;
+  std::uint32_t tag;
+  std::string name;
+  bool operator==(const MailKey&) const = default;
+};
+struct MailKeyHash {
+  std::size_t operator()(const MailKey& k) const noexcept {
+    std::size_t h = std::hash<std::string>{}(k.name);
+    h ^= std::hash<std::uint64_t>{}(k.version + (static_cast<std::uint64_t>(k.peer) << 40) +
+                                    (static_cast<std::uint64_t>(k.tag) << 20)) +
+         0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h;
+  }
+};
+
+struct SendReq {
+  explicit SendReq(const asio::any_io_executor& ex) : ev(ex) {}
+  transport::HeaderBytes header{};
+  std::string name;
+  const std::byte* data = nullptr;
+  std::size_t bytes = 0;
+  std::vector<std::byte> owned;  // payload of control frames
+  Event ev;
+  bool in_progress = false;
+  bool cancelled = false;
+};
+
+struct RecvReq {
+  RecvReq(const asio::any_io_executor& ex, MailKey k) : key(std::move(k)), ev(ex) {}
+  MailKey key;
+  std::byte* dst = nullptr;
+  std::size_t bytes = 0;
+  Event ev;
+  bool in_progress = false;
+};
+
+struct Slot {
+  std::deque<std::shared_ptr<RecvReq>> posted;
+  std::deque<std::vector<std::byte>> unexpected;
+};
+
+struct Outgoing {
+  Outgoing(const asio::any_io_executor& ex, int p) : sock(ex), signal(ex), peer(p) {}
+  tcp::socket sock;
+  asio::steady_timer signal;  // cancelled when the queue gains an entry
+  std::deque<std::shared_ptr<SendReq>> queue;
+  int peer;
+  bool closed = false;
+};
+
+struct Incoming {
+  explicit Incoming(tcp::socket s) : sock(std::move(s)), buf(kBufBytes) {}
+  static constexpr std::size_t kBufBytes = 64 * 1024;
+  tcp::socket sock;
+  int peer = -1;
+  // Read-ahead buffer: small frames (header, name, payload) usually arrive in one segment and
+  // are parsed from here with one system call; large payloads bypass it.
+  std::vector<std::byte> buf;
+  std::size_t begin = 0, end = 0;
+};
+
+/// What this process knows of one remote worker, by endpoint; never removed, so indices are
+/// stable across cluster versions.
+struct PeerState {
+  Endpoint ep;
+  std::string key;  // ep.str()
+  Clock::time_point last_rx{}, last_tx{};
+  std::shared_ptr<Outgoing> out;
+  std::vector<std::shared_ptr<Incoming>> in;
+  bool lost = false;
+  bool departed = false;
+};
+
+/// Reusable receive buffers for reductions, so that large collectives do not page-fault fresh
+/// memory on every call. I/O thread only.
+class ScratchPool {
+ public:
+  struct Block {
+    std::unique_ptr<std::byte[]> data;
+    std::size_t bytes = 0;
+  };
+  Block acquire(std::size_t bytes) {
+    std::size_t best = free_.size();
+    for (std::size_t i = 0; i < free_.size(); ++i) {
+      if (free_[i].bytes >= bytes && (best == free_.size() || free_[i].bytes < free_[best].bytes)) {
+        best = i;
+      }
+    }
+    if (best == free_.size()) {
+      return Block{std::make_unique_for_overwrite<std::byte[]>(bytes), bytes};
+    }
+    Block b = std::move(free_[best]);
+    free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
+    return b;
+  }
+  void release(Block b) {
+    if (b.data && free_.size() < 8) free_.push_back(std::move(b));
+  }
+
+ private:
+  std::vector<Block> free_;
+};
+
+/// One collective in flight.
+struct CollCtx {
+  CollOp op;
+  std::string name;
+  Algorithm algorithm;
+  CollOptions opts;
+  Buffer send, recv;
+  bool* agreed = nullptr;
+  std::uint64_t version = 0;
+  std::vector<int> rank_to_peer;
+  int rank = 0, size = 1;
+  std::chrono::milliseconds timeout{};
+  std::shared_ptr<OpState> state;
+};
+
+class PeerImpl {
+ public:
+  explicit PeerImpl(PeerOptions opts);
+  ~PeerImpl();
+
+  // ---- called from user threads ----
+  Endpoint endpoint() const { return self_; }
+  void start(const Cluster& c);
+  Handle submit(std::shared_ptr<CollCtx> ctx);
+  Algorithm resolve(CollOp op, Algorithm a, std::size_t bytes) const noexcept;
+
+  // Immutable after start() (set before any collective is submitted).
+  Cluster cluster_;
+  int rank_ = 0;
+  std::vector<int> rank_to_peer_;
+
+  // ---- I/O thread only ----
+  asio::any_io_executor ex() { return ioc_.get_executor(); }
+  int peer_index(const Endpoint& ep);
+  awaitable<void> accept_loop();
+  awaitable<void> serve_incoming(std::shared_ptr<Incoming> in);
+  awaitable<void> run_outgoing(std::shared_ptr<Outgoing> out);
+  awaitable<std::error_code> dial(Outgoing& out);
+  awaitable<std::error_code> read_exact(Incoming& in, std::byte* dst, std::size_t n);
+  awaitable<std::error_code> write_frame(Outgoing& out, SendReq& req);
+
+  std::shared_ptr<SendReq> post_send(int peer, const transport::FrameHeader& h, std::string name,
+                                     const std::byte* data);
+  std::shared_ptr<SendReq> post_control(int peer, transport::FrameType t,
+                                        std::vector<std::byte> payload);
+  std::shared_ptr<RecvReq> post_recv(MailKey key, std::byte* dst, std::size_t bytes);
+  void cancel(const std::shared_ptr<SendReq>& r, std::error_code ec);
+  void cancel(const std::shared_ptr<RecvReq>& r, std::error_code ec);
+  awaitable<std::error_code> wait_progress(Event& ev, int peer, std::chrono::milliseconds timeout);
+  void force_close(int peer);
+
+  void mark_lost(int peer, std::error_code ec, const std::string& why);
+  void mark_departed(int peer);
+  void break_version(std::error_code ec, const std::string& why);
+
+  awaitable<void> run_collective(std::shared_ptr<CollCtx> ctx);
+  awaitable<std::error_code> run_plan(CollCtx& ctx, const coll::Plan& plan, std::byte* work,
+                                      std::string& why);
+  awaitable<std::error_code> run_lane(CollCtx& ctx, const coll::Lane& lane, std::uint32_t tag,
+                                      std::byte* work, std::string& why);
+  awaitable<void> shutdown();
+
+
+  PeerOptions opts_;
+  asio::io_context ioc_{1};
+  tcp::acceptor acceptor_;
+  Endpoint self_;
+  std::string identity_;
+  std::thread io_thread_;
+
+  std::vector<PeerState> peers_;
+  std::unordered_map<std::string, int> peer_by_key_;
+  std::unordered_map<MailKey, Slot, MailKeyHash> mailbox_;
+  std::size_t unexpected_bytes_ = 0;
+  std::error_code broken_;
+  std::string broken_why_;
+  bool stopping_ = false;
+  ScratchPool scratch_;
+};
+
+}  // namespace kf::detail

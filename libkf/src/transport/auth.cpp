@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "transport/auth.hpp"
+
+#include <cstring>
+#include <stdexcept>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+namespace kf::transport {
+
+Nonce random_nonce() {
+  Nonce n;
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1) {
+    throw std::runtime_error("OpenSSL RAND_bytes failed");
+  }
+  return n;
+}
+
+Mac handshake_mac(const std::string& token, const char* purpose, const std::string& job_id,
+                  const std::string& identity, const Nonce& nonce) {
+  // Fields are joined with NUL separators so that ("ab","c") and ("a","bc") differ.
+  std::string msg = std::string("kf1-") + purpose;
+  msg.push_back('\0');
+  msg += job_id;
+  msg.push_back('\0');
+  msg += identity;
+  msg.push_back('\0');
+  msg.append(reinterpret_cast<const char*>(nonce.data()), nonce.size());
+  Mac out{};
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
+       reinterpret_cast<const unsigned char*>(msg.data()), msg.size(),
+       reinterpret_cast<unsigned char*>(out.data()), &len);
+  return out;
+}
+
+bool mac_equal(const Mac& a, const Mac& b) noexcept {
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+namespace {
+
+void put_str(std::vector<std::byte>& out, const std::string& s) {
+  const auto n = static_cast<std::uint16_t>(std::min<std::size_t>(s.size(), 0xffff));
+  out.push_back(static_cast<std::byte>(n & 0xff));
+  out.push_back(static_cast<std::byte>(n >> 8));
+  for (std::size_t i = 0; i < n; ++i) out.push_back(static_cast<std::byte>(s[i]));
+}
+
+template <std::size_t N>
+void put_arr(std::vector<std::byte>& out, const std::array<std::byte, N>& a) {
+  out.insert(out.end(), a.begin(), a.end());
+}
+
+class Reader {
+ public:
+  explicit Reader(const std::vector<std::byte>& b) : b_(b) {}
+  bool str(std::string& s) {
+    if (pos_ + 2 > b_.size()) return false;
+    const std::size_t n = static_cast<std::size_t>(b_[pos_]) |
+                          (static_cast<std::size_t>(b_[pos_ + 1]) << 8);
+    pos_ += 2;
+    if (pos_ + n > b_.size()) return false;
+    s.assign(reinterpret_cast<const char*>(b_.data() + pos_), n);
+    pos_ += n;
+    return true;
+  }
+  template <std::size_t N>
+  bool arr(std::array<std::byte, N>& a) {
+    if (pos_ + N > b_.size()) return false;
+    std::memcpy(a.data(), b_.data() + pos_, N);
+    pos_ += N;
+    return true;
+  }
+  bool at_end() const { return pos_ == b_.size(); }
+
+ private:
+  const std::vector<std::byte>& b_;
+  std::size_t pos_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::byte> encode(const Hello& h) {
+  std::vector<std::byte> out;
+  put_str(out, h.job_id);
+  put_str(out, h.identity);
+  put_arr(out, h.nonce);
+  put_arr(out, h.mac);
+  return out;
+}
+
+std::vector<std::byte> encode(const Welcome& w) {
+  std::vector<std::byte> out;
+  put_str(out, w.identity);
+  put_arr(out, w.mac);
+  return out;
+}
+
+std::optional<Hello> decode_hello(const std::vector<std::byte>& payload) {
+  Reader r(payload);
+  Hello h;
+  if (!r.str(h.job_id) || !r.str(h.identity) || !r.arr(h.nonce) || !r.arr(h.mac) || !r.at_end()) {
+    return std::nullopt;
+  }
+  return h;
+}
+
+std::optional<Welcome> decode_welcome(const std::vector<std::byte>& payload) {
+  Reader r(payload);
+  Welcome w;
+  if (!r.str(w.identity) || !r.arr(w.mac) || !r.at_end()) return std::nullopt;
+  return w;
+}
+
+}  // namespace kf::transport

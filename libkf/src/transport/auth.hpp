@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: Apache-2.0
+// The connection handshake (docs/protocol.md): mutual proof of the job token with HMAC-SHA256
+// over fresh nonces, so a token is never sent and a recorded handshake cannot be replayed.
+//   acceptor -> dialer   challenge { nonce_a }
+//   dialer   -> acceptor hello     { job_id, identity, nonce_d, HMAC(token, "hello", job_id,
+//                                    identity, nonce_a) }
+//   acceptor -> dialer   welcome   { identity, HMAC(token, "welcome", job_id, identity, nonce_d) }
+// Thread-safety: pure functions (OpenSSL's HMAC and RAND are thread-safe).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kf::transport {
+
+using Nonce = std::array<std::byte, 16>;
+using Mac = std::array<std::byte, 32>;
+
+Nonce random_nonce();
+Mac handshake_mac(const std::string& token, const char* purpose, const std::string& job_id,
+                  const std::string& identity, const Nonce& nonce);
+bool mac_equal(const Mac& a, const Mac& b) noexcept;
+
+struct Hello {
+  std::string job_id;
+  std::string identity;
+  Nonce nonce{};
+  Mac mac{};
+};
+struct Welcome {
+  std::string identity;
+  Mac mac{};
+};
+
+std::vector<std::byte> encode(const Hello& h);
+std::vector<std::byte> encode(const Welcome& w);
+/// nullopt when the payload is malformed (lengths that do not add up).
+std::optional<Hello> decode_hello(const std::vector<std::byte>& payload);
+std::optional<Welcome> decode_welcome(const std::vector<std::byte>& payload);
+
+}  // namespace kf::transport

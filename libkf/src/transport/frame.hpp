@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: Apache-2.0
+// The wire frame (docs/protocol.md): a fixed 32-byte little-endian header, then the name, then
+// the payload. decode() checks every field against the limits before anything is allocated.
+// Thread-safety: pure functions.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace kf::transport {
+
+inline constexpr std::uint32_t kMagic = 0x3146464bu;  // "KFF1" in little-endian byte order
+inline constexpr std::uint16_t kProtocolVersion = 1;
+inline constexpr std::size_t kHeaderBytes = 32;
+inline constexpr std::uint32_t kMaxNameBytes = 1024;
+inline constexpr std::uint64_t kMaxControlPayload = 4096;
+
+enum class FrameType : std::uint8_t {
+  challenge = 1,  ///< acceptor -> dialer: nonce
+  hello = 2,      ///< dialer -> acceptor: job id, identity, nonce, HMAC
+  welcome = 3,    ///< acceptor -> dialer: identity, HMAC over the dialer's nonce
+  data = 4,       ///< a collective's message: name + tag identify it
+  notice_lost = 5,  ///< "this peer is gone": payload is its endpoint
+  bye = 6,        ///< the sender is leaving cleanly; no more frames follow
+  heartbeat = 7,
+};
+
+struct FrameHeader {
+  FrameType type = FrameType::data;
+  std::uint8_t flags = 0;
+  std::uint64_t cluster_version = 0;
+  std::uint32_t tag = 0;
+  std::uint32_t name_bytes = 0;
+  std::uint64_t payload_bytes = 0;
+};
+
+using HeaderBytes = std::array<std::byte, kHeaderBytes>;
+
+HeaderBytes encode(const FrameHeader& h) noexcept;
+
+/// Parses and validates a header. On failure returns false and sets `why` to the reason
+/// ("bad magic 0x...", "payload of N bytes exceeds the limit of M", ...).
+bool decode(const HeaderBytes& b, std::uint64_t max_payload, FrameHeader& out, std::string& why);
+
+}  // namespace kf::transport

@@ -1,0 +1,601 @@
+// SPDX-License-Identifier: Apache-2.0
+// Connections between peers. The dialer of a connection is its only data sender and the
+// acceptor its only reader, so each ordered pair of peers has one connection with one writer
+// coroutine (draining a queue) and one reader coroutine. Every connection starts with the
+// HMAC handshake of transport/auth.hpp; a frame that fails validation closes the connection
+// with a logged reason and never takes the process down.
+#include <boost/asio/experimental/awaitable_operators.hpp>
+
+#include "kf/common/log.hpp"
+#include "peer_impl.hpp"
+#include "transport/auth.hpp"
+
+namespace kf::detail {
+
+using namespace boost::asio::experimental::awaitable_operators;
+using transport::FrameHeader;
+using transport::FrameType;
+
+namespace {
+
+constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
+constexpr std::size_t kProgressChunk = std::size_t{1} << 20;
+
+std::error_code to_std(const boost::system::error_code& ec) {
+  return ec ? std::error_code(ec.value(), std::system_category()) : std::error_code{};
+}
+
+void set_socket_options(tcp::socket& s) {
+  boost::system::error_code ignored;
+  s.set_option(tcp::no_delay(true), ignored);
+}
+
+}  // namespace
+
+// ---- reading --------------------------------------------------------------------------------
+
+awaitable<std::error_code> PeerImpl::read_exact(Incoming& in, std::byte* dst, std::size_t n) {
+  const std::size_t have = std::min(n, in.end - in.begin);
+  if (have > 0) {
+    if (dst) std::memcpy(dst, in.buf.data() + in.begin, have);
+    in.begin += have;
+    n -= have;
+    if (dst) dst += have;
+  }
+  while (n > 0) {
+    if (n >= Incoming::kBufBytes / 4 && dst) {
+      auto [ec, got] = co_await in.sock.async_read_some(
+          asio::buffer(dst, std::min(n, kProgressChunk)), kTuple);
+      if (ec) co_return to_std(ec);
+      dst += got;
+      n -= got;
+    } else {
+      auto [ec, got] = co_await in.sock.async_read_some(asio::buffer(in.buf), kTuple);
+      if (ec) co_return to_std(ec);
+      in.begin = 0;
+      in.end = got;
+      const std::size_t take = std::min(n, got);
+      if (dst) {
+        std::memcpy(dst, in.buf.data(), take);
+        dst += take;
+      }
+      in.begin = take;
+      n -= take;
+    }
+    if (in.peer >= 0) peers_[static_cast<std::size_t>(in.peer)].last_rx = Clock::now();
+  }
+  co_return std::error_code{};
+}
+
+namespace {
+
+// Reads one control frame (handshake) into `payload`.
+template <typename Self>
+awaitable<std::error_code> read_control(Self& self, Incoming& in, FrameType want,
+                                        std::vector<std::byte>& payload, std::string& why) {
+  transport::HeaderBytes hb;
+  if (auto ec = co_await self.read_exact(in, hb.data(), hb.size())) co_return ec;
+  FrameHeader h;
+  if (!transport::decode(hb, self.opts_.max_frame_bytes, h, why)) {
+    co_return make_error_code(errc::protocol_error);
+  }
+  if (h.type != want) {
+    why = "expected frame type " + std::to_string(static_cast<int>(want)) + ", got " +
+          std::to_string(static_cast<int>(h.type));
+    co_return make_error_code(errc::protocol_error);
+  }
+  payload.resize(h.payload_bytes);
+  co_return co_await self.read_exact(in, payload.data(), payload.size());
+}
+
+awaitable<std::error_code> write_control(tcp::socket& s, FrameType t,
+                                         const std::vector<std::byte>& payload) {
+  FrameHeader h;
+  h.type = t;
+  h.payload_bytes = payload.size();
+  const auto hb = transport::encode(h);
+  std::array<asio::const_buffer, 2> bufs{asio::buffer(hb), asio::buffer(payload)};
+  auto [ec, n] = co_await asio::async_write(s, bufs, kTuple);
+  co_return to_std(ec);
+}
+
+}  // namespace
+
+awaitable<void> PeerImpl::accept_loop() {
+  while (!stopping_) {
+    auto [ec, sock] = co_await acceptor_.async_accept(kTuple);
+    if (ec) {
+      if (stopping_ || ec == asio::error::operation_aborted) co_return;
+      KF_LOG(warn, "transport", "{}: accept failed: {}", identity_, ec.message());
+      continue;
+    }
+    set_socket_options(sock);
+    auto in = std::make_shared<Incoming>(std::move(sock));
+    asio::co_spawn(ex(), serve_incoming(in), asio::detached);
+  }
+}
+
+awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in) {
+  boost::system::error_code ignored;
+  auto remote = in->sock.remote_endpoint(ignored);
+  const std::string from = remote.address().to_string() + ":" + std::to_string(remote.port());
+  std::string why;
+  // Handshake, raced against the connect deadline so a silent client cannot hold a socket.
+  auto handshake = [&]() -> awaitable<std::error_code> {
+    const transport::Nonce nonce = transport::random_nonce();
+    std::vector<std::byte> ch(nonce.begin(), nonce.end());
+    if (auto ec = co_await write_control(in->sock, FrameType::challenge, ch)) co_return ec;
+    std::vector<std::byte> payload;
+    if (auto ec = co_await read_control(*this, *in, FrameType::hello, payload, why)) co_return ec;
+    auto hello = transport::decode_hello(payload);
+    if (!hello) {
+      why = "malformed hello";
+      co_return make_error_code(errc::protocol_error);
+    }
+    if (hello->job_id != opts_.job_id) {
+      why = "hello for job '" + hello->job_id + "', this is job '" + opts_.job_id + "'";
+      co_return make_error_code(errc::auth_failed);
+    }
+    const auto want = transport::handshake_mac(opts_.job_token, "hello", hello->job_id,
+                                               hello->identity, nonce);
+    if (!transport::mac_equal(want, hello->mac)) {
+      why = "hello from '" + hello->identity + "' does not prove the job token";
+      co_return make_error_code(errc::auth_failed);
+    }
+    Endpoint ep;
+    try {
+      ep = Endpoint::parse(hello->identity);
+    } catch (const std::exception& e) {
+      why = e.what();
+      co_return make_error_code(errc::protocol_error);
+    }
+    transport::Welcome w{identity_, transport::handshake_mac(opts_.job_token, "welcome",
+                                                             opts_.job_id, identity_,
+                                                             hello->nonce)};
+    if (auto ec = co_await write_control(in->sock, FrameType::welcome, transport::encode(w))) {
+      co_return ec;
+    }
+    in->peer = peer_index(ep);
+    co_return std::error_code{};
+  };
+  asio::steady_timer deadline(ex(), opts_.connect_timeout);
+  auto outcome = co_await (handshake() || deadline.async_wait(kTuple));
+  std::error_code hec = outcome.index() == 0 ? std::get<0>(outcome)
+                                             : make_error_code(errc::timeout);
+  if (outcome.index() == 1) why = "handshake not completed in time";
+  if (hec) {
+    KF_LOG(warn, "transport", "{}: rejected connection from {}: {} ({})", identity_, from,
+           why.empty() ? hec.message() : why, hec.message());
+    in->sock.close(ignored);
+    co_return;
+  }
+  const int peer = in->peer;
+  peers_[static_cast<std::size_t>(peer)].in.push_back(in);
+  peers_[static_cast<std::size_t>(peer)].last_rx = Clock::now();
+  KF_LOG(debug, "transport", "{}: accepted {}", identity_, peers_[peer].key);
+
+  std::vector<std::byte> control;
+  std::string name;
+  bool said_bye = false;
+  std::error_code ec;
+  for (;;) {
+    transport::HeaderBytes hb;
+    if ((ec = co_await read_exact(*in, hb.data(), hb.size()))) break;
+    FrameHeader h;
+    if (!transport::decode(hb, opts_.max_frame_bytes, h, why)) {
+      ec = make_error_code(errc::protocol_error);
+      break;
+    }
+    if (h.type == FrameType::data) {
+      name.resize(h.name_bytes);
+      if ((ec = co_await read_exact(*in, reinterpret_cast<std::byte*>(name.data()), name.size()))) {
+        break;
+      }
+      MailKey key{peer, h.cluster_version, h.tag, name};
+      KF_LOG(trace, "transport", "{}: frame '{}' tag {} from {} ({} bytes)", identity_, name, h.tag,
+             peers_[peer].key, h.payload_bytes);
+      auto it = mailbox_.find(key);
+      if (it != mailbox_.end() && !it->second.posted.empty()) {
+        auto req = it->second.posted.front();
+        if (req->bytes != h.payload_bytes) {
+          why = "frame for '" + name + "' carries " + std::to_string(h.payload_bytes) +
+                " bytes, the receiver expects " + std::to_string(req->bytes);
+          ec = make_error_code(errc::protocol_error);
+          break;
+        }
+        req->in_progress = true;
+        ec = co_await read_exact(*in, req->dst, req->bytes);
+        req->in_progress = false;
+        auto it2 = mailbox_.find(key);
+        if (it2 != mailbox_.end() && !it2->second.posted.empty() &&
+            it2->second.posted.front() == req) {
+          it2->second.posted.pop_front();
+          if (it2->second.posted.empty() && it2->second.unexpected.empty()) mailbox_.erase(it2);
+        }
+        req->ev.set(ec ? make_error_code(errc::peer_lost) : std::error_code{});
+        if (ec) break;
+      } else {
+        if (unexpected_bytes_ + h.payload_bytes > opts_.max_unexpected_bytes) {
+          why = "peer sent more unrequested data than the limit of " +
+                std::to_string(opts_.max_unexpected_bytes) + " bytes";
+          ec = make_error_code(errc::protocol_error);
+          break;
+        }
+        std::vector<std::byte> data(h.payload_bytes);
+        if ((ec = co_await read_exact(*in, data.data(), data.size()))) break;
+        if (h.cluster_version < cluster_.version) {
+          KF_LOG(debug, "transport", "{}: dropped '{}' of stale version {}", identity_, name,
+                 h.cluster_version);
+          continue;
+        }
+        // The receive may have been posted while this payload was being read.
+        auto& slot = mailbox_[key];
+        if (!slot.posted.empty()) {
+          auto req = slot.posted.front();
+          slot.posted.pop_front();
+          if (slot.posted.empty() && slot.unexpected.empty()) mailbox_.erase(key);
+          if (req->bytes != data.size()) {
+            why = "frame for '" + name + "' carries " + std::to_string(data.size()) +
+                  " bytes, the receiver expects " + std::to_string(req->bytes);
+            req->ev.set(make_error_code(errc::protocol_error));
+            ec = make_error_code(errc::protocol_error);
+            break;
+          }
+          if (!data.empty()) std::memcpy(req->dst, data.data(), data.size());
+          req->ev.set({});
+          continue;
+        }
+        unexpected_bytes_ += data.size();
+        slot.unexpected.push_back(std::move(data));
+      }
+    } else if (h.type == FrameType::notice_lost || h.type == FrameType::heartbeat) {
+      control.resize(h.payload_bytes);
+      if ((ec = co_await read_exact(*in, control.data(), control.size()))) break;
+      if (h.type == FrameType::notice_lost && h.cluster_version == cluster_.version) {
+        const std::string who(reinterpret_cast<const char*>(control.data()), control.size());
+        auto pit = peer_by_key_.find(who);
+        if (pit != peer_by_key_.end() && who != identity_) {
+          mark_lost(pit->second, make_error_code(errc::peer_lost),
+                    "reported lost by " + peers_[peer].key);
+        }
+      }
+    } else if (h.type == FrameType::bye) {
+      said_bye = true;
+      mark_departed(peer);
+      break;
+    } else {
+      why = "unexpected frame type " + std::to_string(static_cast<int>(h.type));
+      ec = make_error_code(errc::protocol_error);
+      break;
+    }
+  }
+  in->sock.close(ignored);
+  auto& ins = peers_[static_cast<std::size_t>(peer)].in;
+  std::erase(ins, in);
+  if (said_bye || stopping_) co_return;
+  if (ec == make_error_code(errc::protocol_error)) {
+    KF_LOG(warn, "transport", "{}: closed connection from {}: {}", identity_, peers_[peer].key, why);
+  }
+  mark_lost(peer, make_error_code(errc::peer_lost),
+            "connection from " + peers_[peer].key + " broke: " +
+                (why.empty() ? ec.message() : why));
+}
+
+// ---- writing --------------------------------------------------------------------------------
+
+awaitable<std::error_code> PeerImpl::dial(Outgoing& out) {
+  const Endpoint ep = peers_[static_cast<std::size_t>(out.peer)].ep;
+  const auto give_up = Clock::now() + opts_.connect_timeout;
+  std::chrono::milliseconds backoff{2};
+  tcp::resolver resolver(ex());
+  for (;;) {
+    auto [rec, results] = co_await resolver.async_resolve(ep.host, std::to_string(ep.port), kTuple);
+    boost::system::error_code cec = rec;
+    if (!rec) {
+      auto [ec2, connected] = co_await asio::async_connect(out.sock, results, kTuple);
+      cec = ec2;
+    }
+    if (!cec) break;
+    if (stopping_ || out.closed) co_return make_error_code(errc::cancelled);
+    if (Clock::now() + backoff >= give_up) {
+      KF_LOG(warn, "transport", "{}: cannot connect to {}: {}", identity_, ep.str(), cec.message());
+      co_return make_error_code(errc::peer_lost);
+    }
+    // The peer may not be listening yet (workers start at slightly different times): retry
+    // with exponential backoff until the connect deadline.
+    asio::steady_timer t(ex(), backoff);
+    co_await t.async_wait(kTuple);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+  }
+  set_socket_options(out.sock);
+  // Dialer side of the handshake.
+  Incoming reader(std::move(out.sock));
+  std::string why;
+  auto handshake = [&]() -> awaitable<std::error_code> {
+    std::vector<std::byte> payload;
+    if (auto ec = co_await read_control(*this, reader, FrameType::challenge, payload, why)) {
+      co_return ec;
+    }
+    if (payload.size() != sizeof(transport::Nonce)) {
+      why = "malformed challenge";
+      co_return make_error_code(errc::protocol_error);
+    }
+    transport::Nonce their;
+    std::memcpy(their.data(), payload.data(), their.size());
+    transport::Hello hello{opts_.job_id, identity_, transport::random_nonce(), {}};
+    hello.mac = transport::handshake_mac(opts_.job_token, "hello", opts_.job_id, identity_, their);
+    if (auto ec = co_await write_control(reader.sock, FrameType::hello, transport::encode(hello))) {
+      co_return ec;
+    }
+    if (auto ec = co_await read_control(*this, reader, FrameType::welcome, payload, why)) {
+      co_return ec;
+    }
+    auto w = transport::decode_welcome(payload);
+    if (!w) {
+      why = "malformed welcome";
+      co_return make_error_code(errc::protocol_error);
+    }
+    const auto want = transport::handshake_mac(opts_.job_token, "welcome", opts_.job_id,
+                                               w->identity, hello.nonce);
+    if (!transport::mac_equal(want, w->mac)) {
+      why = "peer " + ep.str() + " does not prove the job token";
+      co_return make_error_code(errc::auth_failed);
+    }
+    co_return std::error_code{};
+  };
+  asio::steady_timer deadline(ex(), opts_.connect_timeout);
+  auto outcome = co_await (handshake() || deadline.async_wait(kTuple));
+  std::error_code ec = outcome.index() == 0 ? std::get<0>(outcome) : make_error_code(errc::timeout);
+  out.sock = std::move(reader.sock);
+  if (ec) {
+    KF_LOG(warn, "transport", "{}: handshake with {} failed: {}", identity_, ep.str(),
+           why.empty() ? ec.message() : why);
+    co_return make_error_code(errc::peer_lost);
+  }
+  co_return std::error_code{};
+}
+
+awaitable<std::error_code> PeerImpl::write_frame(Outgoing& out, SendReq& req) {
+  const std::byte* data = req.owned.empty() ? req.data : req.owned.data();
+  const std::size_t first = std::min(req.bytes, kProgressChunk);
+  std::array<asio::const_buffer, 3> bufs{asio::buffer(req.header), asio::buffer(req.name),
+                                         asio::buffer(data, first)};
+  auto [ec, n] = co_await asio::async_write(out.sock, bufs, kTuple);
+  auto& ps = peers_[static_cast<std::size_t>(out.peer)];
+  ps.last_tx = Clock::now();
+  std::size_t done = first;
+  while (!ec && done < req.bytes) {
+    const std::size_t len = std::min(req.bytes - done, kProgressChunk);
+    auto [ec2, n2] = co_await asio::async_write(out.sock, asio::buffer(data + done, len), kTuple);
+    ec = ec2;
+    done += len;
+    peers_[static_cast<std::size_t>(out.peer)].last_tx = Clock::now();
+  }
+  co_return to_std(ec);
+}
+
+awaitable<void> PeerImpl::run_outgoing(std::shared_ptr<Outgoing> out) {
+  std::error_code ec = co_await dial(*out);
+  while (!ec) {
+    while (out->queue.empty() && !out->closed) {
+      out->signal.expires_at(Clock::time_point::max());
+      co_await out->signal.async_wait(kTuple);
+    }
+    if (out->queue.empty()) break;  // closed with nothing left to send
+    auto req = out->queue.front();
+    if (req->cancelled) {
+      out->queue.pop_front();
+      continue;
+    }
+    req->in_progress = true;
+    ec = co_await write_frame(*out, *req);
+    req->in_progress = false;
+    out->queue.pop_front();
+    req->ev.set(ec ? make_error_code(errc::peer_lost) : std::error_code{});
+    if (transport::FrameType(static_cast<std::uint8_t>(req->header[6])) == FrameType::bye) break;
+  }
+  out->closed = true;
+  for (auto& r : out->queue) r->ev.set(make_error_code(errc::peer_lost));
+  out->queue.clear();
+  boost::system::error_code ignored;
+  out->sock.close(ignored);
+  auto& ps = peers_[static_cast<std::size_t>(out->peer)];
+  if (ps.out == out) ps.out.reset();
+  if (ec && !stopping_) {
+    mark_lost(out->peer, make_error_code(errc::peer_lost),
+              "connection to " + ps.key + " broke: " + ec.message());
+  }
+}
+
+std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h, std::string name,
+                                             const std::byte* data) {
+  auto req = std::make_shared<SendReq>(ex());
+  req->header = transport::encode(h);
+  req->name = std::move(name);
+  req->data = data;
+  req->bytes = h.payload_bytes;
+  auto& ps = peers_[static_cast<std::size_t>(peer)];
+  if (ps.lost || ps.departed) {
+    req->ev.set(make_error_code(errc::peer_lost));
+    return req;
+  }
+  if (!ps.out) {
+    ps.out = std::make_shared<Outgoing>(ex(), peer);
+    asio::co_spawn(ex(), run_outgoing(ps.out), asio::detached);
+  }
+  ps.out->queue.push_back(req);
+  ps.out->signal.cancel();
+  return req;
+}
+
+std::shared_ptr<SendReq> PeerImpl::post_control(int peer, FrameType t,
+                                                std::vector<std::byte> payload) {
+  FrameHeader h;
+  h.type = t;
+  h.cluster_version = cluster_.version;
+  h.payload_bytes = payload.size();
+  auto& ps = peers_[static_cast<std::size_t>(peer)];
+  if (ps.out && ps.out->closed) {
+    auto req = std::make_shared<SendReq>(ex());
+    req->ev.set(make_error_code(errc::closed));
+    return req;
+  }
+  auto req = post_send(peer, h, {}, nullptr);
+  req->owned = std::move(payload);
+  return req;
+}
+
+std::shared_ptr<RecvReq> PeerImpl::post_recv(MailKey key, std::byte* dst, std::size_t bytes) {
+  KF_LOG(trace, "transport", "{}: post recv '{}' tag {} from {} ({} bytes)", identity_, key.name,
+         key.tag, peers_[key.peer].key, bytes);
+  auto req = std::make_shared<RecvReq>(ex(), key);
+  req->dst = dst;
+  req->bytes = bytes;
+  auto it = mailbox_.find(key);
+  if (it != mailbox_.end() && !it->second.unexpected.empty()) {
+    auto data = std::move(it->second.unexpected.front());
+    it->second.unexpected.pop_front();
+    unexpected_bytes_ -= data.size();
+    if (it->second.posted.empty() && it->second.unexpected.empty()) mailbox_.erase(it);
+    if (data.size() != bytes) {
+      req->ev.set(make_error_code(errc::protocol_error));
+    } else {
+      if (bytes > 0) std::memcpy(dst, data.data(), bytes);
+      req->ev.set({});
+    }
+    return req;
+  }
+  const auto& ps = peers_[static_cast<std::size_t>(key.peer)];
+  if (ps.lost || ps.departed) {
+    req->ev.set(make_error_code(errc::peer_lost));
+    return req;
+  }
+  mailbox_[key].posted.push_back(req);
+  return req;
+}
+
+void PeerImpl::cancel(const std::shared_ptr<SendReq>& r, std::error_code ec) {
+  if (r->ev.done || r->in_progress) return;
+  r->cancelled = true;
+  r->ev.set(ec);
+}
+
+void PeerImpl::cancel(const std::shared_ptr<RecvReq>& r, std::error_code ec) {
+  if (r->ev.done || r->in_progress) return;
+  auto it = mailbox_.find(r->key);
+  if (it != mailbox_.end()) {
+    std::erase(it->second.posted, r);
+    if (it->second.posted.empty() && it->second.unexpected.empty()) mailbox_.erase(it);
+  }
+  r->ev.set(ec);
+}
+
+awaitable<std::error_code> PeerImpl::wait_progress(Event& ev, int peer,
+                                                   std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  while (!ev.done) {
+    ev.timer.expires_at(deadline);
+    co_await ev.timer.async_wait(kTuple);
+    if (ev.done) break;
+    const auto& ps = peers_[static_cast<std::size_t>(peer)];
+    const auto last = std::max(ps.last_rx, ps.last_tx) + timeout;
+    const auto now = Clock::now();
+    if (now >= deadline && now >= last) co_return make_error_code(errc::timeout);
+    deadline = std::max(deadline, last);
+  }
+  co_return ev.ec;
+}
+
+void PeerImpl::force_close(int peer) {
+  auto& ps = peers_[static_cast<std::size_t>(peer)];
+  boost::system::error_code ignored;
+  for (auto& in : ps.in) in->sock.close(ignored);
+  if (ps.out) {
+    ps.out->closed = true;
+    ps.out->sock.close(ignored);
+    ps.out->signal.cancel();
+  }
+}
+
+// ---- failure bookkeeping ------------------------------------------------------------------
+
+void PeerImpl::mark_lost(int peer, std::error_code ec, const std::string& why) {
+  auto& ps = peers_[static_cast<std::size_t>(peer)];
+  if (ps.lost || stopping_) return;
+  ps.lost = true;
+  const bool member = cluster_.rank_of(ps.ep).has_value();
+  KF_LOG(warn, "transport", "{} (rank {}, v{}): peer {} lost: {}", identity_, rank_,
+         cluster_.version, ps.key, why);
+  if (member) break_version(ec, "peer " + ps.key + " lost: " + why);
+}
+
+void PeerImpl::mark_departed(int peer) {
+  auto& ps = peers_[static_cast<std::size_t>(peer)];
+  ps.departed = true;
+  KF_LOG(debug, "transport", "{}: peer {} said goodbye", identity_, ps.key);
+  for (auto it = mailbox_.begin(); it != mailbox_.end();) {
+    if (it->first.peer == peer) {
+      for (auto& r : it->second.posted) {
+        if (!r->in_progress) r->ev.set(make_error_code(errc::peer_lost));
+      }
+      std::erase_if(it->second.posted, [](const auto& r) { return !r->in_progress; });
+      if (it->second.posted.empty() && it->second.unexpected.empty()) {
+        it = mailbox_.erase(it);
+        continue;
+      }
+    }
+    ++it;
+  }
+}
+
+// A member is gone, so every collective of this cluster version fails on this worker and on
+// every worker we can still tell (they may be waiting on someone other than the lost peer).
+void PeerImpl::break_version(std::error_code ec, const std::string& why) {
+  if (broken_) return;
+  broken_ = ec;
+  broken_why_ = why;
+  for (auto& [key, slot] : mailbox_) {
+    for (auto& r : slot.posted) {
+      if (!r->in_progress) r->ev.set(ec);
+    }
+    std::erase_if(slot.posted, [](const auto& r) { return !r->in_progress; });
+  }
+  std::erase_if(mailbox_, [](const auto& kv) {
+    return kv.second.posted.empty() && kv.second.unexpected.empty();
+  });
+  std::vector<std::string> lost;
+  for (auto& ps : peers_) {
+    if (ps.lost) lost.push_back(ps.key);
+    if (!ps.out) continue;
+    for (auto& r : ps.out->queue) cancel(r, ec);
+  }
+  for (std::size_t i = 0; i < peers_.size(); ++i) {
+    if (peers_[i].lost || peers_[i].departed || !cluster_.rank_of(peers_[i].ep)) continue;
+    for (const auto& who : lost) {
+      std::vector<std::byte> payload(reinterpret_cast<const std::byte*>(who.data()),
+                                     reinterpret_cast<const std::byte*>(who.data()) + who.size());
+      post_control(static_cast<int>(i), FrameType::notice_lost, std::move(payload));
+    }
+  }
+}
+
+awaitable<void> PeerImpl::shutdown() {
+  std::vector<std::shared_ptr<SendReq>> byes;
+  for (std::size_t i = 0; i < peers_.size(); ++i) {
+    if (peers_[i].out && !peers_[i].out->closed) {
+      byes.push_back(post_control(static_cast<int>(i), FrameType::bye, {}));
+    }
+  }
+  for (auto& b : byes) {
+    if (!b->ev.done) {
+      b->ev.timer.expires_after(std::chrono::seconds(2));
+      co_await b->ev.timer.async_wait(kTuple);
+    }
+  }
+  stopping_ = true;
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+  for (std::size_t i = 0; i < peers_.size(); ++i) force_close(static_cast<int>(i));
+}
+
+}  // namespace kf::detail

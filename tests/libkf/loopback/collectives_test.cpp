@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: Apache-2.0
+// Every operation x algorithm x worker count over real TCP connections on 127.0.0.1, with the
+// ranks as threads of this process. Values are small integers so that float sums are exact and
+// results can be compared for equality.
+#include "kf/peer.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "support/local_cluster.hpp"
+
+namespace kf {
+namespace {
+
+using Param = std::tuple<Algorithm, int>;
+
+float val(int r, std::size_t i) { return static_cast<float>((r + 1) + static_cast<int>(i % 13)); }
+
+class Collectives : public ::testing::TestWithParam<Param> {};
+
+TEST_P(Collectives, EveryOperationGivesTheExpectedResult) {
+  const auto [algo, p] = GetParam();
+  auto peers = test::make_local_cluster(p);
+  std::mutex mu;  // guards failures
+  std::vector<std::string> failures;
+  auto fail = [&](int r, const std::string& what) {
+    std::lock_guard<std::mutex> lk(mu);
+    failures.push_back("rank " + std::to_string(r) + ": " + what);
+  };
+  test::run_all(p, [&](int r) {
+    Peer& peer = *peers[static_cast<std::size_t>(r)];
+    CollOptions o;
+    o.algorithm = algo;
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000},
+                          std::size_t{65537}}) {
+      const std::string tag = "#" + std::to_string(n);
+      // allreduce sum, in place and out of place
+      std::vector<float> in(n), out(n);
+      for (std::size_t i = 0; i < n; ++i) in[i] = val(r, i);
+      peer.allreduce("ar" + tag, buffer(in.data(), n), buffer(out.data(), n), o).wait();
+      for (std::size_t i = 0; i < n; ++i) {
+        float want = 0;
+        for (int q = 0; q < p; ++q) want += val(q, i);
+        if (out[i] != want) return fail(r, "allreduce sum n=" + std::to_string(n));
+      }
+      // allreduce max over i32, in place
+      std::vector<std::int32_t> m(n);
+      for (std::size_t i = 0; i < n; ++i) m[i] = static_cast<std::int32_t>((r * 7 + i) % 11);
+      CollOptions om = o;
+      om.op = ReduceOp::max;
+      peer.allreduce("max" + tag, buffer(m.data(), n), buffer(m.data(), n), om).wait();
+      for (std::size_t i = 0; i < n; ++i) {
+        std::int32_t want = 0;
+        for (int q = 0; q < p; ++q) want = std::max(want, static_cast<std::int32_t>((q * 7 + i) % 11));
+        if (m[i] != want) return fail(r, "allreduce max n=" + std::to_string(n));
+      }
+      // broadcast from the last rank
+      std::vector<double> b(n, -1.0);
+      if (r == p - 1) {
+        for (std::size_t i = 0; i < n; ++i) b[i] = static_cast<double>(i) * 0.5;
+      }
+      CollOptions ob = o;
+      ob.root = p - 1;
+      peer.broadcast("bc" + tag, buffer(b.data(), n), ob).wait();
+      for (std::size_t i = 0; i < n; ++i) {
+        if (b[i] != static_cast<double>(i) * 0.5) return fail(r, "broadcast n=" + std::to_string(n));
+      }
+      // allgather
+      std::vector<float> g(n * p, -1.f);
+      peer.allgather("ag" + tag, buffer(in.data(), n), buffer(g.data(), n * p), o).wait();
+      for (int q = 0; q < p; ++q) {
+        for (std::size_t i = 0; i < n; ++i) {
+          if (g[q * n + i] != val(q, i)) return fail(r, "allgather n=" + std::to_string(n));
+        }
+      }
+      // reduce_scatter (input: p blocks of n)
+      std::vector<float> rin(n * p), rout(n, -1.f);
+      for (std::size_t i = 0; i < n * p; ++i) rin[i] = val(r, i);
+      peer.reduce_scatter("rs" + tag, buffer(rin.data(), n * p), buffer(rout.data(), n), o).wait();
+      for (std::size_t i = 0; i < n; ++i) {
+        float want = 0;
+        for (int q = 0; q < p; ++q) want += val(q, r * n + i);
+        if (rout[i] != want) return fail(r, "reduce_scatter n=" + std::to_string(n));
+      }
+      // gather at the middle rank
+      CollOptions og = o;
+      og.root = p / 2;
+      std::vector<float> ga(r == og.root ? n * p : 0, -1.f);
+      peer.gather("ga" + tag, buffer(in.data(), n), buffer(ga.data(), ga.size()), og).wait();
+      if (r == og.root) {
+        for (int q = 0; q < p; ++q) {
+          for (std::size_t i = 0; i < n; ++i) {
+            if (ga[q * n + i] != val(q, i)) return fail(r, "gather n=" + std::to_string(n));
+          }
+        }
+      }
+    }
+    peer.barrier("barrier", o).wait();
+    // consensus: same bytes everywhere, then one rank differs
+    std::vector<std::uint8_t> same(33, 7);
+    bool agreed = false;
+    peer.consensus("cons1", buffer(same.data(), same.size()), &agreed, o).wait();
+    if (!agreed) return fail(r, "consensus on equal bytes said no");
+    std::vector<std::uint8_t> diff(33, 7);
+    if (r == p - 1) diff[5] = 8;
+    peer.consensus("cons2", buffer(diff.data(), diff.size()), &agreed, o).wait();
+    if (agreed != (p == 1)) return fail(r, "consensus on different bytes gave the wrong answer");
+  });
+  for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
+TEST_P(Collectives, ChunkedLargeAllreduceIsBitwiseIdenticalEverywhere) {
+  const auto [algo, p] = GetParam();
+  if (p > 5) GTEST_SKIP() << "large messages are swept up to 5 workers to keep the suite short";
+  auto peers = test::make_local_cluster(p);
+  const std::size_t n = (std::size_t{9} << 20) / 4 + 3;  // > 2 pipeline lanes, odd count
+  std::vector<std::vector<float>> out(p, std::vector<float>(n));
+  test::run_all(p, [&](int r) {
+    std::vector<float> in(n);
+    for (std::size_t i = 0; i < n; ++i) in[i] = 1.0f / static_cast<float>(r + 1 + (i % 97));
+    CollOptions o;
+    o.algorithm = algo;
+    peers[r]->allreduce("big", buffer(in.data(), n), buffer(out[r].data(), n), o).wait();
+  });
+  for (int r = 1; r < p; ++r) {
+    ASSERT_EQ(std::memcmp(out[0].data(), out[r].data(), n * 4), 0) << "rank " << r << " differs";
+  }
+  float want = 0;
+  for (int q = 0; q < p; ++q) want += 1.0f / static_cast<float>(q + 1);
+  EXPECT_NEAR(out[0][0], want, 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Loopback, Collectives,
+    ::testing::Combine(::testing::Values(Algorithm::star, Algorithm::ring, Algorithm::tree,
+                                         Algorithm::clique, Algorithm::rhd, Algorithm::auto_select),
+                       ::testing::Values(1, 2, 3, 4, 5, 8)),
+    [](const auto& info) {
+      return std::string(to_string(std::get<0>(info.param))) + "_p" +
+             std::to_string(std::get<1>(info.param));
+    });
+
+}  // namespace
+}  // namespace kf
