@@ -93,7 +93,7 @@ TEST(Cluster, RejectsDuplicateWorkers) {
 
 TEST(Cluster, RejectsPortsOutOfRangeOrOfTheWrongType) {
   for (const auto& port : {nlohmann::json(0), nlohmann::json(70000), nlohmann::json(-1),
-                                    nlohmann::json("1000"), nlohmann::json(1000.5)}) {
+                           nlohmann::json("1000"), nlohmann::json(1000.5)}) {
     auto j = valid_json();
     j["workers"][1]["port"] = port;
     expect_rejected(j, {"workers[1].port"});

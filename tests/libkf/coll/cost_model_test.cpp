@@ -41,15 +41,13 @@ struct Ar1Row {
 // Appendix A, KAT-AR-1, every row. All these values are exact at four decimals.
 constexpr std::array<Ar1Row, 16> kAr1{{
     {2, 4 * KiB, 10.4096, 5.4096, 10.4096, 10.8192, 10.8192, AllreduceModel::recursive_doubling},
-    {2, 256 * KiB, 36.2144, 31.2144, 36.2144, 62.4288, 62.4288,
-     AllreduceModel::recursive_doubling},
+    {2, 256 * KiB, 36.2144, 31.2144, 36.2144, 62.4288, 62.4288, AllreduceModel::recursive_doubling},
     {2, 4 * MiB, 429.4304, 424.4304, 429.4304, 848.8608, 848.8608,
      AllreduceModel::recursive_doubling},
     {2, 256 * MiB, 26853.5456, 26848.5456, 26853.5456, 53697.0912, 53697.0912,
      AllreduceModel::recursive_doubling},
     {4, 4 * KiB, 30.6144, 10.8192, 20.6144, 21.6384, 32.4576, AllreduceModel::recursive_doubling},
-    {4, 256 * KiB, 69.3216, 62.4288, 59.3216, 124.8576, 187.2864,
-     AllreduceModel::halving_doubling},
+    {4, 256 * KiB, 69.3216, 62.4288, 59.3216, 124.8576, 187.2864, AllreduceModel::halving_doubling},
     {4, 4 * MiB, 659.1456, 848.8608, 649.1456, 1697.7216, 2546.5824,
      AllreduceModel::halving_doubling},
     {4, 256 * MiB, 40295.3184, 53697.0912, 40285.3184, 107394.1824, 161091.2736,
@@ -133,9 +131,8 @@ TEST(CostModel, ChooseTakesKatAr1Argmin) {
 TEST(CostModel, ChooseNeverReturnsDefaultOrAuto) {
   const LinkParams links[] = {kKatLink, LinkParams{}, LinkParams{1e-3, 1e-12, 1e-9}};
   for (const auto& link : links) {
-    for (auto op : {CollOp::allreduce, CollOp::broadcast, CollOp::allgather,
-                    CollOp::reduce_scatter, CollOp::gather, CollOp::barrier,
-                    CollOp::consensus}) {
+    for (auto op : {CollOp::allreduce, CollOp::broadcast, CollOp::allgather, CollOp::reduce_scatter,
+                    CollOp::gather, CollOp::barrier, CollOp::consensus}) {
       for (int p : {1, 2, 3, 5, 6, 7, 8, 12, 64, 100}) {
         for (std::size_t n : {std::size_t{0}, 4 * KiB, 4 * MiB, 256 * MiB}) {
           const Algorithm a = choose(op, n, p, link);
@@ -163,14 +160,14 @@ TEST(CostModel, ChooseBreaksTiesInFixedOrder) {
 
 TEST(CostModel, SingleRankCostsNothing) {
   const LinkParams link{};
-  for (auto m : {AllreduceModel::ring, AllreduceModel::recursive_doubling,
-                 AllreduceModel::halving_doubling, AllreduceModel::binomial_tree,
-                 AllreduceModel::star, AllreduceModel::sharded_ps,
-                 AllreduceModel::pipelined_tree}) {
+  for (auto m :
+       {AllreduceModel::ring, AllreduceModel::recursive_doubling, AllreduceModel::halving_doubling,
+        AllreduceModel::binomial_tree, AllreduceModel::star, AllreduceModel::sharded_ps,
+        AllreduceModel::pipelined_tree}) {
     EXPECT_EQ(allreduce_seconds(m, 1, 256 * MiB, link), 0.0);
   }
-  for (auto op : {CollOp::allreduce, CollOp::broadcast, CollOp::allgather,
-                  CollOp::reduce_scatter, CollOp::gather, CollOp::barrier, CollOp::consensus}) {
+  for (auto op : {CollOp::allreduce, CollOp::broadcast, CollOp::allgather, CollOp::reduce_scatter,
+                  CollOp::gather, CollOp::barrier, CollOp::consensus}) {
     for (auto a : kSelectableAlgorithms) {
       EXPECT_EQ(predict_seconds(op, a, 1, 256 * MiB, link), 0.0);
     }
@@ -193,17 +190,16 @@ TEST(CostModel, ReproducesKatAr2Crossovers) {
                                {16, 611764.7059, 611764.705882353},
                                {64, 1488372.0930, 1488372.093023256}};
   for (const auto& c : vs_hd) {
-    const auto n = crossover_bytes(allreduce_coefficients(AllreduceModel::recursive_doubling, c.p),
-                                   allreduce_coefficients(AllreduceModel::halving_doubling, c.p),
-                                   kKatLink);
+    const auto n =
+        crossover_bytes(allreduce_coefficients(AllreduceModel::recursive_doubling, c.p),
+                        allreduce_coefficients(AllreduceModel::halving_doubling, c.p), kKatLink);
     ASSERT_TRUE(n.has_value());
     EXPECT_NEAR(*n, c.printed, 0.5e-4);
     expect_rel(*n, c.full);
     // The two formulas agree there.
-    expect_rel(evaluate(allreduce_coefficients(AllreduceModel::recursive_doubling, c.p), *n,
-                        kKatLink),
-               evaluate(allreduce_coefficients(AllreduceModel::halving_doubling, c.p), *n,
-                        kKatLink));
+    expect_rel(
+        evaluate(allreduce_coefficients(AllreduceModel::recursive_doubling, c.p), *n, kKatLink),
+        evaluate(allreduce_coefficients(AllreduceModel::halving_doubling, c.p), *n, kKatLink));
   }
   for (const auto& c : vs_ring) {
     const auto n = crossover_bytes(allreduce_coefficients(AllreduceModel::recursive_doubling, c.p),
@@ -233,8 +229,7 @@ TEST(CostModel, ReproducesKatAr3FoldedHalvingDoubling) {
       {4 * KiB, 50.6827, 50.68266666666667, 31.4336, 31.433600000000002, Algorithm::rhd},
       {256 * KiB, 93.6907, 93.69066666666667, 121.7504, 121.7504, Algorithm::ring},
       {4 * MiB, 749.0507, 749.0506666666668, 1498.0064, 1498.0064000000002, Algorithm::ring},
-      {256 * MiB, 44789.2427, 44789.24266666667, 93982.4096, 93982.40960000001,
-       Algorithm::ring},
+      {256 * MiB, 44789.2427, 44789.24266666667, 93982.4096, 93982.40960000001, Algorithm::ring},
   };
   for (const auto& r : rows) {
     SCOPED_TRACE(testing::Message() << "n=" << r.n);
@@ -313,17 +308,15 @@ TEST(CostModel, ReproducesKatAr5WeightedFit) {
   const LineFit line = fit_line_nonnegative(s, FitWeighting::inverse_time);
   expect_rel(line.intercept_s, 7.051871212758949e-05);
   expect_rel(line.slope_s_per_byte, 1.7341804026254965e-10);
-  const LinkParams got =
-      fit_alpha_beta(s, {allreduce_coefficients(AllreduceModel::ring, 8), 0.0,
-                         FitWeighting::inverse_time});
+  const LinkParams got = fit_alpha_beta(
+      s, {allreduce_coefficients(AllreduceModel::ring, 8), 0.0, FitWeighting::inverse_time});
   EXPECT_NEAR(got.alpha_s, 5.037051e-06, 0.5e-12);
   EXPECT_NEAR(got.beta_s_per_byte, 9.909602e-11, 0.5e-17);
   expect_rel(got.alpha_s, 5.037050866256392e-06);
   expect_rel(got.beta_s_per_byte, 9.909602300717123e-11);
   // The unweighted fit underestimates α (the large sizes dominate its squared error).
-  const LinkParams unweighted =
-      fit_alpha_beta(s, {allreduce_coefficients(AllreduceModel::ring, 8), 0.0,
-                         FitWeighting::uniform});
+  const LinkParams unweighted = fit_alpha_beta(
+      s, {allreduce_coefficients(AllreduceModel::ring, 8), 0.0, FitWeighting::uniform});
   EXPECT_LT(unweighted.alpha_s, got.alpha_s);
 }
 

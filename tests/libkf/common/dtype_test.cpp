@@ -41,14 +41,12 @@ double magnitude(const HalfFormat& f, std::uint16_t h) {
   return std::ldexp(man + std::ldexp(1.0, m), e - f.exponent_bias - m);
 }
 
-bool is_nan(const HalfFormat& f, std::uint16_t h) {
-  return (h & 0x7fff) > f.inf;
-}
+bool is_nan(const HalfFormat& f, std::uint16_t h) { return (h & 0x7fff) > f.inf; }
 
 double value(const HalfFormat& f, std::uint16_t h) {
   if (is_nan(f, h)) return std::numeric_limits<double>::quiet_NaN();
-  const double m = (h & 0x7fff) == f.inf ? std::numeric_limits<double>::infinity()
-                                         : magnitude(f, h & 0x7fff);
+  const double m =
+      (h & 0x7fff) == f.inf ? std::numeric_limits<double>::infinity() : magnitude(f, h & 0x7fff);
   return (h & 0x8000) ? -m : m;
 }
 
@@ -110,7 +108,8 @@ TEST_P(HalfTest, RoundsRandomFloatsToNearestEven) {
   std::mt19937 rng(20240611);
   // Any bit pattern: every exponent, NaNs and infinities included.
   std::uniform_int_distribution<std::uint32_t> bits;
-  for (int i = 0; i < 300000; ++i) expect_rounds_like_reference(f, g, std::bit_cast<float>(bits(rng)));
+  for (int i = 0; i < 300000; ++i)
+    expect_rounds_like_reference(f, g, std::bit_cast<float>(bits(rng)));
   // Magnitudes around the format's range: subnormals, normals, overflow.
   const int emin = 1 - f.exponent_bias - f.mantissa_bits - 3;
   const int emax = f.exponent_bias + 3 > 127 ? 127 : f.exponent_bias + 3;
@@ -230,10 +229,25 @@ T float_reference(T a, T b, ReduceOp op) {
 template <typename T>
 std::vector<T> float_values() {
   using L = std::numeric_limits<T>;
-  return {T(0),      -T(0),        T(1),        T(-1),      T(0.5),      T(3),
-          T(-2.75),  T(1e-3),      T(123.456),  L::min(),   -L::min(),   L::denorm_min(),
-          L::max(),  L::lowest(),  L::infinity(), -L::infinity(), L::quiet_NaN(),
-          L::epsilon(), T(1) + L::epsilon()};
+  return {T(0),
+          -T(0),
+          T(1),
+          T(-1),
+          T(0.5),
+          T(3),
+          T(-2.75),
+          T(1e-3),
+          T(123.456),
+          L::min(),
+          -L::min(),
+          L::denorm_min(),
+          L::max(),
+          L::lowest(),
+          L::infinity(),
+          -L::infinity(),
+          L::quiet_NaN(),
+          L::epsilon(),
+          T(1) + L::epsilon()};
 }
 
 template <typename T>
@@ -253,8 +267,7 @@ void check_float_type(DType t) {
       }
       // Bitwise commutative; for sum/prod only when at most one operand is NaN (two NaNs
       // propagate the first operand's payload on x86).
-      if (!(std::isnan(a[i]) && std::isnan(b[i])) || op == ReduceOp::min ||
-          op == ReduceOp::max) {
+      if (!(std::isnan(a[i]) && std::isnan(b[i])) || op == ReduceOp::min || op == ReduceOp::max) {
         EXPECT_TRUE(same_bits(got[i], swapped[i])) << a[i] << " " << b[i];
       }
     }
@@ -299,11 +312,18 @@ TEST_P(HalfTest, ReductionsAreCorrectlyRoundedAndCommute) {
   const auto g = grid(f);
   std::mt19937 rng(7);
   std::uniform_int_distribution<std::uint32_t> any(0, 0xffff);
-  std::vector<std::uint16_t> special{0x0000, 0x8000, 0x0001, 0x8001, f.inf, static_cast<std::uint16_t>(0x8000 | f.inf),
+  std::vector<std::uint16_t> special{0x0000,
+                                     0x8000,
+                                     0x0001,
+                                     0x8001,
+                                     f.inf,
+                                     static_cast<std::uint16_t>(0x8000 | f.inf),
                                      static_cast<std::uint16_t>(f.inf - 1),
                                      static_cast<std::uint16_t>(0x8000 | (f.inf - 1)),
                                      static_cast<std::uint16_t>(f.inf | 1),
-                                     f.encode(1.0f), f.encode(-1.0f), f.encode(3.0f)};
+                                     f.encode(1.0f),
+                                     f.encode(-1.0f),
+                                     f.encode(3.0f)};
   std::vector<std::uint16_t> a, b;
   all_pairs(special, a, b);
   for (int i = 0; i < 100000; ++i) {
@@ -333,8 +353,10 @@ template <typename T>
 T int_reference(T a, T b, ReduceOp op) {
   using U = std::make_unsigned_t<T>;
   switch (op) {
-    case ReduceOp::sum: return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
-    case ReduceOp::prod: return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+    case ReduceOp::sum:
+      return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+    case ReduceOp::prod:
+      return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
     case ReduceOp::min: return std::min(a, b);
     case ReduceOp::max: return std::max(a, b);
     case ReduceOp::avg:  // truncating division of the wrapped sum
@@ -346,8 +368,16 @@ T int_reference(T a, T b, ReduceOp op) {
 template <typename T>
 void check_int_type(DType t) {
   using L = std::numeric_limits<T>;
-  std::vector<T> x{T(0), T(1), T(2), T(7), T(100), T(127), L::max(), L::min(),
-                   static_cast<T>(L::max() - 1), static_cast<T>(L::max() / 2 + 3)};
+  std::vector<T> x{T(0),
+                   T(1),
+                   T(2),
+                   T(7),
+                   T(100),
+                   T(127),
+                   L::max(),
+                   L::min(),
+                   static_cast<T>(L::max() - 1),
+                   static_cast<T>(L::max() / 2 + 3)};
   if constexpr (std::is_signed_v<T>) {
     for (T v : {T(-1), T(-2), T(-7), T(-100), static_cast<T>(L::min() + 1)}) x.push_back(v);
   }

@@ -23,9 +23,9 @@ namespace kf::coll {
 /// half round trip of about 11 µs plus framing (α = 15 µs), about 2.5 GB/s through the kernel
 /// (β), and a float sum at about 5 GB/s (γ). Calibrate real links with fit_alpha_beta.
 struct LinkParams {
-  double alpha_s = 15e-6;                  ///< latency per message
-  double beta_s_per_byte = 1.0 / 2.5e9;    ///< transfer time per byte
-  double gamma_s_per_byte = 1.0 / 5e9;     ///< reduction time per byte
+  double alpha_s = 15e-6;                ///< latency per message
+  double beta_s_per_byte = 1.0 / 2.5e9;  ///< transfer time per byte
+  double gamma_s_per_byte = 1.0 / 5e9;   ///< reduction time per byte
 };
 
 /// T(n) = latency·α + bandwidth·n·β + reduction·n·γ. latency counts sequential messages;
@@ -42,11 +42,11 @@ struct CostCoefficients {
 enum class AllreduceModel : std::uint8_t {
   ring,                ///< 2(p−1)α + 2(p−1)/p·nβ + (p−1)/p·nγ
   recursive_doubling,  ///< lg p·(α + nβ + nγ), plus the fold when p is not a power of two
-  halving_doubling,    ///< Rabenseifner: 2·lg p·α + 2(p−1)/p·nβ + (p−1)/p·nγ, plus the fold
-  binomial_tree,       ///< reduce + broadcast: 2·⌈lg p⌉·(α + nβ) + ⌈lg p⌉·nγ
-  star,                ///< single root, its link serializes: 2(p−1)(α + nβ) + (p−1)·nγ
-  sharded_ps,          ///< every rank owns 1/p (all-to-all reduce-scatter + allgather): as ring
-  pipelined_tree,      ///< NCCL-style (double) binary tree: 2·⌈lg p⌉·α + 2·nβ + nγ
+  halving_doubling,  ///< Rabenseifner: 2·lg p·α + 2(p−1)/p·nβ + (p−1)/p·nγ, plus the fold
+  binomial_tree,     ///< reduce + broadcast: 2·⌈lg p⌉·(α + nβ) + ⌈lg p⌉·nγ
+  star,              ///< single root, its link serializes: 2(p−1)(α + nβ) + (p−1)·nγ
+  sharded_ps,        ///< every rank owns 1/p (all-to-all reduce-scatter + allgather): as ring
+  pipelined_tree,    ///< NCCL-style (double) binary tree: 2·⌈lg p⌉·α + 2·nβ + nγ
 };
 
 /// Coefficients of one allreduce formula for p ranks; all zero for p = 1.
@@ -143,7 +143,6 @@ struct CalibrationOptions {
 /// then α = c0/latency and β = c1/bandwidth.
 /// Throws: std::invalid_argument as fit_line_nonnegative, or when the coefficients have no
 /// positive latency or bandwidth term (p = 1).
-LinkParams fit_alpha_beta(std::span<const TimingSample> samples,
-                          const CalibrationOptions& options);
+LinkParams fit_alpha_beta(std::span<const TimingSample> samples, const CalibrationOptions& options);
 
 }  // namespace kf::coll

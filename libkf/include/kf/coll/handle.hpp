@@ -8,6 +8,8 @@
 #include <string>
 #include <system_error>
 
+#include "kf/common/error.hpp"
+
 namespace kf {
 
 namespace detail {

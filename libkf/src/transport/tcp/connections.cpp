@@ -22,7 +22,8 @@ constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
 constexpr std::size_t kProgressChunk = std::size_t{1} << 20;
 
 std::error_code to_std(const boost::system::error_code& ec) {
-  return ec ? std::error_code(ec.value(), std::system_category()) : std::error_code{};
+  if (ec == asio::error::eof) return std::make_error_code(std::errc::connection_reset);
+  return ec;
 }
 
 void set_socket_options(tcp::socket& s) {

@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: Apache-2.0
+// Hostile and broken connections: garbage bytes, oversized lengths, a client that never
+// finishes the handshake and a peer with the wrong job token are all rejected with a logged
+// reason, and the worker goes on serving its real peers.
+#include "kf/peer.hpp"
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <spdlog/sinks/ostream_sink.h>
+
+#include <sstream>
+
+#include "kf/common/log.hpp"
+#include "support/local_cluster.hpp"
+#include "transport/frame.hpp"
+
+namespace kf {
+namespace {
+
+class LogCapture {
+ public:
+  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
+    logger().sinks().push_back(sink_);
+  }
+  ~LogCapture() { std::erase(logger().sinks(), sink_); }
+  std::string text() {
+    logger().flush();
+    return out_.str();
+  }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+};
+
+int connect_to(const Endpoint& ep) {
+  const int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(ep.port);
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(s);
+    return -1;
+  }
+  return s;
+}
+
+// Reads until the peer closes the connection (the challenge frame comes first). Returns true
+// when the peer closed within the socket's receive timeout.
+bool closed_by_peer(int s) {
+  timeval tv{5, 0};
+  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char buf[256];
+  for (;;) {
+    const ssize_t n = recv(s, buf, sizeof buf, 0);
+    if (n == 0) return true;
+    if (n < 0) return errno == ECONNRESET;
+  }
+}
+
+void allreduce_works(std::vector<std::unique_ptr<Peer>>& peers, const std::string& name) {
+  const int p = static_cast<int>(peers.size());
+  std::vector<std::vector<int>> v(p, std::vector<int>(100, 1));
+  test::run_all(p, [&](int r) {
+    peers[r]->allreduce(name, buffer(v[r].data(), 100), buffer(v[r].data(), 100)).wait();
+  });
+  for (int r = 0; r < p; ++r) EXPECT_EQ(v[r][99], p);
+}
+
+TEST(Robustness, MalformedFramesAreDroppedAndTheWorkerGoesOn) {
+  LogCapture log;
+  auto peers = test::make_local_cluster(2);
+  allreduce_works(peers, "before");
+
+  // Garbage instead of a hello.
+  int s = connect_to(peers[0]->endpoint());
+  ASSERT_GE(s, 0);
+  const char junk[64] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_GT(send(s, junk, sizeof junk, 0), 0);
+  EXPECT_TRUE(closed_by_peer(s));
+  close(s);
+
+  // A well-formed header that claims a huge hello.
+  s = connect_to(peers[0]->endpoint());
+  transport::FrameHeader h;
+  h.type = transport::FrameType::hello;
+  h.payload_bytes = std::uint64_t{1} << 40;
+  const auto hb = transport::encode(h);
+  ASSERT_GT(send(s, hb.data(), hb.size(), 0), 0);
+  EXPECT_TRUE(closed_by_peer(s));
+  close(s);
+
+  // A data frame before any handshake.
+  s = connect_to(peers[1]->endpoint());
+  transport::FrameHeader d;
+  d.type = transport::FrameType::data;
+  d.payload_bytes = 4;
+  const auto db = transport::encode(d);
+  ASSERT_GT(send(s, db.data(), db.size(), 0), 0);
+  EXPECT_TRUE(closed_by_peer(s));
+  close(s);
+
+  allreduce_works(peers, "after");
+  const std::string text = log.text();
+  EXPECT_NE(text.find("bad magic"), std::string::npos) << text;
+  EXPECT_NE(text.find("exceeds the limit"), std::string::npos) << text;
+  EXPECT_NE(text.find("expected frame type 2, got 4"), std::string::npos) << text;
+}
+
+TEST(Robustness, SilentClientIsDroppedAfterTheConnectDeadline) {
+  LogCapture log;
+  PeerOptions o;
+  o.connect_timeout = std::chrono::milliseconds(300);
+  auto peers = test::make_local_cluster(2, o);
+  const int s = connect_to(peers[0]->endpoint());
+  ASSERT_GE(s, 0);
+  EXPECT_TRUE(closed_by_peer(s));
+  close(s);
+  EXPECT_NE(log.text().find("handshake not completed in time"), std::string::npos);
+  allreduce_works(peers, "still-fine");
+}
+
+TEST(Robustness, PeerWithTheWrongTokenIsRejectedOnBothSides) {
+  LogCapture log;
+  auto peers = test::make_local_cluster(2);
+  PeerOptions bad;
+  bad.job_token = "not-the-token";
+  bad.timeout = std::chrono::milliseconds(500);
+  bad.connect_timeout = std::chrono::milliseconds(2000);
+  Peer intruder(bad);
+  Cluster c;
+  c.version = 1;
+  c.workers = {WorkerSpec{peers[0]->endpoint(), 0}, WorkerSpec{intruder.endpoint(), 1}};
+  intruder.start(c);
+  int x = 1;
+  const auto ec = intruder.allreduce("steal", buffer(&x, 1), buffer(&x, 1)).wait_status();
+  EXPECT_TRUE(ec == errcond::peer_failure) << ec.message();
+  EXPECT_NE(log.text().find("does not prove the job token"), std::string::npos) << log.text();
+  allreduce_works(peers, "unaffected");
+}
+
+}  // namespace
+}  // namespace kf

@@ -1,0 +1,104 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "transport/frame.hpp"
+
+#include <gtest/gtest.h>
+
+#include "transport/auth.hpp"
+
+namespace kf::transport {
+namespace {
+
+TEST(Frame, HeaderRoundTripsEveryField) {
+  FrameHeader h;
+  h.type = FrameType::data;
+  h.flags = 3;
+  h.cluster_version = 0x0102030405060708ull;
+  h.tag = 77;
+  h.name_bytes = 12;
+  h.payload_bytes = 1u << 20;
+  const auto b = encode(h);
+  EXPECT_EQ(static_cast<unsigned>(b[0]), 'K');
+  EXPECT_EQ(static_cast<unsigned>(b[8]), 0x08u);  // little-endian
+  FrameHeader out;
+  std::string why;
+  ASSERT_TRUE(decode(b, 64u << 20, out, why)) << why;
+  EXPECT_EQ(out.type, h.type);
+  EXPECT_EQ(out.flags, h.flags);
+  EXPECT_EQ(out.cluster_version, h.cluster_version);
+  EXPECT_EQ(out.tag, h.tag);
+  EXPECT_EQ(out.name_bytes, h.name_bytes);
+  EXPECT_EQ(out.payload_bytes, h.payload_bytes);
+}
+
+TEST(Frame, RejectsBadMagicVersionTypeAndLengthsWithAReason) {
+  FrameHeader h;
+  h.payload_bytes = 10;
+  FrameHeader out;
+  std::string why;
+  auto b = encode(h);
+  b[0] = std::byte{'X'};
+  EXPECT_FALSE(decode(b, 1024, out, why));
+  EXPECT_NE(why.find("bad magic"), std::string::npos);
+
+  b = encode(h);
+  b[4] = std::byte{9};
+  EXPECT_FALSE(decode(b, 1024, out, why));
+  EXPECT_NE(why.find("protocol version 9"), std::string::npos);
+
+  b = encode(h);
+  b[6] = std::byte{200};
+  EXPECT_FALSE(decode(b, 1024, out, why));
+  EXPECT_NE(why.find("unknown frame type 200"), std::string::npos);
+
+  h.payload_bytes = 1025;
+  EXPECT_FALSE(decode(encode(h), 1024, out, why));
+  EXPECT_NE(why.find("exceeds the limit of 1024"), std::string::npos);
+
+  h.payload_bytes = 0;
+  h.name_bytes = kMaxNameBytes + 1;
+  EXPECT_FALSE(decode(encode(h), 1024, out, why));
+  EXPECT_NE(why.find("name of"), std::string::npos);
+
+  FrameHeader c;
+  c.type = FrameType::hello;
+  c.payload_bytes = kMaxControlPayload + 1;
+  EXPECT_FALSE(decode(encode(c), 1u << 30, out, why)) << "control frames have a small limit";
+  c.payload_bytes = 4;
+  c.name_bytes = 3;
+  EXPECT_FALSE(decode(encode(c), 1u << 30, out, why));
+}
+
+TEST(Auth, MacDependsOnEveryInputAndVerifies) {
+  const Nonce n = random_nonce();
+  const Mac m = handshake_mac("secret", "hello", "job", "127.0.0.1:1", n);
+  EXPECT_TRUE(mac_equal(m, handshake_mac("secret", "hello", "job", "127.0.0.1:1", n)));
+  EXPECT_FALSE(mac_equal(m, handshake_mac("Secret", "hello", "job", "127.0.0.1:1", n)));
+  EXPECT_FALSE(mac_equal(m, handshake_mac("secret", "welcome", "job", "127.0.0.1:1", n)));
+  EXPECT_FALSE(mac_equal(m, handshake_mac("secret", "hello", "jo", "b127.0.0.1:1", n)));
+  EXPECT_FALSE(mac_equal(m, handshake_mac("secret", "hello", "job", "127.0.0.1:1", random_nonce())));
+}
+
+TEST(Auth, HelloAndWelcomeRoundTripAndRejectTruncation) {
+  Hello h{"job-1", "10.0.0.1:5000", random_nonce(), {}};
+  h.mac = handshake_mac("t", "hello", h.job_id, h.identity, h.nonce);
+  auto bytes = encode(h);
+  auto back = decode_hello(bytes);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->job_id, h.job_id);
+  EXPECT_EQ(back->identity, h.identity);
+  EXPECT_TRUE(mac_equal(back->mac, h.mac));
+  for (std::size_t cut = 0; cut < bytes.size(); ++cut) {
+    std::vector<std::byte> part(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(cut));
+    EXPECT_FALSE(decode_hello(part).has_value()) << "truncated at " << cut;
+  }
+  bytes.push_back(std::byte{0});
+  EXPECT_FALSE(decode_hello(bytes).has_value()) << "trailing bytes";
+  Welcome w{"a:1", h.mac};
+  auto wb = encode(w);
+  ASSERT_TRUE(decode_welcome(wb).has_value());
+  wb.pop_back();
+  EXPECT_FALSE(decode_welcome(wb).has_value());
+}
+
+}  // namespace
+}  // namespace kf::transport

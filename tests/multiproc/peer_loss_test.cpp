@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: Apache-2.0
+// kill -9 of one worker in the middle of a stream of allreduces: every other worker's
+// collective fails with a peer failure (peer_lost) within 2x the timeout, and none hangs.
+#include <gtest/gtest.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kf/cluster/cluster.hpp"
+#include "support/process.hpp"
+
+namespace kf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Ports the kernel hands out for port 0 on loopback; the sockets are closed right away so the
+// workers can bind them (the kernel does not hand the same port out again immediately).
+std::vector<int> free_ports(int n) {
+  std::vector<int> ports, socks;
+  for (int i = 0; i < n; ++i) {
+    const int s = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+    ports.push_back(ntohs(a.sin_port));
+    socks.push_back(s);
+  }
+  for (int s : socks) close(s);
+  return ports;
+}
+
+class PeerLoss : public ::testing::TestWithParam<int> {};
+
+TEST_P(PeerLoss, KilledWorkerMakesEveryOtherWorkerFailWithinTheTimeout) {
+  const int np = 4, victim = GetParam();
+  const char* worker = std::getenv("KF_TEST_WORKER");
+  ASSERT_NE(worker, nullptr) << "KF_TEST_WORKER must name the test-worker binary";
+  const auto ports = free_ports(np);
+  Cluster c;
+  c.version = 1;
+  for (int i = 0; i < np; ++i) {
+    c.workers.push_back(WorkerSpec{Endpoint{"127.0.0.1", static_cast<std::uint16_t>(ports[i])}, i});
+  }
+  const int timeout_ms = 3000;
+  std::vector<test::Child> kids;
+  for (int i = 0; i < np; ++i) {
+    kids.push_back(test::spawn(
+        {worker, "stream"},
+        {"KF_SELF=127.0.0.1:" + std::to_string(ports[i]), "KF_CLUSTER=" + c.to_json().dump(),
+         "KF_JOB_TOKEN=loss-test", "KF_JOB_ID=loss", "KF_TIMEOUT_MS=" + std::to_string(timeout_ms),
+         "KF_ALGORITHM=ring"}));
+    ASSERT_GT(kids.back().pid, 0);
+  }
+  const auto start_deadline = Clock::now() + std::chrono::seconds(60);
+  for (auto& k : kids) {
+    auto line = test::read_line(k, start_deadline);
+    ASSERT_TRUE(line.has_value()) << "a worker did not become ready";
+    ASSERT_EQ(*line, "ready");
+  }
+  kill(kids[victim].pid, SIGKILL);
+  const auto killed_at = Clock::now();
+  test::wait_exit(kids[victim], killed_at + std::chrono::seconds(5));
+  for (int i = 0; i < np; ++i) {
+    if (i == victim) continue;
+    auto status = test::wait_exit(kids[i], killed_at + std::chrono::milliseconds(2 * timeout_ms));
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed_at);
+    ASSERT_TRUE(status.has_value()) << "worker " << i << " still running " << 2 * timeout_ms
+                                    << " ms after the kill";
+    ASSERT_TRUE(WIFEXITED(*status));
+    EXPECT_EQ(WEXITSTATUS(*status), 3) << "worker " << i << " output: " << kids[i].pending;
+    EXPECT_NE(kids[i].pending.find("failure code=peer_lost"), std::string::npos)
+        << "worker " << i << " output: " << kids[i].pending;
+    RecordProperty("worker" + std::to_string(i) + "_exit_ms", static_cast<int>(took.count()));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Victims, PeerLoss, ::testing::Values(0, 2));
+
+}  // namespace
+}  // namespace kf

@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: Apache-2.0
+// Test helper: start a child process with extra environment variables and its stdout on a
+// pipe; read its lines with a deadline; wait for its exit with a deadline.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kf::test {
+
+struct Child {
+  pid_t pid = -1;
+  int out_fd = -1;
+  std::string pending;  // bytes read but not yet returned as a line
+};
+
+inline Child spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+  int fds[2];
+  if (pipe(fds) != 0) return {};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    close(fds[0]);
+    close(fds[1]);
+    for (const auto& e : env) putenv(const_cast<char*>(e.c_str()));
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  return Child{pid, fds[0], {}};
+}
+
+/// The next line of the child's stdout, or nullopt at EOF or when the deadline passes.
+inline std::optional<std::string> read_line(Child& c, std::chrono::steady_clock::time_point until) {
+  for (;;) {
+    const auto nl = c.pending.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = c.pending.substr(0, nl);
+      c.pending.erase(0, nl + 1);
+      return line;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return std::nullopt;
+    pollfd pfd{c.out_fd, POLLIN, 0};
+    if (poll(&pfd, 1, static_cast<int>(left.count())) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = read(c.out_fd, buf, sizeof buf);
+    if (n <= 0) return std::nullopt;
+    c.pending.append(buf, static_cast<std::size_t>(n));
+  }
+}
+
+/// Waits for the child's exit; returns its wait status, or nullopt (after SIGKILL) if it did not
+/// exit before the deadline.
+inline std::optional<int> wait_exit(Child& c, std::chrono::steady_clock::time_point until) {
+  int status = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    const pid_t r = waitpid(c.pid, &status, WNOHANG);
+    if (r == c.pid) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = read(c.out_fd, buf, sizeof buf)) > 0) c.pending.append(buf, static_cast<std::size_t>(n));
+      return status;
+    }
+    // Block on the child's stdout instead of sleeping: EOF or output wakes us early.
+    pollfd pfd{c.out_fd, POLLIN, 0};
+    if (poll(&pfd, 1, 10) > 0) {
+      char buf[4096];
+      const ssize_t n = read(c.out_fd, buf, sizeof buf);
+      if (n > 0) c.pending.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  kill(c.pid, SIGKILL);
+  waitpid(c.pid, &status, 0);
+  return std::nullopt;
+}
+
+}  // namespace kf::test

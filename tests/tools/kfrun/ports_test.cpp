@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kfrun/lib/ports.hpp"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <set>
+#include <stdexcept>
+
+#include <gtest/gtest.h>
+
+namespace kf::tools {
+namespace {
+
+// A TCP socket bound to an ephemeral port of 127.0.0.1, holding that port while it lives.
+class HeldPort {
+ public:
+  HeldPort() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof a;
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    EXPECT_EQ(::listen(fd_, 1), 0);
+    EXPECT_EQ(::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &length), 0);
+    port_ = ntohs(a.sin_port);
+  }
+  ~HeldPort() { ::close(fd_); }
+  std::uint16_t port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+};
+
+TEST(PortRange, ParsesBounds) {
+  EXPECT_EQ(PortRange::parse("10000-10010"), (PortRange{10000, 10010}));
+  EXPECT_EQ(PortRange::parse("1-65535").count_ports(), 65535u);
+  EXPECT_EQ(PortRange::parse("7-7").count_ports(), 1u);
+}
+
+TEST(PortRange, RejectsMalformedText) {
+  for (const char* bad :
+       {"", "10", "a-b", "1-", "-5", "0-10", "10-70000", "20-10", "1-2-3", " 1-2"}) {
+    EXPECT_THROW(PortRange::parse(bad), std::invalid_argument) << "'" << bad << "'";
+  }
+}
+
+TEST(PickFreePorts, GivesDistinctPortsInRange) {
+  const PortRange range{40000, 40999};
+  const auto ports = pick_free_ports("127.0.0.1", range, 8);
+  ASSERT_EQ(ports.size(), 8u);
+  EXPECT_EQ(std::set<std::uint16_t>(ports.begin(), ports.end()).size(), 8u);
+  for (auto p : ports) {
+    EXPECT_GE(p, range.first);
+    EXPECT_LE(p, range.last);
+  }
+}
+
+TEST(PickFreePorts, SkipsPortInUse) {
+  HeldPort held;
+  const PortRange range{held.port(), held.port()};
+  try {
+    pick_free_ports("127.0.0.1", range, 1);
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(range.str()), std::string::npos) << e.what();
+  }
+}
+
+TEST(PickFreePorts, RejectsHostThatIsNotLocal) {
+  // 192.0.2.0/24 is TEST-NET-1: never an address of this machine.
+  EXPECT_THROW(pick_free_ports("192.0.2.1", PortRange{40000, 40010}, 1), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace kf::tools

@@ -1,0 +1,364 @@
+// SPDX-License-Identifier: Apache-2.0
+// kfrun end to end: the kfrun executable (path in $KFRUN) and run_static() start real worker
+// processes (/bin/sh scripts) and the tests check exit codes, tagged output, the workers'
+// environment, teardown and signal forwarding. Workers coordinate through FIFOs, never sleeps.
+#include "kfrun/lib/launcher.hpp"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "kf/cluster/cluster.hpp"
+
+namespace kf::tools {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// Well under the 30 s that a worker left running would take.
+constexpr auto kPrompt = 10s;
+
+struct Captured {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+  Clock::duration elapsed{};
+};
+
+std::string kfrun_path() {
+  const char* path = std::getenv("KFRUN");
+  return path != nullptr ? path : "";
+}
+
+std::string read_all(std::FILE* f) {
+  std::rewind(f);
+  std::string text;
+  char buffer[4096];
+  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, f)) > 0;) text.append(buffer, n);
+  std::fclose(f);
+  return text;
+}
+
+int exit_code_of_status(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Runs the kfrun executable with `args`, stdout and stderr captured in temporary files.
+Captured run_kfrun(const std::vector<std::string>& args) {
+  std::FILE* out = std::tmpfile();
+  std::FILE* err = std::tmpfile();
+  std::vector<std::string> argv{kfrun_path()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> c_argv;
+  for (auto& a : argv) c_argv.push_back(a.data());
+  c_argv.push_back(nullptr);
+  const auto start = Clock::now();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(::fileno(out), STDOUT_FILENO);
+    ::dup2(::fileno(err), STDERR_FILENO);
+    ::execv(c_argv[0], c_argv.data());
+    ::_exit(126);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  Captured result;
+  result.elapsed = Clock::now() - start;
+  result.exit_code = exit_code_of_status(status);
+  result.out = read_all(out);
+  result.err = read_all(err);
+  return result;
+}
+
+// Runs run_static() in this process, its output captured in temporary files.
+Captured run_in_process(LaunchOptions options) {
+  std::FILE* out = std::tmpfile();
+  std::FILE* err = std::tmpfile();
+  options.out_fd = ::fileno(out);
+  options.err_fd = ::fileno(err);
+  const auto start = Clock::now();
+  Captured result;
+  result.exit_code = run_static(options);
+  result.elapsed = Clock::now() - start;
+  result.out = read_all(out);
+  result.err = read_all(err);
+  return result;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// A FIFO in a fresh temporary directory, removed with it.
+class Fifo {
+ public:
+  Fifo() {
+    std::string dir = (std::filesystem::temp_directory_path() / "kfrun_test.XXXXXX").string();
+    EXPECT_NE(::mkdtemp(dir.data()), nullptr);
+    dir_ = dir;
+    path_ = (dir_ / "fifo").string();
+    EXPECT_EQ(::mkfifo(path_.c_str(), 0600), 0);
+  }
+  ~Fifo() { std::filesystem::remove_all(dir_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::filesystem::path dir_;
+  std::string path_;
+};
+
+class Kfrun : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (kfrun_path().empty()) GTEST_SKIP() << "KFRUN (path of the kfrun executable) is not set";
+  }
+};
+
+TEST_F(Kfrun, ReturnsZeroWhenAllWorkersSucceed) {
+  const auto r = run_kfrun({"-np", "3", "--", "sh", "-c", "exit 0"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+}
+
+TEST_F(Kfrun, AcceptsProgramWithoutDoubleDash) {
+  const auto r = run_kfrun({"-np", "2", "sh", "-c", "echo \"$0 $1\"", "--host", "-np"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "[1] --host -np\n")) << r.out;
+}
+
+TEST_F(Kfrun, ReturnsFailingWorkersCodeAndStopsTheOthersPromptly) {
+  // The survivors run `sleep` as a child of sh: stopping must reach the whole process group.
+  const auto r = run_kfrun(
+      {"-np", "3", "--", "sh", "-c", "if [ \"$KF_RANK\" = 1 ]; then exit 3; fi; sleep 30; :"});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_LT(r.elapsed, kPrompt);
+  EXPECT_TRUE(contains(r.err, "kfrun: worker 1 (pid ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "exited with code 3; stopping the other workers")) << r.err;
+}
+
+TEST_F(Kfrun, ReportsWorkerKilledBySignalAs128PlusSignal) {
+  const auto r = run_kfrun(
+      {"-np", "2", "--", "sh", "-c", "if [ \"$KF_RANK\" = 0 ]; then kill -KILL $$; fi; sleep 30"});
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
+  EXPECT_LT(r.elapsed, kPrompt);
+  EXPECT_TRUE(contains(r.err, "worker 0 (pid ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "was killed by signal 9")) << r.err;
+}
+
+TEST_F(Kfrun, KillsWorkersThatIgnoreSigtermAfterTheGracePeriod) {
+  // Rank 1 ignores SIGTERM and then opens the FIFO; rank 0 fails once rank 1 has got there.
+  Fifo fifo;
+  LaunchOptions options;
+  options.np = 2;
+  options.grace = 200ms;
+  options.command = {"sh", "-c",
+                     "if [ \"$KF_RANK\" = 0 ]; then read x < " + fifo.path() +
+                         "; exit 4; fi; trap '' TERM; echo go > " + fifo.path() + "; sleep 30"};
+  const auto r = run_in_process(options);
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_GE(r.elapsed, options.grace);
+  EXPECT_LT(r.elapsed, kPrompt);
+  EXPECT_TRUE(contains(r.err, "200 ms after SIGTERM; sending SIGKILL")) << r.err;
+}
+
+TEST_F(Kfrun, PrefixesEachLineWithRankOnItsOwnStream) {
+  const auto r = run_kfrun({"-np", "2", "--", "sh", "-c",
+                            "echo out-$KF_RANK; echo err-$KF_RANK >&2; echo two; printf end"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const auto out_lines = lines_of(r.out);
+  const auto err_lines = lines_of(r.err);
+  std::multiset<std::string> out(out_lines.begin(), out_lines.end());
+  std::multiset<std::string> err(err_lines.begin(), err_lines.end());
+  EXPECT_EQ(out, (std::multiset<std::string>{"[0] out-0", "[0] two", "[0] end", "[1] out-1",
+                                             "[1] two", "[1] end"}))
+      << r.out;
+  EXPECT_EQ(err, (std::multiset<std::string>{"[0] err-0", "[1] err-1"})) << r.err;
+  // The lines of one worker keep their order.
+  EXPECT_LT(r.out.find("[1] out-1"), r.out.find("[1] two"));
+  EXPECT_LT(r.out.find("[1] two"), r.out.find("[1] end"));
+}
+
+TEST_F(Kfrun, GivesEachWorkerItsEndpointAndTheWholeCluster) {
+  const auto r = run_kfrun(
+      {"-np", "3", "--port-range", "20000-40000", "--algorithm", "ring", "--timeout-ms", "1500",
+       "--", "sh", "-c",
+       "echo \"$KF_RANK|$KF_SIZE|$KF_SELF|$KF_ALGORITHM|$KF_TIMEOUT_MS|$KF_JOB_ID|$KF_JOB_TOKEN|"
+       "$KF_CLUSTER\""});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::map<int, std::vector<std::string>> fields;  // by rank
+  for (const auto& line : lines_of(r.out)) {
+    std::vector<std::string> f;
+    std::istringstream in(line.substr(line.find(' ') + 1));
+    for (std::string field; std::getline(in, field, '|');) f.push_back(field);
+    ASSERT_EQ(f.size(), 8u) << line;
+    EXPECT_EQ(line.substr(0, line.find(' ')), "[" + f[0] + "]");
+    fields[std::stoi(f[0])] = f;
+  }
+  ASSERT_EQ(fields.size(), 3u) << r.out;
+  const Cluster cluster = Cluster::from_json(nlohmann::json::parse(fields[0][7]));
+  EXPECT_EQ(cluster.version, 1u);
+  ASSERT_EQ(cluster.size(), 3);
+  EXPECT_EQ(cluster.settings, (nlohmann::json{{"algorithm", "ring"}}));
+  std::set<std::uint16_t> ports;
+  for (int rank = 0; rank < 3; ++rank) {
+    const auto& f = fields[rank];
+    EXPECT_EQ(f[1], "3");
+    EXPECT_EQ(Endpoint::parse(f[2]), cluster.workers[rank].endpoint);
+    EXPECT_EQ(cluster.workers[rank].endpoint.host, "127.0.0.1");
+    EXPECT_EQ(cluster.workers[rank].slot, rank);
+    EXPECT_EQ(f[3], "ring");
+    EXPECT_EQ(f[4], "1500");
+    EXPECT_EQ(f[5], fields[0][5]);
+    EXPECT_FALSE(f[5].empty());
+    EXPECT_EQ(f[6], fields[0][6]);
+    EXPECT_EQ(f[6].size(), 32u);
+    EXPECT_EQ(f[7], fields[0][7]);
+    ports.insert(cluster.workers[rank].endpoint.port);
+  }
+  EXPECT_EQ(ports.size(), 3u);
+  EXPECT_GE(*ports.begin(), 20000);
+  EXPECT_LE(*ports.rbegin(), 40000);
+}
+
+TEST_F(Kfrun, PassesJobIdAndTokenFileInsteadOfToken) {
+  Fifo dir;  // only for its temporary directory
+  const auto token_file = std::filesystem::path(dir.path()).parent_path() / "token";
+  std::ofstream(token_file) << "s3cret\n";
+  ::setenv("KF_JOB_TOKEN", "inherited", 1);
+  const auto r =
+      run_kfrun({"-np", "2", "--job-id", "my-job", "--job-token-file", token_file.string(), "--",
+                 "sh", "-c", "echo \"$KF_JOB_ID|${KF_JOB_TOKEN-unset}|$KF_JOB_TOKEN_FILE\""});
+  ::unsetenv("KF_JOB_TOKEN");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const std::string expected = "my-job|unset|" + token_file.string();
+  auto lines = lines_of(r.out);
+  std::sort(lines.begin(), lines.end());  // the ranks' lines may come in either order
+  EXPECT_EQ(lines, (std::vector<std::string>{"[0] " + expected, "[1] " + expected})) << r.out;
+}
+
+TEST_F(Kfrun, ReportsProgramThatCannotBeExecuted) {
+  const auto r = run_kfrun({"-np", "2", "--", "kf-no-such-program", "arg"});
+  EXPECT_EQ(r.exit_code, 127);
+  EXPECT_TRUE(contains(r.err, "cannot execute 'kf-no-such-program'")) << r.err;
+}
+
+// Starts kfrun with 2 workers that print "ready" and then run `sleep 30`, waits until both are
+// ready, sends kfrun `sig`, and returns how kfrun ended.
+Captured signal_running_job(int sig) {
+  int out[2];
+  EXPECT_EQ(::pipe(out), 0);
+  std::FILE* err = std::tmpfile();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out[1], STDOUT_FILENO);
+    ::dup2(::fileno(err), STDERR_FILENO);
+    ::close(out[0]);
+    ::close(out[1]);
+    const std::string kfrun = kfrun_path();
+    ::execl(kfrun.c_str(), kfrun.c_str(), "-np", "2", "--", "sh", "-c", "echo ready; sleep 30",
+            static_cast<char*>(nullptr));
+    ::_exit(126);
+  }
+  ::close(out[1]);
+  Captured result;
+  char buffer[256];
+  while (lines_of(result.out).size() < 2) {
+    const auto n = ::read(out[0], buffer, sizeof buffer);
+    if (n <= 0) break;
+    result.out.append(buffer, static_cast<std::size_t>(n));
+  }
+  EXPECT_EQ(lines_of(result.out).size(), 2u) << result.out;
+  const auto start = Clock::now();
+  EXPECT_EQ(::kill(pid, sig), 0);
+  int status = 0;
+  EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+  result.elapsed = Clock::now() - start;
+  ::close(out[0]);
+  result.exit_code = exit_code_of_status(status);
+  result.err = read_all(err);
+  return result;
+}
+
+TEST_F(Kfrun, ForwardsSigintToTheWorkers) {
+  const auto r = signal_running_job(SIGINT);
+  EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.err;
+  EXPECT_LT(r.elapsed, kPrompt);
+  EXPECT_TRUE(contains(r.err, "kfrun: received SIGINT; forwarding it to the workers")) << r.err;
+  EXPECT_TRUE(contains(r.err, "was killed by signal 2")) << r.err;
+}
+
+TEST_F(Kfrun, StopsTheWorkersOnSigterm) {
+  const auto r = signal_running_job(SIGTERM);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
+  EXPECT_LT(r.elapsed, kPrompt);
+  EXPECT_TRUE(contains(r.err, "kfrun: received SIGTERM; stopping the workers")) << r.err;
+}
+
+TEST_F(Kfrun, RejectsPortRangeWithoutEnoughFreePorts) {
+  // Hold one port and offer only that one.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof a;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &length), 0);
+  const std::string range =
+      std::to_string(ntohs(a.sin_port)) + "-" + std::to_string(ntohs(a.sin_port));
+  const auto r = run_kfrun({"-np", "1", "--port-range", range, "--", "true"});
+  ::close(fd);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "port range " + range)) << r.err;
+}
+
+class KfrunUsage : public Kfrun, public ::testing::WithParamInterface<std::vector<std::string>> {};
+
+TEST_P(KfrunUsage, ExitsWithTwoAndAMessage) {
+  const auto r = run_kfrun(GetParam());
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err, "");
+  EXPECT_EQ(r.out, "");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    BadArguments, KfrunUsage,
+    ::testing::Values(std::vector<std::string>{"-np", "0", "--", "true"},
+                      std::vector<std::string>{"-np", "x", "--", "true"},
+                      std::vector<std::string>{"--", "true"}, std::vector<std::string>{"-np", "2"},
+                      std::vector<std::string>{"-np", "2", "--"},
+                      std::vector<std::string>{"-np", "2", "--port-range", "5-1", "--", "true"},
+                      std::vector<std::string>{"-np", "2", "--port-range", "abc", "--", "true"},
+                      std::vector<std::string>{"-np", "2", "--timeout-ms", "0", "--", "true"},
+                      std::vector<std::string>{"-np", "2", "--job-token-file",
+                                               "/nonexistent/kf-token", "--", "true"},
+                      std::vector<std::string>{"-np", "2", "--no-such-option", "--", "true"}));
+
+}  // namespace
+}  // namespace kf::tools

@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: Apache-2.0
+// Choosing the TCP ports of a static job: a port range ("A-B") and a picker that test-binds
+// candidates on the host, starting at a random offset so that concurrent jobs on one host rarely
+// race for the same ports. A picked port is only known to have been free when it was tested; the
+// worker binds it a little later. Thread-safety: free functions and a value type.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kf::tools {
+
+/// An inclusive range of TCP ports, first <= last, both in 1..65535.
+struct PortRange {
+  std::uint16_t first = 10000;
+  std::uint16_t last = 60000;
+
+  std::size_t count_ports() const noexcept { return std::size_t{last} - first + 1; }
+  std::string str() const { return std::to_string(first) + "-" + std::to_string(last); }
+
+  /// Parses "A-B" with 1 <= A <= B <= 65535. Throws: std::invalid_argument saying what is wrong.
+  static PortRange parse(std::string_view text);
+  friend bool operator==(const PortRange&, const PortRange&) = default;
+};
+
+/// Picks `count_ports` distinct ports of `range` that can be bound on `host` now (a name or an
+/// address literal; the first address it resolves to is tested). Each candidate is bound without
+/// SO_REUSEADDR and closed at once; a port in use is skipped. The search starts at a random
+/// offset and wraps around the range once.
+/// Throws: std::invalid_argument when `host` does not resolve or is not an address of this
+/// machine, or when the range cannot supply `count_ports` free ports (the message names the
+/// range); std::system_error when a socket cannot be created.
+std::vector<std::uint16_t> pick_free_ports(const std::string& host, PortRange range,
+                                           int count_ports);
+
+}  // namespace kf::tools

@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kfrun/lib/signal_pipe.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <csignal>
+#include <system_error>
+
+#include "kf/common/log.hpp"
+
+namespace kf::tools {
+
+namespace {
+
+constexpr std::array kHandled = {SIGCHLD, SIGINT, SIGTERM, SIGPIPE};
+
+// Global by necessity: a signal handler has no other way to reach the pipe. Written only while
+// no handler is installed (constructor before sigaction, destructor after restoring).
+volatile sig_atomic_t g_write_fd = -1;
+
+// The previous dispositions of kHandled, restored by ~SignalPipe.
+std::array<struct sigaction, kHandled.size()> g_previous;
+
+void on_signal(int sig) {
+  const int saved = errno;
+  const auto byte = static_cast<unsigned char>(sig);
+  // A full pipe already holds a wake-up; dropping this byte loses at most a repeated signal.
+  [[maybe_unused]] auto n = ::write(g_write_fd, &byte, 1);
+  errno = saved;
+}
+
+}  // namespace
+
+SignalPipe::SignalPipe() {
+  KF_CHECK(g_write_fd == -1, "only one SignalPipe may exist at a time");
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+    throw std::system_error(errno, std::generic_category(), "kfrun: pipe2");
+  }
+  read_ = UniqueFd(fds[0]);
+  write_ = UniqueFd(fds[1]);
+  g_write_fd = write_.get();
+  for (std::size_t i = 0; i < kHandled.size(); ++i) {
+    struct sigaction action {};
+    action.sa_handler = kHandled[i] == SIGPIPE ? SIG_IGN : on_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART | (kHandled[i] == SIGCHLD ? SA_NOCLDSTOP : 0);
+    if (::sigaction(kHandled[i], &action, &g_previous[i]) != 0) {
+      const int error = errno;
+      for (std::size_t j = 0; j < i; ++j) ::sigaction(kHandled[j], &g_previous[j], nullptr);
+      g_write_fd = -1;
+      throw std::system_error(error, std::generic_category(), "kfrun: sigaction");
+    }
+  }
+}
+
+SignalPipe::~SignalPipe() {
+  for (std::size_t i = 0; i < kHandled.size(); ++i) {
+    ::sigaction(kHandled[i], &g_previous[i], nullptr);
+  }
+  g_write_fd = -1;
+}
+
+std::vector<int> SignalPipe::drain() noexcept {
+  std::vector<int> signals;
+  std::array<unsigned char, 64> bytes;
+  for (;;) {
+    const auto n = ::read(read_.get(), bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    signals.insert(signals.end(), bytes.begin(), bytes.begin() + n);
+  }
+  return signals;
+}
+
+}  // namespace kf::tools

@@ -1,0 +1,35 @@
+// SPDX-License-Identifier: Apache-2.0
+// The self-pipe trick: while a SignalPipe lives, SIGCHLD, SIGINT and SIGTERM are caught and each
+// delivery writes its signal number into a non-blocking pipe, so that a poll() loop wakes for
+// child exits and for signals to forward without racing against them. SIGPIPE is ignored (a
+// closed output is reported by write()). The previous dispositions are restored on destruction.
+// Thread-safety: at most one SignalPipe per process at a time (the handler needs the pipe in a
+// global); construct, use and destroy it on one thread.
+#pragma once
+
+#include <vector>
+
+#include "kfrun/lib/unique_fd.hpp"
+
+namespace kf::tools {
+
+class SignalPipe {
+ public:
+  /// Throws: std::system_error when the pipe cannot be made or a handler not installed.
+  SignalPipe();
+  SignalPipe(const SignalPipe&) = delete;
+  SignalPipe& operator=(const SignalPipe&) = delete;
+  ~SignalPipe();
+
+  /// Becomes readable when a signal has arrived since the last drain().
+  int fd() const noexcept { return read_.get(); }
+
+  /// The signals that arrived since the last call, in order (SIGCHLD may be coalesced).
+  std::vector<int> drain() noexcept;
+
+ private:
+  UniqueFd read_;
+  UniqueFd write_;
+};
+
+}  // namespace kf::tools

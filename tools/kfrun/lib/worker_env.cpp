@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kfrun/lib/worker_env.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <stdexcept>
+#include <string_view>
+
+#include <openssl/rand.h>
+
+#include "kf/common/env.hpp"
+#include "kf/common/log.hpp"
+
+namespace kf::tools {
+
+namespace {
+
+// Every variable worker_environment() may set; inherited values of these are dropped.
+constexpr std::array kManaged = {env::kSelf,      env::kCluster,      env::kJobId,
+                                 env::kJobToken,  env::kJobTokenFile, env::kAlgorithm,
+                                 env::kTimeoutMs, env::kRank,         env::kSize};
+
+bool is_managed(std::string_view entry) {
+  const auto name = entry.substr(0, entry.find('='));
+  return std::any_of(kManaged.begin(), kManaged.end(),
+                     [&](const char* managed) { return name == managed; });
+}
+
+std::string assign(const char* name, const std::string& value) {
+  return std::string(name) + "=" + value;
+}
+
+}  // namespace
+
+Cluster static_cluster(const std::string& host, const std::vector<std::uint16_t>& ports,
+                       const std::optional<std::string>& algorithm) {
+  Cluster cluster;
+  cluster.version = 1;
+  for (std::size_t rank = 0; rank < ports.size(); ++rank) {
+    cluster.workers.push_back(WorkerSpec{Endpoint{host, ports[rank]}, static_cast<int>(rank)});
+  }
+  if (algorithm) cluster.settings["algorithm"] = *algorithm;
+  return cluster;
+}
+
+std::vector<std::string> worker_environment(const JobSpec& job, int rank,
+                                            const std::vector<std::string>& base) {
+  KF_CHECK(rank >= 0 && rank < job.cluster.size(), "worker_environment: rank out of range");
+  std::vector<std::string> out;
+  out.reserve(base.size() + kManaged.size());
+  std::copy_if(base.begin(), base.end(), std::back_inserter(out),
+               [](const std::string& entry) { return !is_managed(entry); });
+  out.push_back(assign(env::kSelf, job.cluster.workers[rank].endpoint.str()));
+  out.push_back(assign(env::kCluster, job.cluster.to_json().dump()));
+  out.push_back(assign(env::kJobId, job.job_id));
+  if (job.job_token) out.push_back(assign(env::kJobToken, *job.job_token));
+  if (job.job_token_file) out.push_back(assign(env::kJobTokenFile, *job.job_token_file));
+  out.push_back(assign(env::kRank, std::to_string(rank)));
+  out.push_back(assign(env::kSize, std::to_string(job.cluster.size())));
+  if (job.algorithm) out.push_back(assign(env::kAlgorithm, *job.algorithm));
+  if (job.timeout) out.push_back(assign(env::kTimeoutMs, std::to_string(job.timeout->count())));
+  return out;
+}
+
+std::vector<std::string> current_environment() {
+  std::vector<std::string> out;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    out.emplace_back(*entry);
+  }
+  return out;
+}
+
+std::string random_hex(std::size_t count_bytes) {
+  std::vector<unsigned char> bytes(count_bytes);
+  if (::RAND_bytes(bytes.data(), static_cast<int>(bytes.size())) != 1) {
+    throw std::runtime_error("cannot generate random bytes (OpenSSL RAND_bytes failed)");
+  }
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string hex;
+  hex.reserve(2 * count_bytes);
+  for (unsigned char b : bytes) {
+    hex.push_back(kDigits[b >> 4]);
+    hex.push_back(kDigits[b & 0xf]);
+  }
+  return hex;
+}
+
+}  // namespace kf::tools

@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: Apache-2.0
+// The environment kfrun gives the workers of a static job: the job (cluster, id, token,
+// settings) and, per worker, its KF_SELF and rank, on top of kfrun's own environment. The
+// variable names come from kf/common/env.hpp. Thread-safety: value types and free functions;
+// current_environment() reads `environ` and must not race with setenv().
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kf/cluster/cluster.hpp"
+
+namespace kf::tools {
+
+/// What every worker of one job shares.
+struct JobSpec {
+  Cluster cluster;  ///< the initial cluster; worker i is workers[i]
+  std::string job_id;
+  std::optional<std::string> job_token;       ///< passed as KF_JOB_TOKEN when set
+  std::optional<std::string> job_token_file;  ///< passed as KF_JOB_TOKEN_FILE when set
+  std::optional<std::string> algorithm;
+  std::optional<std::chrono::milliseconds> timeout;
+};
+
+/// The cluster of a static job: version 1, one worker per port on `host` in rank order with
+/// slot = rank, and settings {"algorithm": algorithm} when an algorithm is given.
+Cluster static_cluster(const std::string& host, const std::vector<std::uint16_t>& ports,
+                       const std::optional<std::string>& algorithm);
+
+/// The environment ("NAME=VALUE" strings) of worker `rank`: `base` without the KF_* variables
+/// kfrun sets (so that a value from an enclosing job cannot leak in), followed by KF_SELF,
+/// KF_CLUSTER, KF_JOB_ID, KF_JOB_TOKEN or KF_JOB_TOKEN_FILE, KF_RANK, KF_SIZE and, when set,
+/// KF_ALGORITHM and KF_TIMEOUT_MS. Requires: 0 <= rank < job.cluster.size().
+std::vector<std::string> worker_environment(const JobSpec& job, int rank,
+                                            const std::vector<std::string>& base);
+
+/// A copy of this process's environment.
+std::vector<std::string> current_environment();
+
+/// `count_bytes` random bytes from OpenSSL's CSPRNG, as 2 * count_bytes lowercase hex digits.
+/// Throws: std::runtime_error when the generator fails.
+std::string random_hex(std::size_t count_bytes);
+
+}  // namespace kf::tools

@@ -1,0 +1,186 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kfrun/lib/worker_process.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+#include <utility>
+
+#include "kf/common/log.hpp"
+
+namespace kf::tools {
+
+namespace {
+
+struct Pipe {
+  UniqueFd read;
+  UniqueFd write;
+};
+
+Pipe make_pipe() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    throw std::system_error(errno, std::generic_category(), "kfrun: pipe2");
+  }
+  return Pipe{UniqueFd(fds[0]), UniqueFd(fds[1])};
+}
+
+std::vector<char*> c_strings(const std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  out.reserve(strings.size() + 1);
+  for (const auto& s : strings) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+// Makes `fd` the child's descriptor `target`, kept open across exec. dup2 onto itself would
+// keep O_CLOEXEC (possible when kfrun was started with stdin, stdout or stderr closed).
+bool install_fd(int fd, int target) noexcept {
+  if (fd == target) return ::fcntl(fd, F_SETFD, 0) == 0;
+  return ::dup2(fd, target) == target;
+}
+
+// Runs in the child between fork and exec: async-signal-safe calls only. All signals are
+// blocked on entry; `mask` is the mask to restore once the dispositions are back to default.
+[[noreturn]] void exec_child(char* const* argv, char* const* envp, int stdin_fd, int out_fd,
+                             int err_fd, int status_fd, const sigset_t& mask) {
+  ::setpgid(0, 0);
+  if (!install_fd(stdin_fd, STDIN_FILENO) || !install_fd(out_fd, STDOUT_FILENO) ||
+      !install_fd(err_fd, STDERR_FILENO)) {
+    const int error = errno;
+    [[maybe_unused]] auto n = ::write(status_fd, &error, sizeof error);
+    ::_exit(127);
+  }
+  struct sigaction action {};
+  action.sa_handler = SIG_DFL;
+  sigemptyset(&action.sa_mask);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGPIPE}) ::sigaction(sig, &action, nullptr);
+  ::sigprocmask(SIG_SETMASK, &mask, nullptr);
+  ::execvpe(argv[0], argv, envp);
+  const int error = errno;
+  [[maybe_unused]] auto n = ::write(status_fd, &error, sizeof error);
+  ::_exit(127);
+}
+
+// Reads the errno a failed exec reported on the status pipe, or 0 when the exec succeeded (the
+// pipe closed on exec without data).
+int read_exec_status(int status_fd) noexcept {
+  int error = 0;
+  for (;;) {
+    const auto n = ::read(status_fd, &error, sizeof error);
+    if (n < 0 && errno == EINTR) continue;
+    return n == static_cast<ssize_t>(sizeof error) ? error : 0;
+  }
+}
+
+void set_non_blocking(int fd) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    throw std::system_error(errno, std::generic_category(), "kfrun: fcntl");
+  }
+}
+
+}  // namespace
+
+int exit_code_of(int wait_status) noexcept {
+  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
+  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
+  return 1;
+}
+
+std::string describe_exit(int wait_status) {
+  if (WIFSIGNALED(wait_status)) {
+    const int sig = WTERMSIG(wait_status);
+    return "was killed by signal " + std::to_string(sig) + " (" + ::strsignal(sig) + ")";
+  }
+  return "exited with code " + std::to_string(exit_code_of(wait_status));
+}
+
+WorkerProcess WorkerProcess::spawn(const std::vector<std::string>& argv,
+                                   const std::vector<std::string>& env) {
+  KF_CHECK(!argv.empty(), "WorkerProcess::spawn: empty argv");
+  auto c_argv = c_strings(argv);
+  auto c_env = c_strings(env);
+  UniqueFd dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!dev_null.is_open()) {
+    throw std::system_error(errno, std::generic_category(), "kfrun: open /dev/null");
+  }
+  Pipe out = make_pipe();
+  Pipe err = make_pipe();
+  Pipe status = make_pipe();
+
+  // Block every signal across fork so that the child cannot run kfrun's handlers.
+  sigset_t all;
+  sigset_t previous;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &previous);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    exec_child(c_argv.data(), c_env.data(), dev_null.get(), out.write.get(), err.write.get(),
+               status.write.get(), previous);
+  }
+  const int fork_error = errno;
+  ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  if (pid < 0) throw std::system_error(fork_error, std::generic_category(), "kfrun: fork");
+
+  // Also set the group here, so that a signal sent right after spawn() reaches it. This fails
+  // harmlessly when the child has already exec'd (it set its group itself before).
+  ::setpgid(pid, pid);
+  out.write.close();
+  err.write.close();
+  status.write.close();
+  WorkerProcess worker(pid, std::move(out.read), std::move(err.read));
+  if (const int error = read_exec_status(status.read.get()); error != 0) {
+    int wait_status = 0;
+    while (::waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
+    }
+    worker.reaped_ = true;
+    throw ExecError("cannot execute '" + argv[0] + "': " + std::strerror(error));
+  }
+  set_non_blocking(worker.out_.get());
+  set_non_blocking(worker.err_.get());
+  return worker;
+}
+
+WorkerProcess::WorkerProcess(pid_t pid, UniqueFd out, UniqueFd err) noexcept
+    : pid_(pid), out_(std::move(out)), err_(std::move(err)) {}
+
+WorkerProcess::WorkerProcess(WorkerProcess&& other) noexcept
+    : pid_(std::exchange(other.pid_, -1)),
+      reaped_(other.reaped_),
+      out_(std::move(other.out_)),
+      err_(std::move(other.err_)) {}
+
+WorkerProcess::~WorkerProcess() {
+  if (!running()) return;
+  signal(SIGKILL);
+  int wait_status = 0;
+  while (::waitpid(pid_, &wait_status, 0) < 0 && errno == EINTR) {
+  }
+}
+
+void WorkerProcess::signal(int sig) noexcept {
+  if (!running()) return;
+  // The group exists once spawn() returned; signal the process itself should it have left it.
+  if (::kill(-pid_, sig) != 0) ::kill(pid_, sig);
+}
+
+std::optional<int> WorkerProcess::try_reap() noexcept {
+  if (!running()) return std::nullopt;
+  int wait_status = 0;
+  pid_t r = 0;
+  do {
+    r = ::waitpid(pid_, &wait_status, WNOHANG);
+  } while (r < 0 && errno == EINTR);
+  KF_CHECK(r >= 0, "waitpid on a worker failed: another part of the process reaped it");
+  if (r == 0) return std::nullopt;
+  reaped_ = true;
+  return wait_status;
+}
+
+}  // namespace kf::tools

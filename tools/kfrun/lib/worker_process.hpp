@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: Apache-2.0
+// One worker process of a kfrun job: started with fork+exec in a process group of its own (so
+// that signals reach the shell pipelines and helpers it starts, and the terminal's Ctrl-C reaches
+// only kfrun, which forwards it), stdin on /dev/null, stdout and stderr on pipes that kfrun reads.
+// A worker that is still running when its object is destroyed is killed (SIGKILL) and reaped,
+// so that an exception in kfrun leaves no orphans. Thread-safety: one thread per object.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kfrun/lib/unique_fd.hpp"
+
+namespace kf::tools {
+
+/// The program of a worker could not be executed (not found, not executable, …).
+class ExecError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class WorkerProcess {
+ public:
+  /// Starts argv[0] (searched in PATH as execvp does) with argv and the environment `env`
+  /// ("NAME=VALUE" strings). Returns once the program runs, i.e. after the exec succeeded.
+  /// Throws: ExecError naming the program and the reason when the exec fails (the child is
+  /// reaped); std::system_error when a pipe cannot be made or fork fails.
+  static WorkerProcess spawn(const std::vector<std::string>& argv,
+                             const std::vector<std::string>& env);
+
+  WorkerProcess(WorkerProcess&& other) noexcept;
+  WorkerProcess& operator=(WorkerProcess&&) = delete;
+  ~WorkerProcess();
+
+  pid_t pid() const noexcept { return pid_; }
+  bool running() const noexcept { return pid_ > 0 && !reaped_; }
+  /// Read ends (non-blocking) of the worker's stdout and stderr; the caller closes them at EOF.
+  UniqueFd& out() noexcept { return out_; }
+  UniqueFd& err() noexcept { return err_; }
+
+  /// Sends `sig` to the worker's process group. Does nothing once the worker is reaped (its
+  /// process group id may then belong to someone else).
+  void signal(int sig) noexcept;
+
+  /// Reaps the worker if it has exited. Returns its waitpid() status (see exit_code_of), or
+  /// nullopt while it runs (and after it was reaped).
+  std::optional<int> try_reap() noexcept;
+
+ private:
+  WorkerProcess(pid_t pid, UniqueFd out, UniqueFd err) noexcept;
+
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  UniqueFd out_;
+  UniqueFd err_;
+};
+
+/// The exit code a shell would report for a waitpid() status: the exit status, or 128 + signal.
+int exit_code_of(int wait_status) noexcept;
+
+/// "exited with code 3" or "was killed by signal 9 (Killed)", for a waitpid() status.
+std::string describe_exit(int wait_status);
+
+}  // namespace kf::tools
