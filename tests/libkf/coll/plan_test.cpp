@@ -196,10 +196,10 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8, 9, 16),
                        ::testing::Values(std::size_t{0}, std::size_t{1}, std::size_t{3},
                                          std::size_t{17})),
-    [](const auto& info) {
-      return std::string(to_string(std::get<0>(info.param))) + "_p" +
-             std::to_string(std::get<1>(info.param)) + "_n" +
-             std::to_string(std::get<2>(info.param));
+    [](const auto& tpi) {
+      return std::string(to_string(std::get<0>(tpi.param))) + "_p" +
+             std::to_string(std::get<1>(tpi.param)) + "_n" +
+             std::to_string(std::get<2>(tpi.param));
     });
 
 TEST(PlanSplit, PartsCoverTheRangeInOrder) {

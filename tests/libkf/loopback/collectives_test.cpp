@@ -137,9 +137,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(Algorithm::star, Algorithm::ring, Algorithm::tree,
                                          Algorithm::clique, Algorithm::rhd, Algorithm::auto_select),
                        ::testing::Values(1, 2, 3, 4, 5, 8)),
-    [](const auto& info) {
-      return std::string(to_string(std::get<0>(info.param))) + "_p" +
-             std::to_string(std::get<1>(info.param));
+    [](const auto& tpi) {
+      return std::string(to_string(std::get<0>(tpi.param))) + "_p" +
+             std::to_string(std::get<1>(tpi.param));
     });
 
 }  // namespace
