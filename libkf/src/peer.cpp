@@ -22,13 +22,8 @@ bool Handle::ready() const noexcept {
 
 std::error_code Handle::wait_status() const noexcept {
   if (!state_) return {};
-  // Small collectives finish within tens of microseconds: spin briefly before sleeping, so the
-  // waiting thread is not descheduled for a wake-up that costs more than the collective.
-  for (int i = 0; i < 2000 && !state_->ready.load(std::memory_order_acquire); ++i) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-  }
+  // No spinning: on a machine with as many busy threads as cores, a spinning waiter takes the
+  // core the I/O threads need to finish the collective.
   std::unique_lock<std::mutex> lk(state_->mu);
   state_->cv.wait(lk, [&] { return state_->done_; });
   return state_->ec;
@@ -81,11 +76,7 @@ PeerImpl::PeerImpl(PeerOptions opts) : opts_(std::move(opts)), acceptor_(ioc_) {
   self_ = Endpoint{opts_.listen.host, acceptor_.local_endpoint().port()};
   identity_ = self_.str();
   asio::co_spawn(ioc_, accept_loop(), asio::detached);
-  io_thread_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "kf-io");
-    auto guard = asio::make_work_guard(ioc_);
-    ioc_.run();
-  });
+  io_thread_ = std::thread([this] { io_loop(); });
 }
 
 PeerImpl::~PeerImpl() {
@@ -99,6 +90,29 @@ PeerImpl::~PeerImpl() {
   }
   ioc_.stop();
   if (io_thread_.joinable()) io_thread_.join();
+}
+
+// The I/O thread polls for a short window after each burst of work before it blocks in epoll:
+// collectives come in bursts, and a thread that is already awake picks up the next submission or
+// the next frame without the wake-up (eventfd + scheduler) that costs as much as a loopback hop.
+void PeerImpl::io_loop() {
+  pthread_setname_np(pthread_self(), "kf-io");
+  auto guard = asio::make_work_guard(ioc_);
+  auto last_work = Clock::now();
+  while (!ioc_.stopped()) {
+    if (ioc_.poll() > 0) {
+      last_work = Clock::now();
+      continue;
+    }
+    if (Clock::now() - last_work < opts_.spin) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+      continue;
+    }
+    ioc_.run_one();
+    last_work = Clock::now();
+  }
 }
 
 void PeerImpl::start(const Cluster& c) {
@@ -222,6 +236,7 @@ std::unique_ptr<Peer> Peer::from_environment() {
   o.job_id = e.job_id;
   o.job_token = e.job_token;
   if (e.timeout) o.timeout = *e.timeout;
+  if (e.spin) o.spin = *e.spin;
   std::optional<std::string> algo = e.algorithm;
   if (!algo && e.cluster.settings.contains("algorithm") &&
       e.cluster.settings["algorithm"].is_string()) {

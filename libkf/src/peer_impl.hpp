@@ -232,6 +232,7 @@ class PeerImpl {
   awaitable<std::error_code> run_lane(CollCtx& ctx, const coll::Lane& lane, std::uint32_t tag,
                                       std::byte* work, std::string& why);
   awaitable<void> shutdown();
+  void io_loop();
 
 
   PeerOptions opts_;

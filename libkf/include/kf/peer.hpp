@@ -31,6 +31,9 @@ struct PeerOptions {
   /// How long a new connection may take to open and authenticate (peers may start late).
   std::chrono::milliseconds connect_timeout{20000};
   Algorithm default_algorithm = Algorithm::auto_select;
+  /// After a burst of work the I/O thread keeps polling this long before it sleeps, so that the
+  /// next message or submission finds it awake (zero: always sleep at once).
+  std::chrono::microseconds spin{0};
   std::size_t max_frame_bytes = std::size_t{64} << 20;       ///< larger transfers are split
   std::size_t max_unexpected_bytes = std::size_t{2} << 30;   ///< early-arrival buffer limit
 };

@@ -138,6 +138,11 @@ double allreduce_seconds(AllreduceModel model, int p, std::size_t bytes,
 
 double predict_seconds(CollOp op, Algorithm algorithm, int p, std::size_t bytes,
                        const LinkParams& link) noexcept {
+  const bool reducing = op == CollOp::allreduce || op == CollOp::barrier || op == CollOp::consensus;
+  if (reducing && algorithm == Algorithm::rhd && bytes <= kRecursiveDoublingMaxBytes && p > 1) {
+    // The plan runs recursive doubling here (with the same fold as halving-doubling).
+    return evaluate(recursive_doubling(p), static_cast<double>(bytes), link);
+  }
   return evaluate(coefficients(op, algorithm, p), static_cast<double>(bytes), link);
 }
 

@@ -67,6 +67,15 @@ Env Env::from_environment() {
     }
     e.timeout = std::chrono::milliseconds(ms);
   }
+  if (auto t = get(env::kSpinUs)) {
+    long us = -1;
+    auto [p, ec] = std::from_chars(t->data(), t->data() + t->size(), us);
+    if (ec != std::errc{} || p != t->data() + t->size() || us < 0 || us > 1000000) {
+      throw std::invalid_argument(std::string(env::kSpinUs) + "='" + *t +
+                                  "' is not a number of microseconds in 0-1000000");
+    }
+    e.spin = std::chrono::microseconds(us);
+  }
   return e;
 }
 

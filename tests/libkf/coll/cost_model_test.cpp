@@ -107,20 +107,22 @@ TEST(CostModel, AlgorithmsUseTheirAllreduceFormulas) {
     };
     expect_rel(t(Algorithm::ring), r.ring);
     expect_rel(t(Algorithm::clique), r.ring);
-    expect_rel(t(Algorithm::rhd), r.halving_doubling);
+    // rhd runs recursive doubling up to kRecursiveDoublingMaxBytes, halving-doubling above.
+    expect_rel(t(Algorithm::rhd),
+               r.n <= kRecursiveDoublingMaxBytes ? r.rec_doubling : r.halving_doubling);
     expect_rel(t(Algorithm::tree), r.binomial_tree);
     expect_rel(t(Algorithm::star), r.star);
   }
 }
 
-// choose() considers kf's algorithms only (no recursive doubling): it must return the argmin
-// of the KAT-AR-1 columns it has, which is halving-doubling (rhd) in every row, including the
-// rows where recursive doubling wins overall. At p = 2 ring and rhd tie exactly; ring comes
-// first in the tie order.
+// kf's rhd is recursive doubling for small messages and halving-doubling for large ones, so
+// choose() returns rhd wherever KAT-AR-1's argmin is either of them, except at p = 2 for large
+// messages, where ring and halving-doubling tie exactly and ring comes first in the tie order.
 TEST(CostModel, ChooseTakesKatAr1Argmin) {
   for (const auto& r : kAr1) {
     SCOPED_TRACE(testing::Message() << "p=" << r.p << " n=" << r.n);
-    const Algorithm want = r.p == 2 ? Algorithm::ring : Algorithm::rhd;
+    const Algorithm want =
+        r.p == 2 && r.n > kRecursiveDoublingMaxBytes ? Algorithm::ring : Algorithm::rhd;
     EXPECT_EQ(choose(CollOp::allreduce, r.n, r.p, kKatLink), want);
     if (r.argmin == AllreduceModel::halving_doubling) {
       EXPECT_EQ(choose(CollOp::allreduce, r.n, r.p, kKatLink), Algorithm::rhd);

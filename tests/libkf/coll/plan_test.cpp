@@ -24,12 +24,13 @@ struct SimResult {
 };
 
 SimResult simulate(CollOp op, Algorithm a, int p, std::size_t count, int root, int lanes,
-                   const std::vector<Vec>& init, std::size_t max_xfer = 0) {
+                   const std::vector<Vec>& init, std::size_t max_xfer = 0,
+                   std::size_t rd_max = 0) {
   SimResult res;
   res.work = init;
   std::vector<Plan> plans;
   for (int r = 0; r < p; ++r) {
-    PlanRequest req{op, a, r, p, count, root, lanes, max_xfer};
+    PlanRequest req{op, a, r, p, count, root, lanes, max_xfer, rd_max};
     plans.push_back(make_plan(req));
   }
   std::map<std::tuple<int, int, int>, std::deque<Vec>> queues;  // (src, dst, lane)
@@ -112,12 +113,14 @@ class PlanSweep : public ::testing::TestWithParam<Param> {};
 
 TEST_P(PlanSweep, AllreduceSumsOnEveryRank) {
   auto [a, p, n] = GetParam();
-  for (int lanes : {1, 3}) {
+  for (int variant : {0, 1, 2}) {
+    const int lanes = variant == 1 ? 3 : 1;
+    const std::size_t rd_max = variant == 2 ? n : 0;  // rhd: recursive doubling
     std::vector<Vec> init(p, Vec(n));
     for (int r = 0; r < p; ++r) {
       for (std::size_t i = 0; i < n; ++i) init[r][i] = value(r, i);
     }
-    auto res = simulate(CollOp::allreduce, a, p, n, 0, lanes, init, 5);
+    auto res = simulate(CollOp::allreduce, a, p, n, 0, lanes, init, 5, rd_max);
     ASSERT_EQ(res.error, "");
     for (int r = 0; r < p; ++r) {
       for (std::size_t i = 0; i < n; ++i) {

@@ -22,6 +22,11 @@ namespace kf::coll {
 /// The defaults are rough loopback-TCP values for the development machines: a blocking loopback
 /// half round trip of about 11 µs plus framing (α = 15 µs), about 2.5 GB/s through the kernel
 /// (β), and a float sum at about 5 GB/s (γ). Calibrate real links with fit_alpha_beta.
+/// An rhd allreduce (and barrier, consensus) of at most this many bytes runs recursive
+/// doubling: lg p full exchanges instead of 2 lg p half-size ones. The executor and the model
+/// use the same threshold.
+inline constexpr std::size_t kRecursiveDoublingMaxBytes = 64 * 1024;
+
 struct LinkParams {
   double alpha_s = 15e-6;                ///< latency per message
   double beta_s_per_byte = 1.0 / 2.5e9;  ///< transfer time per byte

@@ -6,6 +6,7 @@
 // after the handle completes.
 #include <openssl/evp.h>
 
+#include "kf/coll/cost_model.hpp"
 #include "kf/common/log.hpp"
 #include "peer_impl.hpp"
 
@@ -229,6 +230,7 @@ awaitable<void> PeerImpl::run_collective(std::shared_ptr<CollCtx> ctx) {
       c.opts.op = ReduceOp::min;
       break;
   }
+  req.rd_max_count = coll::kRecursiveDoublingMaxBytes / es;
   req.lanes = coll::default_lanes(c.op, c.algorithm, req.count * es, c.size);
   std::string why;
   std::error_code ec;

@@ -142,6 +142,39 @@ void allreduce_rhd(LaneBuilder& b, int r, int p, Range w) {
   }
 }
 
+// Recursive doubling with the same fold as above: lg(p2) rounds, each a full exchange. Both
+// partners reduce the same two operands (commutative), so they stay bitwise identical.
+void allreduce_rd(LaneBuilder& b, int r, int p, Range w) {
+  const int p2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(p)));
+  const int rem = p - p2;
+  if (r < 2 * rem && r % 2 == 0) {
+    b.send(r + 1, w);
+    b.next();
+    b.copy(r + 1, w);
+    b.next();
+    return;
+  }
+  int nr;
+  if (r < 2 * rem) {
+    b.reduce(r - 1, w);
+    b.next();
+    nr = r / 2;
+  } else {
+    nr = r - rem;
+  }
+  auto real = [rem](int v) { return v < rem ? 2 * v + 1 : v + rem; };
+  for (int d = 1; d < p2; d *= 2) {
+    const int partner = real(nr ^ d);
+    b.send(partner, w);
+    b.reduce(partner, w);
+    b.next();
+  }
+  if (r < 2 * rem) {
+    b.send(r - 1, w);
+    b.next();
+  }
+}
+
 // Binary tree rooted at rank 0: reduce up, broadcast down. The send to the parent and the
 // receive of the result share a step; that is safe because the parent sends the result only
 // after it has received all of this rank's data.
@@ -479,7 +512,13 @@ Plan make_plan(const PlanRequest& req) {
       case CollOp::consensus:
         switch (a) {
           case Algorithm::ring: allreduce_ring(b, r, p, w); break;
-          case Algorithm::rhd: allreduce_rhd(b, r, p, w); break;
+          case Algorithm::rhd:
+            if (req.count <= req.rd_max_count) {
+              allreduce_rd(b, r, p, w);
+            } else {
+              allreduce_rhd(b, r, p, w);
+            }
+            break;
           case Algorithm::tree: allreduce_tree(b, r, p, w); break;
           case Algorithm::clique: allreduce_clique(b, r, p, w); break;
           default: allreduce_star(b, r, p, w); break;

@@ -58,6 +58,9 @@ struct PlanRequest {
   int root = 0;
   int lanes = 1;          ///< pipeline chunks (allreduce and broadcast only; others use 1)
   std::size_t max_xfer_count = 0;  ///< split transfers larger than this (0: never)
+  /// rhd allreduce of at most this many elements uses recursive doubling (one exchange of the
+  /// whole vector per round: fewer rounds, more bytes) instead of halving-doubling.
+  std::size_t rd_max_count = 0;
 };
 
 /// The element count of the work buffer for a request (see the layout above).

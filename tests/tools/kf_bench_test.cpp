@@ -1,0 +1,183 @@
+// SPDX-License-Identifier: Apache-2.0
+// kf-bench end to end: kfrun (path in $KFRUN) starts real kf-bench workers (path in $KF_BENCH)
+// that measure collectives over TCP on 127.0.0.1; the tests parse rank 0's JSON rows and check
+// that every row is complete and correct, and that bad arguments are usage errors (exit 2).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Captured {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string env_path(const char* name) {
+  const char* path = std::getenv(name);
+  return path != nullptr ? path : "";
+}
+
+std::string read_all(std::FILE* f) {
+  std::rewind(f);
+  std::string text;
+  char buffer[4096];
+  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, f)) > 0;) text.append(buffer, n);
+  std::fclose(f);
+  return text;
+}
+
+// Runs argv[0] with its arguments, stdout and stderr captured in temporary files.
+Captured run(std::vector<std::string> argv) {
+  std::FILE* out = std::tmpfile();
+  std::FILE* err = std::tmpfile();
+  std::vector<char*> c_argv;
+  for (auto& a : argv) c_argv.push_back(a.data());
+  c_argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(::fileno(out), STDOUT_FILENO);
+    ::dup2(::fileno(err), STDERR_FILENO);
+    ::execv(c_argv[0], c_argv.data());
+    ::_exit(126);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  Captured result;
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  result.out = read_all(out);
+  result.err = read_all(err);
+  return result;
+}
+
+// `kfrun -np N kf-bench ARGS...`
+Captured run_bench(int np, const std::vector<std::string>& args) {
+  std::vector<std::string> argv{env_path("KFRUN"), "-np", std::to_string(np), "--",
+                                env_path("KF_BENCH")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run(argv);
+}
+
+// Rank 0's JSON rows; kfrun prefixes every output line with "[rank] ".
+std::vector<nlohmann::json> rows_of(const std::string& out) {
+  std::vector<nlohmann::json> rows;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    const std::string prefix = "[0] ";
+    EXPECT_EQ(line.rfind(prefix, 0), 0u) << "a line not from rank 0: " << line;
+    if (line.rfind(prefix, 0) != 0) continue;
+    rows.push_back(nlohmann::json::parse(line.substr(prefix.size())));
+  }
+  return rows;
+}
+
+void expect_complete_and_correct(const nlohmann::json& row) {
+  for (const char* key : {"op", "algo", "np", "dtype", "bytes", "count", "iters", "median_us",
+                          "p90_us", "algbw_gbps", "busbw_gbps", "correct"}) {
+    EXPECT_TRUE(row.contains(key)) << key << " missing in " << row.dump();
+  }
+  EXPECT_EQ(row.value("correct", false), true) << row.dump();
+  EXPECT_GT(row.value("median_us", 0.0), 0.0) << row.dump();
+  EXPECT_GE(row.value("p90_us", 0.0), row.value("median_us", 0.0)) << row.dump();
+}
+
+class KfBench : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (env_path("KFRUN").empty() || env_path("KF_BENCH").empty()) {
+      GTEST_SKIP() << "KFRUN and KF_BENCH must name the kfrun and kf-bench executables";
+    }
+  }
+};
+
+TEST_F(KfBench, AllreduceOverEveryAlgorithmIsCorrect) {
+  const Captured r = run_bench(
+      2, {"allreduce", "--algo", "all", "--sizes", "4,1K,65537", "--iters", "3", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto rows = rows_of(r.out);
+  ASSERT_EQ(rows.size(), 18u) << r.out;
+  std::set<std::string> algos;
+  std::set<std::size_t> bytes;
+  for (const auto& row : rows) {
+    expect_complete_and_correct(row);
+    EXPECT_EQ(row.value("op", ""), "allreduce");
+    EXPECT_EQ(row.value("np", 0), 2);
+    EXPECT_EQ(row.value("dtype", ""), "f32");
+    EXPECT_EQ(row.value("iters", 0), 3);
+    // 2(n-1)/n = 1 for two workers
+    EXPECT_DOUBLE_EQ(row.value("busbw_gbps", -1.0), row.value("algbw_gbps", -2.0));
+    const std::string algo = row.value("algo", "");
+    algos.insert(algo.rfind("auto(", 0) == 0 ? "auto" : algo);
+    bytes.insert(row.value("bytes", std::size_t{0}));
+  }
+  EXPECT_EQ(algos, (std::set<std::string>{"star", "ring", "tree", "clique", "rhd", "auto"}));
+  EXPECT_EQ(bytes, (std::set<std::size_t>{4, 1024, 65536}));  // 65537 rounds down to floats
+}
+
+TEST_F(KfBench, ReduceScatterAndGatherAreCorrectOnThreeWorkers) {
+  const Captured rs = run_bench(3, {"reduce-scatter", "--algo", "all", "--dtype", "bf16", "--op",
+                                    "avg", "--sizes", "2,4099", "--iters", "2", "--json"});
+  ASSERT_EQ(rs.exit_code, 0) << rs.out << rs.err;
+  auto rows = rows_of(rs.out);
+  ASSERT_EQ(rows.size(), 12u) << rs.out;
+  for (const auto& row : rows) expect_complete_and_correct(row);
+
+  const Captured g = run_bench(3, {"gather", "--algo", "ring,star", "--dtype", "u8", "--root", "2",
+                                   "--sizes", "1,1000", "--iters", "2", "--json"});
+  ASSERT_EQ(g.exit_code, 0) << g.out << g.err;
+  rows = rows_of(g.out);
+  ASSERT_EQ(rows.size(), 4u) << g.out;
+  for (const auto& row : rows) {
+    expect_complete_and_correct(row);
+    EXPECT_EQ(row.value("root", -1), 2);
+  }
+}
+
+TEST_F(KfBench, TableHasAHeaderAndOneRowPerSize) {
+  const Captured r =
+      run_bench(2, {"broadcast", "--algo", "tree", "--sizes", "1K,2K", "--iters", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[0] # kf-bench broadcast: np=2 dtype=f32 root=0"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("busbw"), std::string::npos) << r.out;
+  std::size_t rows = 0;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(" tree ") != std::string::npos && line.find(" true") != std::string::npos) {
+      ++rows;
+    }
+  }
+  EXPECT_EQ(rows, 2u) << r.out;
+}
+
+TEST_F(KfBench, BadArgumentsAreUsageErrors) {
+  const Captured direct = run({env_path("KF_BENCH"), "allreduce", "--sizes", "12Q"});
+  EXPECT_EQ(direct.exit_code, 2) << direct.out << direct.err;
+  EXPECT_NE(direct.err.find("12Q"), std::string::npos) << direct.err;
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"allreduce", "--dtype", "f8"},
+        std::vector<std::string>{"allreduce", "--algo", "fastest"},
+        std::vector<std::string>{"allgather", "--op", "sum"},
+        std::vector<std::string>{"scatter"}}) {
+    std::vector<std::string> argv{env_path("KF_BENCH")};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const Captured c = run(argv);
+    EXPECT_EQ(c.exit_code, 2) << args[args.size() - 1] << ": " << c.err;
+  }
+  const Captured launched = run_bench(2, {"allreduce", "--sizes", "12Q"});
+  EXPECT_EQ(launched.exit_code, 2) << launched.out << launched.err;
+  const Captured bad_root = run_bench(2, {"broadcast", "--root", "2", "--sizes", "4"});
+  EXPECT_EQ(bad_root.exit_code, 2) << bad_root.out << bad_root.err;
+  EXPECT_NE(bad_root.err.find("--root 2"), std::string::npos) << bad_root.err;
+}
+
+}  // namespace

@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kf-bench/lib/report.hpp"
+
+#include <cstdio>
+
+#include "kf-bench/lib/stats.hpp"
+
+namespace kf::tools::bench {
+
+namespace {
+
+bool has_reduce_op(CollOp op) { return op == CollOp::allreduce || op == CollOp::reduce_scatter; }
+bool has_root(CollOp op) { return op == CollOp::broadcast || op == CollOp::gather; }
+
+}  // namespace
+
+std::string_view command_name(CollOp op) noexcept {
+  return op == CollOp::reduce_scatter ? "reduce-scatter" : to_string(op);
+}
+
+void print_header(std::ostream& out, const RunInfo& info) {
+  out << "# kf-bench " << command_name(info.op) << ": np=" << info.workers
+      << " dtype=" << to_string(info.dtype);
+  if (has_reduce_op(info.op)) out << " op=" << to_string(info.reduce);
+  if (has_root(info.op)) out << " root=" << info.root;
+  out << " warmup=" << info.warmup << "\n"
+      << "# time: per iteration the slowest worker's submit-to-wait() time; median and p90 "
+         "over the iterations, in us\n"
+      << "# " << bandwidth_definition(info.op) << "; GB/s = 1e9 bytes/s (nccl-tests)\n";
+  char line[160];
+  std::snprintf(line, sizeof line, "# %12s %12s %11s %6s %11s %11s %11s %11s %8s\n", "algo",
+                "bytes", "count", "iters", "median_us", "p90_us", "algbw_gbps", "busbw_gbps",
+                "correct");
+  out << line << std::flush;
+}
+
+void print_row(std::ostream& out, const RunInfo& info, const Row& row, bool json) {
+  if (json) {
+    out << to_json(info, row).dump() << std::endl;
+    return;
+  }
+  char line[200];
+  std::snprintf(line, sizeof line, "  %12s %12zu %11zu %6d %11.2f %11.2f %11.3f %11.3f %8s\n",
+                row.algo.c_str(), row.bytes, row.count, row.iters, row.median_us, row.p90_us,
+                row.algbw_gbps, row.busbw_gbps, row.correct ? "true" : "FALSE");
+  out << line << std::flush;
+}
+
+nlohmann::ordered_json to_json(const RunInfo& info, const Row& row) {
+  nlohmann::ordered_json j;
+  j["op"] = command_name(info.op);
+  j["algo"] = row.algo;
+  j["np"] = info.workers;
+  j["dtype"] = to_string(info.dtype);
+  if (has_reduce_op(info.op)) j["reduce_op"] = to_string(info.reduce);
+  if (has_root(info.op)) j["root"] = info.root;
+  j["bytes"] = row.bytes;
+  j["count"] = row.count;
+  j["iters"] = row.iters;
+  j["median_us"] = row.median_us;
+  j["p90_us"] = row.p90_us;
+  j["algbw_gbps"] = row.algbw_gbps;
+  j["busbw_gbps"] = row.busbw_gbps;
+  j["correct"] = row.correct;
+  return j;
+}
+
+}  // namespace kf::tools::bench

@@ -1,0 +1,50 @@
+// SPDX-License-Identifier: Apache-2.0
+// kf-bench's output: a table (a commented header, then one row per algorithm and size) or one
+// JSON object per row. Thread-safety: pure functions over the stream they are given.
+#pragma once
+
+#include <cstddef>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+#include <string_view>
+
+#include "kf/coll/types.hpp"
+
+namespace kf::tools::bench {
+
+/// What a table or a row describes, the same for every row of one run.
+struct RunInfo {
+  CollOp op = CollOp::allreduce;
+  int workers = 1;
+  DType dtype = DType::f32;
+  ReduceOp reduce = ReduceOp::sum;  ///< shown for allreduce and reduce-scatter only
+  int root = 0;                     ///< shown for broadcast and gather only
+  int warmup = 0;
+};
+
+/// One (algorithm, size) measurement. Times are the per-iteration maxima over the workers.
+struct Row {
+  std::string algo;       ///< "ring", or "auto(ring)" for auto and what it resolved to
+  std::size_t bytes = 0;  ///< message bytes per worker, after rounding to whole elements
+  std::size_t count = 0;  ///< elements per worker
+  int iters = 0;
+  double median_us = 0;
+  double p90_us = 0;
+  double algbw_gbps = 0;
+  double busbw_gbps = 0;
+  bool correct = false;
+};
+
+/// The name of `op` on the command line ("reduce-scatter").
+std::string_view command_name(CollOp op) noexcept;
+
+/// The table's header: the run's parameters, how to read the numbers, the column names.
+void print_header(std::ostream& out, const RunInfo& info);
+/// One table line (json false) or one JSON object on one line (json true), then a flush.
+void print_row(std::ostream& out, const RunInfo& info, const Row& row, bool json);
+/// The JSON object of one row: op, algo, np, dtype, bytes, count, iters, median_us, p90_us,
+/// algbw_gbps, busbw_gbps, correct, and reduce_op or root where the collective has one.
+nlohmann::ordered_json to_json(const RunInfo& info, const Row& row);
+
+}  // namespace kf::tools::bench

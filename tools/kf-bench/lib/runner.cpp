@@ -1,0 +1,275 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kf-bench/lib/runner.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "kf-bench/lib/parse.hpp"
+#include "kf-bench/lib/pattern.hpp"
+#include "kf-bench/lib/report.hpp"
+#include "kf-bench/lib/stats.hpp"
+#include "kf/common/error.hpp"
+
+namespace kf::tools::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The buffers rotated through total at least this much, so that an iteration's buffers were
+// last touched (refilled) that many bytes of traffic earlier: out of every cache level.
+constexpr std::size_t kRotationBytes = std::size_t{64} << 20;
+constexpr std::size_t kPageBytes = 4096;
+
+std::size_t round_to_page(std::size_t bytes) {
+  return (bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
+}
+
+// Elements of one iteration's send and receive buffers on this worker. Broadcast works in
+// place on the receive buffer.
+struct Layout {
+  std::size_t send = 0;
+  std::size_t recv = 0;
+};
+
+Layout layout_of(CollOp op, std::size_t count, int rank, int workers, int root) {
+  const auto n = static_cast<std::size_t>(workers);
+  switch (op) {
+    case CollOp::allreduce:
+      return {count, count};
+    case CollOp::broadcast:
+      return {0, count};
+    case CollOp::allgather:
+      return {count, n * count};
+    case CollOp::reduce_scatter:
+      return {n * count, count};
+    case CollOp::gather:
+      return {count, rank == root ? n * count : 0};
+    default:
+      return {};
+  }
+}
+
+// The buffers of count() iterations, used in rotation; each buffer starts on its own page.
+// Not thread-safe.
+class Slots {
+ public:
+  Slots(Layout layout, std::size_t element_bytes, int iterations)
+      : send_stride_(round_to_page(layout.send * element_bytes)),
+        stride_(send_stride_ + round_to_page(layout.recv * element_bytes)) {
+    if (stride_ == 0) return;  // barrier: nothing to rotate
+    const std::size_t wanted = (kRotationBytes + stride_ - 1) / stride_;
+    count_ = std::clamp<std::size_t>(wanted, 2, std::max(2, iterations));
+    memory_.reset(static_cast<std::byte*>(std::aligned_alloc(kPageBytes, count_ * stride_)));
+    if (!memory_) throw std::bad_alloc();
+  }
+
+  std::size_t count() const noexcept { return count_; }
+  std::byte* send(std::size_t slot) const noexcept { return at(slot); }
+  std::byte* recv(std::size_t slot) const noexcept { return at(slot) + send_stride_; }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const noexcept { std::free(p); }
+  };
+  std::byte* at(std::size_t slot) const noexcept {
+    return memory_ ? memory_.get() + slot % count_ * stride_ : nullptr;
+  }
+
+  std::size_t send_stride_;
+  std::size_t stride_;
+  std::size_t count_ = 1;
+  std::unique_ptr<std::byte, Free> memory_;
+};
+
+// One worker's benchmark state: the options, the value tables, the collective names.
+class Bench {
+ public:
+  Bench(Peer& peer, const BenchOptions& o)
+      : peer_(peer), o_(o), pattern_(o.dtype, o.reduce, peer.size()) {}
+
+  Row run_case(Algorithm algorithm, std::size_t bytes);
+
+ private:
+  void prepare(std::byte* send, std::byte* recv, std::uint64_t iter) const;
+  bool verify(const std::byte* recv, std::uint64_t iter) const;
+  Handle submit(std::byte* send, std::byte* recv, Algorithm algorithm);
+  std::string label(Algorithm algorithm) const;
+  // Every call of every worker gets the same sequence of names.
+  std::string next_name() { return "kf-bench#" + std::to_string(seq_++); }
+
+  Peer& peer_;
+  const BenchOptions& o_;
+  Pattern pattern_;
+  std::uint64_t seq_ = 0;
+  std::size_t count_ = 0;  // the current case's elements per worker
+  Layout layout_;          // the current case's buffers
+};
+
+void Bench::prepare(std::byte* send, std::byte* recv, std::uint64_t iter) const {
+  if (o_.op == CollOp::broadcast) {
+    if (peer_.rank() == o_.root) return pattern_.fill(recv, count_, o_.root, 0, iter);
+    return pattern_.poison(recv, count_);
+  }
+  pattern_.fill(send, layout_.send, peer_.rank(), 0, iter);
+  pattern_.poison(recv, layout_.recv);
+}
+
+bool Bench::verify(const std::byte* recv, std::uint64_t iter) const {
+  const std::size_t block_bytes = count_ * dtype_bytes(o_.dtype);
+  switch (o_.op) {
+    case CollOp::allreduce:
+      return pattern_.matches_reduced(recv, count_, 0, iter);
+    case CollOp::broadcast:
+      return pattern_.matches_rank(recv, count_, o_.root, 0, iter);
+    case CollOp::reduce_scatter:
+      return pattern_.matches_reduced(recv, count_, static_cast<std::size_t>(peer_.rank()) * count_,
+                                      iter);
+    case CollOp::allgather:
+    case CollOp::gather:
+      if (layout_.recv == 0) return true;  // gather: not the root
+      for (int q = 0; q < peer_.size(); ++q) {
+        if (!pattern_.matches_rank(recv + q * block_bytes, count_, q, 0, iter)) return false;
+      }
+      return true;
+    default:
+      return true;
+  }
+}
+
+Handle Bench::submit(std::byte* send, std::byte* recv, Algorithm algorithm) {
+  CollOptions co;
+  co.algorithm = algorithm;
+  co.op = o_.reduce;
+  co.root = o_.root;
+  const Buffer s{send, layout_.send, o_.dtype};
+  const Buffer r{recv, layout_.recv, o_.dtype};
+  const std::string name = next_name();
+  switch (o_.op) {
+    case CollOp::allreduce:
+      return peer_.allreduce(name, s, r, co);
+    case CollOp::broadcast:
+      return peer_.broadcast(name, r, co);
+    case CollOp::allgather:
+      return peer_.allgather(name, s, r, co);
+    case CollOp::reduce_scatter:
+      return peer_.reduce_scatter(name, s, r, co);
+    case CollOp::gather:
+      return peer_.gather(name, s, r, co);
+    default:
+      return peer_.barrier(name, co);
+  }
+}
+
+std::string Bench::label(Algorithm algorithm) const {
+  std::string text(to_string(algorithm));
+  if (algorithm != Algorithm::auto_select) return text;
+  // The engine resolves an algorithm from the send buffer's bytes (the buffer for broadcast).
+  const std::size_t send = o_.op == CollOp::broadcast ? layout_.recv : layout_.send;
+  const Algorithm chosen = peer_.resolve(o_.op, algorithm, send * dtype_bytes(o_.dtype));
+  return text + "(" + std::string(to_string(chosen)) + ")";
+}
+
+Row Bench::run_case(Algorithm algorithm, std::size_t bytes) {
+  const std::size_t element_bytes = dtype_bytes(o_.dtype);
+  count_ = o_.op == CollOp::barrier ? 0 : element_count(bytes, o_.dtype);
+  layout_ = layout_of(o_.op, count_, peer_.rank(), peer_.size(), o_.root);
+  Row row;
+  row.algo = label(algorithm);
+  row.count = count_;
+  row.bytes = count_ * element_bytes;
+  row.iters = o_.iters.value_or(default_iterations(row.bytes));
+  const int total = o_.warmup + row.iters;
+  const Slots slots(layout_, element_bytes, total);
+  const std::size_t rotation = slots.count();
+  for (std::size_t s = 0; s < rotation && s < static_cast<std::size_t>(total); ++s) {
+    prepare(slots.send(s), slots.recv(s), s);
+  }
+  std::vector<double> times_us(static_cast<std::size_t>(row.iters));
+  bool correct = true;
+  for (int t = 0; t < total; ++t) {
+    const auto iter = static_cast<std::uint64_t>(t);
+    peer_.barrier(next_name()).wait();
+    const auto start = Clock::now();
+    submit(slots.send(iter), slots.recv(iter), algorithm).wait();
+    const std::chrono::duration<double, std::micro> elapsed = Clock::now() - start;
+    // Warmup results are checked too: a wrong result is a bug whenever it happens.
+    correct = verify(slots.recv(iter), iter) && correct;
+    if (t >= o_.warmup) times_us[static_cast<std::size_t>(t - o_.warmup)] = elapsed.count();
+    if (iter + rotation < static_cast<std::uint64_t>(total)) {
+      prepare(slots.send(iter), slots.recv(iter), iter + rotation);
+    }
+  }
+  CollOptions max_op;
+  max_op.op = ReduceOp::max;
+  peer_
+      .allreduce(next_name(), buffer(times_us.data(), times_us.size()),
+                 buffer(times_us.data(), times_us.size()), max_op)
+      .wait();
+  std::int32_t all_correct = correct ? 1 : 0;
+  CollOptions min_op;
+  min_op.op = ReduceOp::min;
+  peer_.allreduce(next_name(), buffer(&all_correct, 1), buffer(&all_correct, 1), min_op).wait();
+  row.correct = all_correct == 1;
+  row.median_us = quantile(times_us, 0.5);
+  row.p90_us = quantile(times_us, 0.9);
+  if (row.median_us > 0) {
+    const double moved = static_cast<double>(algbw_bytes(o_.op, row.bytes, peer_.size()));
+    row.algbw_gbps = moved / (row.median_us * 1e-6) / 1e9;
+    row.busbw_gbps = row.algbw_gbps * bus_factor(o_.op, peer_.size());
+  }
+  return row;
+}
+
+}  // namespace
+
+bool run_bench(Peer& peer, const BenchOptions& o, std::ostream& out) {
+  const bool rooted = o.op == CollOp::broadcast || o.op == CollOp::gather;
+  if (rooted && (o.root < 0 || o.root >= peer.size())) {
+    throw std::invalid_argument("--root " + std::to_string(o.root) + " is not a rank of this " +
+                                std::to_string(peer.size()) + "-worker job");
+  }
+  const RunInfo info{o.op, peer.size(), o.dtype, o.reduce, o.root, o.warmup};
+  const bool printer = peer.rank() == 0;
+  if (printer && !o.json) print_header(out, info);
+  const std::vector<std::size_t> sizes =
+      o.op == CollOp::barrier ? std::vector<std::size_t>{0} : o.sizes;
+  Bench bench(peer, o);
+  bool all_correct = true;
+  for (const Algorithm a : o.algorithms) {
+    for (const std::size_t bytes : sizes) {
+      const Row row = bench.run_case(a, bytes);
+      if (printer) print_row(out, info, row, o.json);
+      all_correct = all_correct && row.correct;
+    }
+  }
+  return all_correct;
+}
+
+int run_worker(const BenchOptions& o, std::ostream& out, std::ostream& err) noexcept {
+  constexpr int kIncorrect = 1;
+  constexpr int kUsageError = 2;
+  int rank = -1;
+  try {
+    const auto peer = Peer::from_environment();
+    rank = peer->rank();
+    return run_bench(*peer, o, out) ? 0 : kIncorrect;
+  } catch (const kf::Error& e) {
+    err << "kf-bench: rank " << rank << ": " << e.what() << std::endl;
+    return kIncorrect;
+  } catch (const std::invalid_argument& e) {
+    err << "kf-bench: " << e.what() << std::endl;
+    return kUsageError;
+  } catch (const std::exception& e) {
+    err << "kf-bench: rank " << rank << ": " << e.what() << std::endl;
+    return kIncorrect;
+  }
+}
+
+}  // namespace kf::tools::bench

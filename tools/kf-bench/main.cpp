@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: Apache-2.0
+// kf-bench: measures kf's collectives across the workers of a job started by kfrun:
+//   kfrun -np N kf-bench allreduce|broadcast|allgather|reduce-scatter|gather|barrier
+//         [--algo A[,A...]|all] [--dtype T] [--sizes S,S,...] [--op R] [--root R]
+//         [--iters K] [--warmup W] [--json]
+// Exit codes: 0 when every row is correct; 1 when one is not or a collective fails; 2 for a
+// usage error.
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <iostream>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kf-bench/lib/parse.hpp"
+#include "kf-bench/lib/report.hpp"
+#include "kf-bench/lib/runner.hpp"
+#include "kf-bench/lib/stats.hpp"
+
+namespace {
+
+using kf::CollOp;
+namespace bench = kf::tools::bench;
+
+constexpr int kUsageError = 2;
+constexpr int kMaxIterations = 1000000;
+
+// A CLI11 validator from a parse function that throws std::invalid_argument or returns empty.
+template <typename Parse>
+CLI::Validator checked_by(Parse parse, const std::string& what) {
+  return CLI::Validator(
+      [parse, what](std::string& text) -> std::string {
+        try {
+          return parse(text) ? std::string() : "'" + text + "' is not " + what;
+        } catch (const std::invalid_argument& e) {
+          return e.what();
+        }
+      },
+      "", what);
+}
+
+const char* const kTiming =
+    "Per iteration: a barrier, then each worker times the collective from submit to the return "
+    "of wait(); the row's median_us and p90_us are over the iterations' maxima across workers. "
+    "Every iteration's result is checked on every worker; 'correct' is true only if all were.";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Measures kf's collectives between the workers of a job (run it under kfrun).",
+               "kf-bench"};
+  app.require_subcommand(1);
+  app.footer(std::string(kTiming) + "\nBandwidth (nccl-tests; GB/s = 1e9 bytes/s):\n  " +
+             bench::bandwidth_definition(CollOp::allreduce) + "\n  " +
+             bench::bandwidth_definition(CollOp::broadcast) + "\n  " +
+             bench::bandwidth_definition(CollOp::allgather) + "\n  " +
+             bench::bandwidth_definition(CollOp::reduce_scatter) + "\n  " +
+             bench::bandwidth_definition(CollOp::gather) +
+             "\nExit code: 0 when every row is correct, 1 when one is not or a collective fails, "
+             "2 for a usage error.");
+
+  bench::BenchOptions options;
+  std::vector<std::string> algos{"auto"};
+  std::string dtype = "f32";
+  std::string reduce = "sum";
+  std::vector<std::string> sizes{"4", "1K", "64K", "1M", "16M", "64M"};
+
+  const auto algo_check = checked_by(
+      [](const std::string& s) { return !bench::parse_algorithms(s).empty(); }, "an algorithm");
+  const auto dtype_check =
+      checked_by([](const std::string& s) { return kf::parse_dtype(s).has_value(); },
+                 "a dtype (f32, f64, f16, bf16, i32, i64, u8)");
+  const auto reduce_check =
+      checked_by([](const std::string& s) { return kf::parse_reduce_op(s).has_value(); },
+                 "a reduction (sum, min, max, prod, avg)");
+  const auto size_check =
+      checked_by([](const std::string& s) { return bench::parse_bytes(s) > 0; }, "a size");
+
+  for (const CollOp op : {CollOp::allreduce, CollOp::broadcast, CollOp::allgather,
+                          CollOp::reduce_scatter, CollOp::gather, CollOp::barrier}) {
+    const std::string name(bench::command_name(op));
+    CLI::App* sub = app.add_subcommand(name, "measure " + name);
+    sub->footer(std::string(kTiming) + "\n" + bench::bandwidth_definition(op) +
+                " (GB/s = 1e9 bytes/s, nccl-tests)");
+    sub->final_callback([&options, op] { options.op = op; });
+    sub->add_option("--algo", algos,
+                    "star, ring, tree, clique, rhd, auto, or all (= every one, auto last); "
+                    "a comma-separated list is measured in order")
+        ->delimiter(',')
+        ->check(algo_check)
+        ->capture_default_str();
+    sub->add_option("--dtype", dtype, "element type: f32, f64, f16, bf16, i32, i64, u8")
+        ->check(dtype_check)
+        ->capture_default_str();
+    sub->add_option("--sizes", sizes,
+                    "message bytes per worker, comma-separated, suffixes K, M, G (powers of "
+                    "1024), rounded down to whole elements (at least one). The message is the "
+                    "buffer (allreduce, broadcast), each worker's send block (allgather, "
+                    "gather) or each worker's result block (reduce-scatter); barrier ignores it")
+        ->delimiter(',')
+        ->check(size_check)
+        ->capture_default_str();
+    if (op == CollOp::allreduce || op == CollOp::reduce_scatter) {
+      sub->add_option("--op", reduce, "reduction: sum, min, max, prod, avg")
+          ->check(reduce_check)
+          ->capture_default_str();
+    }
+    if (op == CollOp::broadcast || op == CollOp::gather) {
+      sub->add_option("--root", options.root, "root rank")
+          ->check(CLI::NonNegativeNumber)
+          ->capture_default_str();
+    }
+    sub->add_option("--iters", options.iters,
+                    "timed iterations per row (default: 200 up to 64K, 50 up to 1M, 20 up to "
+                    "16M, 10 above)")
+        ->check(CLI::Range(1, kMaxIterations));
+    sub->add_option("--warmup", options.warmup, "untimed iterations before each row")
+        ->check(CLI::Range(0, kMaxIterations))
+        ->capture_default_str();
+    sub->add_flag("--json", options.json, "print one JSON object per row instead of a table");
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return kUsageError;
+  }
+
+  options.algorithms.clear();
+  for (const std::string& a : algos) {
+    for (const kf::Algorithm x : bench::parse_algorithms(a)) options.algorithms.push_back(x);
+  }
+  options.dtype = *kf::parse_dtype(dtype);
+  options.reduce = *kf::parse_reduce_op(reduce);
+  for (const std::string& s : sizes) options.sizes.push_back(bench::parse_bytes(s));
+  return bench::run_worker(options, std::cout, std::cerr);
+}
