@@ -7,7 +7,9 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -102,6 +104,66 @@ struct RecvReq {
   std::size_t bytes = 0;
   Event ev;
   bool in_progress = false;
+  // Reduce on arrival instead of copying: dst[i] = (src ? src : dst)[i] OP payload[i]. Large
+  // payloads are then reduced chunk by chunk while each chunk is still in cache.
+  bool reduce = false;
+  const std::byte* src = nullptr;
+  DType dtype = DType::u8;
+  ReduceOp op = ReduceOp::sum;
+};
+
+/// Puts n payload bytes that belong at `offset` of the request's destination in place.
+inline void deliver(RecvReq& r, const std::byte* data, std::size_t offset, std::size_t n) {
+  if (n == 0) return;
+  if (!r.reduce) {
+    std::memcpy(r.dst + offset, data, n);
+    return;
+  }
+  const std::byte* a = (r.src ? r.src : r.dst) + offset;
+  reduce_to(r.dst + offset, a, data, n / dtype_bytes(r.dtype), r.dtype, r.op);
+}
+
+/// Disjoint half-open ranges of elements, merged on insertion: which parts of an out-of-place
+/// allreduce's receive buffer hold data yet (the rest is still only in the send buffer).
+class RangeSet {
+ public:
+  void add(std::size_t b, std::size_t e) {
+    if (b >= e) return;
+    auto it = r_.upper_bound(b);
+    if (it != r_.begin() && std::prev(it)->second >= b) {
+      --it;
+      b = it->first;
+      e = std::max(e, it->second);
+      it = r_.erase(it);
+    }
+    while (it != r_.end() && it->first <= e) {
+      e = std::max(e, it->second);
+      it = r_.erase(it);
+    }
+    r_.emplace(b, e);
+  }
+  bool disjoint(std::size_t b, std::size_t e) const {
+    auto it = r_.upper_bound(b);
+    if (it != r_.begin() && std::prev(it)->second > b) return false;
+    return it == r_.end() || it->first >= e;
+  }
+  /// Calls f(gb, ge) for every part of [b, e) not in the set.
+  template <typename F>
+  void for_gaps(std::size_t b, std::size_t e, F&& f) const {
+    std::size_t at = b;
+    auto it = r_.upper_bound(b);
+    if (it != r_.begin()) --it;
+    for (; it != r_.end() && it->first < e; ++it) {
+      if (it->second <= at) continue;
+      if (it->first > at) f(at, std::min(it->first, e));
+      at = std::max(at, it->second);
+      if (at >= e) return;
+    }
+    if (at < e) f(at, e);
+  }
+
+ private:
+  std::map<std::size_t, std::size_t> r_;
 };
 
 struct Slot {
@@ -121,6 +183,8 @@ struct Outgoing {
 struct Incoming {
   explicit Incoming(tcp::socket s) : sock(std::move(s)), buf(kBufBytes) {}
   static constexpr std::size_t kBufBytes = 64 * 1024;
+  static constexpr std::size_t kReduceChunk = 256 * 1024;  // streamed reductions, cache-sized
+  std::vector<std::byte> chunk;  // allocated on the first streamed reduction
   tcp::socket sock;
   int peer = -1;
   // Read-ahead buffer: small frames (header, name, payload) usually arrive in one segment and
@@ -180,6 +244,10 @@ struct CollCtx {
   Buffer send, recv;
   bool* agreed = nullptr;
   std::uint64_t version = 0;
+  // Out-of-place allreduce: the receive buffer is filled lazily from `lazy_src` (the send
+  // buffer) as the plan first touches each range, instead of one up-front copy.
+  const std::byte* lazy_src = nullptr;
+  RangeSet filled;
   std::vector<int> rank_to_peer;
   int rank = 0, size = 1;
   std::chrono::milliseconds timeout{};
@@ -216,7 +284,10 @@ class PeerImpl {
                                      const std::byte* data);
   std::shared_ptr<SendReq> post_control(int peer, transport::FrameType t,
                                         std::vector<std::byte> payload);
-  std::shared_ptr<RecvReq> post_recv(MailKey key, std::byte* dst, std::size_t bytes);
+  /// Posts a receive; with `reduce` (its src, dtype and op) the payload is reduced into dst on
+  /// arrival instead of copied.
+  std::shared_ptr<RecvReq> post_recv(MailKey key, std::byte* dst, std::size_t bytes,
+                                     const RecvReq* reduce = nullptr);
   void cancel(const std::shared_ptr<SendReq>& r, std::error_code ec);
   void cancel(const std::shared_ptr<RecvReq>& r, std::error_code ec);
   awaitable<std::error_code> wait_progress(Event& ev, int peer, std::chrono::milliseconds timeout);
@@ -231,6 +302,11 @@ class PeerImpl {
                                       std::string& why);
   awaitable<std::error_code> run_lane(CollCtx& ctx, const coll::Lane& lane, std::uint32_t tag,
                                       std::byte* work, std::string& why);
+  /// Cancels a failed step's transfers and waits until none of them touches a buffer.
+  awaitable<void> abandon_step(CollCtx& ctx, const std::vector<std::shared_ptr<SendReq>>& sends,
+                               const std::vector<int>& send_peer,
+                               const std::vector<std::shared_ptr<RecvReq>>& recvs,
+                               const std::vector<int>& recv_peer, std::error_code result);
   awaitable<void> shutdown();
   void io_loop();
 

@@ -13,19 +13,26 @@
 
 namespace kf::test {
 
-inline std::vector<std::unique_ptr<Peer>> make_local_cluster(int n, PeerOptions base = {}) {
-  if (base.job_token.empty()) base.job_token = "test-token";
+inline std::vector<std::unique_ptr<Peer>> make_local_cluster(int n, const PeerOptions& base) {
   std::vector<std::unique_ptr<Peer>> peers;
   Cluster c;
   c.version = 1;
   for (int i = 0; i < n; ++i) {
     PeerOptions o = base;
-    o.listen = Endpoint{"127.0.0.1", 0};
+    if (o.job_token.empty()) o.job_token = "test-token";
+    o.listen.host = "127.0.0.1";
+    o.listen.port = 0;
     peers.push_back(std::make_unique<Peer>(o));
     c.workers.push_back(WorkerSpec{peers.back()->endpoint(), i});
   }
   for (auto& p : peers) p->start(c);
   return peers;
+}
+
+inline std::vector<std::unique_ptr<Peer>> make_local_cluster(int n) {
+  PeerOptions base;
+  base.job_token = "test-token";
+  return make_local_cluster(n, base);
 }
 
 /// Runs fn(rank) on one thread per peer and joins them.

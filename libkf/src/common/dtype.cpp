@@ -166,26 +166,28 @@ inline T combine(T a, T b, ReduceOp op) noexcept {
 }
 
 // One loop per operator so the compiler vectorises each; the switch stays outside the loop.
+// out may be the same array as a (never partially overlapping), so no __restrict here.
 template <typename T>
-void reduce_typed(T* __restrict acc, const T* __restrict in, std::size_t n, ReduceOp op) noexcept {
+void reduce_typed(T* out, const T* a, const T* b, std::size_t n, ReduceOp op) noexcept {
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::avg:
-      for (std::size_t i = 0; i < n; ++i) acc[i] = add(acc[i], in[i]);
+      for (std::size_t i = 0; i < n; ++i) out[i] = add(a[i], b[i]);
       return;
     case ReduceOp::prod:
-      for (std::size_t i = 0; i < n; ++i) acc[i] = mul(acc[i], in[i]);
+      for (std::size_t i = 0; i < n; ++i) out[i] = mul(a[i], b[i]);
       return;
     case ReduceOp::min:
     case ReduceOp::max:
-      for (std::size_t i = 0; i < n; ++i) acc[i] = combine(acc[i], in[i], op);
+      for (std::size_t i = 0; i < n; ++i) out[i] = combine(a[i], b[i], op);
       return;
   }
 }
 
 template <float (*ToF)(std::uint16_t), std::uint16_t (*FromF)(float)>
-void reduce_half(std::uint16_t* acc, const std::uint16_t* in, std::size_t n, ReduceOp op) noexcept {
-  for (std::size_t i = 0; i < n; ++i) acc[i] = FromF(combine(ToF(acc[i]), ToF(in[i]), op));
+void reduce_half(std::uint16_t* out, const std::uint16_t* a, const std::uint16_t* b, std::size_t n,
+                 ReduceOp op) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = FromF(combine(ToF(a[i]), ToF(b[i]), op));
 }
 
 template <typename T>
@@ -204,30 +206,37 @@ void divide_typed(T* buf, std::size_t n, std::size_t d) noexcept {
 
 }  // namespace
 
-void reduce_into(void* acc, const void* in, std::size_t count, DType t, ReduceOp op) noexcept {
+void reduce_to(void* out, const void* a, const void* b, std::size_t count, DType t,
+               ReduceOp op) noexcept {
   switch (t) {
     case DType::f32:
-      return reduce_typed(static_cast<float*>(acc), static_cast<const float*>(in), count, op);
+      return reduce_typed(static_cast<float*>(out), static_cast<const float*>(a),
+                          static_cast<const float*>(b), count, op);
     case DType::f64:
-      return reduce_typed(static_cast<double*>(acc), static_cast<const double*>(in), count, op);
+      return reduce_typed(static_cast<double*>(out), static_cast<const double*>(a),
+                          static_cast<const double*>(b), count, op);
     case DType::i32:
-      return reduce_typed(static_cast<std::int32_t*>(acc), static_cast<const std::int32_t*>(in),
-                          count, op);
+      return reduce_typed(static_cast<std::int32_t*>(out), static_cast<const std::int32_t*>(a),
+                          static_cast<const std::int32_t*>(b), count, op);
     case DType::i64:
-      return reduce_typed(static_cast<std::int64_t*>(acc), static_cast<const std::int64_t*>(in),
-                          count, op);
+      return reduce_typed(static_cast<std::int64_t*>(out), static_cast<const std::int64_t*>(a),
+                          static_cast<const std::int64_t*>(b), count, op);
     case DType::u8:
-      return reduce_typed(static_cast<std::uint8_t*>(acc), static_cast<const std::uint8_t*>(in),
-                          count, op);
+      return reduce_typed(static_cast<std::uint8_t*>(out), static_cast<const std::uint8_t*>(a),
+                          static_cast<const std::uint8_t*>(b), count, op);
     case DType::f16:
-      return reduce_half<f16_to_float, float_to_f16>(static_cast<std::uint16_t*>(acc),
-                                                     static_cast<const std::uint16_t*>(in), count,
-                                                     op);
+      return reduce_half<f16_to_float, float_to_f16>(
+          static_cast<std::uint16_t*>(out), static_cast<const std::uint16_t*>(a),
+          static_cast<const std::uint16_t*>(b), count, op);
     case DType::bf16:
-      return reduce_half<bf16_to_float, float_to_bf16>(static_cast<std::uint16_t*>(acc),
-                                                       static_cast<const std::uint16_t*>(in),
-                                                       count, op);
+      return reduce_half<bf16_to_float, float_to_bf16>(
+          static_cast<std::uint16_t*>(out), static_cast<const std::uint16_t*>(a),
+          static_cast<const std::uint16_t*>(b), count, op);
   }
+}
+
+void reduce_into(void* acc, const void* in, std::size_t count, DType t, ReduceOp op) noexcept {
+  reduce_to(acc, acc, in, count, t, op);
 }
 
 void finish_avg(void* buf, std::size_t count, DType t, std::size_t n) noexcept {

@@ -28,6 +28,10 @@ std::optional<ReduceOp> parse_reduce_op(std::string_view s) noexcept;
 /// operands never makes two workers disagree. Throws: nothing.
 void reduce_into(void* acc, const void* in, std::size_t count, DType t, ReduceOp op) noexcept;
 
+/// out[i] = a[i] OP b[i]. out may be the same array as a; no other overlap is allowed.
+void reduce_to(void* out, const void* a, const void* b, std::size_t count, DType t,
+               ReduceOp op) noexcept;
+
 /// Divides every element by n (integer division for integer types).
 void finish_avg(void* buf, std::size_t count, DType t, std::size_t n) noexcept;
 

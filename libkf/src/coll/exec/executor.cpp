@@ -31,6 +31,17 @@ std::array<std::byte, 64> consensus_digest(const Buffer& b) {
 
 }  // namespace
 
+namespace {
+
+// Receives of at least this size that are a step's only reduction are reduced on arrival.
+constexpr std::size_t kStreamReduceMinBytes = 64 * 1024;
+
+bool overlaps(const coll::Xfer& a, const coll::Xfer& b) {
+  return a.offset < b.offset + b.count && b.offset < a.offset + a.count;
+}
+
+}  // namespace
+
 awaitable<std::error_code> PeerImpl::run_lane(CollCtx& ctx, const coll::Lane& lane,
                                               std::uint32_t tag, std::byte* work,
                                               std::string& why) {
@@ -45,37 +56,80 @@ awaitable<std::error_code> PeerImpl::run_lane(CollCtx& ctx, const coll::Lane& la
     scratch_bytes = std::max(scratch_bytes, n);
   }
   ScratchPool::Block scratch = scratch_.acquire(scratch_bytes);
+  // Copies the parts of [off, off+count) that are still only in the send buffer.
+  auto fill = [&](std::size_t off, std::size_t count) {
+    if (!ctx.lazy_src) return;
+    ctx.filled.for_gaps(off, off + count, [&](std::size_t b, std::size_t e) {
+      std::memcpy(work + b * es, ctx.lazy_src + b * es, (e - b) * es);
+    });
+    ctx.filled.add(off, off + count);
+  };
   std::error_code result;
   std::vector<std::shared_ptr<SendReq>> sends;
   std::vector<std::shared_ptr<RecvReq>> recvs;
   std::vector<int> send_peer, recv_peer;
+  std::vector<bool> streamed;
   for (const auto& st : lane.steps) {
     sends.clear();
     recvs.clear();
     send_peer.clear();
     recv_peer.clear();
+    streamed.clear();
+    // A step's only reduction, into a range no send of the step reads, can reduce on arrival.
+    const coll::Xfer* stream = nullptr;
+    int reductions = 0;
+    for (const auto& x : st.xfers) {
+      if (x.kind == coll::XferKind::recv_reduce) {
+        ++reductions;
+        stream = &x;
+      }
+    }
+    if (reductions != 1 || stream->count * es < kStreamReduceMinBytes) stream = nullptr;
+    for (const auto& x : st.xfers) {
+      if (stream && x.kind == coll::XferKind::send && overlaps(x, *stream)) stream = nullptr;
+    }
     std::size_t sc = 0;
     for (const auto& x : st.xfers) {
       const int peer = ctx.rank_to_peer[static_cast<std::size_t>(x.peer)];
       std::byte* at = work + x.offset * es;
       if (x.kind == coll::XferKind::send) {
+        const std::byte* from = at;
+        if (ctx.lazy_src && ctx.filled.disjoint(x.offset, x.offset + x.count)) {
+          from = ctx.lazy_src + x.offset * es;  // untouched so far: send straight from the input
+        } else {
+          fill(x.offset, x.count);
+        }
         transport::FrameHeader h;
         h.type = transport::FrameType::data;
         h.cluster_version = ctx.version;
         h.tag = tag;
         h.name_bytes = static_cast<std::uint32_t>(ctx.name.size());
         h.payload_bytes = x.count * es;
-        sends.push_back(post_send(peer, h, ctx.name, at));
+        sends.push_back(post_send(peer, h, ctx.name, from));
         send_peer.push_back(peer);
-      } else {
-        std::byte* dst = at;
-        if (x.kind == coll::XferKind::recv_reduce) {
-          dst = scratch.data.get() + sc;
-          sc += x.count * es;
-        }
-        recvs.push_back(post_recv(MailKey{peer, ctx.version, tag, ctx.name}, dst, x.count * es));
-        recv_peer.push_back(peer);
+        continue;
       }
+      const MailKey key{peer, ctx.version, tag, ctx.name};
+      if (&x == stream) {
+        RecvReq how(ex(), key);
+        how.dtype = dt;
+        how.op = ctx.opts.op;
+        if (ctx.lazy_src && ctx.filled.disjoint(x.offset, x.offset + x.count)) {
+          how.src = ctx.lazy_src + x.offset * es;
+        } else {
+          fill(x.offset, x.count);
+        }
+        recvs.push_back(post_recv(key, at, x.count * es, &how));
+        streamed.push_back(true);
+      } else if (x.kind == coll::XferKind::recv_reduce) {
+        recvs.push_back(post_recv(key, scratch.data.get() + sc, x.count * es));
+        sc += x.count * es;
+        streamed.push_back(false);
+      } else {
+        recvs.push_back(post_recv(key, at, x.count * es));
+        streamed.push_back(false);
+      }
+      recv_peer.push_back(peer);
     }
     // Wait for everything; the first failure stops the wait.
     for (std::size_t i = 0; i < recvs.size() && !result; ++i) {
@@ -87,47 +141,61 @@ awaitable<std::error_code> PeerImpl::run_lane(CollCtx& ctx, const coll::Lane& la
       if (result) why = "sending to " + peers_[send_peer[i]].key + ": " + result.message();
     }
     if (result) {
-      // A peer that stops making progress counts as lost; everyone else is told.
-      if (result == make_error_code(errc::timeout)) {
-        const std::string stall = "no progress for " + std::to_string(ctx.timeout.count()) + " ms";
-        for (std::size_t i = 0; i < recvs.size(); ++i) {
-          if (!recvs[i]->ev.done) mark_lost(recv_peer[i], result, stall);
-        }
-        for (std::size_t i = 0; i < sends.size(); ++i) {
-          if (!sends[i]->ev.done) mark_lost(send_peer[i], result, stall);
-        }
-      }
-      for (auto& r : recvs) cancel(r, result);
-      for (auto& s : sends) cancel(s, result);
-      // Transfers already touching the buffers finish or fail on their own (the broken
-      // connection's coroutine completes them); close the connection if they do not.
-      for (std::size_t i = 0; i < recvs.size(); ++i) {
-        if (recvs[i]->ev.done) continue;
-        if (co_await wait_progress(recvs[i]->ev, recv_peer[i], ctx.timeout)) {
-          force_close(recv_peer[i]);
-          recvs[i]->ev.timer.expires_at(Clock::time_point::max());
-          while (!recvs[i]->ev.done) co_await recvs[i]->ev.timer.async_wait(kTuple);
-        }
-      }
-      for (std::size_t i = 0; i < sends.size(); ++i) {
-        if (sends[i]->ev.done) continue;
-        if (co_await wait_progress(sends[i]->ev, send_peer[i], ctx.timeout)) {
-          force_close(send_peer[i]);
-          sends[i]->ev.timer.expires_at(Clock::time_point::max());
-          while (!sends[i]->ev.done) co_await sends[i]->ev.timer.async_wait(kTuple);
-        }
-      }
+      co_await abandon_step(ctx, sends, send_peer, recvs, recv_peer, result);
       break;
     }
+    // Reduce what was received into scratch, in plan order (deterministic), then record which
+    // ranges of the receive buffer now hold data.
     sc = 0;
     for (const auto& x : st.xfers) {
-      if (x.kind != coll::XferKind::recv_reduce) continue;
-      reduce_into(work + x.offset * es, scratch.data.get() + sc, x.count, dt, ctx.opts.op);
-      sc += x.count * es;
+      if (x.kind == coll::XferKind::send) continue;
+      if (x.kind == coll::XferKind::recv_reduce && &x != stream) {
+        std::byte* at = work + x.offset * es;
+        if (ctx.lazy_src && ctx.filled.disjoint(x.offset, x.offset + x.count)) {
+          reduce_to(at, ctx.lazy_src + x.offset * es, scratch.data.get() + sc, x.count, dt,
+                    ctx.opts.op);
+        } else {
+          fill(x.offset, x.count);
+          reduce_into(at, scratch.data.get() + sc, x.count, dt, ctx.opts.op);
+        }
+        sc += x.count * es;
+      }
+      if (ctx.lazy_src) ctx.filled.add(x.offset, x.offset + x.count);
     }
   }
   scratch_.release(std::move(scratch));
   co_return result;
+}
+
+awaitable<void> PeerImpl::abandon_step(CollCtx& ctx,
+                                       const std::vector<std::shared_ptr<SendReq>>& sends,
+                                       const std::vector<int>& send_peer,
+                                       const std::vector<std::shared_ptr<RecvReq>>& recvs,
+                                       const std::vector<int>& recv_peer, std::error_code result) {
+  // A peer that stops making progress counts as lost; everyone else is told.
+  if (result == make_error_code(errc::timeout)) {
+    const std::string stall = "no progress for " + std::to_string(ctx.timeout.count()) + " ms";
+    for (std::size_t i = 0; i < recvs.size(); ++i) {
+      if (!recvs[i]->ev.done) mark_lost(recv_peer[i], result, stall);
+    }
+    for (std::size_t i = 0; i < sends.size(); ++i) {
+      if (!sends[i]->ev.done) mark_lost(send_peer[i], result, stall);
+    }
+  }
+  for (auto& r : recvs) cancel(r, result);
+  for (auto& s : sends) cancel(s, result);
+  // Transfers already touching the caller's buffers finish or fail on their own (a broken
+  // connection's coroutine completes them); close the connection if they do not.
+  auto drain = [&](Event& ev, int peer) -> awaitable<void> {
+    if (ev.done) co_return;
+    if (co_await wait_progress(ev, peer, ctx.timeout)) {
+      force_close(peer);
+      ev.timer.expires_at(Clock::time_point::max());
+      while (!ev.done) co_await ev.timer.async_wait(kTuple);
+    }
+  };
+  for (std::size_t i = 0; i < recvs.size(); ++i) co_await drain(recvs[i]->ev, recv_peer[i]);
+  for (std::size_t i = 0; i < sends.size(); ++i) co_await drain(sends[i]->ev, send_peer[i]);
 }
 
 awaitable<std::error_code> PeerImpl::run_plan(CollCtx& ctx, const coll::Plan& plan,
@@ -184,7 +252,7 @@ awaitable<void> PeerImpl::run_collective(std::shared_ptr<CollCtx> ctx) {
       req.count = c.send.count;
       work = static_cast<std::byte*>(c.recv.data);
       if (c.send.data != c.recv.data && c.send.bytes() > 0) {
-        std::memcpy(work, c.send.data, c.send.bytes());
+        c.lazy_src = static_cast<const std::byte*>(c.send.data);
       }
       break;
     case CollOp::broadcast:
@@ -244,6 +312,11 @@ awaitable<void> PeerImpl::run_collective(std::shared_ptr<CollCtx> ctx) {
   if (!ec) {
     switch (c.op) {
       case CollOp::allreduce:
+        if (c.lazy_src) {  // whatever the plan never touched (e.g. a single worker)
+          c.filled.for_gaps(0, req.count, [&](std::size_t b, std::size_t e) {
+            std::memcpy(work + b * es, c.lazy_src + b * es, (e - b) * es);
+          });
+        }
         if (c.opts.op == ReduceOp::avg) finish_avg(work, req.count, c.send.dtype, p);
         break;
       case CollOp::reduce_scatter:

@@ -205,7 +205,17 @@ awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in) {
           break;
         }
         req->in_progress = true;
-        ec = co_await read_exact(*in, req->dst, req->bytes);
+        if (req->reduce) {
+          if (in->chunk.empty()) in->chunk.resize(Incoming::kReduceChunk);
+          for (std::size_t done = 0; done < req->bytes && !ec;) {
+            const std::size_t n = std::min(req->bytes - done, Incoming::kReduceChunk);
+            ec = co_await read_exact(*in, in->chunk.data(), n);
+            if (!ec) deliver(*req, in->chunk.data(), done, n);
+            done += n;
+          }
+        } else {
+          ec = co_await read_exact(*in, req->dst, req->bytes);
+        }
         req->in_progress = false;
         auto it2 = mailbox_.find(key);
         if (it2 != mailbox_.end() && !it2->second.posted.empty() &&
@@ -242,7 +252,7 @@ awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in) {
             ec = make_error_code(errc::protocol_error);
             break;
           }
-          if (!data.empty()) std::memcpy(req->dst, data.data(), data.size());
+          deliver(*req, data.data(), 0, data.size());
           req->ev.set({});
           continue;
         }
@@ -446,12 +456,19 @@ std::shared_ptr<SendReq> PeerImpl::post_control(int peer, FrameType t,
   return req;
 }
 
-std::shared_ptr<RecvReq> PeerImpl::post_recv(MailKey key, std::byte* dst, std::size_t bytes) {
+std::shared_ptr<RecvReq> PeerImpl::post_recv(MailKey key, std::byte* dst, std::size_t bytes,
+                                             const RecvReq* reduce) {
   KF_LOG(trace, "transport", "{}: post recv '{}' tag {} from {} ({} bytes)", identity_, key.name,
          key.tag, peers_[key.peer].key, bytes);
   auto req = std::make_shared<RecvReq>(ex(), key);
   req->dst = dst;
   req->bytes = bytes;
+  if (reduce) {
+    req->reduce = true;
+    req->src = reduce->src;
+    req->dtype = reduce->dtype;
+    req->op = reduce->op;
+  }
   auto it = mailbox_.find(key);
   if (it != mailbox_.end() && !it->second.unexpected.empty()) {
     auto data = std::move(it->second.unexpected.front());
@@ -461,7 +478,7 @@ std::shared_ptr<RecvReq> PeerImpl::post_recv(MailKey key, std::byte* dst, std::s
     if (data.size() != bytes) {
       req->ev.set(make_error_code(errc::protocol_error));
     } else {
-      if (bytes > 0) std::memcpy(dst, data.data(), bytes);
+      deliver(*req, data.data(), 0, bytes);
       req->ev.set({});
     }
     return req;
