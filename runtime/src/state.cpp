@@ -1,0 +1,191 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kf/runtime/state.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "kf/peer.hpp"
+
+namespace kf {
+
+namespace {
+
+constexpr char kMagic[] = "KFSTATE1\n";
+
+void write_all(int fd, const void* data, std::size_t n, const std::string& path) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error("cannot write state file '" + path + "': " + std::strerror(errno));
+    }
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+}  // namespace
+
+void State::add(const std::string& name, Buffer buf) {
+  if (buf.device != Device::cpu) {
+    throw std::invalid_argument("State::add('" + name + "'): only CPU buffers can be registered");
+  }
+  if (buffers_.count(name)) {
+    throw std::invalid_argument("State::add: '" + name + "' is registered twice");
+  }
+  buffers_.emplace(name, Entry{buf, {}});
+}
+
+std::int64_t& State::counter(const std::string& name) { return counters_[name]; }
+
+void State::commit() {
+  for (auto& [name, e] : buffers_) {
+    const auto* p = static_cast<const std::byte*>(e.live.data);
+    e.saved.assign(p, p + e.live.bytes());
+  }
+  saved_counters_ = counters_;
+  has_commit_ = true;
+  ++commits_;
+}
+
+void State::restore() {
+  if (!has_commit_) throw std::logic_error("State::restore: nothing was committed yet");
+  for (auto& [name, e] : buffers_) {
+    if (!e.saved.empty()) std::memcpy(e.live.data, e.saved.data(), e.saved.size());
+  }
+  counters_ = saved_counters_;
+}
+
+std::string State::layout() const {
+  std::string s;
+  for (const auto& [name, e] : buffers_) {
+    s += name + ":" + std::string(to_string(e.live.dtype)) + ":" + std::to_string(e.live.count) +
+         ";";
+  }
+  s += "|";
+  for (const auto& [name, v] : counters_) s += name + ";";
+  return s;
+}
+
+void State::sync(Peer& peer, int root) {
+  const std::string lay = layout();
+  bool same = false;
+  std::vector<std::uint8_t> bytes(lay.begin(), lay.end());
+  peer.consensus("kf.state/layout", buffer(bytes.data(), bytes.size()), &same).wait();
+  if (!same) {
+    throw std::runtime_error("State::sync: workers registered different state (this worker: " +
+                             lay + ")");
+  }
+  CollOptions o;
+  o.root = root;
+  std::vector<Handle> pending;
+  for (auto& [name, e] : buffers_) pending.push_back(peer.broadcast("kf.state/" + name, e.live, o));
+  std::vector<std::int64_t> values;
+  for (const auto& [name, v] : counters_) values.push_back(v);
+  pending.push_back(peer.broadcast("kf.state/counters", buffer(values.data(), values.size()), o));
+  for (auto& h : pending) h.wait();
+  std::size_t i = 0;
+  for (auto& [name, v] : counters_) v = values[i++];
+  commit();
+}
+
+void State::save(const std::string& path) const {
+  if (!has_commit_) throw std::logic_error("State::save: nothing was committed yet");
+  nlohmann::json header;
+  header["counters"] = saved_counters_;
+  header["buffers"] = nlohmann::json::array();
+  for (const auto& [name, e] : buffers_) {
+    header["buffers"].push_back(
+        {{"name", name}, {"dtype", to_string(e.live.dtype)}, {"count", e.live.count}});
+  }
+  const std::string head = kMagic + header.dump() + "\n";
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw std::runtime_error("cannot create state file '" + tmp + "': " + std::strerror(errno));
+  }
+  try {
+    write_all(fd, head.data(), head.size(), tmp);
+    for (const auto& [name, e] : buffers_) write_all(fd, e.saved.data(), e.saved.size(), tmp);
+    if (::fsync(fd) != 0) {
+      throw std::runtime_error("cannot fsync state file '" + tmp + "': " + std::strerror(errno));
+    }
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    throw std::runtime_error("cannot rename '" + tmp + "' to '" + path + "': " +
+                             std::strerror(errno));
+  }
+}
+
+void State::load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read state file '" + path + "'");
+  auto fail = [&](const std::string& why) -> std::runtime_error {
+    return std::runtime_error("state file '" + path + "': " + why);
+  };
+  std::string magic(sizeof kMagic - 1, '\0');
+  in.read(magic.data(), static_cast<std::streamsize>(magic.size()));
+  if (!in || magic != kMagic) throw fail("not a kf state file");
+  std::string line;
+  if (!std::getline(in, line)) throw fail("truncated header");
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(line);
+  } catch (const std::exception& e) {
+    throw fail(std::string("malformed header: ") + e.what());
+  }
+  if (!header.contains("buffers") || !header["buffers"].is_array() ||
+      !header.contains("counters") || !header["counters"].is_object()) {
+    throw fail("header lacks buffers or counters");
+  }
+  const auto& bs = header["buffers"];
+  if (bs.size() != buffers_.size()) {
+    throw fail("holds " + std::to_string(bs.size()) + " buffers, this worker registered " +
+               std::to_string(buffers_.size()));
+  }
+  std::size_t i = 0;
+  for (const auto& [name, e] : buffers_) {
+    const auto& b = bs[i++];
+    if (!b.is_object() || b.value("name", "") != name) throw fail("has no buffer '" + name + "'");
+    if (b.value("dtype", "") != to_string(e.live.dtype) ||
+        b.value("count", std::size_t{0}) != e.live.count) {
+      throw fail("buffer '" + name + "' is " + b.value("dtype", "?") + " x " +
+                 std::to_string(b.value("count", std::size_t{0})) + ", this worker has " +
+                 std::string(to_string(e.live.dtype)) + " x " + std::to_string(e.live.count));
+    }
+  }
+  std::vector<std::vector<std::byte>> data;
+  for (const auto& [name, e] : buffers_) {
+    std::vector<std::byte> d(e.live.bytes());
+    in.read(reinterpret_cast<char*>(d.data()), static_cast<std::streamsize>(d.size()));
+    if (!in) throw fail("truncated in buffer '" + name + "'");
+    data.push_back(std::move(d));
+  }
+  if (in.peek() != std::char_traits<char>::eof()) throw fail("has trailing bytes");
+  std::map<std::string, std::int64_t> counters;
+  for (const auto& [k, v] : header["counters"].items()) {
+    if (!v.is_number_integer()) throw fail("counter '" + k + "' is not an integer");
+    counters[k] = v.get<std::int64_t>();
+  }
+  i = 0;
+  for (auto& [name, e] : buffers_) {
+    if (!data[i].empty()) std::memcpy(e.live.data, data[i].data(), data[i].size());
+    ++i;
+  }
+  counters_ = std::move(counters);
+  commit();
+}
+
+}  // namespace kf

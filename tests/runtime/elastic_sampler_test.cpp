@@ -1,0 +1,73 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kf/runtime/elastic_sampler.hpp"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+namespace kf {
+namespace {
+
+TEST(ElasticSampler, EverySampleOnceAcrossRandomResizesAndBatchSizes) {
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    const std::size_t n = 1000 + seed * 37;
+    ElasticSampler s(n, seed);
+    std::mt19937 rng(static_cast<unsigned>(seed));
+    for (std::int64_t epoch = 0; epoch < 2; ++epoch) {
+      s.start_epoch(epoch);
+      std::vector<int> seen(n, 0);
+      int size = 1 + static_cast<int>(rng() % 5);
+      std::size_t batch = 16 + rng() % 100;
+      while (!s.epoch_done()) {
+        std::size_t taken = 0;
+        for (int r = 0; r < size; ++r) {
+          for (std::size_t i : s.batch(r, size, batch)) {
+            ASSERT_LT(i, n);
+            ++seen[i];
+            ++taken;
+          }
+        }
+        EXPECT_EQ(taken, s.step_samples(batch));
+        s.advance(batch);
+        if (rng() % 4 == 0) size = 1 + static_cast<int>(rng() % 8);  // resize
+        if (rng() % 5 == 0) batch = 8 + rng() % 200;                   // new batch size
+      }
+      for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(seen[i], 1) << "sample " << i;
+    }
+  }
+}
+
+TEST(ElasticSampler, SameOrderOnEveryWorkerAndNewOrderEachEpoch) {
+  ElasticSampler a(500, 7), b(500, 7);
+  a.start_epoch(3);
+  b.start_epoch(3);
+  EXPECT_EQ(a.batch(0, 1, 500), b.batch(0, 1, 500));
+  b.start_epoch(4);
+  EXPECT_NE(a.batch(0, 1, 500), b.batch(0, 1, 500));
+}
+
+TEST(ElasticSampler, RestartsFromACommittedPosition) {
+  ElasticSampler a(100, 1), b(100, 1);
+  a.start_epoch(0);
+  a.advance(30);
+  a.advance(30);
+  b.start_epoch(0, a.position());
+  EXPECT_EQ(a.batch(1, 3, 25), b.batch(1, 3, 25));
+  EXPECT_THROW(b.start_epoch(0, 101), std::invalid_argument);
+  EXPECT_THROW(a.batch(3, 3, 10), std::invalid_argument);
+  EXPECT_THROW(ElasticSampler(0, 1), std::invalid_argument);
+}
+
+TEST(ElasticSampler, LastStepOfTheEpochIsShort) {
+  ElasticSampler s(10, 1, false);
+  s.start_epoch(0, 8);
+  EXPECT_EQ(s.step_samples(4), 2u);
+  EXPECT_EQ(s.batch(0, 2, 4), (std::vector<std::size_t>{8}));
+  EXPECT_EQ(s.batch(1, 2, 4), (std::vector<std::size_t>{9}));
+  s.advance(4);
+  EXPECT_TRUE(s.epoch_done());
+}
+
+}  // namespace
+}  // namespace kf

@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kf/runtime/state.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "kf/peer.hpp"
+#include "support/local_cluster.hpp"
+
+namespace kf {
+namespace {
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          (name + "-" + std::to_string(::getpid()))).string();
+}
+
+TEST(State, RestoreReturnsToTheLastCommit) {
+  std::vector<float> w(10, 1.f);
+  State s;
+  s.add("w", buffer(w.data(), w.size()));
+  EXPECT_THROW(s.restore(), std::logic_error);
+  s.counter("step") = 5;
+  s.commit();
+  w[3] = 9.f;
+  s.counter("step") = 6;
+  s.restore();
+  EXPECT_EQ(w[3], 1.f);
+  EXPECT_EQ(s.counter("step"), 5);
+  EXPECT_EQ(s.commits(), 1u);
+  EXPECT_THROW(s.add("w", buffer(w.data(), w.size())), std::invalid_argument);
+}
+
+TEST(State, SaveAndLoadRoundTripAndRejectMismatches) {
+  const std::string path = temp_path("kf-state");
+  std::vector<double> a(7);
+  std::vector<std::int32_t> b(3, 4);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = 0.5 * static_cast<double>(i);
+  State s;
+  s.add("a", buffer(a.data(), a.size()));
+  s.add("b", buffer(b.data(), b.size()));
+  s.counter("epoch") = 2;
+  EXPECT_THROW(s.save(path), std::logic_error);
+  s.commit();
+  s.save(path);
+
+  std::vector<double> a2(7, -1);
+  std::vector<std::int32_t> b2(3, -1);
+  State t;
+  t.add("a", buffer(a2.data(), a2.size()));
+  t.add("b", buffer(b2.data(), b2.size()));
+  t.load(path);
+  EXPECT_EQ(a2, a);
+  EXPECT_EQ(b2, b);
+  EXPECT_EQ(t.counter("epoch"), 2);
+  EXPECT_TRUE(t.has_commit());
+
+  std::vector<double> small(6);
+  State u;
+  u.add("a", buffer(small.data(), small.size()));
+  u.add("b", buffer(b2.data(), b2.size()));
+  try {
+    u.load(path);
+    FAIL() << "a size mismatch must be rejected";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("buffer 'a' is f64 x 7"), std::string::npos) << e.what();
+  }
+  // A truncated file.
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 3);
+  EXPECT_THROW(t.load(path), std::runtime_error);
+  std::ofstream(path) << "not a state file";
+  EXPECT_THROW(t.load(path), std::runtime_error);
+  std::filesystem::remove(path);
+  EXPECT_THROW(t.load(path), std::runtime_error);
+}
+
+TEST(State, SyncGivesEveryWorkerTheRootsStateAndCommitsIt) {
+  const int p = 3, root = 1;
+  auto peers = test::make_local_cluster(p);
+  std::vector<std::vector<float>> w(p, std::vector<float>(1000));
+  std::vector<std::int64_t> steps(p);
+  test::run_all(p, [&](int r) {
+    for (auto& x : w[r]) x = static_cast<float>(r);
+    State s;
+    s.add("model", buffer(w[r].data(), w[r].size()));
+    s.counter("step") = 100 + r;
+    s.sync(*peers[r], root);
+    steps[r] = s.counter("step");
+    EXPECT_TRUE(s.has_commit());
+  });
+  for (int r = 0; r < p; ++r) {
+    EXPECT_EQ(w[r], w[root]) << "rank " << r;
+    EXPECT_EQ(steps[r], 100 + root);
+  }
+}
+
+TEST(State, SyncRefusesDifferentLayouts) {
+  auto peers = test::make_local_cluster(2);
+  std::vector<std::string> errors(2);
+  test::run_all(2, [&](int r) {
+    std::vector<float> w(r == 0 ? 10 : 11);
+    State s;
+    s.add("model", buffer(w.data(), w.size()));
+    try {
+      s.sync(*peers[r], 0);
+    } catch (const std::runtime_error& e) {
+      errors[r] = e.what();
+    }
+  });
+  for (const auto& e : errors) EXPECT_NE(e.find("different state"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace kf
