@@ -115,25 +115,66 @@ void PeerImpl::io_loop() {
   }
 }
 
-void PeerImpl::start(const Cluster& c) {
+void PeerImpl::start(const Cluster& c) { update(c); }
+
+// Adopts a new cluster version. Connections to workers that stay are kept; only joiners are
+// dialled (lazily, on the first message). Messages of older versions still buffered are dropped.
+void PeerImpl::update(const Cluster& c) {
   auto r = c.rank_of(self_);
   if (!r) {
     throw Error(make_error_code(errc::not_member),
                 "this peer (" + identity_ + ") is not a worker of cluster version " +
                     std::to_string(c.version));
   }
-  // Register every member on the I/O thread so connection bookkeeping stays single-threaded.
+  if (!cluster_.workers.empty() && c.version <= cluster_.version) {
+    throw Error(make_error_code(errc::stale_version),
+                "cluster version " + std::to_string(c.version) + " is not newer than " +
+                    std::to_string(cluster_.version));
+  }
   auto done = asio::co_spawn(
       ioc_,
-      [this, c]() -> awaitable<std::vector<int>> {
+      [this, c, rank = *r]() -> awaitable<std::vector<int>> {
         std::vector<int> idx;
-        for (const auto& w : c.workers) idx.push_back(peer_index(w.endpoint));
+        for (const auto& w : c.workers) {
+          const int i = peer_index(w.endpoint);
+          // A member of the new version starts with a clean record (a restarted worker may
+          // reuse a lost one's address).
+          peers_[static_cast<std::size_t>(i)].lost = false;
+          peers_[static_cast<std::size_t>(i)].departed = false;
+          idx.push_back(i);
+        }
+        std::erase_if(mailbox_, [&](auto& kv) {
+          if (kv.first.version >= c.version) return false;
+          for (const auto& d : kv.second.unexpected) unexpected_bytes_ -= d.size();
+          return kv.second.posted.empty();
+        });
+        broken_ = {};
+        broken_why_.clear();
+        io_cluster_ = c;
+        io_rank_ = rank;
         co_return idx;
       },
       asio::use_future);
   rank_to_peer_ = done.get();
   cluster_ = c;
   rank_ = *r;
+}
+
+std::vector<Endpoint> PeerImpl::lost_peers() {
+  auto done = asio::co_spawn(
+      ioc_,
+      [this]() -> awaitable<std::vector<Endpoint>> {
+        std::vector<Endpoint> out;
+        for (const auto& w : io_cluster_.workers) {
+          auto it = peer_by_key_.find(w.endpoint.str());
+          if (it != peer_by_key_.end() && peers_[static_cast<std::size_t>(it->second)].lost) {
+            out.push_back(w.endpoint);
+          }
+        }
+        co_return out;
+      },
+      asio::use_future);
+  return done.get();
 }
 
 int PeerImpl::peer_index(const Endpoint& ep) {
@@ -257,6 +298,8 @@ std::unique_ptr<Peer> Peer::from_environment() {
 
 Endpoint Peer::endpoint() const { return impl_->endpoint(); }
 void Peer::start(const Cluster& cluster) { impl_->start(cluster); }
+void Peer::update(const Cluster& cluster) { impl_->update(cluster); }
+std::vector<Endpoint> Peer::lost_peers() const { return impl_->lost_peers(); }
 int Peer::rank() const noexcept { return impl_->rank_; }
 int Peer::size() const noexcept { return impl_->cluster_.size(); }
 std::uint64_t Peer::version() const noexcept { return impl_->cluster_.version; }

@@ -262,6 +262,8 @@ class PeerImpl {
   // ---- called from user threads ----
   Endpoint endpoint() const { return self_; }
   void start(const Cluster& c);
+  void update(const Cluster& c);
+  std::vector<Endpoint> lost_peers();
   Handle submit(std::shared_ptr<CollCtx> ctx);
   Algorithm resolve(CollOp op, Algorithm a, std::size_t bytes) const noexcept;
 
@@ -271,6 +273,8 @@ class PeerImpl {
   std::vector<int> rank_to_peer_;
 
   // ---- I/O thread only ----
+  Cluster io_cluster_;  // the I/O thread's copy of the current cluster
+  int io_rank_ = 0;
   asio::any_io_executor ex() { return ioc_.get_executor(); }
   int peer_index(const Endpoint& ep);
   awaitable<void> accept_loop();

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,49 @@ TEST_P(PeerLoss, KilledWorkerMakesEveryOtherWorkerFailWithinTheTimeout) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Victims, PeerLoss, ::testing::Values(0, 2));
+
+// The survivors of a kill -9 move to the next cluster version without restarting and go on.
+class PeerLossRecovery : public ::testing::TestWithParam<int> {};
+
+TEST_P(PeerLossRecovery, SurvivorsFormTheNextVersionAndContinue) {
+  const int np = 4, victim = GetParam();
+  const char* worker = std::getenv("KF_TEST_WORKER");
+  ASSERT_NE(worker, nullptr);
+  const auto ports = free_ports(np);
+  Cluster c;
+  c.version = 1;
+  for (int i = 0; i < np; ++i) {
+    c.workers.push_back(WorkerSpec{Endpoint{"127.0.0.1", static_cast<std::uint16_t>(ports[i])}, i});
+  }
+  std::vector<test::Child> kids;
+  for (int i = 0; i < np; ++i) {
+    kids.push_back(test::spawn(
+        {worker, "recover"},
+        {"KF_SELF=127.0.0.1:" + std::to_string(ports[i]), "KF_CLUSTER=" + c.to_json().dump(),
+         "KF_JOB_TOKEN=recover-test", "KF_TIMEOUT_MS=3000"}));
+  }
+  const auto start_deadline = Clock::now() + std::chrono::seconds(60);
+  for (auto& k : kids) {
+    auto line = test::read_line(k, start_deadline);
+    ASSERT_TRUE(line.has_value() && *line == "ready") << "a worker did not become ready";
+  }
+  kill(kids[victim].pid, SIGKILL);
+  const auto killed_at = Clock::now();
+  test::wait_exit(kids[victim], killed_at + std::chrono::seconds(5));
+  for (int i = 0; i < np; ++i) {
+    if (i == victim) continue;
+    auto status = test::wait_exit(kids[i], killed_at + std::chrono::seconds(10));
+    ASSERT_TRUE(status.has_value()) << "worker " << i << " did not finish: " << kids[i].pending;
+    ASSERT_TRUE(WIFEXITED(*status));
+    EXPECT_EQ(WEXITSTATUS(*status), 0) << "worker " << i << ": " << kids[i].pending;
+    EXPECT_NE(kids[i].pending.find("recovered size=3 v2"), std::string::npos) << kids[i].pending;
+    const auto took = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - killed_at);
+    std::cout << "worker " << i << ": " << kids[i].pending << "  (exit " << took.count() / 1000.0
+              << " ms after the kill)\n";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Victims, PeerLossRecovery, ::testing::Values(0, 1, 3));
 
 }  // namespace
 }  // namespace kf

@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // The worker program of the multi-process tests, started by kfrun or by a test directly.
 //   test-worker sweep         every operation x algorithm x size, verified; exit 0 when all pass
+//   test-worker recover       like stream, but on a peer failure the survivors drop the lost
+//                             workers, move to the next cluster version without restarting,
+//                             check 20 more allreduces and print "recovered size=<n> v<ver>"
 //   test-worker stream        allreduce forever; prints "ready" after 20 rounds; on a failure
 //                             prints "failure code=<name> ms_since_last_ok=<t> <message>" and
 //                             exits 3 (peer_failure) or 1 (anything else)
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -85,6 +89,57 @@ bool sweep(kf::Peer& peer) {
   return bad == 0;
 }
 
+// Every survivor removes the workers it saw lost; the new version's agreement is checked with
+// a consensus over the new cluster document (the config service's CAS does this in a job).
+int recover(kf::Peer& peer) {
+  std::vector<float> buf(16 * 1024);
+  for (long i = 0;; ++i) {
+    std::fill(buf.begin(), buf.end(), 1.0f);
+    auto h = peer.allreduce("stream", kf::buffer(buf.data(), buf.size()),
+                            kf::buffer(buf.data(), buf.size()));
+    const std::error_code ec = h.wait_status();
+    if (ec) {
+      if (ec != kf::errcond::peer_failure) {
+        std::cout << "failure " << h.message() << std::endl;
+        return 1;
+      }
+      break;
+    }
+    if (buf[0] != static_cast<float>(peer.size())) return 1;
+    if (i == 20) std::cout << "ready" << std::endl;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  kf::Cluster next = peer.cluster();
+  const auto lost = peer.lost_peers();
+  std::erase_if(next.workers, [&](const kf::WorkerSpec& w) {
+    return std::find(lost.begin(), lost.end(), w.endpoint) != lost.end();
+  });
+  next.version += 1;
+  peer.update(next);
+  std::string doc = next.to_json().dump();
+  std::vector<std::uint8_t> bytes(doc.begin(), doc.end());
+  bool agreed = false;
+  peer.consensus("new-cluster", kf::buffer(bytes.data(), bytes.size()), &agreed).wait();
+  if (!agreed) {
+    std::cout << "survivors disagree on the new cluster" << std::endl;
+    return 1;
+  }
+  for (int i = 0; i < 20; ++i) {
+    std::fill(buf.begin(), buf.end(), 1.0f);
+    peer.allreduce("after", kf::buffer(buf.data(), buf.size()), kf::buffer(buf.data(), buf.size()))
+        .wait();
+    if (buf[0] != static_cast<float>(peer.size())) {
+      std::cout << "wrong sum after recovery: " << buf[0] << std::endl;
+      return 1;
+    }
+  }
+  const auto ms = std::chrono::duration_cast<std::chrono::microseconds>(
+                      std::chrono::steady_clock::now() - t0).count() / 1000.0;
+  std::cout << "recovered size=" << peer.size() << " v" << peer.version() << " resume_ms=" << ms
+            << std::endl;
+  return 0;
+}
+
 int stream(kf::Peer& peer) {
   std::vector<float> buf(16 * 1024, 1.0f);
   auto last_ok = std::chrono::steady_clock::now();
@@ -110,8 +165,8 @@ int stream(kf::Peer& peer) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode != "sweep" && mode != "stream") {
-    std::cerr << "usage: test-worker sweep|stream\n";
+  if (mode != "sweep" && mode != "stream" && mode != "recover") {
+    std::cerr << "usage: test-worker sweep|stream|recover\n";
     return 2;
   }
   try {
@@ -122,7 +177,7 @@ int main(int argc, char** argv) {
                 << (ok ? "ok" : "FAILED") << std::endl;
       return ok ? 0 : 1;
     }
-    return stream(*peer);
+    return mode == "recover" ? recover(*peer) : stream(*peer);
   } catch (const std::exception& e) {
     std::cerr << "test-worker: " << e.what() << "\n";
     return 1;

@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kf/cluster/cluster.hpp"
 #include "kf/coll/handle.hpp"
@@ -63,6 +64,18 @@ class Peer {
   /// Adopts a cluster: this peer's rank is its index there. Call before the first collective.
   /// Throws: kf::Error(errc::not_member) when this peer is not in the cluster.
   void start(const Cluster& cluster);
+
+  /// Moves to a newer cluster version (after a resize or a failure): this peer's rank becomes
+  /// its index there, connections to workers that stay are kept and joiners are dialled on first
+  /// use; a broken version's failure state is cleared. Call between steps, with no collective
+  /// of this peer in flight.
+  /// Throws: kf::Error(errc::not_member) when this peer is not in `cluster`;
+  /// kf::Error(errc::stale_version) when its version is not newer than the current one.
+  void update(const Cluster& cluster);
+
+  /// The members of the current version this peer knows to be gone (connection broken without
+  /// a goodbye, no progress within the timeout, or reported by another member).
+  std::vector<Endpoint> lost_peers() const;
 
   int rank() const noexcept;
   int size() const noexcept;

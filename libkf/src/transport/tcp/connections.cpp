@@ -234,7 +234,7 @@ awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in) {
         }
         std::vector<std::byte> data(h.payload_bytes);
         if ((ec = co_await read_exact(*in, data.data(), data.size()))) break;
-        if (h.cluster_version < cluster_.version) {
+        if (h.cluster_version < io_cluster_.version) {
           KF_LOG(debug, "transport", "{}: dropped '{}' of stale version {}", identity_, name,
                  h.cluster_version);
           continue;
@@ -262,7 +262,7 @@ awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in) {
     } else if (h.type == FrameType::notice_lost || h.type == FrameType::heartbeat) {
       control.resize(h.payload_bytes);
       if ((ec = co_await read_exact(*in, control.data(), control.size()))) break;
-      if (h.type == FrameType::notice_lost && h.cluster_version == cluster_.version) {
+      if (h.type == FrameType::notice_lost && h.cluster_version == io_cluster_.version) {
         const std::string who(reinterpret_cast<const char*>(control.data()), control.size());
         auto pit = peer_by_key_.find(who);
         if (pit != peer_by_key_.end() && who != identity_) {
@@ -443,7 +443,7 @@ std::shared_ptr<SendReq> PeerImpl::post_control(int peer, FrameType t,
                                                 std::vector<std::byte> payload) {
   FrameHeader h;
   h.type = t;
-  h.cluster_version = cluster_.version;
+  h.cluster_version = io_cluster_.version;
   h.payload_bytes = payload.size();
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   if (ps.out && ps.out->closed) {
@@ -541,9 +541,9 @@ void PeerImpl::mark_lost(int peer, std::error_code ec, const std::string& why) {
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   if (ps.lost || stopping_) return;
   ps.lost = true;
-  const bool member = cluster_.rank_of(ps.ep).has_value();
-  KF_LOG(warn, "transport", "{} (rank {}, v{}): peer {} lost: {}", identity_, rank_,
-         cluster_.version, ps.key, why);
+  const bool member = io_cluster_.rank_of(ps.ep).has_value();
+  KF_LOG(warn, "transport", "{} (rank {}, v{}): peer {} lost: {}", identity_, io_rank_,
+         io_cluster_.version, ps.key, why);
   if (member) break_version(ec, "peer " + ps.key + " lost: " + why);
 }
 
@@ -588,7 +588,7 @@ void PeerImpl::break_version(std::error_code ec, const std::string& why) {
     for (auto& r : ps.out->queue) cancel(r, ec);
   }
   for (std::size_t i = 0; i < peers_.size(); ++i) {
-    if (peers_[i].lost || peers_[i].departed || !cluster_.rank_of(peers_[i].ep)) continue;
+    if (peers_[i].lost || peers_[i].departed || !io_cluster_.rank_of(peers_[i].ep)) continue;
     for (const auto& who : lost) {
       std::vector<std::byte> payload(reinterpret_cast<const std::byte*>(who.data()),
                                      reinterpret_cast<const std::byte*>(who.data()) + who.size());

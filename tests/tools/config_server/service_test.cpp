@@ -1,0 +1,412 @@
+// SPDX-License-Identifier: Apache-2.0
+// The config service without sockets: routing, every status code, compare-and-swap, the audit
+// trail, and the state file (round trip, corrupt file, failed write). Unit suite: a fixed clock,
+// files in a temporary directory.
+#include "kf-config-server/lib/service.hpp"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "kf-config-server/lib/listen_address.hpp"
+#include "kf-config-server/lib/state.hpp"
+
+namespace kf::config_server {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr const char* kToken = "s3cret-token";
+constexpr const char* kAuth = "Bearer s3cret-token";
+// 2023-11-14T22:13:20.789Z
+const auto kNow =
+    std::chrono::system_clock::time_point(std::chrono::milliseconds(1'700'000'000'789));
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+json two_workers(std::uint64_t version) {
+  return {{"version", version},
+          {"workers",
+           {{{"host", "127.0.0.1"}, {"port", 10001}, {"slot", 0}},
+            {{"host", "127.0.0.1"}, {"port", 10002}, {"slot", 1}}}},
+          {"settings", {{"algorithm", "ring"}, {"batch_size", 64}}}};
+}
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "kf-config-server-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+    state_file_ = dir_ / "state.json";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  ServiceOptions options() const {
+    ServiceOptions o;
+    o.state_file = state_file_;
+    o.token = kToken;
+    o.max_body_bytes = 4096;
+    o.now = [] { return kNow; };
+    return o;
+  }
+
+  static Response put(Service& s, const json& body, const std::string& auth = kAuth) {
+    return s.handle({"PUT", "/v1/cluster", auth, body.dump()});
+  }
+  static Response get(Service& s, const std::string& target) {
+    return s.handle({"GET", target, "", ""});
+  }
+  static Response post_event(Service& s, const std::string& body, const std::string& auth = kAuth) {
+    return s.handle({"POST", "/v1/events", auth, body});
+  }
+
+  fs::path dir_;
+  fs::path state_file_;
+};
+
+TEST_F(ServiceTest, HealthzAnswersOk) {
+  Service s(options());
+  const auto r = get(s, "/healthz");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(json::parse(r.body), (json{{"ok", true}}));
+  EXPECT_EQ(r.content_type, "application/json");
+}
+
+TEST_F(ServiceTest, UnknownPathIs404) {
+  Service s(options());
+  const auto r = get(s, "/v2/cluster");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_TRUE(json::parse(r.body).contains("error"));
+}
+
+TEST_F(ServiceTest, WrongMethodIs405WithAllow) {
+  Service s(options());
+  EXPECT_EQ(s.handle({"DELETE", "/v1/cluster", kAuth, ""}).allow, "GET, PUT");
+  EXPECT_EQ(s.handle({"DELETE", "/v1/cluster", kAuth, ""}).status, 405);
+  EXPECT_EQ(s.handle({"POST", "/v1/cluster", kAuth, two_workers(0).dump()}).status, 405);
+  EXPECT_EQ(s.handle({"PUT", "/v1/events", kAuth, "{}"}).status, 405);
+  EXPECT_EQ(s.handle({"POST", "/healthz", "", ""}).status, 405);
+  EXPECT_EQ(s.version(), 0u);
+}
+
+TEST_F(ServiceTest, StartsAtVersionZeroWithNoWorkers) {
+  Service s(options());
+  const auto r = get(s, "/v1/cluster");
+  ASSERT_EQ(r.status, 200);
+  const auto doc = json::parse(r.body);
+  EXPECT_EQ(doc["version"], 0);
+  EXPECT_TRUE(doc["workers"].empty());
+  EXPECT_TRUE(doc["settings"].is_object());
+}
+
+TEST_F(ServiceTest, PutWithCurrentVersionStoresNextVersion) {
+  Service s(options());
+  const auto r = put(s, two_workers(0));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const auto doc = json::parse(r.body);
+  EXPECT_EQ(doc["version"], 1);
+  EXPECT_EQ(doc["workers"].size(), 2u);
+  EXPECT_EQ(doc["settings"]["algorithm"], "ring");
+  EXPECT_EQ(json::parse(get(s, "/v1/cluster").body), doc);
+  EXPECT_EQ(put(s, two_workers(1)).status, 200);
+  EXPECT_EQ(s.version(), 2u);
+}
+
+TEST_F(ServiceTest, PutWithStaleVersionIs409WithCurrentDocument) {
+  Service s(options());
+  ASSERT_EQ(put(s, two_workers(0)).status, 200);
+  const std::string before = read_file(state_file_);
+  for (std::uint64_t stale : {0u, 2u, 7u}) {
+    const auto r = put(s, two_workers(stale));
+    EXPECT_EQ(r.status, 409);
+    const auto body = json::parse(r.body);
+    EXPECT_EQ(body["error"], "stale version " + std::to_string(stale) + ", current is 1");
+    EXPECT_EQ(body["current"]["version"], 1);
+  }
+  EXPECT_EQ(s.version(), 1u);
+  EXPECT_EQ(read_file(state_file_), before);
+}
+
+TEST_F(ServiceTest, MutationsWithoutTheTokenAre401) {
+  Service s(options());
+  for (const std::string auth :
+       {"", "Bearer", "Bearer ", "Bearer wrong", "Bearer s3cret-toke", "Bearer s3cret-token2",
+        "Basic s3cret-token", "s3cret-token", "bearer s3cret-token"}) {
+    EXPECT_EQ(put(s, two_workers(0), auth).status, 401) << auth;
+    EXPECT_EQ(post_event(s, R"({"type":"note"})", auth).status, 401) << auth;
+  }
+  EXPECT_EQ(s.version(), 0u);
+  EXPECT_FALSE(fs::exists(state_file_));
+  // Reads need no token.
+  EXPECT_EQ(get(s, "/v1/cluster").status, 200);
+  EXPECT_EQ(get(s, "/v1/events").status, 200);
+}
+
+TEST_F(ServiceTest, BodyOverTheLimitIs413) {
+  Service s(options());
+  json doc = two_workers(0);
+  doc["settings"]["padding"] = std::string(5000, 'x');
+  EXPECT_EQ(put(s, doc).status, 413);
+  EXPECT_EQ(post_event(s, std::string(5000, ' ') + R"({"type":"note"})").status, 413);
+  EXPECT_EQ(s.version(), 0u);
+}
+
+class InvalidPutTest : public ServiceTest,
+                       public ::testing::WithParamInterface<std::pair<const char*, std::string>> {};
+
+TEST_P(InvalidPutTest, Is400WithAReasonAndChangesNothing) {
+  Service s(options());
+  ASSERT_EQ(put(s, two_workers(0)).status, 200);
+  const std::string before = read_file(state_file_);
+  const auto r = s.handle({"PUT", "/v1/cluster", kAuth, GetParam().second});
+  EXPECT_EQ(r.status, 400) << r.body;
+  const auto body = json::parse(r.body);
+  ASSERT_TRUE(body.contains("error"));
+  EXPECT_NE(body["error"].get<std::string>().find(GetParam().first), std::string::npos)
+      << body["error"];
+  EXPECT_EQ(s.version(), 1u);
+  EXPECT_EQ(read_file(state_file_), before);
+  EXPECT_EQ(json::parse(get(s, "/v1/events").body)["events"].size(), 1u);
+}
+
+std::string with(const std::string& key, const json& value) {
+  json doc = two_workers(1);
+  doc[key] = value;
+  return doc.dump();
+}
+
+std::string without(const std::string& key) {
+  json doc = two_workers(1);
+  doc.erase(key);
+  return doc.dump();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ServiceTest, InvalidPutTest,
+    ::testing::Values(
+        std::pair{"malformed JSON", std::string(R"({"version": 1, "workers": [)")},
+        std::pair{"malformed JSON", std::string("")}, std::pair{"object", std::string("[1, 2]")},
+        std::pair{"'version'", without("version")}, std::pair{"'workers'", without("workers")},
+        std::pair{"'settings'", without("settings")},
+        std::pair{"unknown field 'epoch'", with("epoch", 3)},
+        std::pair{"version", with("version", "1")}, std::pair{"version", with("version", -1)},
+        std::pair{"workers must not be empty", with("workers", json::array())},
+        std::pair{"workers must be an array", with("workers", "127.0.0.1:1")},
+        std::pair{"settings must be an object", with("settings", json::array())},
+        std::pair{"duplicate worker 127.0.0.1:10001",
+                  with("workers", {{{"host", "127.0.0.1"}, {"port", 10001}},
+                                   {{"host", "127.0.0.1"}, {"port", 10001}, {"slot", 1}}})},
+        std::pair{"port", with("workers", {{{"host", "127.0.0.1"}, {"port", 0}}})},
+        std::pair{"port", with("workers", {{{"host", "127.0.0.1"}, {"port", 65536}}})},
+        std::pair{"port", with("workers", {{{"host", "127.0.0.1"}, {"port", "80"}}})},
+        std::pair{"host", with("workers", {{{"host", ""}, {"port", 80}}})},
+        std::pair{"unknown field 'rank'",
+                  with("workers", {{{"host", "h"}, {"port", 80}, {"rank", 0}}})},
+        std::pair{"slot", with("workers", {{{"host", "h"}, {"port", 80}, {"slot", -1}}})},
+        std::pair{"agents", with("agents", "h:1")}));
+
+TEST_F(ServiceTest, AcceptsAgents) {
+  Service s(options());
+  json doc = two_workers(0);
+  doc["agents"] = {{{"host", "127.0.0.1"}, {"port", 9000}}};
+  const auto r = put(s, doc);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["agents"][0]["port"], 9000);
+}
+
+TEST_F(ServiceTest, WatchWaitsOnlyWhileVersionIsNotPastAfter) {
+  Service s(options());
+  const Request watch0{"GET", "/v1/cluster?watch=1&after=0", "", ""};
+  EXPECT_EQ(s.watch_after(watch0), 0u);
+  EXPECT_EQ(s.watch_after({"GET", "/v1/cluster?watch=1&after=5", "", ""}), 5u);
+  EXPECT_EQ(s.watch_after({"GET", "/v1/cluster", "", ""}), std::nullopt);
+  EXPECT_EQ(s.watch_after({"GET", "/v1/cluster?watch=0", "", ""}), std::nullopt);
+  EXPECT_EQ(s.watch_after({"GET", "/v1/cluster?watch=1&after=x", "", ""}), std::nullopt);
+  EXPECT_EQ(s.watch_after({"GET", "/v1/events?watch=1&after=0", "", ""}), std::nullopt);
+  // A timed-out watch answers with the unchanged document.
+  auto r = s.handle(watch0);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(json::parse(r.body)["version"], 0);
+  ASSERT_EQ(put(s, two_workers(0)).status, 200);
+  EXPECT_EQ(s.watch_after(watch0), std::nullopt);
+  r = s.handle(watch0);
+  EXPECT_EQ(json::parse(r.body)["version"], 1);
+}
+
+TEST_F(ServiceTest, BadQueriesAre400) {
+  Service s(options());
+  for (const char* target :
+       {"/v1/cluster?watch=1&after=x", "/v1/cluster?watch=yes", "/v1/cluster?after=1",
+        "/v1/cluster?watch=1&after=-1", "/v1/cluster?foo=1", "/v1/cluster?watch=1&watch=1",
+        "/v1/events?after=x", "/v1/events?limit=3"}) {
+    EXPECT_EQ(get(s, target).status, 400) << target;
+  }
+  EXPECT_EQ(s.handle({"PUT", "/v1/cluster?x=1", kAuth, two_workers(0).dump()}).status, 400);
+  EXPECT_EQ(s.version(), 0u);
+}
+
+TEST_F(ServiceTest, PostedEventIsStampedAndListed) {
+  Service s(options());
+  const auto r = post_event(
+      s, R"({"type":"revoked","worker":"127.0.0.1:10002","detail":"spot notice","version":3})");
+  ASSERT_EQ(r.status, 201) << r.body;
+  const auto e = json::parse(r.body);
+  EXPECT_EQ(e["seq"], 1);
+  EXPECT_EQ(e["time"], "2023-11-14T22:13:20.789Z");
+  EXPECT_EQ(e["type"], "revoked");
+  EXPECT_EQ(e["worker"], "127.0.0.1:10002");
+  EXPECT_EQ(e["detail"], "spot notice");
+  EXPECT_EQ(e["version"], 3);
+  const auto list = json::parse(get(s, "/v1/events").body);
+  ASSERT_EQ(list["events"].size(), 1u);
+  EXPECT_EQ(list["events"][0], e);
+  EXPECT_EQ(s.version(), 0u);  // events do not change the cluster
+}
+
+TEST_F(ServiceTest, EveryChangeIsInTheAuditTrail) {
+  Service s(options());
+  ASSERT_EQ(put(s, two_workers(0)).status, 200);
+  ASSERT_EQ(post_event(s, R"({"type":"joined","worker":"127.0.0.1:10001"})").status, 201);
+  ASSERT_EQ(put(s, two_workers(1)).status, 200);
+  const auto events = json::parse(get(s, "/v1/events").body)["events"];
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0]["type"], "cluster_changed");
+  EXPECT_EQ(events[0]["version"], 1);
+  EXPECT_EQ(events[1]["type"], "joined");
+  EXPECT_EQ(events[2]["type"], "cluster_changed");
+  EXPECT_EQ(events[2]["version"], 2);
+  for (std::size_t i = 0; i < events.size(); ++i) EXPECT_EQ(events[i]["seq"], i + 1);
+  const auto after = json::parse(get(s, "/v1/events?after=2").body)["events"];
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_EQ(after[0]["seq"], 3);
+  EXPECT_TRUE(json::parse(get(s, "/v1/events?after=3").body)["events"].empty());
+}
+
+TEST_F(ServiceTest, InvalidEventsAre400AndChangeNothing) {
+  Service s(options());
+  for (const char* body :
+       {"", "{", "[]", "{}", R"({"type":""})", R"({"type":"cluster_changed"})",
+        R"({"type":"exploded"})", R"({"type":3})", R"({"type":"note","extra":1})",
+        R"({"type":"note","worker":"nohost"})", R"({"type":"note","worker":"h:0"})",
+        R"({"type":"note","worker":7})", R"({"type":"note","detail":{}})",
+        R"({"type":"note","version":-1})", R"({"type":"note","version":"1"})"}) {
+    const auto r = post_event(s, body);
+    EXPECT_EQ(r.status, 400) << body;
+    EXPECT_TRUE(json::parse(r.body).contains("error")) << body;
+  }
+  EXPECT_TRUE(json::parse(get(s, "/v1/events").body)["events"].empty());
+  EXPECT_FALSE(fs::exists(state_file_));
+}
+
+TEST_F(ServiceTest, AcceptsEveryDocumentedClientEventType) {
+  Service s(options());
+  for (const char* type : {"added", "removed", "joined", "left", "failed", "revoked", "killed",
+                           "resized", "started", "exited", "restarted", "note"}) {
+    EXPECT_EQ(post_event(s, json{{"type", type}}.dump()).status, 201) << type;
+  }
+}
+
+TEST_F(ServiceTest, RestartedServiceServesTheSameState) {
+  std::string cluster;
+  std::string events;
+  {
+    Service s(options());
+    ASSERT_EQ(put(s, two_workers(0)).status, 200);
+    ASSERT_EQ(post_event(s, R"({"type":"failed","worker":"127.0.0.1:10002"})").status, 201);
+    ASSERT_EQ(put(s, two_workers(1)).status, 200);
+    cluster = get(s, "/v1/cluster").body;
+    events = get(s, "/v1/events").body;
+  }
+  EXPECT_FALSE(fs::exists(state_file_.string() + ".tmp"));
+  Service s(options());
+  EXPECT_EQ(s.version(), 2u);
+  EXPECT_EQ(get(s, "/v1/cluster").body, cluster);
+  EXPECT_EQ(get(s, "/v1/events").body, events);
+  const auto e = json::parse(post_event(s, R"({"type":"note"})").body);
+  EXPECT_EQ(e["seq"], 4);  // sequence numbers continue
+  EXPECT_EQ(put(s, two_workers(1)).status, 409);
+  EXPECT_EQ(put(s, two_workers(2)).status, 200);
+}
+
+TEST_F(ServiceTest, CorruptStateFileThrowsNamingTheFile) {
+  for (const std::string text :
+       {"not json", "{\"format\": 1}", "[]", "{\"format\": 2, \"cluster\": {\"workers\": []}}",
+        R"({"format":1,"cluster":{"version":1,"workers":[]},"events":[{"seq":2,"type":"x"},)"
+        R"({"seq":1,"type":"y"}],"next_seq":3})",
+        R"({"format":1,"cluster":{"version":1,"workers":[]},"events":[],"next_seq":0})"}) {
+    std::ofstream(state_file_) << text;
+    try {
+      Service s(options());
+      ADD_FAILURE() << "loaded " << text;
+    } catch (const std::runtime_error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(state_file_.string()), std::string::npos) << what;
+      EXPECT_NE(what.find("corrupt"), std::string::npos) << what;
+    }
+  }
+}
+
+TEST_F(ServiceTest, StateFileThatIsADirectoryThrows) {
+  fs::create_directory(state_file_);
+  try {
+    Service s(options());
+    ADD_FAILURE() << "loaded a directory";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(state_file_.string()), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(ServiceTest, FailedStateWriteIs500AndChangesNothing) {
+  auto o = options();
+  o.state_file = dir_ / "missing-dir" / "state.json";
+  Service s(o);
+  const auto r = put(s, two_workers(0));
+  EXPECT_EQ(r.status, 500);
+  EXPECT_NE(json::parse(r.body)["error"].get<std::string>().find("missing-dir"), std::string::npos);
+  EXPECT_EQ(s.version(), 0u);
+  EXPECT_EQ(post_event(s, R"({"type":"note"})").status, 500);
+  EXPECT_TRUE(json::parse(get(s, "/v1/events").body)["events"].empty());
+  EXPECT_TRUE(s.state().events.empty());
+  EXPECT_EQ(s.state().next_seq, 1u);
+}
+
+TEST(FormatRfc3339Ms, IsUtcWithMilliseconds) {
+  EXPECT_EQ(format_rfc3339_ms(kNow), "2023-11-14T22:13:20.789Z");
+  EXPECT_EQ(format_rfc3339_ms(std::chrono::system_clock::time_point{}), "1970-01-01T00:00:00.000Z");
+}
+
+TEST(ListenAddress, ParsesHostAndPortZero) {
+  const auto a = ListenAddress::parse("127.0.0.1:0");
+  EXPECT_EQ(a.host, "127.0.0.1");
+  EXPECT_EQ(a.port, 0);
+  EXPECT_EQ(ListenAddress::parse("[::1]:8080").host, "::1");
+  EXPECT_EQ(ListenAddress::parse("localhost:65535").port, 65535);
+  for (const char* bad : {"", "127.0.0.1", ":80", "h:", "h:65536", "h:x", "h:-1", "[]:80"}) {
+    EXPECT_THROW(ListenAddress::parse(bad), std::invalid_argument) << bad;
+  }
+}
+
+TEST(ParseQuery, SplitsPairsAndRejectsRepeats) {
+  const auto q = parse_query("watch=1&after=3&&flag");
+  EXPECT_EQ(q.at("watch"), "1");
+  EXPECT_EQ(q.at("after"), "3");
+  EXPECT_EQ(q.at("flag"), "");
+  EXPECT_THROW(parse_query("a=1&a=2"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace kf::config_server

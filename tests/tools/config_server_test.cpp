@@ -1,0 +1,334 @@
+// SPDX-License-Identifier: Apache-2.0
+// kf-config-server end to end: starts the real executable (path in $KF_CONFIG_SERVER) on port 0,
+// reads its "listening on HOST:PORT" line and talks HTTP to it with curl (and raw sockets for bad
+// HTTP). Checks the status codes over the wire, that a long-poll wakes on a change without
+// blocking other requests, that a restarted server serves the same state, and the exit codes.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kToken = "e2e-token";
+
+std::string server_path() {
+  const char* path = std::getenv("KF_CONFIG_SERVER");
+  return path != nullptr ? path : "";
+}
+
+struct Ran {
+  int exit_code = -1;
+  std::string output;
+};
+
+// Runs a shell command, stdout and stderr together.
+Ran run_shell(const std::string& command) {
+  Ran ran;
+  std::FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return ran;
+  char buffer[4096];
+  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, p)) > 0;)
+    ran.output.append(buffer, n);
+  const int status = ::pclose(p);
+  ran.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return ran;
+}
+
+struct HttpResult {
+  int status = 0;
+  json body;
+};
+
+// A running kf-config-server; stopped with SIGTERM (or SIGKILL when the test failed early).
+class ServerProcess {
+ public:
+  ServerProcess(const fs::path& dir, std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv{server_path(), "--token-file", (dir / "token").string(),
+                                  "--state", (dir / "state.json").string()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    int fds[2];
+    if (::pipe(fds) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(fds[1], STDOUT_FILENO);
+      ::close(fds[0]);
+      ::close(fds[1]);
+      std::vector<char*> c_argv;
+      for (auto& a : argv) c_argv.push_back(a.data());
+      c_argv.push_back(nullptr);
+      ::execv(c_argv[0], c_argv.data());
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    out_ = fds[0];
+    address_ = read_listening_line();
+  }
+  ~ServerProcess() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (out_ >= 0) ::close(out_);
+  }
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+
+  /// "http://127.0.0.1:PORT", empty when the server did not announce itself.
+  std::string url() const { return address_.empty() ? "" : "http://" + address_; }
+  const std::string& address() const { return address_; }
+  bool alive() const { return pid_ > 0 && ::kill(pid_, 0) == 0; }
+
+  /// Sends SIGTERM and returns the exit code.
+  int terminate() {
+    ::kill(pid_, SIGTERM);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+ private:
+  std::string read_listening_line() {
+    std::string line;
+    const auto deadline = Clock::now() + 20s;
+    while (Clock::now() < deadline) {
+      pollfd p{out_, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      char c;
+      if (::read(out_, &c, 1) != 1) break;
+      if (c == '\n') break;
+      line.push_back(c);
+    }
+    const std::string prefix = "listening on ";
+    return line.starts_with(prefix) ? line.substr(prefix.size()) : "";
+  }
+
+  pid_t pid_ = -1;
+  int out_ = -1;
+  std::string address_;
+};
+
+class ConfigServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(server_path().empty()) << "KF_CONFIG_SERVER is not set";
+    std::string pattern = (fs::temp_directory_path() / "kf-config-server-e2e-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+    std::ofstream(dir_ / "token") << kToken << "\n";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // One HTTP request with curl; `body` goes through a file so it needs no quoting.
+  HttpResult http(const std::string& method, const std::string& url, const std::string& body = "",
+                  bool auth = false) {
+    static std::atomic<int> counter{0};
+    std::string command = "curl -sS -m 20 -o - -w '\\n%{http_code}' -X " + method;
+    if (auth) command += std::string(" -H 'Authorization: Bearer ") + kToken + "'";
+    if (!body.empty()) {
+      const auto file = dir_ / ("body-" + std::to_string(counter++));
+      std::ofstream(file, std::ios::binary) << body;
+      command += " -H 'Content-Type: application/json' --data-binary @" + file.string();
+    }
+    const Ran ran = run_shell(command + " '" + url + "'");
+    HttpResult result;
+    const auto newline = ran.output.rfind('\n');
+    if (newline == std::string::npos) return result;
+    result.status = std::atoi(ran.output.c_str() + newline + 1);
+    result.body = json::parse(ran.output.substr(0, newline), nullptr, false);
+    return result;
+  }
+
+  static json cluster(std::uint64_t version, int workers) {
+    json ws = json::array();
+    for (int i = 0; i < workers; ++i)
+      ws.push_back({{"host", "127.0.0.1"}, {"port", 10001 + i}, {"slot", i}});
+    return {{"version", version}, {"workers", ws}, {"settings", {{"batch_size", 32}}}};
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(ConfigServerTest, ServesTheApiOverHttp) {
+  ServerProcess server(dir_);
+  ASSERT_FALSE(server.url().empty());
+  EXPECT_TRUE(server.address().starts_with("127.0.0.1:"));
+  const auto url = server.url();
+  EXPECT_EQ(http("GET", url + "/healthz").status, 200);
+  auto r = http("GET", url + "/v1/cluster");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body["version"], 0);
+  r = http("PUT", url + "/v1/cluster", cluster(0, 2).dump(), true);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body["version"], 1);
+  r = http("PUT", url + "/v1/cluster", cluster(0, 3).dump(), true);
+  EXPECT_EQ(r.status, 409);
+  EXPECT_EQ(r.body["current"]["version"], 1);
+  EXPECT_EQ(http("PUT", url + "/v1/cluster", cluster(1, 3).dump(), false).status, 401);
+  EXPECT_EQ(http("PUT", url + "/v1/cluster", R"({"version":1,"workers":[)", true).status, 400);
+  EXPECT_EQ(http("PUT", url + "/v1/cluster", cluster(1, 0).dump(), true).status, 400);
+  EXPECT_EQ(http("GET", url + "/nope").status, 404);
+  EXPECT_EQ(http("DELETE", url + "/v1/cluster", "", true).status, 405);
+  EXPECT_EQ(
+      http("POST", url + "/v1/events", R"({"type":"joined","worker":"127.0.0.1:10001"})", true)
+          .status,
+      201);
+  r = http("GET", url + "/v1/events");
+  EXPECT_EQ(r.status, 200);
+  ASSERT_EQ(r.body["events"].size(), 2u);
+  EXPECT_EQ(r.body["events"][0]["type"], "cluster_changed");
+  EXPECT_EQ(r.body["events"][1]["type"], "joined");
+  EXPECT_EQ(http("GET", url + "/v1/cluster").body["version"], 1);
+  EXPECT_EQ(server.terminate(), 0);
+}
+
+TEST_F(ConfigServerTest, BodyOverOneMebibyteIs413) {
+  ServerProcess server(dir_);
+  ASSERT_FALSE(server.url().empty());
+  json doc = cluster(0, 1);
+  doc["settings"]["padding"] = std::string(std::size_t{2} << 20, 'x');
+  EXPECT_EQ(http("PUT", server.url() + "/v1/cluster", doc.dump(), true).status, 413);
+  EXPECT_EQ(http("GET", server.url() + "/v1/cluster").body["version"], 0);
+}
+
+TEST_F(ConfigServerTest, LongPollWakesOnChangeWithoutBlockingOthers) {
+  ServerProcess server(dir_, {"--watch-timeout-ms", "20000"});
+  ASSERT_FALSE(server.url().empty());
+  const auto url = server.url();
+  const auto start = Clock::now();
+  auto watch = std::async(std::launch::async,
+                          [&] { return http("GET", url + "/v1/cluster?watch=1&after=0"); });
+  // Other requests are served while the watch waits.
+  EXPECT_EQ(http("GET", url + "/healthz").status, 200);
+  EXPECT_EQ(watch.wait_for(0s), std::future_status::timeout);
+  ASSERT_EQ(http("PUT", url + "/v1/cluster", cluster(0, 2).dump(), true).status, 200);
+  ASSERT_EQ(watch.wait_for(10s), std::future_status::ready);
+  const auto r = watch.get();
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body["version"], 1);
+  EXPECT_LT(Clock::now() - start, 10s);
+  // Already past: answers at once.
+  EXPECT_EQ(http("GET", url + "/v1/cluster?watch=1&after=0").body["version"], 1);
+}
+
+TEST_F(ConfigServerTest, LongPollTimesOutWithTheSameVersion) {
+  ServerProcess server(dir_, {"--watch-timeout-ms", "300"});
+  ASSERT_FALSE(server.url().empty());
+  const auto start = Clock::now();
+  const auto r = http("GET", server.url() + "/v1/cluster?watch=1&after=0");
+  EXPECT_GE(Clock::now() - start, 250ms);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body["version"], 0);
+}
+
+TEST_F(ConfigServerTest, RestartedServerServesTheSameState) {
+  json events;
+  {
+    ServerProcess server(dir_);
+    ASSERT_FALSE(server.url().empty());
+    ASSERT_EQ(http("PUT", server.url() + "/v1/cluster", cluster(0, 2).dump(), true).status, 200);
+    ASSERT_EQ(http("PUT", server.url() + "/v1/cluster", cluster(1, 3).dump(), true).status, 200);
+    ASSERT_EQ(http("POST", server.url() + "/v1/events", R"({"type":"killed"})", true).status, 201);
+    events = http("GET", server.url() + "/v1/events").body;
+    EXPECT_EQ(server.terminate(), 0);
+  }
+  ServerProcess server(dir_);
+  ASSERT_FALSE(server.url().empty());
+  const auto r = http("GET", server.url() + "/v1/cluster");
+  EXPECT_EQ(r.body["version"], 2);
+  EXPECT_EQ(r.body["workers"].size(), 3u);
+  EXPECT_EQ(http("GET", server.url() + "/v1/events").body, events);
+  EXPECT_EQ(http("PUT", server.url() + "/v1/cluster", cluster(1, 1).dump(), true).status, 409);
+}
+
+// Sends raw bytes and returns what comes back before the server closes (or 5 s pass).
+std::string raw_exchange(const std::string& address, const std::string& bytes) {
+  const auto colon = address.rfind(':');
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1))));
+  ::inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  std::string reply;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) {
+    (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    char buffer[4096];
+    for (;;) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 5000) <= 0) break;
+      const ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
+      if (n <= 0) break;
+      reply.append(buffer, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(fd);
+  return reply;
+}
+
+TEST_F(ConfigServerTest, BadHttpIsRefusedWithoutACrash) {
+  ServerProcess server(dir_);
+  ASSERT_FALSE(server.url().empty());
+  EXPECT_TRUE(
+      raw_exchange(server.address(), "\x01\x02garbage\r\n\r\n").starts_with("HTTP/1.1 400"));
+  const std::string huge_header =
+      "GET /healthz HTTP/1.1\r\nX-Big: " + std::string(64 * 1024, 'a') + "\r\n\r\n";
+  const std::string reply = raw_exchange(server.address(), huge_header);
+  EXPECT_TRUE(reply.empty() || reply.starts_with("HTTP/1.1 400")) << reply.substr(0, 100);
+  EXPECT_TRUE(raw_exchange(server.address(),
+                           "GET /healthz HTTP/1.1\r\nHost: x\r\n"
+                           "Connection: close\r\n\r\n")
+                  .starts_with("HTTP/1.1 200"));
+  EXPECT_TRUE(server.alive());
+  EXPECT_EQ(http("GET", server.url() + "/healthz").status, 200);
+}
+
+TEST_F(ConfigServerTest, UsageErrorsExit2) {
+  const auto exe = server_path();
+  const auto token = (dir_ / "token").string();
+  const auto state = (dir_ / "state.json").string();
+  EXPECT_EQ(run_shell(exe).exit_code, 2);
+  EXPECT_EQ(run_shell(exe + " --state " + state).exit_code, 2);
+  Ran r = run_shell(exe + " --token-file " + token + " --state " + state + " --listen nonsense");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--listen"), std::string::npos) << r.output;
+  r = run_shell(exe + " --token-file " + token + " --state " + state + " --watch-timeout-ms 0");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(run_shell(exe + " --help").exit_code, 0);
+}
+
+TEST_F(ConfigServerTest, UnreadableTokenOrCorruptStateExit1NamingTheFile) {
+  const auto exe = server_path();
+  const auto state = (dir_ / "state.json").string();
+  const auto missing = (dir_ / "no-such-token").string();
+  Ran r = run_shell(exe + " --token-file " + missing + " --state " + state);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find(missing), std::string::npos) << r.output;
+  std::ofstream(state) << "{ corrupt";
+  r = run_shell(exe + " --token-file " + (dir_ / "token").string() + " --state " + state);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find(state), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("corrupt"), std::string::npos) << r.output;
+}
+
+}  // namespace
