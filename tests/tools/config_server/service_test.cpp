@@ -91,6 +91,9 @@ TEST_F(ServiceTest, UnknownPathIs404) {
   const auto r = get(s, "/v2/cluster");
   EXPECT_EQ(r.status, 404);
   EXPECT_TRUE(json::parse(r.body).contains("error"));
+  // A target that is not UTF-8 is echoed with replacement characters, not an exception.
+  EXPECT_EQ(get(s, "/\xff\xfe").status, 404);
+  EXPECT_EQ(get(s, "/v1/events?\xff=1").status, 400);
 }
 
 TEST_F(ServiceTest, WrongMethodIs405WithAllow) {

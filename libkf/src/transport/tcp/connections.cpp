@@ -430,6 +430,12 @@ std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h, std
     req->ev.set(make_error_code(errc::peer_lost));
     return req;
   }
+  // A broken version takes no new data: a collective that reaches its next step after the
+  // failure must not wait for peers that have given the version up.
+  if (broken_ && h.type == FrameType::data && h.cluster_version == io_cluster_.version) {
+    req->ev.set(broken_);
+    return req;
+  }
   if (!ps.out) {
     ps.out = std::make_shared<Outgoing>(ex(), peer);
     asio::co_spawn(ex(), run_outgoing(ps.out), asio::detached);
@@ -486,6 +492,10 @@ std::shared_ptr<RecvReq> PeerImpl::post_recv(MailKey key, std::byte* dst, std::s
   const auto& ps = peers_[static_cast<std::size_t>(key.peer)];
   if (ps.lost || ps.departed) {
     req->ev.set(make_error_code(errc::peer_lost));
+    return req;
+  }
+  if (broken_ && key.version == io_cluster_.version) {
+    req->ev.set(broken_);
     return req;
   }
   mailbox_[key].posted.push_back(req);
