@@ -76,6 +76,7 @@ PeerImpl::PeerImpl(PeerOptions opts) : opts_(std::move(opts)), acceptor_(ioc_) {
   self_ = Endpoint{opts_.listen.host, acceptor_.local_endpoint().port()};
   identity_ = self_.str();
   asio::co_spawn(ioc_, accept_loop(), asio::detached);
+  asio::co_spawn(ioc_, watchdog(), asio::detached);
   io_thread_ = std::thread([this] { io_loop(); });
 }
 
@@ -278,6 +279,10 @@ std::unique_ptr<Peer> Peer::from_environment() {
   o.job_token = e.job_token;
   if (e.timeout) o.timeout = *e.timeout;
   if (e.spin) o.spin = *e.spin;
+  if (e.heartbeat_timeout) {
+    o.heartbeat_timeout = *e.heartbeat_timeout;
+    o.heartbeat_interval = *e.heartbeat_timeout / 4;
+  }
   std::optional<std::string> algo = e.algorithm;
   if (!algo && e.cluster.settings.contains("algorithm") &&
       e.cluster.settings["algorithm"].is_string()) {

@@ -312,6 +312,7 @@ class PeerImpl {
                                const std::vector<std::shared_ptr<RecvReq>>& recvs,
                                const std::vector<int>& recv_peer, std::error_code result);
   awaitable<void> shutdown();
+  awaitable<void> watchdog();
   void io_loop();
 
 

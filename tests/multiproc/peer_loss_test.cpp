@@ -86,6 +86,47 @@ TEST_P(PeerLoss, KilledWorkerMakesEveryOtherWorkerFailWithinTheTimeout) {
 
 INSTANTIATE_TEST_SUITE_P(Victims, PeerLoss, ::testing::Values(0, 2));
 
+// A stopped process keeps its connections open: only the heartbeat watchdog can tell. With a
+// collective timeout of 30 s, the others must still fail within about the heartbeat timeout
+// (750 ms by default, checked every 187 ms).
+TEST(PeerLoss, StoppedWorkerIsDetectedByHeartbeats) {
+  const int np = 3, victim = 1;
+  const char* worker = std::getenv("KF_TEST_WORKER");
+  ASSERT_NE(worker, nullptr);
+  const auto ports = free_ports(np);
+  Cluster c;
+  c.version = 1;
+  for (int i = 0; i < np; ++i) {
+    c.workers.push_back(WorkerSpec{Endpoint{"127.0.0.1", static_cast<std::uint16_t>(ports[i])}, i});
+  }
+  std::vector<test::Child> kids;
+  for (int i = 0; i < np; ++i) {
+    kids.push_back(test::spawn(
+        {worker, "stream"},
+        {"KF_SELF=127.0.0.1:" + std::to_string(ports[i]), "KF_CLUSTER=" + c.to_json().dump(),
+         "KF_JOB_TOKEN=hb-test", "KF_TIMEOUT_MS=30000"}));
+  }
+  const auto start_deadline = Clock::now() + std::chrono::seconds(60);
+  for (auto& k : kids) {
+    auto line = test::read_line(k, start_deadline);
+    ASSERT_TRUE(line.has_value() && *line == "ready");
+  }
+  kill(kids[victim].pid, SIGSTOP);
+  const auto stopped_at = Clock::now();
+  for (int i = 0; i < np; ++i) {
+    if (i == victim) continue;
+    auto status = test::wait_exit(kids[i], stopped_at + std::chrono::seconds(3));
+    const auto took =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - stopped_at);
+    ASSERT_TRUE(status.has_value()) << "worker " << i << " did not notice the stopped peer";
+    EXPECT_EQ(WEXITSTATUS(*status), 3) << kids[i].pending;
+    std::cout << "worker " << i << " failed " << took.count() << " ms after SIGSTOP: "
+              << kids[i].pending;
+  }
+  kill(kids[victim].pid, SIGKILL);
+  test::wait_exit(kids[victim], Clock::now() + std::chrono::seconds(5));
+}
+
 // The survivors of a kill -9 move to the next cluster version without restarting and go on.
 class PeerLossRecovery : public ::testing::TestWithParam<int> {};
 

@@ -31,6 +31,10 @@ struct PeerOptions {
   std::chrono::milliseconds timeout{3000};
   /// How long a new connection may take to open and authenticate (peers may start late).
   std::chrono::milliseconds connect_timeout{20000};
+  /// Idle connections carry a heartbeat this often, and a member whose connection to us stays
+  /// silent for heartbeat_timeout is lost (zero disables either).
+  std::chrono::milliseconds heartbeat_interval{200};
+  std::chrono::milliseconds heartbeat_timeout{750};
   Algorithm default_algorithm = Algorithm::auto_select;
   /// After a burst of work the I/O thread keeps polling this long before it sleeps, so that the
   /// next message or submission finds it awake (zero: always sleep at once).

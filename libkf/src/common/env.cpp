@@ -67,6 +67,15 @@ Env Env::from_environment() {
     }
     e.timeout = std::chrono::milliseconds(ms);
   }
+  if (auto t = get(env::kHeartbeatMs)) {
+    long ms = -1;
+    auto [p, ec] = std::from_chars(t->data(), t->data() + t->size(), ms);
+    if (ec != std::errc{} || p != t->data() + t->size() || ms < 0) {
+      throw std::invalid_argument(std::string(env::kHeartbeatMs) + "='" + *t +
+                                  "' is not a number of milliseconds (0 disables heartbeats)");
+    }
+    e.heartbeat_timeout = std::chrono::milliseconds(ms);
+  }
   if (auto t = get(env::kSpinUs)) {
     long us = -1;
     auto [p, ec] = std::from_chars(t->data(), t->data() + t->size(), us);

@@ -20,6 +20,7 @@ inline constexpr const char* kJobTokenFile = "KF_JOB_TOKEN_FILE";  ///< file hol
 inline constexpr const char* kConfigServer = "KF_CONFIG_SERVER";  ///< URL of the config service
 inline constexpr const char* kAlgorithm = "KF_ALGORITHM";        ///< job default algorithm
 inline constexpr const char* kTimeoutMs = "KF_TIMEOUT_MS";       ///< collective deadline, ms
+inline constexpr const char* kHeartbeatMs = "KF_HEARTBEAT_MS";   ///< silent-peer timeout, ms
 inline constexpr const char* kSpinUs = "KF_SPIN_US";             ///< I/O thread poll window, us
 inline constexpr const char* kLogLevel = "KF_LOG_LEVEL";         ///< trace|debug|info|warn|error
 inline constexpr const char* kRank = "KF_RANK";                  ///< informational: initial rank
@@ -36,6 +37,7 @@ struct Env {
   std::optional<std::string> algorithm;
   std::optional<std::chrono::milliseconds> timeout;
   std::optional<std::chrono::microseconds> spin;
+  std::optional<std::chrono::milliseconds> heartbeat_timeout;
 
   /// Reads the KF_* variables. Throws: std::invalid_argument naming the variable that is missing
   /// or malformed (e.g. "KF_CLUSTER: workers[1].port must be an integer in 1-65535").

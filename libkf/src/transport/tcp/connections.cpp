@@ -389,9 +389,22 @@ awaitable<void> PeerImpl::run_outgoing(std::shared_ptr<Outgoing> out) {
   std::error_code ec = co_await dial(*out);
   while (!ec) {
     while (out->queue.empty() && !out->closed) {
-      out->signal.expires_at(Clock::time_point::max());
-      co_await out->signal.async_wait(kTuple);
+      // Idle: wake up after one heartbeat interval unless a send arrives first.
+      const bool beat = opts_.heartbeat_interval.count() > 0;
+      out->signal.expires_at(beat ? Clock::now() + opts_.heartbeat_interval
+                                  : Clock::time_point::max());
+      auto [wec] = co_await out->signal.async_wait(kTuple);
+      if (!wec && beat && out->queue.empty() && !out->closed) {
+        SendReq hb(ex());
+        FrameHeader h;
+        h.type = FrameType::heartbeat;
+        h.cluster_version = io_cluster_.version;
+        hb.header = transport::encode(h);
+        ec = co_await write_frame(*out, hb);
+        if (ec) break;
+      }
     }
+    if (ec) break;
     if (out->queue.empty()) break;  // closed with nothing left to send
     auto req = out->queue.front();
     if (req->cancelled) {
@@ -603,6 +616,37 @@ void PeerImpl::break_version(std::error_code ec, const std::string& why) {
       std::vector<std::byte> payload(reinterpret_cast<const std::byte*>(who.data()),
                                      reinterpret_cast<const std::byte*>(who.data()) + who.size());
       post_control(static_cast<int>(i), FrameType::notice_lost, std::move(payload));
+    }
+  }
+}
+
+// Members that send us data also send heartbeats while idle; one that stays silent past the
+// heartbeat timeout (a stopped process, a lost machine: nothing closes its connection) is lost.
+awaitable<void> PeerImpl::watchdog() {
+  const auto timeout = opts_.heartbeat_timeout;
+  asio::steady_timer t(ex());
+  const auto tick = std::max(timeout / 4, std::chrono::milliseconds(10));
+  while (!stopping_ && timeout.count() > 0) {
+    const auto due = Clock::now() + tick;
+    t.expires_at(due);
+    auto [ec] = co_await t.async_wait(kTuple);
+    if (ec || stopping_) co_return;
+    const auto now = Clock::now();
+    // If this thread itself was starved (a loaded machine), stale timestamps prove nothing.
+    if (now - due > timeout / 2) continue;
+    for (const auto& w : io_cluster_.workers) {
+      auto it = peer_by_key_.find(w.endpoint.str());
+      if (it == peer_by_key_.end()) continue;
+      const auto& ps = peers_[static_cast<std::size_t>(it->second)];
+      if (ps.in.empty() || ps.lost || ps.departed || now - ps.last_rx < timeout) continue;
+      bool pending = false;  // bytes waiting in the kernel mean the peer is alive
+      for (const auto& in : ps.in) {
+        boost::system::error_code aec;
+        pending = pending || in->sock.available(aec) > 0;
+      }
+      if (pending) continue;
+      mark_lost(it->second, make_error_code(errc::timeout),
+                "no heartbeat for " + std::to_string(timeout.count()) + " ms");
     }
   }
 }
