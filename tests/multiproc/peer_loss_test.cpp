@@ -39,34 +39,45 @@ std::vector<int> free_ports(int n) {
   return ports;
 }
 
-class PeerLoss : public ::testing::TestWithParam<int> {};
-
-TEST_P(PeerLoss, KilledWorkerMakesEveryOtherWorkerFailWithinTheTimeout) {
-  const int np = 4, victim = GetParam();
+// Starts np test-workers in `mode` on one cluster (extra KF_* settings in `env`) and waits
+// until each has printed "ready". Fails the test (and returns what it has) otherwise.
+std::vector<test::Child> start_ready(int np, const std::string& mode,
+                                     const std::vector<std::string>& env) {
+  std::vector<test::Child> kids;
   const char* worker = std::getenv("KF_TEST_WORKER");
-  ASSERT_NE(worker, nullptr) << "KF_TEST_WORKER must name the test-worker binary";
+  if (worker == nullptr) {
+    ADD_FAILURE() << "KF_TEST_WORKER must name the test-worker binary";
+    return kids;
+  }
   const auto ports = free_ports(np);
   Cluster c;
   c.version = 1;
   for (int i = 0; i < np; ++i) {
     c.workers.push_back(WorkerSpec{Endpoint{"127.0.0.1", static_cast<std::uint16_t>(ports[i])}, i});
   }
-  const int timeout_ms = 3000;
-  std::vector<test::Child> kids;
   for (int i = 0; i < np; ++i) {
-    kids.push_back(test::spawn(
-        {worker, "stream"},
-        {"KF_SELF=127.0.0.1:" + std::to_string(ports[i]), "KF_CLUSTER=" + c.to_json().dump(),
-         "KF_JOB_TOKEN=loss-test", "KF_JOB_ID=loss", "KF_TIMEOUT_MS=" + std::to_string(timeout_ms),
-         "KF_ALGORITHM=ring"}));
-    ASSERT_GT(kids.back().pid, 0);
+    std::vector<std::string> e = env;
+    e.push_back("KF_SELF=127.0.0.1:" + std::to_string(ports[i]));
+    e.push_back("KF_CLUSTER=" + c.to_json().dump());
+    e.push_back("KF_JOB_TOKEN=loss-test");
+    kids.push_back(test::spawn({worker, mode}, e));
   }
-  const auto start_deadline = Clock::now() + std::chrono::seconds(60);
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
   for (auto& k : kids) {
-    auto line = test::read_line(k, start_deadline);
-    ASSERT_TRUE(line.has_value()) << "a worker did not become ready";
-    ASSERT_EQ(*line, "ready");
+    auto line = test::read_line(k, deadline);
+    if (!line || *line != "ready") ADD_FAILURE() << "a worker did not become ready";
   }
+  return kids;
+}
+
+class PeerLoss : public ::testing::TestWithParam<int> {};
+
+TEST_P(PeerLoss, KilledWorkerMakesEveryOtherWorkerFailWithinTheTimeout) {
+  const int np = 4, victim = GetParam();
+  const int timeout_ms = 3000;
+  auto kids = start_ready(np, "stream",
+                          {"KF_TIMEOUT_MS=" + std::to_string(timeout_ms), "KF_ALGORITHM=ring"});
+  ASSERT_FALSE(HasFailure());
   kill(kids[victim].pid, SIGKILL);
   const auto killed_at = Clock::now();
   test::wait_exit(kids[victim], killed_at + std::chrono::seconds(5));
@@ -91,26 +102,8 @@ INSTANTIATE_TEST_SUITE_P(Victims, PeerLoss, ::testing::Values(0, 2));
 // (750 ms by default, checked every 187 ms).
 TEST(PeerLoss, StoppedWorkerIsDetectedByHeartbeats) {
   const int np = 3, victim = 1;
-  const char* worker = std::getenv("KF_TEST_WORKER");
-  ASSERT_NE(worker, nullptr);
-  const auto ports = free_ports(np);
-  Cluster c;
-  c.version = 1;
-  for (int i = 0; i < np; ++i) {
-    c.workers.push_back(WorkerSpec{Endpoint{"127.0.0.1", static_cast<std::uint16_t>(ports[i])}, i});
-  }
-  std::vector<test::Child> kids;
-  for (int i = 0; i < np; ++i) {
-    kids.push_back(test::spawn(
-        {worker, "stream"},
-        {"KF_SELF=127.0.0.1:" + std::to_string(ports[i]), "KF_CLUSTER=" + c.to_json().dump(),
-         "KF_JOB_TOKEN=hb-test", "KF_TIMEOUT_MS=30000"}));
-  }
-  const auto start_deadline = Clock::now() + std::chrono::seconds(60);
-  for (auto& k : kids) {
-    auto line = test::read_line(k, start_deadline);
-    ASSERT_TRUE(line.has_value() && *line == "ready");
-  }
+  auto kids = start_ready(np, "stream", {"KF_TIMEOUT_MS=30000"});
+  ASSERT_FALSE(HasFailure());
   kill(kids[victim].pid, SIGSTOP);
   const auto stopped_at = Clock::now();
   for (int i = 0; i < np; ++i) {
@@ -132,26 +125,8 @@ class PeerLossRecovery : public ::testing::TestWithParam<int> {};
 
 TEST_P(PeerLossRecovery, SurvivorsFormTheNextVersionAndContinue) {
   const int np = 4, victim = GetParam();
-  const char* worker = std::getenv("KF_TEST_WORKER");
-  ASSERT_NE(worker, nullptr);
-  const auto ports = free_ports(np);
-  Cluster c;
-  c.version = 1;
-  for (int i = 0; i < np; ++i) {
-    c.workers.push_back(WorkerSpec{Endpoint{"127.0.0.1", static_cast<std::uint16_t>(ports[i])}, i});
-  }
-  std::vector<test::Child> kids;
-  for (int i = 0; i < np; ++i) {
-    kids.push_back(test::spawn(
-        {worker, "recover"},
-        {"KF_SELF=127.0.0.1:" + std::to_string(ports[i]), "KF_CLUSTER=" + c.to_json().dump(),
-         "KF_JOB_TOKEN=recover-test", "KF_TIMEOUT_MS=3000"}));
-  }
-  const auto start_deadline = Clock::now() + std::chrono::seconds(60);
-  for (auto& k : kids) {
-    auto line = test::read_line(k, start_deadline);
-    ASSERT_TRUE(line.has_value() && *line == "ready") << "a worker did not become ready";
-  }
+  auto kids = start_ready(np, "recover", {"KF_TIMEOUT_MS=3000"});
+  ASSERT_FALSE(HasFailure());
   kill(kids[victim].pid, SIGKILL);
   const auto killed_at = Clock::now();
   test::wait_exit(kids[victim], killed_at + std::chrono::seconds(5));

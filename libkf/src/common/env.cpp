@@ -22,6 +22,19 @@ std::string require(const char* name) {
   return *v;
 }
 
+// The variable as an integer in [lo, hi], nullopt when unset. Throws: std::invalid_argument
+// naming the variable, its value and what it should be.
+std::optional<long> get_integer(const char* name, long lo, long hi, const char* what) {
+  auto t = get(name);
+  if (!t) return std::nullopt;
+  long v = 0;
+  auto [p, ec] = std::from_chars(t->data(), t->data() + t->size(), v);
+  if (ec != std::errc{} || p != t->data() + t->size() || v < lo || v > hi) {
+    throw std::invalid_argument(std::string(name) + "='" + *t + "' is not " + what);
+  }
+  return v;
+}
+
 }  // namespace
 
 std::string read_token_file(const std::string& path) {
@@ -58,32 +71,15 @@ Env Env::from_environment() {
   }
   e.config_server = get(env::kConfigServer);
   e.algorithm = get(env::kAlgorithm);
-  if (auto t = get(env::kTimeoutMs)) {
-    long ms = 0;
-    auto [p, ec] = std::from_chars(t->data(), t->data() + t->size(), ms);
-    if (ec != std::errc{} || p != t->data() + t->size() || ms <= 0) {
-      throw std::invalid_argument(std::string(env::kTimeoutMs) + "='" + *t +
-                                  "' is not a positive number of milliseconds");
-    }
-    e.timeout = std::chrono::milliseconds(ms);
+  if (auto v = get_integer(env::kTimeoutMs, 1, 86'400'000, "a positive number of milliseconds")) {
+    e.timeout = std::chrono::milliseconds(*v);
   }
-  if (auto t = get(env::kHeartbeatMs)) {
-    long ms = -1;
-    auto [p, ec] = std::from_chars(t->data(), t->data() + t->size(), ms);
-    if (ec != std::errc{} || p != t->data() + t->size() || ms < 0) {
-      throw std::invalid_argument(std::string(env::kHeartbeatMs) + "='" + *t +
-                                  "' is not a number of milliseconds (0 disables heartbeats)");
-    }
-    e.heartbeat_timeout = std::chrono::milliseconds(ms);
+  if (auto v = get_integer(env::kHeartbeatMs, 0, 86'400'000,
+                           "a number of milliseconds (0 disables heartbeats)")) {
+    e.heartbeat_timeout = std::chrono::milliseconds(*v);
   }
-  if (auto t = get(env::kSpinUs)) {
-    long us = -1;
-    auto [p, ec] = std::from_chars(t->data(), t->data() + t->size(), us);
-    if (ec != std::errc{} || p != t->data() + t->size() || us < 0 || us > 1000000) {
-      throw std::invalid_argument(std::string(env::kSpinUs) + "='" + *t +
-                                  "' is not a number of microseconds in 0-1000000");
-    }
-    e.spin = std::chrono::microseconds(us);
+  if (auto v = get_integer(env::kSpinUs, 0, 1'000'000, "a number of microseconds in 0-1000000")) {
+    e.spin = std::chrono::microseconds(*v);
   }
   return e;
 }

@@ -90,7 +90,16 @@ void allreduce_ring(LaneBuilder& b, int r, int p, Range w) {
 
 // Rabenseifner: recursive halving reduce-scatter then recursive doubling allgather among the
 // largest power of two p2 <= p; the first 2*(p-p2) ranks fold pairwise into the odd one first.
-void allreduce_rhd(LaneBuilder& b, int r, int p, Range w) {
+// The fold of the recursive algorithms for any p: with p2 the largest power of two <= p and
+// rem = p - p2, the first 2*rem ranks pair up; the even one hands its vector to the odd one and
+// gets the result back at the end. Returns the rank among the p2 that go on, or -1 for a rank
+// that folded out (its steps are complete).
+struct Fold {
+  int p2, rem, nr;
+  int real(int v) const { return v < rem ? 2 * v + 1 : v + rem; }
+};
+
+Fold fold_in(LaneBuilder& b, int r, int p, Range w) {
   const int p2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(p)));
   const int rem = p - p2;
   if (r < 2 * rem && r % 2 == 0) {
@@ -98,17 +107,28 @@ void allreduce_rhd(LaneBuilder& b, int r, int p, Range w) {
     b.next();
     b.copy(r + 1, w);
     b.next();
-    return;
+    return Fold{p2, rem, -1};
   }
-  int nr;
   if (r < 2 * rem) {
     b.reduce(r - 1, w);
     b.next();
-    nr = r / 2;
-  } else {
-    nr = r - rem;
+    return Fold{p2, rem, r / 2};
   }
-  auto real = [rem](int v) { return v < rem ? 2 * v + 1 : v + rem; };
+  return Fold{p2, rem, r - rem};
+}
+
+void fold_out(LaneBuilder& b, int r, const Fold& f, Range w) {
+  if (r < 2 * f.rem) {
+    b.send(r - 1, w);
+    b.next();
+  }
+}
+
+void allreduce_rhd(LaneBuilder& b, int r, int p, Range w) {
+  const Fold f = fold_in(b, r, p, w);
+  if (f.nr < 0) return;
+  const int p2 = f.p2, nr = f.nr;
+  auto real = [&f](int v) { return f.real(v); };
   int lo = 0, hi = p2;
   for (int d = p2 / 2; d >= 1; d /= 2) {
     const int partner = real(nr ^ d);
@@ -136,43 +156,21 @@ void allreduce_rhd(LaneBuilder& b, int r, int p, Range w) {
     }
     b.next();
   }
-  if (r < 2 * rem) {
-    b.send(r - 1, w);
-    b.next();
-  }
+  fold_out(b, r, f, w);
 }
 
 // Recursive doubling with the same fold as above: lg(p2) rounds, each a full exchange. Both
 // partners reduce the same two operands (commutative), so they stay bitwise identical.
 void allreduce_rd(LaneBuilder& b, int r, int p, Range w) {
-  const int p2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(p)));
-  const int rem = p - p2;
-  if (r < 2 * rem && r % 2 == 0) {
-    b.send(r + 1, w);
-    b.next();
-    b.copy(r + 1, w);
-    b.next();
-    return;
-  }
-  int nr;
-  if (r < 2 * rem) {
-    b.reduce(r - 1, w);
-    b.next();
-    nr = r / 2;
-  } else {
-    nr = r - rem;
-  }
-  auto real = [rem](int v) { return v < rem ? 2 * v + 1 : v + rem; };
-  for (int d = 1; d < p2; d *= 2) {
-    const int partner = real(nr ^ d);
+  const Fold f = fold_in(b, r, p, w);
+  if (f.nr < 0) return;
+  for (int d = 1; d < f.p2; d *= 2) {
+    const int partner = f.real(f.nr ^ d);
     b.send(partner, w);
     b.reduce(partner, w);
     b.next();
   }
-  if (r < 2 * rem) {
-    b.send(r - 1, w);
-    b.next();
-  }
+  fold_out(b, r, f, w);
 }
 
 // Binary tree rooted at rank 0: reduce up, broadcast down. The send to the parent and the
