@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// kf-config-server end to end: starts the real executable (path in $KF_CONFIG_SERVER) on port 0,
+// kf-config-server end to end: starts the real executable (path in $CONFIG_SERVER_EXE) on port 0,
 // reads its "listening on HOST:PORT" line and talks HTTP to it with curl (and raw sockets for bad
 // HTTP). Checks the status codes over the wire, that a long-poll wakes on a change without
 // blocking other requests, that a restarted server serves the same state, and the exit codes.
@@ -33,7 +33,7 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kToken = "e2e-token";
 
 std::string server_path() {
-  const char* path = std::getenv("KF_CONFIG_SERVER");
+  const char* path = std::getenv("CONFIG_SERVER_EXE");
   return path != nullptr ? path : "";
 }
 
@@ -132,7 +132,7 @@ class ServerProcess {
 class ConfigServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_FALSE(server_path().empty()) << "KF_CONFIG_SERVER is not set";
+    ASSERT_FALSE(server_path().empty()) << "CONFIG_SERVER_EXE is not set";
     std::string pattern = (fs::temp_directory_path() / "kf-config-server-e2e-XXXXXX").string();
     ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
     dir_ = pattern;

@@ -1,0 +1,215 @@
+// SPDX-License-Identifier: Apache-2.0
+// The only translation unit of the config server that includes Asio and Beast.
+#include "kf-config-server/lib/http_server.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http.hpp>
+#include <csignal>
+#include <exception>
+#include <set>
+#include <stdexcept>
+#include <system_error>
+#include <utility>
+
+#include "kf/common/log.hpp"
+
+namespace kf::config_server {
+
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+constexpr auto kAsTuple = asio::as_tuple(asio::use_awaitable);
+constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
+
+std::string format_endpoint(const tcp::endpoint& e) {
+  const auto a = e.address();
+  const std::string host = a.is_v6() ? "[" + a.to_string() + "]" : a.to_string();
+  return host + ":" + std::to_string(e.port());
+}
+
+Response error_response(int status, const std::string& why) {
+  return Response{
+      status,
+      nlohmann::json{{"error", why}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+      "application/json",
+      {}};
+}
+
+// Completion of a spawned coroutine: an exception escaping one is a bug in this file, logged.
+void log_exception(std::exception_ptr e) noexcept {
+  if (!e) return;
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    KF_LOG(err, "config-server", "connection task failed: {}", ex.what());
+  } catch (...) {
+    KF_LOG(err, "config-server", "connection task failed with an unknown exception");
+  }
+}
+
+// Serves connections for one Service. Thread-safety: I/O thread only (one-threaded io_context).
+class Server {
+ public:
+  Server(Service& service, const ServerOptions& options) : service_(service), options_(options) {}
+
+  asio::awaitable<void> async_accept(tcp::acceptor& acceptor);
+
+ private:
+  asio::awaitable<void> async_session(tcp::socket socket);
+  asio::awaitable<Response> async_handle(const Request& request);
+  asio::awaitable<beast::error_code> async_write(beast::tcp_stream& stream, const Response& r,
+                                                 unsigned version, bool keep_alive);
+  void on_change() noexcept;
+
+  Service& service_;
+  const ServerOptions& options_;
+  std::set<asio::steady_timer*> waiters_;  // long-polls waiting for the next version
+};
+
+asio::awaitable<void> Server::async_accept(tcp::acceptor& acceptor) {
+  asio::steady_timer retry(acceptor.get_executor());
+  for (;;) {
+    auto [ec, socket] = co_await acceptor.async_accept(kAsTuple);
+    if (ec == asio::error::operation_aborted || !acceptor.is_open()) co_return;
+    if (ec) {
+      // Out of descriptors, for example: wait a little instead of spinning.
+      KF_LOG(warn, "config-server", "accept failed: {}", ec.message());
+      retry.expires_after(kAcceptRetry);
+      co_await retry.async_wait(kAsTuple);
+      continue;
+    }
+    asio::co_spawn(acceptor.get_executor(), async_session(std::move(socket)), log_exception);
+  }
+}
+
+asio::awaitable<void> Server::async_session(tcp::socket socket) {
+  beast::tcp_stream stream(std::move(socket));
+  beast::flat_buffer buffer;
+  for (;;) {
+    http::request_parser<http::string_body> parser;
+    parser.header_limit(static_cast<std::uint32_t>(options_.max_header_bytes));
+    parser.body_limit(options_.max_body_bytes);
+    stream.expires_after(options_.idle_timeout);  // deadline for the whole request
+    auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, kAsTuple);
+    if (!ec && parser.get()[http::field::expect] == "100-continue") {
+      http::response<http::empty_body> go_on{http::status::continue_, parser.get().version()};
+      std::tie(ec, n) = co_await http::async_write(stream, go_on, kAsTuple);
+    }
+    if (!ec && !parser.is_done()) {
+      std::tie(ec, n) = co_await http::async_read(stream, buffer, parser, kAsTuple);
+    }
+    if (ec == http::error::body_limit) {
+      const auto why = "body is over " + std::to_string(options_.max_body_bytes) + " bytes";
+      co_await async_write(stream, error_response(413, why), 11, false);
+      break;
+    }
+    if (ec && ec != http::error::end_of_stream && ec != http::error::partial_message &&
+        ec.category() == http::make_error_code(http::error::bad_target).category()) {
+      co_await async_write(stream, error_response(400, "bad request: " + ec.message()), 11, false);
+      break;
+    }
+    if (ec) break;  // closed by the client, timed out or reset
+    const auto& req = parser.get();
+    const Request request{std::string(req.method_string()), std::string(req.target()),
+                          std::string(req[http::field::authorization]), req.body()};
+    const bool keep_alive = req.keep_alive();
+    const unsigned version = req.version();
+    const Response response = co_await async_handle(request);
+    if (co_await async_write(stream, response, version, keep_alive) || !keep_alive) break;
+  }
+  beast::error_code ignored;
+  stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  stream.close();
+}
+
+asio::awaitable<Response> Server::async_handle(const Request& request) {
+  if (service_.watch_after(request)) {
+    // on_change() cancels the wait; a timeout answers with the unchanged document.
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    timer.expires_after(options_.watch_timeout);
+    waiters_.insert(&timer);
+    co_await timer.async_wait(kAsTuple);
+    waiters_.erase(&timer);
+  }
+  const auto before = service_.version();
+  Response response = service_.handle(request);
+  if (service_.version() != before) on_change();
+  co_return response;
+}
+
+asio::awaitable<beast::error_code> Server::async_write(beast::tcp_stream& stream, const Response& r,
+                                                       unsigned version, bool keep_alive) {
+  http::response<http::string_body> res{static_cast<http::status>(r.status), version};
+  res.set(http::field::server, "kf-config-server");
+  res.set(http::field::content_type, r.content_type);
+  res.set(http::field::cache_control, "no-store");
+  if (!r.allow.empty()) res.set(http::field::allow, r.allow);
+  res.keep_alive(keep_alive);
+  res.body() = r.body + "\n";
+  res.prepare_payload();
+  stream.expires_after(options_.idle_timeout);
+  auto [ec, n] = co_await http::async_write(stream, res, kAsTuple);
+  co_return ec;
+}
+
+void Server::on_change() noexcept {
+  // cancel() only queues the waiters' completions, so waiters_ does not change underfoot.
+  for (auto* timer : waiters_) timer->cancel();
+}
+
+tcp::endpoint resolve(asio::io_context& ioc, const ListenAddress& listen) {
+  tcp::resolver resolver(ioc);
+  beast::error_code ec;
+  const auto results =
+      resolver.resolve(listen.host, std::to_string(listen.port),
+                       tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  if (ec || results.empty()) {
+    throw std::invalid_argument("--listen host '" + listen.host +
+                                "' does not resolve: " + ec.message());
+  }
+  return results.begin()->endpoint();
+}
+
+}  // namespace
+
+void run_server(Service& service, const ServerOptions& options) {
+  asio::io_context ioc{1};
+  const tcp::endpoint endpoint = resolve(ioc, options.listen);
+  tcp::acceptor acceptor(ioc);
+  try {
+    acceptor.open(endpoint.protocol());
+    acceptor.set_option(asio::socket_base::reuse_address(true));
+    acceptor.bind(endpoint);
+    acceptor.listen();
+  } catch (const std::system_error& e) {
+    throw std::system_error(e.code(), "cannot listen on " + format_endpoint(endpoint));
+  }
+  Server server(service, options);
+  asio::signal_set signals(ioc, SIGINT, SIGTERM);
+  signals.async_wait([&](const beast::error_code& ec, int signal) {
+    if (ec) return;
+    KF_LOG(info, "config-server", "signal {}: stopping", signal);
+    beast::error_code ignored;
+    acceptor.close(ignored);
+    ioc.stop();
+  });
+  asio::co_spawn(ioc, server.async_accept(acceptor), log_exception);
+  if (options.on_listening) options.on_listening(format_endpoint(acceptor.local_endpoint()));
+  ioc.run();
+}
+
+}  // namespace kf::config_server

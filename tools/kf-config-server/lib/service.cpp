@@ -1,0 +1,293 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kf-config-server/lib/service.hpp"
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <stdexcept>
+#include <utility>
+
+#include "kf/common/log.hpp"
+
+namespace kf::config_server {
+
+namespace {
+
+using nlohmann::json;
+
+// The types a client may post; "cluster_changed" is written by the service itself.
+constexpr std::array<std::string_view, 12> kClientEventTypes{
+    "added",  "removed", "joined",  "left",   "failed",    "revoked",
+    "killed", "resized", "started", "exited", "restarted", "note"};
+
+// Replaces invalid UTF-8 (a raw request target echoed in an error) instead of throwing.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+Response error(int status, const std::string& reason) {
+  return Response{status, dump(json{{"error", reason}}), "application/json", {}};
+}
+
+Response ok(int status, const json& body) {
+  return Response{status, dump(body), "application/json", {}};
+}
+
+Response method_not_allowed(const std::string& allow) {
+  Response r = error(405, "method not allowed; use " + allow);
+  r.allow = allow;
+  return r;
+}
+
+// Parses a non-negative decimal integer; nullopt when `text` is anything else.
+std::optional<std::uint64_t> parse_u64(const std::string& text) {
+  std::uint64_t v = 0;
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc{} || ptr != text.data() + text.size()) return std::nullopt;
+  return v;
+}
+
+// Checks the query of GET /v1/cluster. Returns the error reason, or "" when valid, and sets
+// `after` when a watch asks for one.
+std::string check_cluster_query(const std::string& query, bool& watch, std::uint64_t& after) {
+  std::map<std::string, std::string> params;
+  try {
+    params = parse_query(query);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  watch = false;
+  after = 0;
+  for (const auto& [k, v] : params) {
+    if (k == "watch") {
+      if (v != "0" && v != "1") return "watch must be 0 or 1";
+      watch = v == "1";
+    } else if (k == "after") {
+      const auto n = parse_u64(v);
+      if (!n) return "after must be a non-negative integer";
+      after = *n;
+    } else {
+      return "unknown query parameter '" + k + "'";
+    }
+  }
+  if (params.contains("after") && !watch) return "after needs watch=1";
+  return {};
+}
+
+// Checks the body of a PUT beyond what Cluster::from_json checks. Returns the reason or "".
+std::string check_put_body(const json& j) {
+  if (!j.is_object()) return "body must be a JSON object";
+  for (const char* field : {"version", "workers", "settings"}) {
+    if (!j.contains(field)) return std::string("missing field '") + field + "'";
+  }
+  if (j["workers"].is_array() && j["workers"].empty()) return "workers must not be empty";
+  return {};
+}
+
+// Checks the body of POST /v1/events. Returns the reason or "".
+std::string check_event_body(const json& j) {
+  if (!j.is_object()) return "body must be a JSON object";
+  for (const auto& [k, v] : j.items()) {
+    if (k != "type" && k != "worker" && k != "detail" && k != "version") {
+      return "unknown field '" + k + "'";
+    }
+  }
+  if (!j.contains("type") || !j["type"].is_string()) return "type must be a string";
+  if (!is_client_event_type(j["type"].get<std::string>())) {
+    return "unknown event type '" + j["type"].get<std::string>() + "'";
+  }
+  if (j.contains("worker")) {
+    if (!j["worker"].is_string()) return "worker must be a string host:port";
+    try {
+      Endpoint::parse(j["worker"].get<std::string>());
+    } catch (const std::invalid_argument& e) {
+      return std::string("worker: ") + e.what();
+    }
+  }
+  if (j.contains("detail") && !j["detail"].is_string()) return "detail must be a string";
+  if (j.contains("version") && !j["version"].is_number_unsigned()) {
+    return "version must be a non-negative integer";
+  }
+  return {};
+}
+
+}  // namespace
+
+bool is_client_event_type(const std::string& type) noexcept {
+  for (const auto t : kClientEventTypes) {
+    if (t == type) return true;
+  }
+  return false;
+}
+
+std::map<std::string, std::string> parse_query(const std::string& query) {
+  std::map<std::string, std::string> params;
+  std::size_t start = 0;
+  while (start < query.size()) {
+    auto end = query.find('&', start);
+    if (end == std::string::npos) end = query.size();
+    const std::string item = query.substr(start, end - start);
+    if (!item.empty()) {
+      const auto eq = item.find('=');
+      const std::string key = item.substr(0, eq);
+      const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+      if (!params.emplace(key, value).second) {
+        throw std::invalid_argument("query parameter '" + key + "' is repeated");
+      }
+    }
+    start = end + 1;
+  }
+  return params;
+}
+
+Service::Service(ServiceOptions options)
+    : options_(std::move(options)), state_(load_state(options_.state_file)) {}
+
+Response Service::handle(const Request& request) {
+  const auto q = request.target.find('?');
+  const std::string path = request.target.substr(0, q);
+  const std::string query = q == std::string::npos ? "" : request.target.substr(q + 1);
+  const auto& m = request.method;
+  const bool mutation = m == "PUT" || m == "POST";
+  if (path == "/healthz") {
+    if (m != "GET") return method_not_allowed("GET");
+    return ok(200, json{{"ok", true}});
+  }
+  if (path != "/v1/cluster" && path != "/v1/events") {
+    return error(404, "no such resource " + path);
+  }
+  const bool is_cluster = path == "/v1/cluster";
+  const std::string write_method = is_cluster ? "PUT" : "POST";
+  if (m != "GET" && m != write_method) return method_not_allowed("GET, " + write_method);
+  if (mutation) {
+    if (!authorized(request.authorization)) {
+      return error(401, "missing or invalid Authorization: Bearer <job token>");
+    }
+    if (request.body.size() > options_.max_body_bytes) {
+      return error(413, "body is over " + std::to_string(options_.max_body_bytes) + " bytes");
+    }
+    if (!query.empty()) return error(400, "unexpected query string");
+  }
+  if (is_cluster) return m == "GET" ? get_cluster(query) : put_cluster(request.body);
+  return m == "GET" ? get_events(query) : post_event(request.body);
+}
+
+std::optional<std::uint64_t> Service::watch_after(const Request& request) const {
+  if (request.method != "GET") return std::nullopt;
+  const auto q = request.target.find('?');
+  if (q == std::string::npos || request.target.substr(0, q) != "/v1/cluster") return std::nullopt;
+  bool watch = false;
+  std::uint64_t after = 0;
+  if (!check_cluster_query(request.target.substr(q + 1), watch, after).empty() || !watch) {
+    return std::nullopt;
+  }
+  if (version() > after) return std::nullopt;
+  return after;
+}
+
+Response Service::get_cluster(const std::string& query) const {
+  bool watch = false;
+  std::uint64_t after = 0;
+  if (auto why = check_cluster_query(query, watch, after); !why.empty()) return error(400, why);
+  return ok(200, state_.cluster.to_json());
+}
+
+Response Service::put_cluster(const std::string& body) {
+  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return error(400, "malformed JSON");
+  if (auto why = check_put_body(j); !why.empty()) return error(400, why);
+  Cluster proposed;
+  try {
+    proposed = Cluster::from_json(j);
+  } catch (const std::invalid_argument& e) {
+    return error(400, e.what());
+  }
+  const std::uint64_t current = state_.cluster.version;
+  if (proposed.version != current) {
+    Response r = ok(409, json{{"error", "stale version " + std::to_string(proposed.version) +
+                                            ", current is " + std::to_string(current)},
+                              {"current", state_.cluster.to_json()}});
+    return r;
+  }
+  proposed.version = current + 1;
+  Cluster previous = std::exchange(state_.cluster, std::move(proposed));
+  try {
+    append_event(json{{"type", "cluster_changed"},
+                      {"version", state_.cluster.version},
+                      {"detail", std::to_string(state_.cluster.size()) +
+                                     (state_.cluster.size() == 1 ? " worker" : " workers")}});
+  } catch (const std::runtime_error& e) {
+    state_.cluster = std::move(previous);
+    KF_LOG(err, "config-server", "{}", e.what());
+    return error(500, e.what());
+  }
+  KF_LOG(info, "config-server", "cluster version {}: {} workers", state_.cluster.version,
+         state_.cluster.size());
+  return ok(200, state_.cluster.to_json());
+}
+
+Response Service::get_events(const std::string& query) const {
+  std::map<std::string, std::string> params;
+  try {
+    params = parse_query(query);
+  } catch (const std::invalid_argument& e) {
+    return error(400, e.what());
+  }
+  std::uint64_t after = 0;
+  for (const auto& [k, v] : params) {
+    if (k != "after") return error(400, "unknown query parameter '" + k + "'");
+    const auto n = parse_u64(v);
+    if (!n) return error(400, "after must be a non-negative integer");
+    after = *n;
+  }
+  json events = json::array();
+  for (const auto& e : state_.events) {
+    if (e["seq"].get<std::uint64_t>() > after) events.push_back(e);
+  }
+  return ok(200, json{{"events", std::move(events)}});
+}
+
+Response Service::post_event(const std::string& body) {
+  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return error(400, "malformed JSON");
+  if (auto why = check_event_body(j); !why.empty()) return error(400, why);
+  try {
+    const json event = append_event(j);
+    KF_LOG(info, "config-server", "event {}", event.dump());
+    return ok(201, event);
+  } catch (const std::runtime_error& e) {
+    KF_LOG(err, "config-server", "{}", e.what());
+    return error(500, e.what());
+  }
+}
+
+bool Service::authorized(const std::string& authorization) const noexcept {
+  constexpr std::string_view kScheme = "Bearer ";
+  if (options_.token.empty() || !authorization.starts_with(kScheme)) return false;
+  const std::string_view given = std::string_view(authorization).substr(kScheme.size());
+  const std::string& want = options_.token;
+  // Constant time in the token's content: every byte of the longer string is compared.
+  unsigned diff = given.size() == want.size() ? 0 : 1;
+  const std::size_t n = std::max(given.size(), want.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto a = static_cast<unsigned char>(i < given.size() ? given[i] : 0);
+    const auto b = static_cast<unsigned char>(i < want.size() ? want[i] : 0);
+    diff |= static_cast<unsigned>(a ^ b);
+  }
+  return diff == 0;
+}
+
+nlohmann::json Service::append_event(nlohmann::json event) {
+  json stamped = {{"seq", state_.next_seq}, {"time", format_rfc3339_ms(options_.now())}};
+  stamped.update(event);
+  state_.events.push_back(stamped);
+  ++state_.next_seq;
+  try {
+    save_state(options_.state_file, state_);
+  } catch (...) {
+    state_.events.pop_back();
+    --state_.next_seq;
+    throw;
+  }
+  return stamped;
+}
+
+}  // namespace kf::config_server

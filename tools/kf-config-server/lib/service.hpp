@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+// The config service without its transport: routing, authentication, validation, the
+// compare-and-swap on the cluster document and the audit trail of events. The HTTP server
+// (http_server.hpp) turns each HTTP request into a Request, calls Service::handle() and writes
+// the Response back; long-polls wait outside (see watch_after()).
+// Ownership: a Service owns its State and writes it to the state file after every change.
+// Thread-safety: none; the server calls it from its I/O thread only.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "kf-config-server/lib/state.hpp"
+
+namespace kf::config_server {
+
+/// One HTTP request, as far as the service cares.
+struct Request {
+  std::string method;         ///< "GET", "PUT", ...
+  std::string target;         ///< path and query: "/v1/cluster?watch=1&after=3"
+  std::string authorization;  ///< the Authorization header, empty when absent
+  std::string body;
+};
+
+/// One HTTP response: a status and a JSON body (errors are {"error": "reason"}).
+struct Response {
+  int status = 200;
+  std::string body;
+  std::string content_type = "application/json";
+  std::string allow;  ///< the Allow header of a 405, empty otherwise
+};
+
+struct ServiceOptions {
+  std::filesystem::path state_file;
+  std::string token;                                  ///< the job token mutations must present
+  std::size_t max_body_bytes = std::size_t{1} << 20;  ///< larger bodies get 413
+  /// The clock events are stamped with (a fixed clock in tests).
+  std::function<std::chrono::system_clock::time_point()> now = [] {
+    return std::chrono::system_clock::now();
+  };
+};
+
+class Service {
+ public:
+  /// Loads the state file, or starts from version 0 with no workers and no events when it does
+  /// not exist. Throws: std::runtime_error naming the file and what is wrong with it (unreadable,
+  /// not JSON, not a valid state).
+  explicit Service(ServiceOptions options);
+
+  /// Answers one request. Writes the state file before answering a successful mutation; when
+  /// that write fails the answer is 500 and nothing changes. Never throws for a bad request.
+  Response handle(const Request& request);
+
+  /// For a long-poll (GET /v1/cluster?watch=1&after=V) that should wait because the current
+  /// version is not yet past V: V. Otherwise nullopt (handle() answers at once). The server waits
+  /// until version() changes or its watch timeout passes, then calls handle(), which answers
+  /// with the current document.
+  std::optional<std::uint64_t> watch_after(const Request& request) const;
+
+  std::uint64_t version() const noexcept { return state_.cluster.version; }
+  const State& state() const noexcept { return state_; }
+
+ private:
+  Response get_cluster(const std::string& query) const;
+  Response put_cluster(const std::string& body);
+  Response get_events(const std::string& query) const;
+  Response post_event(const std::string& body);
+  bool authorized(const std::string& authorization) const noexcept;
+  /// Appends `event` (stamped with seq and time) and writes the state file; on failure removes
+  /// it again and rethrows. Throws: std::runtime_error from save_state().
+  nlohmann::json append_event(nlohmann::json event);
+
+  ServiceOptions options_;
+  State state_;
+};
+
+/// The event types POST /v1/events accepts (docs/config-server.md describes each).
+bool is_client_event_type(const std::string& type) noexcept;
+
+/// Splits "a=1&b=2" into pairs; the values are not percent-decoded (kf never needs it).
+/// Throws: std::invalid_argument for a repeated key.
+std::map<std::string, std::string> parse_query(const std::string& query);
+
+}  // namespace kf::config_server

@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kf-config-server/lib/state.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <system_error>
+
+namespace kf::config_server {
+
+namespace {
+
+constexpr int kFormat = 1;
+
+[[noreturn]] void fail(const std::filesystem::path& file, const std::string& what) {
+  throw std::runtime_error("state file " + file.string() + ": " + what);
+}
+
+[[noreturn]] void fail_errno(const std::filesystem::path& file, const std::string& what) {
+  fail(file, what + ": " + std::strerror(errno));
+}
+
+void write_all(int fd, const std::string& text, const std::filesystem::path& tmp) {
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail_errno(tmp, "cannot write");
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+}  // namespace
+
+nlohmann::json State::to_json() const {
+  return {{"format", kFormat},
+          {"cluster", cluster.to_json()},
+          {"events", events},
+          {"next_seq", next_seq}};
+}
+
+State State::from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw std::invalid_argument("not a JSON object");
+  if (!j.contains("format") || j["format"] != kFormat) {
+    throw std::invalid_argument("format must be " + std::to_string(kFormat));
+  }
+  State s;
+  if (!j.contains("cluster")) throw std::invalid_argument("cluster is missing");
+  s.cluster = Cluster::from_json(j["cluster"]);
+  if (!j.contains("events") || !j["events"].is_array()) {
+    throw std::invalid_argument("events must be an array");
+  }
+  std::uint64_t last = 0;
+  for (const auto& e : j["events"]) {
+    if (!e.is_object() || !e.contains("seq") || !e["seq"].is_number_unsigned() ||
+        !e.contains("type") || !e["type"].is_string()) {
+      throw std::invalid_argument("events[" + std::to_string(s.events.size()) +
+                                  "] must be an object with seq and type");
+    }
+    const auto seq = e["seq"].get<std::uint64_t>();
+    if (seq <= last)
+      throw std::invalid_argument("event seq " + std::to_string(seq) + " is out of order");
+    last = seq;
+    s.events.push_back(e);
+  }
+  if (!j.contains("next_seq") || !j["next_seq"].is_number_unsigned() ||
+      j["next_seq"].get<std::uint64_t>() <= last) {
+    throw std::invalid_argument("next_seq must be an integer above the last event's seq");
+  }
+  s.next_seq = j["next_seq"].get<std::uint64_t>();
+  return s;
+}
+
+State load_state(const std::filesystem::path& file) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(file, ec);
+  if (status.type() == std::filesystem::file_type::not_found) return State{};
+  if (ec) fail(file, "cannot stat: " + ec.message());
+  if (status.type() != std::filesystem::file_type::regular) fail(file, "not a regular file");
+  std::ifstream in(file, std::ios::binary);
+  if (!in) fail_errno(file, "cannot open");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) fail(file, "cannot read");
+  const auto j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) fail(file, "corrupt: not valid JSON");
+  try {
+    return State::from_json(j);
+  } catch (const std::invalid_argument& e) {
+    fail(file, std::string("corrupt: ") + e.what());
+  }
+}
+
+void save_state(const std::filesystem::path& file, const State& state) {
+  const std::string text = state.to_json().dump(2) + "\n";
+  const std::filesystem::path tmp = file.string() + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) fail_errno(tmp, "cannot create");
+  try {
+    write_all(fd, text, tmp);
+    if (::fsync(fd) != 0) fail_errno(tmp, "cannot fsync");
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::close(fd) != 0) fail_errno(tmp, "cannot close");
+  if (::rename(tmp.c_str(), file.c_str()) != 0) {
+    const int saved = errno;
+    ::unlink(tmp.c_str());
+    errno = saved;
+    fail_errno(file, "cannot rename " + tmp.string() + " over it");
+  }
+  const auto dir = file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) fail_errno(dir, "cannot open directory to fsync it");
+  const int rc = ::fsync(dir_fd);
+  ::close(dir_fd);
+  if (rc != 0) fail_errno(dir, "cannot fsync directory");
+}
+
+std::string format_rfc3339_ms(std::chrono::system_clock::time_point t) {
+  const auto ms = std::chrono::time_point_cast<std::chrono::milliseconds>(t);
+  const std::time_t secs = std::chrono::system_clock::to_time_t(ms);
+  std::tm tm{};
+  ::gmtime_r(&secs, &tm);
+  char buf[40];
+  const std::size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  const auto millis = (ms.time_since_epoch().count() % 1000 + 1000) % 1000;
+  char frac[8];
+  std::snprintf(frac, sizeof frac, ".%03dZ", static_cast<int>(millis));
+  return std::string(buf, n) + frac;
+}
+
+}  // namespace kf::config_server
