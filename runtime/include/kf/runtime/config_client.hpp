@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: Apache-2.0
+// kf::ConfigClient: a blocking HTTP/1.1 client of the config service (docs/config-server.md): read,
+// long-poll and compare-and-swap the cluster document, post and read events. Each request opens its
+// own connection and has a deadline. Asio and Beast stay in the .cpp. Thread-safety: one object may
+// not be used from two threads at once (each call runs its own io_context, so distinct objects may
+// be used from distinct threads).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kf/cluster/cluster.hpp"
+#include "kf/common/error.hpp"
+
+namespace kf {
+
+/// Thrown by ConfigClient::put_cluster when the version moved on (HTTP 409); code() is
+/// errc::conflict and current() is the document the server holds now.
+class ConflictError : public Error {
+ public:
+  ConflictError(const std::string& what, Cluster current)
+      : Error(make_error_code(errc::conflict), what), current_(std::move(current)) {}
+  const Cluster& current() const noexcept { return current_; }
+
+ private:
+  Cluster current_;
+};
+
+/// One entry of the service's audit trail.
+struct ConfigEvent {
+  std::uint64_t seq = 0;
+  std::string time;    ///< RFC 3339 UTC, set by the server
+  std::string type;    ///< added, removed, revoked, killed, resized, cluster_changed, ...
+  std::string worker;  ///< "host:port" or empty
+  std::string detail;
+  std::optional<std::uint64_t> version;
+};
+
+struct ConfigClientOptions {
+  /// Deadline of each request: connect, send and read the answer. A long-poll waits up to the
+  /// timeout given to watch() instead.
+  std::chrono::milliseconds deadline{5000};
+};
+
+class ConfigClient {
+ public:
+  /// `url` is "http://HOST:PORT" (optionally with a trailing "/"; IPv6 as "[::1]"); `token` is the
+  /// job token presented on mutations. Throws: std::invalid_argument naming the URL when it is not
+  /// of that form.
+  ConfigClient(std::string_view url, std::string token, ConfigClientOptions options = {});
+
+  /// The host and port of a "http://HOST:PORT" URL (brackets of an IPv6 host removed). Throws:
+  /// std::invalid_argument naming the URL.
+  static Endpoint parse_url(std::string_view url);
+
+  const Endpoint& server() const noexcept { return server_; }
+
+  // Throws (all requests): kf::Error with errc::service_unavailable when the server cannot be
+  // reached, breaks the connection or misses the deadline (or answers 5xx); errc::auth_failed on
+  // 401; errc::invalid_argument on 400 or 413; errc::protocol_error for an unexpected answer. The
+  // message holds the server's reason.
+
+  /// GET /v1/cluster.
+  Cluster get_cluster();
+
+  /// PUT /v1/cluster: stores `next` (whose version must be the current one) as version + 1 and
+  /// returns the stored document. Throws: ConflictError (errc::conflict) on 409, carrying the
+  /// current document; see above.
+  Cluster put_cluster(const Cluster& next);
+
+  /// Long-polls until the version is greater than `after_version` or `timeout` has passed (then it
+  /// reads the document once more, within the ordinary deadline); returns the current document,
+  /// whose version is <= after_version only on timeout.
+  Cluster watch(std::uint64_t after_version, std::chrono::milliseconds timeout);
+
+  /// POST /v1/events; `worker` and `detail` are left out when empty. Returns the stored event.
+  ConfigEvent post_event(const std::string& type, const std::string& worker,
+                         const std::string& detail, std::optional<std::uint64_t> version);
+
+  /// GET /v1/events?after=SEQ: the events with seq > `after_seq`, oldest first.
+  std::vector<ConfigEvent> get_events(std::uint64_t after_seq = 0);
+
+ private:
+  Endpoint server_;
+  std::string token_;
+  ConfigClientOptions options_;
+};
+
+}  // namespace kf

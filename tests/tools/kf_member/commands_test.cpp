@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: Apache-2.0
+// kf-member's library and kf::ConfigClient's URL parsing. Only add_workers touches the network: it
+// test-binds candidate ports on 127.0.0.1.
+#include "kf-member/lib/commands.hpp"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "kf/runtime/config_client.hpp"
+
+namespace {
+
+kf::Cluster three_workers() {
+  kf::Cluster c;
+  c.version = 7;
+  c.workers = {{{"127.0.0.1", 10001}, 0}, {{"127.0.0.1", 10002}, 1}, {{"10.0.0.2", 10001}, 0}};
+  return c;
+}
+
+TEST(ConfigClientUrl, AcceptsHttpHostPort) {
+  EXPECT_EQ(kf::ConfigClient::parse_url("http://127.0.0.1:7070"),
+            (kf::Endpoint{"127.0.0.1", 7070}));
+  EXPECT_EQ(kf::ConfigClient::parse_url("http://localhost:1/"), (kf::Endpoint{"localhost", 1}));
+  EXPECT_EQ(kf::ConfigClient::parse_url("http://[::1]:65535"), (kf::Endpoint{"::1", 65535}));
+}
+
+TEST(ConfigClientUrl, RejectsAnythingElseNamingTheUrl) {
+  for (const char* url : {"", "127.0.0.1:7070", "https://127.0.0.1:7070", "http://127.0.0.1",
+                          "http://:7070", "http://127.0.0.1:0", "http://127.0.0.1:65536",
+                          "http://127.0.0.1:70x", "http://127.0.0.1:7070/v1", "http://u@h:1",
+                          "http://[::1]", "http://::1:7070", "http://h:1?x=1"}) {
+    try {
+      kf::ConfigClient client(url, "token");
+      ADD_FAILURE() << "accepted '" << url << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + std::string(url) + "'"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+TEST(KfMemberFindWorker, TakesARankOrHostPort) {
+  const auto c = three_workers();
+  EXPECT_EQ(kf::member::find_worker(c, "0"), 0);
+  EXPECT_EQ(kf::member::find_worker(c, "2"), 2);
+  EXPECT_EQ(kf::member::find_worker(c, "127.0.0.1:10002"), 1);
+  EXPECT_EQ(kf::member::find_worker(c, "10.0.0.2:10001"), 2);
+}
+
+TEST(KfMemberFindWorker, RejectsUnknownWorkers) {
+  const auto c = three_workers();
+  for (const char* spec : {"3", "-1", "127.0.0.1:9", "10.0.0.3:10001", "x", "", "1.5"}) {
+    EXPECT_THROW(kf::member::find_worker(c, spec), kf::member::UnknownWorker) << spec;
+  }
+}
+
+TEST(KfMemberFormat, PrintsVersionAndOneLinePerWorker) {
+  EXPECT_EQ(kf::member::format_cluster(three_workers()),
+            "version 7: 3 workers\n"
+            "0 127.0.0.1:10001 slot 0\n"
+            "1 127.0.0.1:10002 slot 1\n"
+            "2 10.0.0.2:10001 slot 0\n");
+  EXPECT_EQ(kf::member::format_cluster(kf::Cluster{}), "version 0: 0 workers\n");
+}
+
+TEST(KfMemberAddWorkers, PicksFreshPortsAndContinuesSlots) {
+  auto c = three_workers();
+  kf::member::AddOptions options;
+  options.count_workers = 2;
+  options.ports = kf::tools::PortRange{10001, 10999};  // 10001 and 10002 are taken in `c`
+  const auto added = kf::member::add_workers(c, options);
+  ASSERT_EQ(added.size(), 2u);
+  EXPECT_EQ(c.size(), 5);
+  EXPECT_EQ(c.validate(), "");
+  for (const auto& w : added) {
+    EXPECT_EQ(w.endpoint.host, "127.0.0.1");
+    EXPECT_GE(w.endpoint.port, 10003);
+    EXPECT_LE(w.endpoint.port, 10999);
+  }
+  EXPECT_EQ(added[0].slot + added[1].slot, 2 + 3);
+}
+
+}  // namespace

@@ -1,0 +1,198 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kf-member/lib/commands.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+
+namespace kf::member {
+namespace {
+
+std::string join_workers(const std::vector<WorkerSpec>& workers) {
+  std::string s;
+  for (const auto& w : workers) s += (s.empty() ? "" : ", ") + w.endpoint.str();
+  return s;
+}
+
+// Removes the worker named by `spec` and returns its endpoint. Throws: UnknownWorker.
+std::string remove_worker(Cluster& c, const std::string& spec) {
+  const int rank = find_worker(c, spec);
+  std::string endpoint = c.workers[static_cast<std::size_t>(rank)].endpoint.str();
+  c.workers.erase(c.workers.begin() + rank);
+  return endpoint;
+}
+
+void post_events(CommandContext& ctx, const std::vector<PendingEvent>& events,
+                 std::uint64_t version) {
+  for (const auto& e : events) ctx.client.post_event(e.type, e.worker, e.detail, version);
+}
+
+}  // namespace
+
+Cluster mutate(CommandContext& ctx, const Mutator& edit_fn) {
+  std::mt19937 rng(std::random_device{}());
+  Cluster current = ctx.client.get_cluster();
+  for (int attempt = 1;; ++attempt) {
+    Cluster next = current;
+    Edit edit = edit_fn(next);
+    if (edit.summary.empty()) {
+      ctx.out << "v" << current.version << ": no change" << std::endl;
+      return current;
+    }
+    next.version = current.version;
+    try {
+      Cluster stored = ctx.client.put_cluster(next);
+      ctx.out << "v" << current.version << " -> v" << stored.version << ": " << edit.summary
+              << std::endl;
+      post_events(ctx, edit.events, stored.version);
+      return stored;
+    } catch (const ConflictError& e) {
+      if (attempt >= ctx.max_attempts) {
+        throw Error(make_error_code(errc::conflict),
+                    "gave up after " + std::to_string(attempt) +
+                        " compare-and-swap conflicts (the cluster keeps changing): " + e.what());
+      }
+      ctx.out << "v" << current.version << ": conflict, v" << e.current().version
+              << " is current; re-applying" << std::endl;
+      current = e.current();
+      // Back off a little so that racing writers do not collide again in lock step.
+      std::uniform_int_distribution<int> jitter_ms(1, 10 * std::min(attempt, 10));
+      std::this_thread::sleep_for(std::chrono::milliseconds(jitter_ms(rng)));
+    }
+  }
+}
+
+int find_worker(const Cluster& cluster, std::string_view spec) {
+  int rank = -1;
+  const auto [ptr, ec] = std::from_chars(spec.data(), spec.data() + spec.size(), rank);
+  if (!spec.empty() && ec == std::errc{} && ptr == spec.data() + spec.size()) {
+    if (rank < 0 || rank >= cluster.size()) {
+      throw UnknownWorker("unknown worker: rank " + std::string(spec) + " (the cluster has " +
+                          std::to_string(cluster.size()) + " workers, version " +
+                          std::to_string(cluster.version) + ")");
+    }
+    return rank;
+  }
+  std::optional<int> found;
+  try {
+    found = cluster.rank_of(Endpoint::parse(spec));
+  } catch (const std::invalid_argument&) {
+    throw UnknownWorker("unknown worker '" + std::string(spec) + "': give a rank or host:port");
+  }
+  if (!found) {
+    throw UnknownWorker("unknown worker: " + std::string(spec) +
+                        " is not in the cluster (version " + std::to_string(cluster.version) + ")");
+  }
+  return *found;
+}
+
+std::string format_cluster(const Cluster& cluster) {
+  std::ostringstream s;
+  s << "version " << cluster.version << ": " << cluster.size() << " workers\n";
+  for (int rank = 0; rank < cluster.size(); ++rank) {
+    const auto& w = cluster.workers[static_cast<std::size_t>(rank)];
+    s << rank << " " << w.endpoint.str() << " slot " << w.slot << "\n";
+  }
+  return s.str();
+}
+
+std::vector<WorkerSpec> add_workers(Cluster& cluster, const AddOptions& options) {
+  std::set<std::uint16_t> used;
+  int next_slot = 0;
+  for (const auto& w : cluster.workers) {
+    if (w.endpoint.host != options.host) continue;
+    used.insert(w.endpoint.port);
+    next_slot = std::max(next_slot, w.slot + 1);
+  }
+  // Ask for enough candidates that the ports already in the cluster can be skipped.
+  const auto candidates = tools::pick_free_ports(
+      options.host, options.ports, options.count_workers + static_cast<int>(used.size()));
+  std::vector<WorkerSpec> added;
+  for (const auto port : candidates) {
+    if (static_cast<int>(added.size()) == options.count_workers) break;
+    if (used.contains(port)) continue;
+    added.push_back(WorkerSpec{Endpoint{options.host, port}, next_slot++});
+  }
+  cluster.workers.insert(cluster.workers.end(), added.begin(), added.end());
+  return added;
+}
+
+void list(CommandContext& ctx) {
+  ctx.out << format_cluster(ctx.client.get_cluster()) << std::flush;
+}
+
+void add(CommandContext& ctx, const AddOptions& options) {
+  mutate(ctx, [&](Cluster& c) {
+    const auto added = add_workers(c, options);
+    Edit edit{"added " + join_workers(added), {}};
+    for (const auto& w : added) edit.events.push_back({"added", w.endpoint.str(), "kf-member add"});
+    return edit;
+  });
+}
+
+void revoke(CommandContext& ctx, const std::string& worker, std::optional<int> notice_seconds) {
+  const std::string detail =
+      notice_seconds ? "kf-member revoke, notice " + std::to_string(*notice_seconds) + "s"
+                     : "kf-member revoke, no notice";
+  mutate(ctx, [&](Cluster& c) {
+    const std::string endpoint = remove_worker(c, worker);
+    return Edit{"revoked " + endpoint + " (" + detail + ")", {{"revoked", endpoint, detail}}};
+  });
+}
+
+void kill(CommandContext& ctx, const std::string& worker) {
+  mutate(ctx, [&](Cluster& c) {
+    const std::string endpoint = remove_worker(c, worker);
+    return Edit{"killed " + endpoint, {{"killed", endpoint, "kf-member kill"}}};
+  });
+}
+
+void resize(CommandContext& ctx, int count_workers, const AddOptions& options) {
+  mutate(ctx, [&](Cluster& c) {
+    const int before = c.size();
+    Edit edit;
+    if (count_workers > before) {
+      AddOptions more = options;
+      more.count_workers = count_workers - before;
+      const auto added = add_workers(c, more);
+      edit.summary = "added " + join_workers(added);
+      for (const auto& w : added) {
+        edit.events.push_back({"added", w.endpoint.str(), "kf-member resize"});
+      }
+    } else if (count_workers < before) {
+      const std::vector<WorkerSpec> removed(c.workers.begin() + count_workers, c.workers.end());
+      c.workers.resize(static_cast<std::size_t>(count_workers));
+      edit.summary = "removed " + join_workers(removed);
+      for (const auto& w : removed) {
+        edit.events.push_back({"removed", w.endpoint.str(), "kf-member resize"});
+      }
+    } else {
+      return edit;
+    }
+    const std::string sizes = std::to_string(before) + " -> " + std::to_string(count_workers);
+    edit.summary = "resized " + sizes + " workers, " + edit.summary;
+    edit.events.push_back({"resized", "", sizes + " workers"});
+    return edit;
+  });
+}
+
+void watch(CommandContext& ctx, int count_changes) {
+  using namespace std::chrono_literals;
+  Cluster current = ctx.client.get_cluster();
+  ctx.out << "v" << current.version << " (current): " << current.size()
+          << " workers: " << join_workers(current.workers) << std::endl;
+  for (int seen = 0; count_changes == 0 || seen < count_changes;) {
+    Cluster next = ctx.client.watch(current.version, 60s);
+    if (next.version == current.version) continue;  // the long-poll timed out
+    ctx.out << "v" << next.version << ": " << next.size()
+            << " workers: " << join_workers(next.workers) << std::endl;
+    current = std::move(next);
+    ++seen;
+  }
+}
+
+}  // namespace kf::member

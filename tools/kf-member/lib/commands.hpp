@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0
+// The commands of kf-member: read the cluster document from the config service, edit it and write
+// it back by compare-and-swap (re-reading and re-applying the edit after a conflict), then record
+// what happened in the service's event log. Output goes to a stream so tests can read it.
+// Thread-safety: free functions; a CommandContext is used by one thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <ostream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kf/cluster/cluster.hpp"
+#include "kf/runtime/config_client.hpp"
+#include "kfrun/lib/ports.hpp"
+
+namespace kf::member {
+
+/// A WORKER argument that names no member of the cluster (exit code 1).
+class UnknownWorker : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct CommandContext {
+  ConfigClient& client;
+  std::ostream& out;
+  int max_attempts = 20;  ///< compare-and-swap attempts before giving up
+};
+
+/// An event to record after a change (its version is the stored one).
+struct PendingEvent {
+  std::string type;
+  std::string worker;
+  std::string detail;
+};
+
+/// What an edit did: `summary` is empty when it changed nothing.
+struct Edit {
+  std::string summary;
+  std::vector<PendingEvent> events;
+};
+
+/// Edits a copy of the current cluster in place. Called again after each conflict.
+using Mutator = std::function<Edit(Cluster&)>;
+
+/// Applies `mutate` by compare-and-swap: read, edit, PUT; on a 409 re-applies the edit to the
+/// current document from the answer, up to ctx.max_attempts times with a short random back-off.
+/// Prints "vA -> vB: SUMMARY" (or "vA: no change", and "vA: conflict, vC is current; re-applying"
+/// for each conflict) and posts the edit's events. Returns the stored cluster. Throws: kf::Error
+/// (errc::conflict when out of attempts; see ConfigClient), UnknownWorker or std::invalid_argument
+/// from `mutate`.
+Cluster mutate(CommandContext& ctx, const Mutator& mutate);
+
+/// The rank of WORKER, given as a rank ("0") or "host:port". Throws: UnknownWorker.
+int find_worker(const Cluster& cluster, std::string_view spec);
+
+/// "version V: N workers" then one line per worker "RANK HOST:PORT slot S".
+std::string format_cluster(const Cluster& cluster);
+
+struct AddOptions {
+  std::string host = "127.0.0.1";
+  int count_workers = 1;
+  tools::PortRange ports;  ///< ports are picked by test-binding candidates on `host`
+};
+
+/// Appends `options.count_workers` workers on `options.host` with free ports not already in the
+/// cluster, slots continuing after the host's highest slot. Returns the added workers. Throws:
+/// std::invalid_argument when the host is not local or the range is exhausted.
+std::vector<WorkerSpec> add_workers(Cluster& cluster, const AddOptions& options);
+
+void list(CommandContext& ctx);
+void add(CommandContext& ctx, const AddOptions& options);
+/// Removes WORKER with a `revoked` event whose detail records the notice.
+void revoke(CommandContext& ctx, const std::string& worker, std::optional<int> notice_seconds);
+/// Removes WORKER with a `killed` event.
+void kill(CommandContext& ctx, const std::string& worker);
+/// Adds (with `options`) or removes workers at the end until there are `count_workers`.
+void resize(CommandContext& ctx, int count_workers, const AddOptions& options);
+/// Prints the current version, then each new version as it appears; stops after `count_changes`
+/// changes (never when 0).
+void watch(CommandContext& ctx, int count_changes);
+
+}  // namespace kf::member
