@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "support/config_server_process.hpp"
+
 namespace {
 
 using nlohmann::json;
@@ -60,74 +62,7 @@ struct HttpResult {
   json body;
 };
 
-// A running kf-config-server; stopped with SIGTERM (or SIGKILL when the test failed early).
-class ServerProcess {
- public:
-  ServerProcess(const fs::path& dir, std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv{server_path(), "--token-file", (dir / "token").string(),
-                                  "--state", (dir / "state.json").string()};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    int fds[2];
-    if (::pipe(fds) != 0) return;
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::dup2(fds[1], STDOUT_FILENO);
-      ::close(fds[0]);
-      ::close(fds[1]);
-      std::vector<char*> c_argv;
-      for (auto& a : argv) c_argv.push_back(a.data());
-      c_argv.push_back(nullptr);
-      ::execv(c_argv[0], c_argv.data());
-      ::_exit(127);
-    }
-    ::close(fds[1]);
-    out_ = fds[0];
-    address_ = read_listening_line();
-  }
-  ~ServerProcess() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    if (out_ >= 0) ::close(out_);
-  }
-  ServerProcess(const ServerProcess&) = delete;
-  ServerProcess& operator=(const ServerProcess&) = delete;
-
-  /// "http://127.0.0.1:PORT", empty when the server did not announce itself.
-  std::string url() const { return address_.empty() ? "" : "http://" + address_; }
-  const std::string& address() const { return address_; }
-  bool alive() const { return pid_ > 0 && ::kill(pid_, 0) == 0; }
-
-  /// Sends SIGTERM and returns the exit code.
-  int terminate() {
-    ::kill(pid_, SIGTERM);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-
- private:
-  std::string read_listening_line() {
-    std::string line;
-    const auto deadline = Clock::now() + 20s;
-    while (Clock::now() < deadline) {
-      pollfd p{out_, POLLIN, 0};
-      if (::poll(&p, 1, 100) <= 0) continue;
-      char c;
-      if (::read(out_, &c, 1) != 1) break;
-      if (c == '\n') break;
-      line.push_back(c);
-    }
-    const std::string prefix = "listening on ";
-    return line.starts_with(prefix) ? line.substr(prefix.size()) : "";
-  }
-
-  pid_t pid_ = -1;
-  int out_ = -1;
-  std::string address_;
-};
+using kf::test::ServerProcess;
 
 class ConfigServerTest : public ::testing::Test {
  protected:

@@ -27,6 +27,8 @@
 
 #include "kf-member/lib/commands.hpp"
 
+#include "support/config_server_process.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -58,66 +60,7 @@ Ran run_shell(const std::string& command) {
   return ran;
 }
 
-// A running kf-config-server; SIGKILLed at the end unless terminated before.
-class ServerProcess {
- public:
-  explicit ServerProcess(const fs::path& dir) {
-    std::vector<std::string> argv{env_or_empty("CONFIG_SERVER_EXE"), "--token-file",
-                                  (dir / "token").string(), "--state",
-                                  (dir / "state.json").string()};
-    int fds[2];
-    if (::pipe(fds) != 0) return;
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::dup2(fds[1], STDOUT_FILENO);
-      ::close(fds[0]);
-      ::close(fds[1]);
-      std::vector<char*> c_argv;
-      for (auto& a : argv) c_argv.push_back(a.data());
-      c_argv.push_back(nullptr);
-      ::execv(c_argv[0], c_argv.data());
-      ::_exit(127);
-    }
-    ::close(fds[1]);
-    out_ = fds[0];
-    address_ = read_listening_line();
-  }
-  ~ServerProcess() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    if (out_ >= 0) ::close(out_);
-  }
-  ServerProcess(const ServerProcess&) = delete;
-  ServerProcess& operator=(const ServerProcess&) = delete;
-
-  std::string url() const { return address_.empty() ? "" : "http://" + address_; }
-  void terminate() {
-    ::kill(pid_, SIGTERM);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
- private:
-  std::string read_listening_line() {
-    std::string line;
-    const auto deadline = Clock::now() + 20s;
-    while (Clock::now() < deadline) {
-      pollfd p{out_, POLLIN, 0};
-      if (::poll(&p, 1, 100) <= 0) continue;
-      char c;
-      if (::read(out_, &c, 1) != 1 || c == '\n') break;
-      line.push_back(c);
-    }
-    const std::string prefix = "listening on ";
-    return line.starts_with(prefix) ? line.substr(prefix.size()) : "";
-  }
-
-  pid_t pid_ = -1;
-  int out_ = -1;
-  std::string address_;
-};
+using kf::test::ServerProcess;
 
 // The "vA -> vB" transitions printed by kf-member.
 std::vector<std::pair<int, int>> transitions(const std::string& output) {
