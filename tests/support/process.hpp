@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <vector>
@@ -85,6 +86,25 @@ inline std::optional<int> wait_exit(Child& c, std::chrono::steady_clock::time_po
   kill(c.pid, SIGKILL);
   waitpid(c.pid, &status, 0);
   return std::nullopt;
+}
+
+struct Ran {
+  int exit_code = -1;
+  std::string output;
+};
+
+/// Runs a shell command to completion; stdout and stderr together.
+inline Ran run_shell(const std::string& command) {
+  Ran ran;
+  std::FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return ran;
+  char buffer[4096];
+  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, p)) > 0;) {
+    ran.output.append(buffer, n);
+  }
+  const int status = ::pclose(p);
+  ran.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return ran;
 }
 
 }  // namespace kf::test

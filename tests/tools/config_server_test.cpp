@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "support/config_server_process.hpp"
+#include "support/process.hpp"
 
 namespace {
 
@@ -39,23 +40,8 @@ std::string server_path() {
   return path != nullptr ? path : "";
 }
 
-struct Ran {
-  int exit_code = -1;
-  std::string output;
-};
-
-// Runs a shell command, stdout and stderr together.
-Ran run_shell(const std::string& command) {
-  Ran ran;
-  std::FILE* p = ::popen((command + " 2>&1").c_str(), "r");
-  if (p == nullptr) return ran;
-  char buffer[4096];
-  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, p)) > 0;)
-    ran.output.append(buffer, n);
-  const int status = ::pclose(p);
-  ran.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return ran;
-}
+using kf::test::Ran;
+using kf::test::run_shell;
 
 struct HttpResult {
   int status = 0;

@@ -28,6 +28,7 @@
 #include "kf-member/lib/commands.hpp"
 
 #include "support/config_server_process.hpp"
+#include "support/process.hpp"
 
 namespace {
 
@@ -42,23 +43,8 @@ std::string env_or_empty(const char* name) {
   return v != nullptr ? v : "";
 }
 
-struct Ran {
-  int exit_code = -1;
-  std::string output;
-};
-
-// Runs a shell command, stdout and stderr together.
-Ran run_shell(const std::string& command) {
-  Ran ran;
-  std::FILE* p = ::popen((command + " 2>&1").c_str(), "r");
-  if (p == nullptr) return ran;
-  char buffer[4096];
-  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, p)) > 0;)
-    ran.output.append(buffer, n);
-  const int status = ::pclose(p);
-  ran.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return ran;
-}
+using kf::test::Ran;
+using kf::test::run_shell;
 
 using kf::test::ServerProcess;
 
