@@ -264,6 +264,42 @@ Handle PeerImpl::submit(std::shared_ptr<CollCtx> ctx) {
   return h;
 }
 
+Handle PeerImpl::invite(const Endpoint& to, std::string payload) {
+  auto state = std::make_shared<OpState>();
+  Handle h(state);
+  if (payload.size() > transport::kMaxInvitePayload) {
+    state->complete(make_error_code(errc::invalid_argument),
+                    "invitation of " + std::to_string(payload.size()) +
+                        " bytes exceeds the limit of " +
+                        std::to_string(transport::kMaxInvitePayload));
+    return h;
+  }
+  asio::co_spawn(
+      ioc_,
+      [this, to, payload = std::move(payload), state]() -> awaitable<void> {
+        const int peer = peer_index(to);
+        std::vector<std::byte> bytes(payload.size());
+        std::memcpy(bytes.data(), payload.data(), payload.size());
+        auto req = post_control(peer, transport::FrameType::invite, std::move(bytes));
+        if (!req->ev.done) co_await req->ev.timer.async_wait(asio::as_tuple(asio::use_awaitable));
+        state->complete(req->ev.ec, req->ev.ec ? "invitation to " + to.str() + " was not delivered: " +
+                                                     req->ev.ec.message()
+                                               : std::string());
+      },
+      asio::detached);
+  return h;
+}
+
+std::optional<Invitation> PeerImpl::wait_invitation(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(invite_mu_);
+  if (!invite_cv_.wait_for(lk, timeout, [&] { return !invitations_.empty(); })) {
+    return std::nullopt;
+  }
+  Invitation inv = std::move(invitations_.front());
+  invitations_.pop_front();
+  return inv;
+}
+
 }  // namespace detail
 
 // ---- Peer -------------------------------------------------------------------------------------
@@ -273,6 +309,12 @@ Peer::~Peer() = default;
 
 std::unique_ptr<Peer> Peer::from_environment() {
   const Env e = Env::from_environment();
+  auto p = std::make_unique<Peer>(options_from(e));
+  p->start(e.cluster);
+  return p;
+}
+
+PeerOptions Peer::options_from(const Env& e) {
   PeerOptions o;
   o.listen = Endpoint{e.self.host, e.self.port};
   o.job_id = e.job_id;
@@ -296,15 +338,19 @@ std::unique_ptr<Peer> Peer::from_environment() {
     }
     o.default_algorithm = *a;
   }
-  auto p = std::make_unique<Peer>(std::move(o));
-  p->start(e.cluster);
-  return p;
+  return o;
 }
 
 Endpoint Peer::endpoint() const { return impl_->endpoint(); }
 void Peer::start(const Cluster& cluster) { impl_->start(cluster); }
 void Peer::update(const Cluster& cluster) { impl_->update(cluster); }
 std::vector<Endpoint> Peer::lost_peers() const { return impl_->lost_peers(); }
+Handle Peer::invite(const Endpoint& to, std::string payload) {
+  return impl_->invite(to, std::move(payload));
+}
+std::optional<Invitation> Peer::wait_invitation(std::chrono::milliseconds timeout) {
+  return impl_->wait_invitation(timeout);
+}
 int Peer::rank() const noexcept { return impl_->rank_; }
 int Peer::size() const noexcept { return impl_->cluster_.size(); }
 std::uint64_t Peer::version() const noexcept { return impl_->cluster_.version; }

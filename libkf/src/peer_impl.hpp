@@ -203,6 +203,10 @@ struct PeerState {
   std::vector<std::shared_ptr<Incoming>> in;
   bool lost = false;
   bool departed = false;
+  // The newest cluster version this peer's frames carried. Frames on a connection arrive in
+  // order, so once a peer speaks version W it will never send anything of an older version: a
+  // receive from it of an older version can never complete.
+  std::uint64_t max_version = 0;
 };
 
 /// Reusable receive buffers for reductions, so that large collectives do not page-fault fresh
@@ -265,6 +269,8 @@ class PeerImpl {
   void update(const Cluster& c);
   std::vector<Endpoint> lost_peers();
   Handle submit(std::shared_ptr<CollCtx> ctx);
+  Handle invite(const Endpoint& to, std::string payload);
+  std::optional<Invitation> wait_invitation(std::chrono::milliseconds timeout);
   Algorithm resolve(CollOp op, Algorithm a, std::size_t bytes) const noexcept;
 
   // Immutable after start() (set before any collective is submitted).
@@ -299,6 +305,8 @@ class PeerImpl {
 
   void mark_lost(int peer, std::error_code ec, const std::string& why);
   void mark_departed(int peer);
+  /// Records that `peer` sent a frame of `version`; fails its receives of older versions.
+  void note_version(int peer, std::uint64_t version);
   void break_version(std::error_code ec, const std::string& why);
 
   awaitable<void> run_collective(std::shared_ptr<CollCtx> ctx);
@@ -331,6 +339,11 @@ class PeerImpl {
   std::string broken_why_;
   bool stopping_ = false;
   ScratchPool scratch_;
+
+  // Invitations received (I/O thread pushes, a user thread takes).
+  std::mutex invite_mu_;
+  std::condition_variable invite_cv_;
+  std::deque<Invitation> invitations_;
 };
 
 }  // namespace kf::detail

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,6 +48,15 @@ namespace detail {
 class PeerImpl;
 }
 
+struct Env;
+
+/// A request to join a running job, received from one of its members (see Peer::invite).
+struct Invitation {
+  Endpoint from;              ///< the member that sent it
+  std::uint64_t version = 0;  ///< the sender's cluster version when it sent it
+  std::string payload;        ///< what the sender passed to invite() (kf::Session: JSON)
+};
+
 class Peer {
  public:
   /// Binds the listening socket and starts the I/O thread. Throws: kf::Error when the address
@@ -61,6 +71,9 @@ class Peer {
   /// A worker started by kfrun: options and the initial cluster from the KF_* environment,
   /// already started. Throws: std::invalid_argument naming the bad variable; kf::Error.
   static std::unique_ptr<Peer> from_environment();
+  /// The options from_environment() uses: listen address, job, token, timeouts, algorithm.
+  /// Throws: std::invalid_argument naming a bad variable (e.g. an unknown KF_ALGORITHM).
+  static PeerOptions options_from(const Env& env);
 
   /// The address this peer listens on (with the actual port when 0 was asked for).
   Endpoint endpoint() const;
@@ -80,6 +93,14 @@ class Peer {
   /// The members of the current version this peer knows to be gone (connection broken without
   /// a goodbye, no progress within the timeout, or reported by another member).
   std::vector<Endpoint> lost_peers() const;
+
+  /// Sends `payload` (at most 1 MiB) to the worker listening at `to`, which need not be a
+  /// member of the current cluster; it is dialled if needed. The handle completes when the
+  /// frame has been written, and fails when `to` cannot be reached within connect_timeout.
+  Handle invite(const Endpoint& to, std::string payload);
+  /// Waits up to `timeout` for an invitation from any authenticated peer; invitations are kept
+  /// in arrival order until taken. Returns nullopt on timeout.
+  std::optional<Invitation> wait_invitation(std::chrono::milliseconds timeout);
 
   int rank() const noexcept;
   int size() const noexcept;

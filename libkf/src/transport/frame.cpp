@@ -54,7 +54,7 @@ bool decode(const HeaderBytes& b, std::uint64_t max_payload, FrameHeader& out, s
   }
   const auto type = get<std::uint8_t>(b, 6);
   if (type < static_cast<std::uint8_t>(FrameType::challenge) ||
-      type > static_cast<std::uint8_t>(FrameType::heartbeat)) {
+      type > static_cast<std::uint8_t>(FrameType::invite)) {
     why = "unknown frame type " + std::to_string(type);
     return false;
   }
@@ -69,7 +69,9 @@ bool decode(const HeaderBytes& b, std::uint64_t max_payload, FrameHeader& out, s
           std::to_string(kMaxNameBytes);
     return false;
   }
-  const std::uint64_t limit = out.type == FrameType::data ? max_payload : kMaxControlPayload;
+  const std::uint64_t limit = out.type == FrameType::data     ? max_payload
+                              : out.type == FrameType::invite ? kMaxInvitePayload
+                                                              : kMaxControlPayload;
   if (out.payload_bytes > limit) {
     why = "payload of " + std::to_string(out.payload_bytes) + " bytes exceeds the limit of " +
           std::to_string(limit);

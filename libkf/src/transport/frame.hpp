@@ -16,6 +16,8 @@ inline constexpr std::uint16_t kProtocolVersion = 1;
 inline constexpr std::size_t kHeaderBytes = 32;
 inline constexpr std::uint32_t kMaxNameBytes = 1024;
 inline constexpr std::uint64_t kMaxControlPayload = 4096;
+/// An invitation carries a cluster document, which grows with the number of workers.
+inline constexpr std::uint64_t kMaxInvitePayload = std::uint64_t{1} << 20;
 
 enum class FrameType : std::uint8_t {
   challenge = 1,  ///< acceptor -> dialer: nonce
@@ -25,6 +27,7 @@ enum class FrameType : std::uint8_t {
   notice_lost = 5,  ///< "this peer is gone": payload is its endpoint
   bye = 6,        ///< the sender is leaving cleanly; no more frames follow
   heartbeat = 7,
+  invite = 8,     ///< "join the job": payload is the session's invitation (JSON), sent to joiners
 };
 
 struct FrameHeader {

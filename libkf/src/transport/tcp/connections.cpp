@@ -187,6 +187,7 @@ awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in) {
       ec = make_error_code(errc::protocol_error);
       break;
     }
+    note_version(peer, h.cluster_version);
     if (h.type == FrameType::data) {
       name.resize(h.name_bytes);
       if ((ec = co_await read_exact(*in, reinterpret_cast<std::byte*>(name.data()), name.size()))) {
@@ -270,6 +271,20 @@ awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in) {
                     "reported lost by " + peers_[peer].key);
         }
       }
+    } else if (h.type == FrameType::invite) {
+      std::string payload(h.payload_bytes, '\0');
+      if ((ec = co_await read_exact(*in, reinterpret_cast<std::byte*>(payload.data()),
+                                    payload.size()))) {
+        break;
+      }
+      KF_LOG(debug, "transport", "{}: invitation from {} (v{}, {} bytes)", identity_,
+             peers_[peer].key, h.cluster_version, payload.size());
+      {
+        std::lock_guard<std::mutex> lk(invite_mu_);
+        invitations_.push_back(
+            Invitation{peers_[peer].ep, h.cluster_version, std::move(payload)});
+      }
+      invite_cv_.notify_all();
     } else if (h.type == FrameType::bye) {
       said_bye = true;
       mark_departed(peer);
@@ -511,6 +526,10 @@ std::shared_ptr<RecvReq> PeerImpl::post_recv(MailKey key, std::byte* dst, std::s
     req->ev.set(broken_);
     return req;
   }
+  if (ps.max_version > key.version) {
+    req->ev.set(make_error_code(errc::stale_version));
+    return req;
+  }
   mailbox_[key].posted.push_back(req);
   return req;
 }
@@ -563,6 +582,7 @@ void PeerImpl::force_close(int peer) {
 void PeerImpl::mark_lost(int peer, std::error_code ec, const std::string& why) {
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   if (ps.lost || stopping_) return;
+  if (ps.departed && !io_cluster_.rank_of(ps.ep)) return;  // it said goodbye and is not needed
   ps.lost = true;
   const bool member = io_cluster_.rank_of(ps.ep).has_value();
   KF_LOG(warn, "transport", "{} (rank {}, v{}): peer {} lost: {}", identity_, io_rank_,
@@ -578,6 +598,27 @@ void PeerImpl::mark_departed(int peer) {
     if (it->first.peer == peer) {
       for (auto& r : it->second.posted) {
         if (!r->in_progress) r->ev.set(make_error_code(errc::peer_lost));
+      }
+      std::erase_if(it->second.posted, [](const auto& r) { return !r->in_progress; });
+      if (it->second.posted.empty() && it->second.unexpected.empty()) {
+        it = mailbox_.erase(it);
+        continue;
+      }
+    }
+    ++it;
+  }
+}
+
+void PeerImpl::note_version(int peer, std::uint64_t version) {
+  auto& ps = peers_[static_cast<std::size_t>(peer)];
+  if (version <= ps.max_version) return;
+  ps.max_version = version;
+  for (auto it = mailbox_.begin(); it != mailbox_.end();) {
+    if (it->first.peer == peer && it->first.version < version && !it->second.posted.empty()) {
+      KF_LOG(debug, "transport", "{}: {} moved to version {}; its receives of v{} fail", identity_,
+             ps.key, version, it->first.version);
+      for (auto& r : it->second.posted) {
+        if (!r->in_progress) r->ev.set(make_error_code(errc::stale_version));
       }
       std::erase_if(it->second.posted, [](const auto& r) { return !r->in_progress; });
       if (it->second.posted.empty() && it->second.unexpected.empty()) {
