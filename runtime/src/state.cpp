@@ -60,7 +60,23 @@ void State::restore() {
   for (auto& [name, e] : buffers_) {
     if (!e.saved.empty()) std::memcpy(e.live.data, e.saved.data(), e.saved.size());
   }
-  counters_ = saved_counters_;
+  assign_counters(saved_counters_);
+}
+
+// Values are assigned key by key, never by replacing the map: callers hold references to
+// counters (State::counter) across restore(), sync() and load().
+void State::assign_counters(const std::map<std::string, std::int64_t>& values) {
+  for (auto& [name, v] : counters_) {
+    auto it = values.find(name);
+    v = it == values.end() ? 0 : it->second;
+  }
+  for (const auto& [name, v] : values) counters_.try_emplace(name, v);
+}
+
+std::size_t State::bytes() const noexcept {
+  std::size_t n = counters_.size() * sizeof(std::int64_t);
+  for (const auto& [name, e] : buffers_) n += e.live.bytes();
+  return n;
 }
 
 std::string State::layout() const {
@@ -184,7 +200,7 @@ void State::load(const std::string& path) {
     if (!data[i].empty()) std::memcpy(e.live.data, data[i].data(), data[i].size());
     ++i;
   }
-  counters_ = std::move(counters);
+  assign_counters(counters);
   commit();
 }
 

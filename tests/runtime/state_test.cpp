@@ -33,6 +33,28 @@ TEST(State, RestoreReturnsToTheLastCommit) {
   EXPECT_THROW(s.add("w", buffer(w.data(), w.size())), std::invalid_argument);
 }
 
+TEST(State, CounterReferencesSeeRestoredValues) {
+  State s;
+  std::int64_t& epoch = s.counter("epoch");
+  std::int64_t& step = s.counter("step");
+  std::int64_t& zeta = s.counter("zeta");
+  epoch = 1;
+  step = 10;
+  zeta = 7;
+  s.commit();
+  epoch = 2;
+  step = 11;
+  zeta = 8;
+  std::int64_t& late = s.counter("late");  // created after the commit: restored to 0
+  late = 5;
+  s.restore();
+  EXPECT_EQ(epoch, 1);
+  EXPECT_EQ(step, 10);
+  EXPECT_EQ(zeta, 7);
+  EXPECT_EQ(late, 0);
+  EXPECT_EQ(&s.counter("step"), &step);
+}
+
 TEST(State, SaveAndLoadRoundTripAndRejectMismatches) {
   const std::string path = temp_path("kf-state");
   std::vector<double> a(7);

@@ -66,6 +66,15 @@ TEST(Frame, RejectsBadMagicVersionTypeAndLengthsWithAReason) {
   c.payload_bytes = 4;
   c.name_bytes = 3;
   EXPECT_FALSE(decode(encode(c), 1u << 30, out, why));
+
+  FrameHeader inv;
+  inv.type = FrameType::invite;
+  inv.payload_bytes = kMaxInvitePayload;
+  EXPECT_TRUE(decode(encode(inv), 1024, out, why)) << "an invitation may exceed the data limit";
+  EXPECT_EQ(out.type, FrameType::invite);
+  inv.payload_bytes = kMaxInvitePayload + 1;
+  EXPECT_FALSE(decode(encode(inv), 1u << 30, out, why));
+  EXPECT_NE(why.find("exceeds the limit"), std::string::npos);
 }
 
 TEST(Auth, MacDependsOnEveryInputAndVerifies) {

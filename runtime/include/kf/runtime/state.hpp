@@ -26,7 +26,8 @@ class State {
   /// `name`. Every worker must register the same names with the same shapes.
   /// Throws: std::invalid_argument for a duplicate name or a device buffer.
   void add(const std::string& name, Buffer buf);
-  /// A 64-bit counter owned by the state, created at 0 on first use.
+  /// A 64-bit counter owned by the state, created at 0 on first use. The reference stays valid
+  /// (and sees restored and synced values) as long as the state lives.
   std::int64_t& counter(const std::string& name);
 
   void commit();
@@ -48,10 +49,15 @@ class State {
   /// different size or type, a truncated or foreign file).
   void load(const std::string& path);
 
+  /// Bytes of the registered buffers and counters (what sync() sends).
+  std::size_t bytes() const noexcept;
+
   /// "name:dtype:count;..." of the registered buffers, then the counters' names.
   std::string layout() const;
 
  private:
+  void assign_counters(const std::map<std::string, std::int64_t>& values);
+
   struct Entry {
     Buffer live;
     std::vector<std::byte> saved;

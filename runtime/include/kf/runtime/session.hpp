@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: Apache-2.0
+// kf::Session: one worker's membership in an elastic job, and the step-boundary protocol of
+// DESIGN.md ("The step boundary"). A training loop wraps each step in Session::step(); at the end
+// of every step the workers run one small control collective (allgather of a 32-byte record: the
+// newest cluster version each has seen, its commit count, and readiness of pending joiners), so
+// they all see the same inputs and take the same decision:
+//   - no change: the step's state is committed (State::commit) and training goes on;
+//   - a newer cluster from the config service: every worker switches to it at the same step
+//     (survivors keep their connections; leavers return Outcome::left and exit; joiners are
+//     invited, and the switch happens at the first boundary after every joiner is reachable, so
+//     survivors never wait for a process to start), and joiners receive the state from a survivor;
+//   - a failure (a lost peer, a deadline, a failed switch): every survivor restores the last
+//     commit, removes the lost workers from the cluster by compare-and-swap on the config service
+//     (so there is only one successor cluster), and forms it; the state of the survivor with the
+//     newest commit is synced to the others, so nothing committed is lost.
+// See docs/elastic.md for the protocol, its phases and timings, and how to write the loop.
+//
+// Ownership: the Session owns the Peer and a background thread that long-polls the config
+// service; the State is the caller's and must outlive the session.
+// Thread-safety: use a Session from one thread (the training loop).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kf/cluster/cluster.hpp"
+#include "kf/peer.hpp"
+#include "kf/runtime/state.hpp"
+
+namespace kf {
+
+struct SessionOptions {
+  /// URL of the config service (KF_CONFIG_SERVER). Without one the job is static: it never
+  /// changes membership, and a lost worker ends the job with an error on every survivor.
+  std::optional<std::string> config_server;
+  std::string job_token;  ///< presented on the config service's compare-and-swap writes
+  /// How long a worker waits for the running job to invite it (and a new job's rank 0 waits
+  /// for the others to arrive) before join() fails.
+  std::chrono::milliseconds join_timeout{std::chrono::minutes(10)};
+  /// Longest wait of one long-poll of the config service; also bounds how long the session's
+  /// destructor waits for its watch thread.
+  std::chrono::milliseconds watch_poll{500};
+  /// When set, rank 0 writes the last commit there (State::save) every `checkpoint_every`
+  /// commits, and a new job whose workers hold no state loads it before the first step.
+  std::optional<std::string> checkpoint_path;
+  std::int64_t checkpoint_every = 100;
+  /// The state is committed (State::commit copies every registered buffer) at every
+  /// `commit_every`-th step boundary; a failure rolls back to the last commit, so a larger value
+  /// trades redone steps for less copying with large models. Membership is checked at every
+  /// boundary regardless.
+  std::int64_t commit_every = 1;
+  /// Failed recovery attempts in a row before the session gives up with the last error.
+  int max_recovery_attempts = 50;
+};
+
+/// One change of membership as this worker saw it. Times are wall-clock microseconds since the
+/// Unix epoch (comparable across processes on one host); a phase that did not happen has
+/// duration 0. Phases: detect (the change became known: the watch saw the new version, or a
+/// collective failed) -> boundary (the step ended and the workers took it up) -> agree (all
+/// workers decided on the same cluster) -> [joiners: training goes on at the old size until
+/// every survivor has reached every joiner; switch_us is the boundary that applies it] ->
+/// connect (every member of the new cluster took part in one collective) -> sync (joiners hold
+/// the state) -> resume (the first step at the new size committed). The survivors' pause is
+/// from switch_us (or agreed_us) to synced_us.
+struct ChangeRecord {
+  std::string kind;  ///< "join" (this worker joined), "resize", "recovery"
+  std::string detail;
+  std::uint64_t from_version = 0, to_version = 0;
+  int from_size = 0, to_size = 0;
+  std::int64_t commit = 0;  ///< commits before the change took effect
+  std::int64_t detected_us = 0, boundary_us = 0, agreed_us = 0, switch_us = 0, connected_us = 0,
+               synced_us = 0, resumed_us = 0;
+  std::size_t sync_bytes = 0;  ///< state bytes this worker sent or received (0 without a sync)
+
+  double ms(std::int64_t from, std::int64_t to) const noexcept {
+    return from > 0 && to >= from ? static_cast<double>(to - from) / 1000.0 : 0.0;
+  }
+  /// "v3 -> v4 (2 -> 3 workers, resize): detect 0.4 ms, agree 0.2 ms, ..." for the logs.
+  std::string summary() const;
+};
+
+class Session {
+ public:
+  enum class Outcome {
+    committed,    ///< the step is done on every worker and committed
+    rolled_back,  ///< the step failed: the state is back at the last commit (re-read counters)
+    left,         ///< this worker is no longer a member (revoked or removed): exit cleanly
+  };
+
+  /// `peer` must not be started yet; `initial` is the cluster this worker was started with
+  /// (KF_CLUSTER). Creates State counters "kf.commits" and "kf.steps". Throws: std::invalid_argument when the
+  /// peer is not a member of `initial` or the peer was already started.
+  Session(std::unique_ptr<Peer> peer, Cluster initial, State& state, SessionOptions options);
+  /// The worker started by kfrun: peer, cluster, config service and token from the KF_*
+  /// environment. Throws: std::invalid_argument naming a bad variable; kf::Error.
+  static std::unique_ptr<Session> from_environment(State& state);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  /// Joins the job: the first worker of a new job forms it and invites the others; every other
+  /// worker waits for an invitation from the running job. Then the workers agree on the state
+  /// (a survivor's, rank 0's for a new job, or the checkpoint) and State::sync() it.
+  /// Returns false when this worker was removed from the cluster before it could join (exit 0).
+  /// Throws: kf::Error(errc::timeout) after join_timeout; std::runtime_error when the workers'
+  /// state layouts differ.
+  bool join();
+
+  /// Runs `body` (one training step: its collectives must all be waited on before it returns),
+  /// then the step boundary. A peer failure (kf::Error matching errcond::peer_failure, or
+  /// errc::stale_version) thrown by `body` or met at the boundary is recovered from. Other
+  /// exceptions propagate.
+  Outcome step(const std::function<void()>& body);
+  /// The step boundary alone, for loops that handle their own errors: call after the step's
+  /// collectives have completed.
+  Outcome end_step();
+  /// Recovers from a failure of the current step (see the header comment); rethrows `error` in
+  /// a static job. Returns rolled_back, or left when this worker was removed.
+  Outcome recover(const std::exception& error);
+
+  /// Ends the job after the last step: rank 0 marks the cluster finished on the config service
+  /// (settings "finished": true), so that workers still waiting to join give up (join() returns
+  /// false) and agents start no more workers. Best effort: a service that cannot be reached is
+  /// logged. Does nothing in a static job.
+  void finish();
+
+  Peer& peer() noexcept { return *peer_; }
+  int rank() const noexcept;
+  int size() const noexcept;
+  std::uint64_t version() const noexcept;
+  /// The settings of the current cluster version.
+  const nlohmann::json& settings() const noexcept;
+  /// Commits so far (State counter "kf.commits": steps every worker finished).
+  std::int64_t commits() const noexcept { return *commits_; }
+  const std::vector<ChangeRecord>& changes() const noexcept { return changes_; }
+  /// Steps finished on every worker (State counter "kf.steps"; commits happen every
+  /// commit_every of them).
+  std::int64_t steps() const noexcept { return *steps_; }
+  /// Time the membership check (control collective and decision) took at the last boundary
+  /// that changed nothing, in microseconds; the commit's copy is not included.
+  double last_check_us() const noexcept { return last_check_us_; }
+
+ private:
+  class Watch;
+  struct Record;
+
+  Outcome form_after_failure(ChangeRecord rec);
+  bool form(const Cluster& target, const Cluster* previous, bool fresh, ChangeRecord& rec);
+  Outcome switch_to(const Cluster& target, ChangeRecord rec);
+  Cluster remove_lost(const std::vector<Endpoint>& lost);
+  void invite_joiners(const Cluster& target, const Cluster& previous, bool fresh);
+  bool invites_delivered();
+  void finish_change(ChangeRecord rec);
+  void after_commit();
+
+  std::unique_ptr<Peer> peer_;
+  Cluster initial_;
+  State& state_;
+  SessionOptions options_;
+  std::unique_ptr<Watch> watch_;
+  std::int64_t* commits_;
+  std::int64_t* steps_;
+  bool joined_ = false;
+  std::uint64_t attempted_version_ = 0;  ///< newest version this worker tried to form
+  // A change decided at a boundary that waits for its joiners to be reachable.
+  std::optional<Cluster> pending_;
+  std::optional<ChangeRecord> pending_record_;
+  std::vector<Handle> invites_;
+  std::uint64_t invited_version_ = 0;
+  std::optional<ChangeRecord> resuming_;  ///< a change whose first step has not committed yet
+  std::vector<ChangeRecord> changes_;
+  double last_check_us_ = 0;
+  std::uint64_t boundary_ = 0;  ///< boundaries run (names the control collectives)
+};
+
+/// "left" etc. for logs.
+const char* to_string(Session::Outcome o) noexcept;
+
+}  // namespace kf

@@ -1,0 +1,707 @@
+// SPDX-License-Identifier: Apache-2.0
+// The step-boundary protocol (docs/elastic.md). Every decision below is taken from data all
+// workers hold (the gathered control records, a broadcast cluster document, the config service's
+// answer to a compare-and-swap), so every worker takes the same one.
+#include "kf/runtime/session.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "kf/common/env.hpp"
+#include "kf/common/error.hpp"
+#include "kf/common/log.hpp"
+#include "kf/runtime/config_client.hpp"
+
+namespace kf {
+
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+std::int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Failures a session recovers from: a peer lost or silent, or a peer that moved to another
+// cluster version (so this worker's collectives of the old one cannot finish).
+bool is_peer_failure(const std::error_code& ec) {
+  return ec == errcond::peer_failure || ec == errc::stale_version || ec == errc::closed;
+}
+
+bool contains(const Cluster& c, const Endpoint& ep) { return c.rank_of(ep).has_value(); }
+
+std::string join_endpoints(const std::vector<Endpoint>& eps) {
+  std::string s;
+  for (const auto& e : eps) s += (s.empty() ? "" : ", ") + e.str();
+  return s;
+}
+
+// The control record each worker contributes at a step boundary.
+constexpr std::size_t kRecordWords = 4;
+enum RecordField : std::size_t {
+  kVersionSeen = 0,   // newest cluster version this worker's watch holds
+  kCommits = 1,       // its commit count
+  kDocBytes = 2,      // size of that version's document (0 when not newer than the current one)
+  kReadyVersion = 3,  // pending version whose joiners it has reached (0: none)
+};
+
+}  // namespace
+
+// ---- the watch of the config service --------------------------------------------------------
+
+// Long-polls the cluster document on a thread of its own and keeps the newest version, so that
+// the step boundary reads it without a network round trip. Also posts audit events off the
+// training thread.
+class Session::Watch {
+ public:
+  struct Snapshot {
+    Cluster cluster;
+    std::string json;
+    std::int64_t seen_us = 0;
+  };
+
+  Watch(const std::string& url, const std::string& token, const Cluster& initial,
+        std::chrono::milliseconds poll)
+      : url_(url), token_(token), poll_(poll) {
+    latest_.cluster = initial;
+    latest_.json = initial.to_json().dump();
+    latest_.seen_us = now_us();
+    version_.store(initial.version, std::memory_order_release);
+    ConfigClient probe(url, token);  // validates the URL now (throws std::invalid_argument)
+    thread_ = std::thread([this] { run(); });
+    poster_ = std::thread([this] { post_loop(); });
+  }
+
+  ~Watch() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    poster_.join();
+  }
+
+  std::uint64_t version() const noexcept { return version_.load(std::memory_order_acquire); }
+
+  Snapshot latest() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return latest_;
+  }
+
+  /// Takes a document this worker learnt otherwise (from a compare-and-swap answer).
+  void offer(const Cluster& c) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (c.version <= latest_.cluster.version) return;
+    latest_ = Snapshot{c, c.to_json().dump(), now_us()};
+    version_.store(c.version, std::memory_order_release);
+  }
+
+  /// Queues an audit event; the poster thread sends it (best effort, logged on failure).
+  void post(std::string type, std::string worker, std::string detail, std::uint64_t version) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      events_.push_back({std::move(type), std::move(worker), std::move(detail), version});
+    }
+    cv_.notify_all();
+  }
+
+  const std::string& url() const noexcept { return url_; }
+  const std::string& token() const noexcept { return token_; }
+
+ private:
+  struct Event {
+    std::string type, worker, detail;
+    std::uint64_t version;
+  };
+
+  void run() {
+    ConfigClient client(url_, token_);
+    std::chrono::milliseconds backoff{50};
+    bool down = false;
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (stop_) return;
+      }
+      try {
+        Cluster c = client.watch(version(), poll_);
+        if (down) KF_LOG(info, "session", "config service {} is back", url_);
+        down = false;
+        backoff = std::chrono::milliseconds{50};
+        offer(c);
+      } catch (const std::exception& e) {
+        if (!down) {
+          KF_LOG(warn, "session",
+                 "config service {} unreachable ({}); training goes on with cluster v{}", url_,
+                 e.what(), version());
+        }
+        down = true;
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait_for(lk, backoff, [&] { return stop_; });
+        backoff = std::min(backoff * 2, std::chrono::milliseconds{1000});
+      }
+    }
+  }
+
+  void post_loop() {
+    ConfigClient client(url_, token_);
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] { return stop_ || !events_.empty(); });
+      if (events_.empty()) return;  // stopping with nothing left to send
+      Event ev = std::move(events_.front());
+      events_.pop_front();
+      lk.unlock();
+      try {
+        client.post_event(ev.type, ev.worker, ev.detail, ev.version);
+      } catch (const std::exception& e) {
+        KF_LOG(warn, "session", "could not record event '{}' on {}: {}", ev.type, url_, e.what());
+      }
+      lk.lock();
+    }
+  }
+
+  const std::string url_;
+  const std::string token_;
+  const std::chrono::milliseconds poll_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  Snapshot latest_;
+  std::atomic<std::uint64_t> version_{0};
+  std::deque<Event> events_;
+  std::thread thread_;
+  std::thread poster_;
+};
+
+// ---- ChangeRecord -----------------------------------------------------------------------------
+
+std::string ChangeRecord::summary() const {
+  char buf[400];
+  std::snprintf(buf, sizeof buf,
+                "v%llu -> v%llu (%d -> %d workers, %s): detect %.1f ms, agree %.1f ms, "
+                "joiners ready %.1f ms (training went on), connect %.1f ms, sync %.1f ms "
+                "(%zu bytes), resume %.1f ms; pause %.1f ms",
+                static_cast<unsigned long long>(from_version),
+                static_cast<unsigned long long>(to_version), from_size, to_size, kind.c_str(),
+                ms(detected_us, boundary_us), ms(boundary_us, agreed_us),
+                ms(agreed_us, switch_us), ms(switch_us > 0 ? switch_us : agreed_us, connected_us),
+                ms(connected_us, synced_us), sync_bytes, ms(synced_us, resumed_us),
+                ms(switch_us > 0 ? switch_us : boundary_us, synced_us));
+  std::string s = buf;
+  if (!detail.empty()) s += "; " + detail;
+  return s;
+}
+
+const char* to_string(Session::Outcome o) noexcept {
+  switch (o) {
+    case Session::Outcome::committed: return "committed";
+    case Session::Outcome::rolled_back: return "rolled_back";
+    case Session::Outcome::left: return "left";
+  }
+  return "?";
+}
+
+// ---- Session ----------------------------------------------------------------------------------
+
+Session::Session(std::unique_ptr<Peer> peer, Cluster initial, State& state,
+                 SessionOptions options)
+    : peer_(std::move(peer)), initial_(std::move(initial)), state_(state),
+      options_(std::move(options)), commits_(&state.counter("kf.commits")),
+      steps_(&state.counter("kf.steps")) {
+  if (options_.commit_every < 1) throw std::invalid_argument("Session: commit_every must be >= 1");
+  if (!peer_) throw std::invalid_argument("Session: no peer");
+  if (peer_->size() != 0) throw std::invalid_argument("Session: the peer was already started");
+  if (!contains(initial_, peer_->endpoint())) {
+    throw std::invalid_argument("Session: this worker (" + peer_->endpoint().str() +
+                                ") is not in its initial cluster (version " +
+                                std::to_string(initial_.version) + ")");
+  }
+  if (options_.config_server) {
+    if (options_.job_token.empty()) {
+      throw std::invalid_argument("Session: a config service needs the job token");
+    }
+    watch_ = std::make_unique<Watch>(*options_.config_server, options_.job_token, initial_,
+                                     options_.watch_poll);
+  }
+}
+
+std::unique_ptr<Session> Session::from_environment(State& state) {
+  const Env e = Env::from_environment();
+  auto peer = std::make_unique<Peer>(Peer::options_from(e));
+  SessionOptions o;
+  o.config_server = e.config_server;
+  o.job_token = e.job_token;
+  return std::make_unique<Session>(std::move(peer), e.cluster, state, std::move(o));
+}
+
+Session::~Session() = default;
+
+int Session::rank() const noexcept { return peer_->rank(); }
+int Session::size() const noexcept { return peer_->size(); }
+std::uint64_t Session::version() const noexcept { return peer_->version(); }
+const nlohmann::json& Session::settings() const noexcept { return peer_->cluster().settings; }
+
+bool Session::join() {
+  if (joined_) return true;
+  const Endpoint self = peer_->endpoint();
+  const auto deadline = SteadyClock::now() + options_.join_timeout;
+  ChangeRecord rec;
+  rec.kind = "join";
+  rec.detected_us = rec.boundary_us = now_us();
+  std::string last_error;
+  for (;;) {
+    Cluster newest = initial_;
+    if (watch_ && watch_->version() > newest.version) newest = watch_->latest().cluster;
+    if (!contains(newest, self)) {
+      KF_LOG(info, "session", "{}: removed from the cluster (v{}) before it joined", self.str(),
+             newest.version);
+      return false;
+    }
+    if (newest.settings.value("finished", false)) {
+      KF_LOG(info, "session", "{}: the job finished (v{}) before this worker joined", self.str(),
+             newest.version);
+      return false;
+    }
+    // The first worker of a cluster nobody has formed yet forms it. (Survivors of a running job
+    // always come first in a cluster: kf-member appends joiners.)
+    if (*newest.rank_of(self) == 0 && newest.version > attempted_version_) {
+      try {
+        if (options_.checkpoint_path && !state_.has_commit() &&
+            std::filesystem::exists(*options_.checkpoint_path)) {
+          state_.load(*options_.checkpoint_path);
+          KF_LOG(info, "session", "{}: loaded checkpoint {} ({} commits)", self.str(),
+                 *options_.checkpoint_path, *commits_);
+        }
+        rec.agreed_us = now_us();
+        rec.to_version = newest.version;
+        rec.to_size = newest.size();
+        if (form(newest, nullptr, /*fresh=*/true, rec)) {
+          finish_change(rec);
+          return true;
+        }
+      } catch (const Error& e) {
+        if (!is_peer_failure(e.code()) || !watch_) throw;
+        last_error = e.what();
+        KF_LOG(warn, "session", "{}: forming cluster v{} failed: {}", self.str(),
+               newest.version, e.what());
+      }
+    }
+    const auto left = deadline - SteadyClock::now();
+    if (left <= SteadyClock::duration::zero()) {
+      throw Error(make_error_code(errc::timeout),
+                  "Session::join: " + self.str() + " was not invited into the job within " +
+                      std::to_string(options_.join_timeout.count()) + " ms" +
+                      (last_error.empty() ? "" : " (last failure: " + last_error + ")"));
+    }
+    auto inv = peer_->wait_invitation(std::min<std::chrono::milliseconds>(
+        std::chrono::milliseconds(100),
+        std::chrono::ceil<std::chrono::milliseconds>(left)));
+    if (!inv) continue;
+    Cluster target;
+    try {
+      const auto doc = nlohmann::json::parse(inv->payload);
+      target = Cluster::from_json(doc.at("cluster"));
+    } catch (const std::exception& e) {
+      KF_LOG(warn, "session", "{}: ignored a malformed invitation from {}: {}", self.str(),
+             inv->from.str(), e.what());
+      continue;
+    }
+    if (target.version <= attempted_version_ || !contains(target, self)) continue;
+    if (watch_) watch_->offer(target);
+    rec.agreed_us = now_us();
+    rec.to_version = target.version;
+    rec.to_size = target.size();
+    try {
+      if (form(target, nullptr, /*fresh=*/false, rec)) {
+        finish_change(rec);
+        return true;
+      }
+    } catch (const Error& e) {
+      if (!is_peer_failure(e.code())) throw;
+      last_error = e.what();
+      KF_LOG(warn, "session", "{}: joining cluster v{} failed: {}", self.str(), target.version,
+             e.what());
+    }
+  }
+}
+
+// Moves the peer to `target`, invites its joiners, agrees with every member on whose state is
+// newest and syncs it to those behind. Returns true on success; throws kf::Error on a failure.
+bool Session::form(const Cluster& target, const Cluster* previous, bool fresh,
+                   ChangeRecord& rec) {
+  attempted_version_ = std::max(attempted_version_, target.version);
+  if (peer_->size() == 0 || peer_->version() < target.version) peer_->update(target);
+  if (fresh ? peer_->rank() == 0 : previous != nullptr) {
+    invite_joiners(target, fresh ? Cluster{} : *previous, fresh);
+  }
+  for (auto& h : invites_) h.wait();  // a joiner that cannot be reached fails the formation
+  // Agreement: whose state is newest? (-1: this worker holds none.)
+  std::int64_t mine = state_.has_commit() ? *commits_ : -1;
+  std::vector<std::int64_t> all(static_cast<std::size_t>(peer_->size()));
+  peer_->allgather("kf.join", buffer(&mine, 1), buffer(all.data(), all.size())).wait();
+  rec.connected_us = now_us();
+  const auto newest = std::max_element(all.begin(), all.end());
+  const int root = static_cast<int>(newest - all.begin());
+  // A new job (nobody holds state) takes rank 0's initial values, as Horovod's broadcast of the
+  // initial parameters does.
+  const bool behind = *newest < 0 || std::any_of(all.begin(), all.end(),
+                                                 [&](std::int64_t c) { return c != *newest; });
+  if (behind) {
+    state_.sync(*peer_, root);
+    rec.sync_bytes = state_.bytes();
+  } else if (!state_.has_commit()) {
+    state_.commit();
+  }
+  rec.synced_us = now_us();
+  invites_.clear();
+  invited_version_ = 0;
+  joined_ = true;
+  return true;
+}
+
+void Session::invite_joiners(const Cluster& target, const Cluster& previous, bool fresh) {
+  if (invited_version_ == target.version) return;
+  invites_.clear();
+  nlohmann::json doc = {{"cluster", target.to_json()}, {"fresh", fresh}};
+  const std::string payload = doc.dump();
+  for (const auto& w : target.workers) {
+    if (w.endpoint == peer_->endpoint() || contains(previous, w.endpoint)) continue;
+    invites_.push_back(peer_->invite(w.endpoint, payload));
+  }
+  invited_version_ = target.version;
+}
+
+bool Session::invites_delivered() {
+  for (auto& h : invites_) {
+    if (!h.ready()) return false;
+    if (h.wait_status()) {
+      KF_LOG(warn, "session", "{}", h.message());
+      invited_version_ = 0;  // try again at the next boundary
+      return false;
+    }
+  }
+  return true;
+}
+
+Session::Outcome Session::step(const std::function<void()>& body) {
+  if (!joined_) throw std::logic_error("Session::step: call join() first");
+  try {
+    body();
+  } catch (const Error& e) {
+    if (!is_peer_failure(e.code())) throw;
+    return recover(e);
+  }
+  return end_step();
+}
+
+Session::Outcome Session::end_step() {
+  const auto t0 = SteadyClock::now();
+  const std::int64_t boundary_us = now_us();
+  ++boundary_;
+  const std::uint64_t current = peer_->version();
+  std::int64_t mine[kRecordWords] = {static_cast<std::int64_t>(current), *commits_, 0, 0};
+  Watch::Snapshot newest;
+  if (watch_ && watch_->version() > current) {
+    newest = watch_->latest();
+    mine[kVersionSeen] = static_cast<std::int64_t>(newest.cluster.version);
+    mine[kDocBytes] = static_cast<std::int64_t>(newest.json.size());
+  }
+  if (pending_ && invited_version_ == pending_->version && invites_delivered()) {
+    mine[kReadyVersion] = static_cast<std::int64_t>(pending_->version);
+  } else if (pending_ && invited_version_ != pending_->version &&
+             contains(*pending_, peer_->endpoint())) {
+    invite_joiners(*pending_, peer_->cluster(), false);  // a failed invitation: try again
+  }
+  const auto p = static_cast<std::size_t>(peer_->size());
+  std::vector<std::int64_t> all(p * kRecordWords);
+  try {
+    peer_->allgather("kf.ctl", buffer(mine, kRecordWords), buffer(all.data(), all.size()))
+        .wait();
+  } catch (const Error& e) {
+    if (!is_peer_failure(e.code())) throw;
+    return recover(e);
+  }
+  const auto checked = SteadyClock::now();
+  // Every worker finished the step.
+  ++*steps_;
+  if (*steps_ % options_.commit_every == 0) {
+    ++*commits_;
+    state_.commit();
+  }
+  after_commit();
+  const auto committed = SteadyClock::now();
+
+  std::int64_t vmax = 0;
+  std::size_t root = 0;
+  for (std::size_t r = 0; r < p; ++r) {
+    if (all[r * kRecordWords + kVersionSeen] > vmax) {
+      vmax = all[r * kRecordWords + kVersionSeen];
+      root = r;
+    }
+  }
+  // A pending change whose joiners every survivor has reached is applied now.
+  if (pending_ && static_cast<std::uint64_t>(vmax) <= pending_->version) {
+    bool ready = true;
+    for (const auto& w : pending_->workers) {
+      auto r = peer_->cluster().rank_of(w.endpoint);
+      if (r && all[static_cast<std::size_t>(*r) * kRecordWords + kReadyVersion] !=
+                   static_cast<std::int64_t>(pending_->version)) {
+        ready = false;
+      }
+    }
+    if (!ready) return Outcome::committed;
+    Cluster target = std::move(*pending_);
+    ChangeRecord rec = std::move(*pending_record_);
+    rec.switch_us = boundary_us;
+    pending_.reset();
+    pending_record_.reset();
+    return switch_to(target, std::move(rec));
+  }
+  if (static_cast<std::uint64_t>(vmax) <= current) {
+    last_check_us_ = std::chrono::duration<double, std::micro>(SteadyClock::now() - committed +
+                                                               (checked - t0))
+                         .count();
+    return Outcome::committed;
+  }
+  // A newer cluster: the worker that holds it sends it to all, so everyone decides on the same
+  // document whatever its own watch has seen by now.
+  std::string doc(static_cast<std::size_t>(all[root * kRecordWords + kDocBytes]), '\0');
+  if (static_cast<int>(root) == peer_->rank()) doc = newest.json;
+  CollOptions o;
+  o.root = static_cast<int>(root);
+  try {
+    peer_->broadcast("kf.ctl/doc",
+                     buffer(reinterpret_cast<std::uint8_t*>(doc.data()), doc.size()), o)
+        .wait();
+  } catch (const Error& e) {
+    if (!is_peer_failure(e.code())) throw;
+    return recover(e);
+  }
+  Cluster target = Cluster::from_json(nlohmann::json::parse(doc));
+  if (watch_) watch_->offer(target);
+  ChangeRecord rec;
+  rec.kind = "resize";
+  rec.from_version = current;
+  rec.from_size = peer_->size();
+  rec.to_version = target.version;
+  rec.to_size = target.size();
+  rec.commit = *commits_;
+  rec.detected_us = newest.seen_us > 0 ? newest.seen_us : boundary_us;
+  rec.boundary_us = boundary_us;
+  rec.agreed_us = now_us();
+  bool joiners = false;
+  for (const auto& w : target.workers) joiners = joiners || !contains(peer_->cluster(), w.endpoint);
+  pending_.reset();
+  pending_record_.reset();
+  if (!joiners) return switch_to(target, std::move(rec));
+  // Joiners first have to be reachable: invite them now and switch at the first boundary where
+  // every survivor has reached every joiner, so that nobody waits here for a process to start.
+  if (contains(target, peer_->endpoint())) invite_joiners(target, peer_->cluster(), false);
+  KF_LOG(info, "session", "{} (rank {}, v{}): v{} adds workers; switching once they are reachable",
+         peer_->endpoint().str(), peer_->rank(), current, target.version);
+  pending_ = std::move(target);
+  pending_record_ = std::move(rec);
+  return Outcome::committed;
+}
+
+Session::Outcome Session::switch_to(const Cluster& target, ChangeRecord rec) {
+  const Cluster previous = peer_->cluster();
+  if (!contains(target, peer_->endpoint())) {
+    rec.kind = "left";
+    KF_LOG(info, "session", "{} (rank {}, v{}): not a member of v{}; leaving after {} commits",
+           peer_->endpoint().str(), peer_->rank(), previous.version, target.version, *commits_);
+    if (watch_) {
+      watch_->post("left", peer_->endpoint().str(),
+                   "left at commit " + std::to_string(*commits_), target.version);
+    }
+    changes_.push_back(rec);
+    invites_.clear();
+    return Outcome::left;
+  }
+  try {
+    bool joiners = false;
+    for (const auto& w : target.workers) joiners = joiners || !contains(previous, w.endpoint);
+    if (joiners) {
+      form(target, &previous, false, rec);
+    } else {
+      peer_->update(target);
+      rec.connected_us = rec.synced_us = now_us();
+    }
+  } catch (const Error& e) {
+    if (!is_peer_failure(e.code())) throw;
+    return recover(e);
+  }
+  resuming_ = rec;
+  return Outcome::committed;
+}
+
+Session::Outcome Session::recover(const std::exception& error) {
+  const auto* kf_error = dynamic_cast<const Error*>(&error);
+  if (!watch_) {
+    KF_LOG(err, "session", "{} (rank {}, v{}): {}; a static job (no config service) cannot "
+           "recover", peer_->endpoint().str(), peer_->rank(), peer_->version(), error.what());
+    if (kf_error) throw *kf_error;
+    throw std::runtime_error(error.what());
+  }
+  ChangeRecord rec;
+  rec.kind = "recovery";
+  rec.detail = error.what();
+  rec.from_version = peer_->version();
+  rec.from_size = peer_->size();
+  rec.commit = *commits_;
+  rec.detected_us = rec.boundary_us = now_us();
+  KF_LOG(warn, "session", "{} (rank {}, v{}): step failed: {}; rolling back to commit {}",
+         peer_->endpoint().str(), peer_->rank(), peer_->version(), error.what(), *commits_);
+  pending_.reset();
+  pending_record_.reset();
+  invites_.clear();
+  invited_version_ = 0;
+  return form_after_failure(std::move(rec));
+}
+
+Session::Outcome Session::form_after_failure(ChangeRecord rec) {
+  std::string last;
+  for (int attempt = 0; attempt < options_.max_recovery_attempts; ++attempt) {
+    if (state_.has_commit()) state_.restore();
+    const auto lost = peer_->lost_peers();
+    Cluster target = remove_lost(lost);
+    if (!contains(target, peer_->endpoint())) {
+      return switch_to(target, std::move(rec));  // removed by the others: leave
+    }
+    rec.agreed_us = now_us();
+    rec.to_version = target.version;
+    rec.to_size = target.size();
+    if (!lost.empty() && rec.detail.find("lost:") == std::string::npos) {
+      rec.detail += " (lost: " + join_endpoints(lost) + ")";
+    }
+    const Cluster previous = peer_->cluster();
+    try {
+      form(target, &previous, false, rec);
+      resuming_ = rec;
+      return Outcome::rolled_back;
+    } catch (const Error& e) {
+      if (!is_peer_failure(e.code())) throw;
+      last = e.what();
+      KF_LOG(warn, "session", "{}: recovery into v{} failed: {}; trying again",
+             peer_->endpoint().str(), target.version, e.what());
+    }
+  }
+  throw Error(make_error_code(errc::peer_lost),
+              "Session: gave up after " + std::to_string(options_.max_recovery_attempts) +
+                  " failed recoveries; last: " + last);
+}
+
+// Writes "the cluster without `lost`" to the config service by compare-and-swap, re-reading on a
+// conflict, and returns the document to form next: the stored one, or a newer one that already
+// lacks them. When nothing is to be removed (a silent timeout, a peer that moved on), the version
+// is still moved past the current one, so that the survivors form a version none of them has
+// used. Waits for the service while it is unreachable.
+Cluster Session::remove_lost(const std::vector<Endpoint>& lost) {
+  ConfigClient client(watch_->url(), watch_->token());
+  std::chrono::milliseconds backoff{50};
+  bool said_down = false;
+  for (;;) {
+    try {
+      Cluster current = client.get_cluster();
+      for (int conflicts = 0;; ++conflicts) {
+        Cluster next = current;
+        std::erase_if(next.workers, [&](const WorkerSpec& w) {
+          return std::find(lost.begin(), lost.end(), w.endpoint) != lost.end();
+        });
+        const bool removes = next.workers.size() != current.workers.size();
+        if (!removes && current.version > peer_->version()) {
+          watch_->offer(current);
+          return current;
+        }
+        if (next.workers.empty()) return next;  // nobody left (not even this worker)
+        try {
+          Cluster stored = client.put_cluster(next);
+          for (const auto& ep : lost) {
+            if (contains(current, ep)) {
+              watch_->post("failed", ep.str(), "lost by the job; removed by " +
+                                                   peer_->endpoint().str(), stored.version);
+            }
+          }
+          watch_->offer(stored);
+          return stored;
+        } catch (const ConflictError& e) {
+          current = e.current();
+        }
+      }
+    } catch (const ConflictError&) {
+      throw;  // not reached: conflicts are handled above
+    } catch (const Error& e) {
+      if (e.code() != errc::service_unavailable) throw;
+      if (!said_down) {
+        KF_LOG(warn, "session", "{}: config service unreachable during recovery ({}); waiting",
+               peer_->endpoint().str(), e.what());
+      }
+      said_down = true;
+      std::this_thread::sleep_for(backoff);  // retry pacing while the service is down
+      backoff = std::min(backoff * 2, std::chrono::milliseconds{1000});
+    }
+  }
+}
+
+void Session::finish() {
+  if (!watch_ || peer_->rank() != 0) return;
+  try {
+    ConfigClient client(watch_->url(), watch_->token());
+    Cluster c = client.get_cluster();
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      c.settings["finished"] = true;
+      try {
+        client.put_cluster(c);
+        KF_LOG(info, "session", "{}: job finished after {} commits", peer_->endpoint().str(),
+               *commits_);
+        return;
+      } catch (const ConflictError& e) {
+        c = e.current();
+      }
+    }
+  } catch (const std::exception& e) {
+    KF_LOG(warn, "session", "{}: could not mark the job finished: {}", peer_->endpoint().str(),
+           e.what());
+  }
+}
+
+void Session::after_commit() {
+  if (resuming_) {
+    ChangeRecord rec = std::move(*resuming_);
+    resuming_.reset();
+    rec.resumed_us = now_us();
+    finish_change(std::move(rec));
+  }
+  if (options_.checkpoint_path && options_.checkpoint_every > 0 && peer_->rank() == 0 &&
+      *steps_ % options_.commit_every == 0 && *commits_ % options_.checkpoint_every == 0) {
+    state_.save(*options_.checkpoint_path);
+  }
+}
+
+void Session::finish_change(ChangeRecord rec) {
+  if (rec.to_version == 0) rec.to_version = peer_->version();
+  if (rec.to_size == 0) rec.to_size = peer_->size();
+  KF_LOG(info, "session", "{} (rank {}): {}", peer_->endpoint().str(), peer_->rank(),
+         rec.summary());
+  if (watch_ && rec.kind == "join") {
+    watch_->post("joined", peer_->endpoint().str(), rec.summary(), rec.to_version);
+  } else if (watch_ && peer_->rank() == 0) {
+    watch_->post("resized", "", rec.summary(), rec.to_version);
+  }
+  changes_.push_back(std::move(rec));
+}
+
+}  // namespace kf

@@ -1,0 +1,223 @@
+// SPDX-License-Identifier: Apache-2.0
+// The worker of the elastic tests: deterministic linear regression on fixed synthetic data with a
+// kf::Session, started by `kfrun --watch` (or by a test acting as the agent). It checks the
+// elastic guarantees itself and fails loudly (exit 3) when one breaks:
+//   - every sample of each epoch is used exactly once: a per-sample use counter is part of the
+//     state and travels in the gradient allreduce, so it follows commits, rollbacks and syncs
+//     exactly as the model does; at each epoch end every counter must equal the epoch count;
+//   - the step counter never goes back past the last commit this worker saw;
+//   - at the end, all workers hold bitwise-identical parameters (a consensus collective).
+// Output (stdout, one line each): "joined v<V> rank <r> size <n> step <s>", "change <json>" for
+// each membership change, "left step <s>", and at the end "final step=<s> workers=<n>
+// hash=<hex> check_us=<mean per-step boundary cost without change>".
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "kf/common/error.hpp"
+#include "kf/peer.hpp"
+#include "kf/runtime/elastic_sampler.hpp"
+#include "kf/runtime/session.hpp"
+#include "kf/runtime/state.hpp"
+
+namespace {
+
+std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+nlohmann::json to_json(const kf::ChangeRecord& r) {
+  return {{"kind", r.kind},
+          {"from_version", r.from_version},
+          {"to_version", r.to_version},
+          {"from_size", r.from_size},
+          {"to_size", r.to_size},
+          {"commit", r.commit},
+          {"detected_us", r.detected_us},
+          {"boundary_us", r.boundary_us},
+          {"agreed_us", r.agreed_us},
+          {"switch_us", r.switch_us},
+          {"connected_us", r.connected_us},
+          {"synced_us", r.synced_us},
+          {"resumed_us", r.resumed_us},
+          {"sync_bytes", r.sync_bytes},
+          {"detail", r.detail}};
+}
+
+[[noreturn]] void broken(const std::string& what) {
+  std::cout << "BROKEN " << what << std::endl;
+  std::cerr << "elastic-worker: guarantee broken: " << what << std::endl;
+  std::exit(3);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"elastic test worker: linear regression with kf::Session", "elastic-worker"};
+  int samples = 2048, dim = 16, batch = 64, epochs = 3;
+  std::size_t extra_floats = 0;
+  double lr = 0.05;
+  std::string fail_start_once, progress_file;
+  app.add_option("--samples", samples)->check(CLI::Range(1, 1 << 22));
+  app.add_option("--dim", dim)->check(CLI::Range(1, 4096));
+  app.add_option("--batch", batch, "global batch size")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--epochs", epochs)->check(CLI::Range(1, 1000));
+  app.add_option("--lr", lr);
+  app.add_option("--extra-floats", extra_floats, "extra float32 state (synced to joiners)");
+  app.add_option("--fail-start-once", fail_start_once,
+                 "if this file exists: remove it and exit 1 before joining (a failed start)");
+  app.add_option("--progress-file", progress_file,
+                 "rank 0 writes the committed step count here after each step");
+  CLI11_PARSE(app, argc, argv);
+
+  if (!fail_start_once.empty() && std::filesystem::remove(fail_start_once)) {
+    std::cerr << "elastic-worker: failing at start as asked (" << fail_start_once << ")\n";
+    return 1;
+  }
+
+  // Fixed synthetic data, the same in every process: y = w* . x + noise.
+  std::mt19937_64 gen(42);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  std::vector<double> x(static_cast<std::size_t>(samples) * dim), y(samples), wstar(dim);
+  for (auto& v : wstar) v = nd(gen);
+  for (int i = 0; i < samples; ++i) {
+    double dot = 0;
+    for (int d = 0; d < dim; ++d) {
+      x[i * dim + d] = nd(gen);
+      dot += x[i * dim + d] * wstar[d];
+    }
+    y[i] = dot + 0.01 * nd(gen);
+  }
+
+  kf::State state;
+  std::vector<double> w(dim, 0.0);
+  std::vector<double> uses(samples, 0.0);  // per-sample use count over all epochs
+  std::vector<float> extra(extra_floats, 0.5f);
+  state.add("w", kf::buffer(w.data(), w.size()));
+  state.add("uses", kf::buffer(uses.data(), uses.size()));
+  if (extra_floats > 0) state.add("extra", kf::buffer(extra.data(), extra.size()));
+  std::int64_t& step = state.counter("step");
+  std::int64_t& epoch = state.counter("epoch");
+  std::int64_t& position = state.counter("position");
+
+  std::unique_ptr<kf::Session> session;
+  try {
+    session = kf::Session::from_environment(state);
+    if (!session->join()) {
+      std::cout << "removed before joining" << std::endl;
+      return 0;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "elastic-worker: " << e.what() << "\n";
+    return 1;
+  }
+  std::cout << "joined v" << session->version() << " rank " << session->rank() << " size "
+            << session->size() << " step " << step << std::endl;
+
+  kf::ElasticSampler sampler(static_cast<std::size_t>(samples), /*seed=*/7);
+  std::int64_t last_committed = step;
+  std::size_t changes_printed = 0;
+  double check_sum = 0;
+  std::int64_t check_n = 0;
+  auto print_changes = [&] {
+    for (; changes_printed < session->changes().size(); ++changes_printed) {
+      std::cout << "change " << to_json(session->changes()[changes_printed]).dump() << std::endl;
+    }
+  };
+  print_changes();
+
+  std::vector<double> buf(static_cast<std::size_t>(dim) + 1 + samples);
+  try {
+    while (epoch < epochs) {
+      sampler.start_epoch(epoch, static_cast<std::size_t>(position));
+      const auto mine = sampler.batch(session->rank(), session->size(),
+                                      static_cast<std::size_t>(batch));
+      const auto outcome = session->step([&] {
+        std::fill(buf.begin(), buf.end(), 0.0);
+        double loss = 0;
+        for (std::size_t i : mine) {
+          double err = -y[i];
+          for (int d = 0; d < dim; ++d) err += w[d] * x[i * dim + d];
+          for (int d = 0; d < dim; ++d) buf[d] += err * x[i * dim + d];
+          loss += err * err;
+          buf[dim + 1 + i] += 1.0;
+        }
+        buf[dim] = loss;
+        session->peer()
+            .allreduce("grad", kf::buffer(buf.data(), buf.size()),
+                       kf::buffer(buf.data(), buf.size()))
+            .wait();
+        const double n = static_cast<double>(sampler.step_samples(static_cast<std::size_t>(batch)));
+        for (int d = 0; d < dim; ++d) w[d] -= lr * buf[d] / n;
+        for (int i = 0; i < samples; ++i) uses[i] += buf[dim + 1 + i];
+        ++step;
+        sampler.advance(static_cast<std::size_t>(batch));
+        position = static_cast<std::int64_t>(sampler.position());
+        if (sampler.epoch_done()) {
+          for (int i = 0; i < samples; ++i) {
+            if (uses[i] != static_cast<double>(epoch + 1)) {
+              broken("sample " + std::to_string(i) + " used " + std::to_string(uses[i]) +
+                     " times after epoch " + std::to_string(epoch));
+            }
+          }
+          ++epoch;
+          position = 0;
+        }
+      });
+      print_changes();
+      if (outcome == kf::Session::Outcome::left) {
+        std::cout << "left step " << step << std::endl;
+        return 0;
+      }
+      if (step < last_committed) {
+        broken("step " + std::to_string(step) + " went back past commit " +
+               std::to_string(last_committed));
+      }
+      last_committed = step;
+      if (outcome == kf::Session::Outcome::committed && session->last_check_us() > 0) {
+        check_sum += session->last_check_us();
+        ++check_n;
+      }
+      if (!progress_file.empty() && session->rank() == 0) {
+        const std::string tmp = progress_file + ".tmp";
+        if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+          std::fprintf(f, "%" PRId64 "\n", step);
+          std::fclose(f);
+          std::filesystem::rename(tmp, progress_file);
+        }
+      }
+    }
+    bool same = false;
+    session->peer()
+        .consensus("final/w", kf::buffer(w.data(), w.size()), &same)
+        .wait();
+    if (!same) broken("workers hold different parameters at the end");
+    session->finish();
+  } catch (const std::exception& e) {
+    std::cerr << "elastic-worker: " << e.what() << "\n";
+    return 1;
+  }
+  double loss = 0;
+  for (int i = 0; i < samples; ++i) {
+    double err = -y[i];
+    for (int d = 0; d < dim; ++d) err += w[d] * x[i * dim + d];
+    loss += err * err;
+  }
+  char hash[32];
+  std::snprintf(hash, sizeof hash, "%016" PRIx64, fnv1a(w.data(), w.size() * sizeof(double)));
+  std::cout << "final step=" << step << " workers=" << session->size() << " hash=" << hash
+            << " loss=" << loss / samples << " check_us="
+            << (check_n > 0 ? check_sum / static_cast<double>(check_n) : 0.0) << std::endl;
+  return 0;
+}
