@@ -470,7 +470,8 @@ Session::Outcome Session::end_step() {
     pending_record_.reset();
     return switch_to(target, std::move(rec));
   }
-  if (static_cast<std::uint64_t>(vmax) <= current) {
+  if (static_cast<std::uint64_t>(vmax) <= current ||
+      static_cast<std::uint64_t>(vmax) == refused_version_) {
     last_check_us_ = std::chrono::duration<double, std::micro>(SteadyClock::now() - committed +
                                                                (checked - t0))
                          .count();
@@ -492,6 +493,17 @@ Session::Outcome Session::end_step() {
   }
   Cluster target = Cluster::from_json(nlohmann::json::parse(doc));
   if (watch_) watch_->offer(target);
+  // Bounds from the job settings (kf-member checks them too; any writer may not).
+  const auto max_workers = target.settings.value("max_workers", std::int64_t{0});
+  if (max_workers > 0 && target.size() > max_workers) {
+    if (refused_version_ != target.version) {
+      KF_LOG(err, "session", "{} (rank {}, v{}): ignoring v{}: {} workers exceed max_workers {}",
+             peer_->endpoint().str(), peer_->rank(), current, target.version, target.size(),
+             max_workers);
+    }
+    refused_version_ = target.version;
+    return Outcome::committed;
+  }
   ChangeRecord rec;
   rec.kind = "resize";
   rec.from_version = current;
@@ -588,6 +600,11 @@ Session::Outcome Session::form_after_failure(ChangeRecord rec) {
       rec.detail += " (lost: " + join_endpoints(lost) + ")";
     }
     const Cluster previous = peer_->cluster();
+    const auto min_workers = target.settings.value("min_workers", std::int64_t{0});
+    if (target.size() < min_workers) {
+      KF_LOG(warn, "session", "{}: {} workers left, fewer than min_workers {}; going on",
+             peer_->endpoint().str(), target.size(), min_workers);
+    }
     try {
       form(target, &previous, false, rec);
       resuming_ = rec;

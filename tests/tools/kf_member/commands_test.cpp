@@ -83,3 +83,34 @@ TEST(KfMemberAddWorkers, PicksFreshPortsAndContinuesSlots) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(MemberBounds, MinAndMaxWorkersFromTheSettings) {
+  kf::Cluster c = three_workers();
+  EXPECT_NO_THROW(kf::member::check_bounds(c)) << "no bounds set";
+  c.settings["max_workers"] = 3;
+  c.settings["min_workers"] = 3;
+  EXPECT_NO_THROW(kf::member::check_bounds(c));
+  c.settings["max_workers"] = 2;
+  try {
+    kf::member::check_bounds(c);
+    ADD_FAILURE() << "3 workers passed max_workers = 2";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("settings.max_workers = 2"), std::string::npos)
+        << e.what();
+  }
+  c.settings["max_workers"] = 8;
+  c.settings["min_workers"] = 4;
+  try {
+    kf::member::check_bounds(c);
+    ADD_FAILURE() << "3 workers passed min_workers = 4";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("settings.min_workers = 4"), std::string::npos)
+        << e.what();
+  }
+  c.settings["min_workers"] = "two";
+  EXPECT_THROW(kf::member::check_bounds(c), std::invalid_argument);
+}
+
+}  // namespace

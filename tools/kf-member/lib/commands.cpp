@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <optional>
+#include <stdexcept>
 #include <random>
 #include <set>
 #include <sstream>
@@ -32,6 +34,27 @@ void post_events(CommandContext& ctx, const std::vector<PendingEvent>& events,
 }
 
 }  // namespace
+
+void check_bounds(const Cluster& cluster) {
+  const auto bound = [&](const char* key) -> std::optional<std::int64_t> {
+    if (!cluster.settings.contains(key)) return std::nullopt;
+    const auto& v = cluster.settings[key];
+    if (!v.is_number_integer() || v.get<std::int64_t>() < 1) {
+      throw std::invalid_argument(std::string("settings.") + key + " must be a positive integer");
+    }
+    return v.get<std::int64_t>();
+  };
+  const auto n = static_cast<std::int64_t>(cluster.workers.size());
+  if (const auto max = bound("max_workers"); max && n > *max) {
+    throw std::runtime_error(std::to_string(n) + " workers would exceed settings.max_workers = " +
+                             std::to_string(*max));
+  }
+  if (const auto min = bound("min_workers"); min && n < *min) {
+    throw std::runtime_error(std::to_string(n) +
+                             " workers would be fewer than settings.min_workers = " +
+                             std::to_string(*min));
+  }
+}
 
 Cluster mutate(CommandContext& ctx, const Mutator& edit_fn) {
   std::mt19937 rng(std::random_device{}());
@@ -128,6 +151,7 @@ void list(CommandContext& ctx) {
 void add(CommandContext& ctx, const AddOptions& options) {
   mutate(ctx, [&](Cluster& c) {
     const auto added = add_workers(c, options);
+    check_bounds(c);
     Edit edit{"added " + join_workers(added), {}};
     for (const auto& w : added) edit.events.push_back({"added", w.endpoint.str(), "kf-member add"});
     return edit;
@@ -140,6 +164,7 @@ void revoke(CommandContext& ctx, const std::string& worker, std::optional<int> n
                      : "kf-member revoke, no notice";
   mutate(ctx, [&](Cluster& c) {
     const std::string endpoint = remove_worker(c, worker);
+    check_bounds(c);
     return Edit{"revoked " + endpoint + " (" + detail + ")", {{"revoked", endpoint, detail}}};
   });
 }
@@ -173,6 +198,7 @@ void resize(CommandContext& ctx, int count_workers, const AddOptions& options) {
     } else {
       return edit;
     }
+    check_bounds(c);
     const std::string sizes = std::to_string(before) + " -> " + std::to_string(count_workers);
     edit.summary = "resized " + sizes + " workers, " + edit.summary;
     edit.events.push_back({"resized", "", sizes + " workers"});

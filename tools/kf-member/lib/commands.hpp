@@ -56,6 +56,12 @@ using Mutator = std::function<Edit(Cluster&)>;
 /// from `mutate`.
 Cluster mutate(CommandContext& ctx, const Mutator& mutate);
 
+/// Checks `cluster` against the job's bounds, settings "min_workers" and "max_workers" (integers;
+/// absent: no bound). Throws: std::runtime_error naming the bound, e.g. "5 workers would exceed
+/// settings.max_workers = 4"; std::invalid_argument when a bound is not a positive integer.
+/// add, revoke and resize check it; kill does not (a failure drill may go below the minimum).
+void check_bounds(const Cluster& cluster);
+
 /// The rank of WORKER, given as a rank ("0") or "host:port". Throws: UnknownWorker.
 int find_worker(const Cluster& cluster, std::string_view spec);
 

@@ -176,7 +176,8 @@ class Session {
   std::optional<ChangeRecord> resuming_;  ///< a change whose first step has not committed yet
   std::vector<ChangeRecord> changes_;
   double last_check_us_ = 0;
-  std::uint64_t boundary_ = 0;  ///< boundaries run (names the control collectives)
+  std::uint64_t boundary_ = 0;
+  std::uint64_t refused_version_ = 0;  ///< a version over max_workers, not switched to  ///< boundaries run (names the control collectives)
 };
 
 /// "left" etc. for logs.
