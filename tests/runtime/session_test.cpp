@@ -1,0 +1,131 @@
+// SPDX-License-Identifier: Apache-2.0
+// kf::Session in one process (ranks as threads, no config service: a static job), so that the
+// sanitizer builds run it: forming a job from rank 0's state, committing at every boundary,
+// ChangeRecord and the membership check, and a lost peer in a static job being reported.
+// The elastic paths (joins, revoke, kill -9, a config service) are tested across processes in
+// tests/multiproc/elastic_test.cpp.
+#include "kf/runtime/session.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "kf/common/error.hpp"
+#include "support/local_cluster.hpp"
+
+namespace kf {
+namespace {
+
+struct Job {
+  std::vector<std::unique_ptr<Peer>> peers;  // handed to the sessions
+  Cluster cluster;
+};
+
+Job make_job(int n) {
+  Job j;
+  j.cluster.version = 1;
+  for (int i = 0; i < n; ++i) {
+    PeerOptions o;
+    o.job_token = "session-test";
+    o.listen = Endpoint{"127.0.0.1", 0};
+    j.peers.push_back(std::make_unique<Peer>(o));
+    j.cluster.workers.push_back(WorkerSpec{j.peers.back()->endpoint(), i});
+  }
+  return j;
+}
+
+TEST(Session, StaticJobFormsFromRankZeroAndCommitsEveryStep) {
+  constexpr int n = 3, steps = 25;
+  Job job = make_job(n);
+  std::vector<std::vector<double>> w(n);
+  std::vector<std::int64_t> commits(n), final_step(n);
+  std::vector<std::size_t> records(n);
+  test::run_all(n, [&](int r) {
+    State state;
+    w[r].assign(8, static_cast<double>(r + 1));  // different on every rank before join()
+    state.add("w", buffer(w[r].data(), w[r].size()));
+    std::int64_t& step = state.counter("step");
+    Session s(std::move(job.peers[r]), job.cluster, state, SessionOptions{});
+    ASSERT_TRUE(s.join());
+    EXPECT_EQ(s.size(), n);
+    for (int i = 0; i < steps; ++i) {
+      const auto out = s.step([&] {
+        std::vector<double> g(w[r].size(), 1.0);
+        s.peer().allreduce("g", buffer(g.data(), g.size()), buffer(g.data(), g.size())).wait();
+        for (std::size_t k = 0; k < g.size(); ++k) w[r][k] -= 0.5 * g[k];
+        ++step;
+      });
+      ASSERT_EQ(out, Session::Outcome::committed);
+    }
+    EXPECT_GT(s.last_check_us(), 0.0);
+    commits[r] = s.commits();
+    final_step[r] = step;
+    records[r] = s.changes().size();
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(commits[r], steps);
+    EXPECT_EQ(final_step[r], steps);
+    EXPECT_EQ(records[r], 1u) << "one ChangeRecord: the join";
+    EXPECT_EQ(w[r], w[0]) << "rank " << r;
+  }
+  // Rank 0's initial 1.0, then 25 steps of -0.5 * 3.
+  EXPECT_DOUBLE_EQ(w[0][0], 1.0 - steps * 1.5);
+}
+
+TEST(Session, StaticJobRollsBackNothingAndReportsALostPeer) {
+  constexpr int n = 2;
+  Job job = make_job(n);
+  std::atomic<bool> failed_with_peer_lost{false};
+  std::atomic<int> joined{0};
+  test::run_all(n, [&](int r) {
+    State state;
+    std::vector<float> v(4, 1.f);
+    state.add("v", buffer(v.data(), v.size()));
+    auto s = std::make_unique<Session>(std::move(job.peers[r]), job.cluster, state,
+                                       SessionOptions{});
+    ASSERT_TRUE(s->join());
+    ++joined;
+    ASSERT_EQ(s->step([] {}), Session::Outcome::committed);
+    if (r == 1) {
+      s.reset();  // this worker goes away (its peer says goodbye)
+      return;
+    }
+    try {
+      for (int i = 0; i < 100; ++i) {
+        s->step([&] {
+          s->peer().allreduce("x", buffer(v.data(), v.size()), buffer(v.data(), v.size())).wait();
+        });
+      }
+    } catch (const Error& e) {
+      failed_with_peer_lost = e.code() == errcond::peer_failure;
+    }
+  });
+  EXPECT_EQ(joined.load(), n);
+  EXPECT_TRUE(failed_with_peer_lost) << "a static job cannot recover: the error reaches the loop";
+}
+
+TEST(Session, RejectsAPeerOutsideItsClusterOrAlreadyStarted) {
+  Job job = make_job(2);
+  Cluster other;
+  other.version = 1;
+  other.workers.push_back(WorkerSpec{Endpoint{"127.0.0.1", 1}, 0});
+  State state;
+  EXPECT_THROW(Session(std::move(job.peers[0]), other, state, SessionOptions{}),
+               std::invalid_argument);
+  job.peers[1]->start(job.cluster);
+  State state2;
+  EXPECT_THROW(Session(std::move(job.peers[1]), job.cluster, state2, SessionOptions{}),
+               std::invalid_argument);
+  SessionOptions bad;
+  bad.config_server = "http://127.0.0.1:1";
+  Job job2 = make_job(1);
+  State state3;
+  EXPECT_THROW(Session(std::move(job2.peers[0]), job2.cluster, state3, bad), std::invalid_argument)
+      << "a config service needs the job token";
+}
+
+}  // namespace
+}  // namespace kf
