@@ -186,10 +186,21 @@ tcp::endpoint resolve(asio::io_context& ioc, const ListenAddress& listen) {
 
 }  // namespace
 
-void run_server(Service& service, const ServerOptions& options) {
+struct HttpServer::Impl {
+  Impl(Service& service, ServerOptions server_options)
+      : options(std::move(server_options)), acceptor(ioc), server(service, options) {}
+
+  ServerOptions options;  // before server, which keeps a reference
   asio::io_context ioc{1};
-  const tcp::endpoint endpoint = resolve(ioc, options.listen);
-  tcp::acceptor acceptor(ioc);
+  tcp::acceptor acceptor;
+  Server server;
+  std::string address;
+};
+
+HttpServer::HttpServer(Service& service, ServerOptions options)
+    : impl_(std::make_unique<Impl>(service, std::move(options))) {
+  const tcp::endpoint endpoint = resolve(impl_->ioc, impl_->options.listen);
+  auto& acceptor = impl_->acceptor;
   try {
     acceptor.open(endpoint.protocol());
     acceptor.set_option(asio::socket_base::reuse_address(true));
@@ -198,18 +209,30 @@ void run_server(Service& service, const ServerOptions& options) {
   } catch (const std::system_error& e) {
     throw std::system_error(e.code(), "cannot listen on " + format_endpoint(endpoint));
   }
-  Server server(service, options);
-  asio::signal_set signals(ioc, SIGINT, SIGTERM);
+  impl_->address = format_endpoint(acceptor.local_endpoint());
+  asio::co_spawn(impl_->ioc, impl_->server.async_accept(acceptor), log_exception);
+}
+
+// Members go in reverse order: the io_context is destroyed after the acceptor and the Server, and
+// the pending sessions and long-polls it still holds are destroyed with it, closing their sockets.
+HttpServer::~HttpServer() = default;
+
+const std::string& HttpServer::address() const noexcept { return impl_->address; }
+
+void HttpServer::run() { impl_->ioc.run(); }
+
+void HttpServer::stop() noexcept { impl_->ioc.stop(); }
+
+void run_server(Service& service, const ServerOptions& options) {
+  HttpServer server(service, options);
+  asio::signal_set signals(server.impl_->ioc, SIGINT, SIGTERM);
   signals.async_wait([&](const beast::error_code& ec, int signal) {
     if (ec) return;
     KF_LOG(info, "config-server", "signal {}: stopping", signal);
-    beast::error_code ignored;
-    acceptor.close(ignored);
-    ioc.stop();
+    server.stop();
   });
-  asio::co_spawn(ioc, server.async_accept(acceptor), log_exception);
-  if (options.on_listening) options.on_listening(format_endpoint(acceptor.local_endpoint()));
-  ioc.run();
+  if (options.on_listening) options.on_listening(server.address());
+  server.run();
 }
 
 }  // namespace kf::config_server

@@ -2,13 +2,15 @@
 // The HTTP/1.1 front of the config service (Boost.Beast, C++20 coroutines, one I/O thread):
 // accepts connections, reads each request under a deadline, hands it to a Service and writes the
 // answer; a long-poll waits on a timer that any change of the cluster version cancels. Asio stays
-// in http_server.cpp. Thread-safety: run_server() owns its io_context and runs it on the calling
-// thread; the Service is used from that thread only.
+// in http_server.cpp. Thread-safety: run_server() and HttpServer::run() run the server's io_context
+// on the calling thread, and the Service is used from that thread only; HttpServer::stop() may be
+// called from any thread.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "kf-config-server/lib/listen_address.hpp"
@@ -23,7 +25,37 @@ struct ServerOptions {
   std::size_t max_header_bytes = 16 * 1024;           ///< larger request heads get 400
   std::size_t max_body_bytes = std::size_t{1} << 20;  ///< larger bodies get 413
   /// Called once with "HOST:PORT" after the socket is listening (the port resolved when 0).
+  /// Used by run_server(); an HttpServer tells its address() instead.
   std::function<void(const std::string&)> on_listening;
+};
+
+/// A server that is listening from construction on (so its port is known before it serves) and
+/// serves from run() until stop(). This is the form a process embeds (kfrun's builtin config
+/// service runs one on a thread of its own). Destroying it closes every connection, long-polls
+/// included. Thread-safety: run() on one thread at a time; stop() and address() from any thread.
+class HttpServer {
+ public:
+  /// Binds and listens on options.listen. Throws: std::invalid_argument when the listen host does
+  /// not resolve; std::system_error when the address cannot be bound.
+  HttpServer(Service& service, ServerOptions options);
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+  ~HttpServer();
+
+  /// "HOST:PORT" it listens on, with the real port when port 0 was asked for.
+  const std::string& address() const noexcept;
+
+  /// Serves until stop() is called (returns at once if it already was).
+  void run();
+
+  /// Makes run() return; requests in progress are dropped. Safe from any thread, also before
+  /// run().
+  void stop() noexcept;
+
+ private:
+  friend void run_server(Service& service, const ServerOptions& options);  // adds its signal set
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 /// Serves `service` until SIGINT or SIGTERM. Every accepted change is already in the state file
