@@ -84,6 +84,16 @@ TEST(WorkerEnvironment, ReplacesInheritedKfVariables) {
   EXPECT_EQ(value_of(env, env::kLogLevel), "debug");
 }
 
+TEST(WorkerEnvironment, SetsConfigServerOnlyWhenTheJobHasOne) {
+  JobSpec job = two_worker_job();
+  const std::vector<std::string> base{"KF_CONFIG_SERVER=http://enclosing:1"};
+  EXPECT_EQ(value_of(worker_environment(job, 0, base), env::kConfigServer), "http://enclosing:1");
+  EXPECT_EQ(value_of(worker_environment(job, 0, {}), env::kConfigServer), "<unset>");
+  job.config_server = "http://127.0.0.1:7070";
+  EXPECT_EQ(value_of(worker_environment(job, 0, base), env::kConfigServer),
+            "http://127.0.0.1:7070");
+}
+
 TEST(RandomHex, GivesTwoLowercaseHexDigitsPerByte) {
   const std::string a = random_hex(16);
   const std::string b = random_hex(16);

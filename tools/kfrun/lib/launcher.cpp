@@ -7,7 +7,6 @@
 #include <array>
 #include <cerrno>
 #include <csignal>
-#include <cstring>
 #include <filesystem>
 #include <stdexcept>
 #include <string_view>
@@ -15,6 +14,7 @@
 
 #include "kf/common/env.hpp"
 #include "kfrun/lib/line_prefixer.hpp"
+#include "kfrun/lib/output.hpp"
 #include "kfrun/lib/signal_pipe.hpp"
 #include "kfrun/lib/worker_env.hpp"
 #include "kfrun/lib/worker_process.hpp"
@@ -26,41 +26,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr int kExecFailed = 127;  // what a shell returns for a command it cannot run
-
-// Writes all of `data`, waiting while a non-blocking fd is full. Returns false on an error.
-bool write_all(int fd, std::string_view data) noexcept {
-  while (!data.empty()) {
-    const auto n = ::write(fd, data.data(), data.size());
-    if (n > 0) {
-      data.remove_prefix(static_cast<std::size_t>(n));
-    } else if (n < 0 && errno == EAGAIN) {
-      pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, -1);
-    } else if (!(n < 0 && errno == EINTR)) {
-      return false;
-    }
-  }
-  return true;
-}
-
-// One output of kfrun. After the first failed write (e.g. a closed pipe) it says so once on
-// `report_fd` and drops what follows; the workers keep running.
-class FdWriter {
- public:
-  FdWriter(int fd, int report_fd) noexcept : fd_(fd), report_fd_(report_fd) {}
-  void write(std::string_view data) noexcept {
-    if (failed_ || write_all(fd_, data)) return;
-    failed_ = true;
-    const std::string message = "kfrun: cannot write worker output to fd " + std::to_string(fd_) +
-                                ": " + std::strerror(errno) + "; dropping it\n";
-    if (report_fd_ != fd_) write_all(report_fd_, message);
-  }
-
- private:
-  int fd_;
-  int report_fd_;
-  bool failed_ = false;
-};
 
 struct Worker {
   int rank;
@@ -106,8 +71,8 @@ class Supervisor {
       enforce_grace();
     }
     for (auto& w : workers_) {
-      drain(w.process.out(), w.out_lines);
-      drain(w.process.err(), w.err_lines);
+      drain(w.process.out(), w.out_lines, buffer_);
+      drain(w.process.err(), w.err_lines, buffer_);
     }
     return failure_.value_or(0);
   }
@@ -154,35 +119,8 @@ class Supervisor {
     }
     if (fds[0].revents != 0) on_signals();
     for (std::size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents != 0) read_once(*streams[i - 1].first, *streams[i - 1].second);
+      if (fds[i].revents != 0) read_chunk(*streams[i - 1].first, *streams[i - 1].second, buffer_);
     }
-  }
-
-  // Reads what one stream has; at end of stream completes its last line and closes it. Returns
-  // false when nothing more can be read now.
-  bool read_once(UniqueFd& fd, LinePrefixer& lines) {
-    for (;;) {
-      const auto n = ::read(fd.get(), buffer_.data(), buffer_.size());
-      if (n > 0) {
-        lines.feed(std::string_view(buffer_.data(), static_cast<std::size_t>(n)));
-        return true;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && errno == EAGAIN) return false;
-      lines.finish();
-      fd.close();
-      return false;
-    }
-  }
-
-  // After the workers exit: takes what is left in a pipe without waiting for the writers that
-  // a worker may have left behind (a background child still holding the pipe).
-  void drain(UniqueFd& fd, LinePrefixer& lines) {
-    if (!fd.is_open()) return;
-    while (read_once(fd, lines)) {
-    }
-    lines.finish();
-    fd.close();
   }
 
   // SIGINT is forwarded as is: the workers decide (a training job may save and exit 0).

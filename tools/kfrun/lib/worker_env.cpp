@@ -22,8 +22,9 @@ constexpr std::array kManaged = {env::kSelf,      env::kCluster,      env::kJobI
                                  env::kJobToken,  env::kJobTokenFile, env::kAlgorithm,
                                  env::kTimeoutMs, env::kRank,         env::kSize};
 
-bool is_managed(std::string_view entry) {
+bool is_managed(std::string_view entry, bool sets_config_server) {
   const auto name = entry.substr(0, entry.find('='));
+  if (sets_config_server && name == env::kConfigServer) return true;
   return std::any_of(kManaged.begin(), kManaged.end(),
                      [&](const char* managed) { return name == managed; });
 }
@@ -50,8 +51,10 @@ std::vector<std::string> worker_environment(const JobSpec& job, int rank,
   KF_CHECK(rank >= 0 && rank < job.cluster.size(), "worker_environment: rank out of range");
   std::vector<std::string> out;
   out.reserve(base.size() + kManaged.size());
-  std::copy_if(base.begin(), base.end(), std::back_inserter(out),
-               [](const std::string& entry) { return !is_managed(entry); });
+  const bool sets_config_server = job.config_server.has_value();
+  std::copy_if(base.begin(), base.end(), std::back_inserter(out), [&](const std::string& entry) {
+    return !is_managed(entry, sets_config_server);
+  });
   out.push_back(assign(env::kSelf, job.cluster.workers[rank].endpoint.str()));
   out.push_back(assign(env::kCluster, job.cluster.to_json().dump()));
   out.push_back(assign(env::kJobId, job.job_id));
@@ -61,6 +64,7 @@ std::vector<std::string> worker_environment(const JobSpec& job, int rank,
   out.push_back(assign(env::kSize, std::to_string(job.cluster.size())));
   if (job.algorithm) out.push_back(assign(env::kAlgorithm, *job.algorithm));
   if (job.timeout) out.push_back(assign(env::kTimeoutMs, std::to_string(job.timeout->count())));
+  if (job.config_server) out.push_back(assign(env::kConfigServer, *job.config_server));
   return out;
 }
 

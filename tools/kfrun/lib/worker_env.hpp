@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The environment kfrun gives the workers of a static job: the job (cluster, id, token,
-// settings) and, per worker, its KF_SELF and rank, on top of kfrun's own environment. The
+// The environment kfrun gives the workers it starts: the job (cluster, id, token, settings, and
+// the config service in watch mode) and, per worker, its KF_SELF and rank, on top of kfrun's own
+// environment. The
 // variable names come from kf/common/env.hpp. Thread-safety: value types and free functions;
 // current_environment() reads `environ` and must not race with setenv().
 #pragma once
@@ -23,6 +24,7 @@ struct JobSpec {
   std::optional<std::string> job_token_file;  ///< passed as KF_JOB_TOKEN_FILE when set
   std::optional<std::string> algorithm;
   std::optional<std::chrono::milliseconds> timeout;
+  std::optional<std::string> config_server;  ///< passed as KF_CONFIG_SERVER when set (watch mode)
 };
 
 /// The cluster of a static job: version 1, one worker per port on `host` in rank order with
@@ -33,7 +35,9 @@ Cluster static_cluster(const std::string& host, const std::vector<std::uint16_t>
 /// The environment ("NAME=VALUE" strings) of worker `rank`: `base` without the KF_* variables
 /// kfrun sets (so that a value from an enclosing job cannot leak in), followed by KF_SELF,
 /// KF_CLUSTER, KF_JOB_ID, KF_JOB_TOKEN or KF_JOB_TOKEN_FILE, KF_RANK, KF_SIZE and, when set,
-/// KF_ALGORITHM and KF_TIMEOUT_MS. Requires: 0 <= rank < job.cluster.size().
+/// KF_ALGORITHM, KF_TIMEOUT_MS and KF_CONFIG_SERVER. An inherited KF_CONFIG_SERVER is replaced
+/// only when job.config_server is set (a static job leaves it alone).
+/// Requires: 0 <= rank < job.cluster.size().
 std::vector<std::string> worker_environment(const JobSpec& job, int rank,
                                             const std::vector<std::string>& base);
 
