@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// kfrun: starts the workers of a kf job. Static mode (this file's only mode so far):
-//   kfrun -np N [--host H] [--port-range A-B] [--job-token-file F] [--job-id ID]
-//         [--algorithm A] [--timeout-ms MS] -- PROG ARGS...
-// Exit codes: 0 when every worker succeeded; the first failing worker's code (128 + signal when
-// killed by one); 127 when PROG cannot be executed; 2 for a usage error; 1 for other errors.
+// kfrun: starts the workers of a kf job (docs/kfrun.md).
+//   static: kfrun -np N [--host H] [--port-range A-B] [--job-token-file F] [--job-id ID]
+//                 [--algorithm A] [--timeout-ms MS] -- PROG ARGS...
+//   agent:  kfrun --watch --config-server URL|builtin --slots N [-np K] [--state FILE]
+//                 [--leave-grace-ms MS] [the options above] -- PROG ARGS...
+// Exit codes, static mode: 0 when every worker succeeded; the first failing worker's code (128 +
+// signal when killed by one); 127 when PROG cannot be executed. Watch mode: 0 when the job
+// finished and every local worker exited 0 or left; 128 + signal when stopped by one; 1 when a
+// local worker failed. Both: 2 for a usage error; 1 for other errors.
 #include <chrono>
 #include <exception>
 #include <iostream>
@@ -14,6 +18,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "kfrun/lib/agent.hpp"
 #include "kfrun/lib/launcher.hpp"
 #include "kfrun/lib/ports.hpp"
 
@@ -43,36 +48,52 @@ std::vector<std::string> arguments(const CLI::App& app, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "Starts N local workers of a kf job, tags each output line with the worker's rank, "
-      "and stops the job when a worker fails.",
+      "Starts N local workers of a kf job (static mode), or runs as the per-host agent of an "
+      "elastic job (--watch): starts and stops local workers to match the cluster held by the "
+      "config service.",
       "kfrun"};
   app.footer(
       "Arguments after PROG are passed to it unchanged; \"--\" before PROG is optional.\n"
-      "Exit code: 0 when every worker succeeds, else the first failing worker's (128 + signal "
-      "when killed by one); 127 when PROG cannot be executed; 2 for a usage error.");
+      "Exit code (static): 0 when every worker succeeds, else the first failing worker's (128 + "
+      "signal when killed by one); 127 when PROG cannot be executed. (--watch): 0 when the job "
+      "finished and every local worker exited 0 or left; 128 + signal when stopped; 1 when a "
+      "local worker failed. Both: 2 for a usage error. See docs/kfrun.md.");
   kf::tools::LaunchOptions options;
+  kf::tools::AgentOptions agent;
+  std::optional<int> np;
   std::string port_range = options.ports.str();
-  std::optional<std::string> token_file;
-  std::optional<std::string> job_id;
-  std::optional<std::string> algorithm;
   std::optional<int> timeout_ms;
+  std::optional<int> leave_grace_ms;
 
-  app.add_option("-n,--np", options.np, "number of workers (also -np)")
-      ->required()
+  app.add_option("-n,--np", np, "number of workers (also -np); with --watch, the initial workers")
       ->check(CLI::Range(1, 65535));
   app.add_option("--host", options.host, "host the workers listen on")->capture_default_str();
   app.add_option("--port-range", port_range, "ports to pick from, A-B")->capture_default_str();
-  app.add_option("--job-token-file", token_file,
-                 "file holding the job token (default: a random token in KF_JOB_TOKEN)");
-  app.add_option("--job-id", job_id, "job id (default: random)");
-  app.add_option("--algorithm", algorithm, "job default collective algorithm");
+  app.add_option("--job-token-file", options.job_token_file,
+                 "file holding the job token (static default: a random token in KF_JOB_TOKEN)");
+  app.add_option("--job-id", options.job_id, "job id (default: random; --watch: from the token)");
+  app.add_option("--algorithm", options.algorithm, "job default collective algorithm");
   app.add_option("--timeout-ms", timeout_ms, "collective deadline in milliseconds")
       ->check(CLI::Range(1, std::numeric_limits<int>::max()));
+  bool watch_mode = false;
+  auto* watch = app.add_flag("--watch", watch_mode, "run as the per-host agent of an elastic job");
+  app.add_option("--config-server", agent.config_server,
+                 "config service URL http://HOST:PORT, or 'builtin' to run one in kfrun")
+      ->needs(watch);
+  app.add_option("--slots", agent.slots, "most workers running at once on this host")
+      ->needs(watch);
+  app.add_option("--state", agent.state_file, "state file of the builtin config service")
+      ->needs(watch);
+  app.add_option("--leave-grace-ms", leave_grace_ms,
+                 "how long a worker that left the cluster may run before SIGTERM (default 30000)")
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()))
+      ->needs(watch);
   app.add_option("PROG", options.command, "the worker program and its arguments")->required();
   app.positionals_at_end();
 
   try {
     app.parse(arguments(app, argc, argv));
+    if (!watch_mode && !np) throw CLI::RequiredError("--np");
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
@@ -82,11 +103,21 @@ int main(int argc, char** argv) {
 
   try {
     options.ports = kf::tools::PortRange::parse(port_range);
-    options.job_token_file = token_file;
-    options.job_id = job_id;
-    options.algorithm = algorithm;
     if (timeout_ms) options.timeout = std::chrono::milliseconds(*timeout_ms);
-    return kf::tools::run_static(options);
+    if (!watch_mode) {
+      options.np = *np;
+      return kf::tools::run_static(options);
+    }
+    agent.host = options.host;
+    agent.np = np;
+    agent.ports = options.ports;
+    agent.job_token_file = options.job_token_file;
+    agent.job_id = options.job_id;
+    agent.algorithm = options.algorithm;
+    agent.timeout = options.timeout;
+    if (leave_grace_ms) agent.leave_grace = std::chrono::milliseconds(*leave_grace_ms);
+    agent.command = options.command;
+    return kf::tools::run_agent(agent);
   } catch (const std::invalid_argument& e) {
     std::cerr << "kfrun: " << e.what() << "\n";
     return kUsageError;

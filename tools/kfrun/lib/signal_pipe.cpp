@@ -76,4 +76,11 @@ std::vector<int> SignalPipe::drain() noexcept {
   return signals;
 }
 
+void block_pipe_signals() noexcept {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM}) sigaddset(&set, sig);
+  ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
 }  // namespace kf::tools

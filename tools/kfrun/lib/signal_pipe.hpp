@@ -32,4 +32,8 @@ class SignalPipe {
   UniqueFd write_;
 };
 
+/// Blocks SIGCHLD, SIGINT and SIGTERM in the calling thread, so that the process delivers them to
+/// a thread that does not (the one that polls the SignalPipe). For threads kfrun starts.
+void block_pipe_signals() noexcept;
+
 }  // namespace kf::tools

@@ -1,0 +1,523 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kfrun/lib/agent.hpp"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <csignal>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+#include <stdexcept>
+#include <system_error>
+#include <utility>
+
+#include "kf/common/env.hpp"
+#include "kf/runtime/config_client.hpp"
+#include "kfrun/lib/agent_link.hpp"
+#include "kfrun/lib/agent_rules.hpp"
+#include "kfrun/lib/builtin_server.hpp"
+#include "kfrun/lib/line_prefixer.hpp"
+#include "kfrun/lib/output.hpp"
+#include "kfrun/lib/signal_pipe.hpp"
+#include "kfrun/lib/worker_env.hpp"
+#include "kfrun/lib/worker_process.hpp"
+
+namespace kf::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr std::string_view kBuiltin = "builtin";
+// A worker that is still running this long after the SIGTERM that ended its leave grace is
+// killed.
+constexpr milliseconds kTermToKill{2000};
+// Once no worker runs, how long the agent waits for the service to hear of the last exits.
+constexpr milliseconds kReportDeadline{5000};
+
+std::string ms_text(milliseconds ms) { return std::to_string(ms.count()) + " ms"; }
+std::string v_text(std::uint64_t version) {
+  // Appended: GCC 12 warns falsely (-Wrestrict) on "v" + std::string&&.
+  std::string text = "v";
+  return text.append(std::to_string(version));
+}
+
+// A worker this agent started and that has not been reaped yet.
+struct LocalWorker {
+  WorkerProcess process;
+  LinePrefixer out_lines;
+  LinePrefixer err_lines;
+  bool member = true;                // in the newest document
+  std::uint64_t last_member_version;  // the newest version that listed it
+  Clock::time_point left_at{};       // when it left the document (member == false)
+  std::optional<Clock::time_point> term_at;  // its leave grace ends: SIGTERM
+  std::optional<Clock::time_point> kill_at;  // SIGTERM went unheeded: SIGKILL
+  bool killed = false;                       // SIGKILL sent
+};
+
+// An exit the reporter is judging (is the worker still a member?).
+struct PendingExit {
+  int wait_status;
+  bool member;  // as the agent last saw it: the verdict if the service cannot be asked
+};
+
+// Where the agent talks to and what it gives its workers, from the options (usage checked).
+struct Setup {
+  std::unique_ptr<BuiltinServer> builtin;
+  std::string url;
+  std::string token;
+  JobSpec job;  // everything but the cluster
+  std::optional<std::vector<std::uint16_t>> initial_ports;
+};
+
+// The agent's poll loop: the workers, their output, the signals and the link's messages.
+// Thread-safety: one thread (the link threads only post to the mailbox).
+class Agent {
+ public:
+  Agent(const AgentOptions& options, Setup& setup, SignalPipe& signals, FdWriter& err)
+      : options_(options),
+        job_(setup.job),
+        signals_(signals),
+        out_(options.out_fd, options.err_fd),
+        err_(err),
+        base_env_(current_environment()),
+        mailbox_(std::make_shared<Mailbox>()) {
+    LinkConfig link;
+    link.url = setup.url;
+    link.token = setup.token;
+    link.host = options.host;
+    auto outage = std::make_shared<Outage>(mailbox_);
+    reporter_ = std::make_unique<Reporter>(link, mailbox_, outage);
+    Bootstrap bootstrap{setup.initial_ports, options.algorithm, *options.slots};
+    watcher_ = std::make_unique<ClusterWatcher>(link, std::move(bootstrap), mailbox_, outage);
+  }
+
+  // Runs until the job is finished or kfrun is stopped; returns the exit code (run_agent).
+  int run() {
+    while (!should_end()) {
+      poll_once();
+      on_messages();
+      reap();
+      enforce_deadlines();
+    }
+    if (const auto dropped = reporter_->finish(Clock::now() + kReportDeadline); dropped > 0) {
+      say(std::to_string(dropped) + " reports could not be sent to the config service");
+    }
+    return exit_code();
+  }
+
+  void say(const std::string& message) noexcept { err_.write("kfrun: " + message + "\n"); }
+
+ private:
+  // ---- the loop ----
+
+  bool should_end() {
+    if (!(stopping_ || finished_) || !workers_.empty()) return false;
+    if (pending_exits_.empty() || fatal_) return true;
+    if (!end_by_) end_by_ = Clock::now() + kReportDeadline;
+    return Clock::now() >= *end_by_;
+  }
+
+  std::optional<Clock::time_point> next_deadline() const {
+    std::optional<Clock::time_point> next = end_by_;
+    const auto consider = [&](Clock::time_point t) { next = next ? std::min(*next, t) : t; };
+    for (const auto& [name, w] : workers_) {
+      if (w.term_at && !w.kill_at) consider(*w.term_at);
+      if (w.kill_at && !w.killed) consider(*w.kill_at);
+    }
+    if (stopping_ && !stop_killed_) consider(stop_kill_at_);
+    return next;
+  }
+
+  void poll_once() {
+    std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}, {mailbox_->fd(), POLLIN, 0}};
+    std::vector<std::pair<UniqueFd*, LinePrefixer*>> streams;
+    for (auto& [name, w] : workers_) {
+      for (auto [fd, lines] :
+           {std::pair{&w.process.out(), &w.out_lines}, std::pair{&w.process.err(), &w.err_lines}}) {
+        if (!fd->is_open()) continue;
+        fds.push_back({fd->get(), POLLIN, 0});
+        streams.emplace_back(fd, lines);
+      }
+    }
+    int timeout_ms = -1;
+    if (const auto next = next_deadline()) {
+      const auto left = std::chrono::ceil<milliseconds>(*next - Clock::now());
+      timeout_ms = static_cast<int>(std::max<milliseconds::rep>(left.count(), 0));
+    }
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
+      if (errno == EINTR) return;
+      throw std::system_error(errno, std::generic_category(), "kfrun: poll");
+    }
+    if (fds[0].revents != 0) on_signals();
+    for (std::size_t i = 2; i < fds.size(); ++i) {
+      if (fds[i].revents != 0) read_chunk(*streams[i - 2].first, *streams[i - 2].second, buffer_);
+    }
+  }
+
+  void on_signals() {
+    for (int sig : signals_.drain()) {
+      if (sig != SIGINT && sig != SIGTERM) continue;  // SIGCHLD: reap() follows
+      const std::string name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+      if (!stopping_) {
+        stop_signal_ = sig;
+        say("received " + name + "; stopping the workers");
+        begin_stop();
+      } else if (!stop_killed_) {
+        say("received " + name + " again; sending SIGKILL to the workers");
+        kill_all();
+      }
+    }
+  }
+
+  void on_messages() {
+    for (auto& message : mailbox_->take()) {
+      std::visit([this](auto& m) { on_message(m); }, message);
+    }
+  }
+
+  // ---- what the link reports ----
+
+  void on_message(ClusterSeen& m) {
+    Cluster& c = m.cluster;
+    const auto owned = owned_ranks(c, options_.host);
+    say("cluster " + v_text(c.version) + ": " + std::to_string(c.size()) + " workers, " +
+        std::to_string(owned.size()) + " on " + options_.host);
+    for (auto& [name, w] : workers_) {
+      if (!w.member) continue;  // already leaving; a worker is never taken back
+      if (is_member(c, name)) {
+        w.last_member_version = c.version;
+        continue;
+      }
+      w.member = false;
+      w.left_at = Clock::now();
+      w.term_at = w.left_at + options_.leave_grace;
+      say("left " + name + " (pid " + std::to_string(w.process.pid()) + "): not in " +
+          v_text(c.version) + "; it may finish its step and exit");
+      reporter_->judge_departure(name, w.last_member_version);
+    }
+    cluster_ = std::move(c);
+    if (marked_finished(*cluster_) && !finished_) {
+      finished_ = true;
+      say("job finished: " + v_text(cluster_->version) +
+          " is marked finished; starting no more workers");
+    }
+    start_missing();
+  }
+
+  void on_message(LinkNote& m) { say(m.text); }
+
+  void on_message(LinkFailed& m) {
+    say("error: " + m.what);
+    if (fatal_) return;
+    fatal_ = true;
+    begin_stop();
+  }
+
+  void on_message(DepartureJudged& m) {
+    const auto it = workers_.find(m.worker);
+    if (it == workers_.end() || it->second.member) return;  // gone meanwhile
+    LocalWorker& w = it->second;
+    const std::string who = m.worker + " (pid " + std::to_string(w.process.pid()) + ")";
+    if (m.departure.kind == Departure::Kind::killed) {
+      say("killed " + who + ": killed without notice; sending SIGKILL");
+      w.process.signal(SIGKILL);
+      w.killed = true;
+      return;
+    }
+    if (w.kill_at) return;  // its grace is over already
+    const milliseconds grace = grace_for(m.departure, options_.leave_grace);
+    w.term_at = w.left_at + grace;
+    const std::string then = "SIGTERM if it still runs " + ms_text(grace) + " after it left";
+    if (m.departure.kind == Departure::Kind::unknown) {
+      say("no event tells why " + who + " left: " + then);
+    } else if (m.departure.notice) {
+      say(std::string(to_string(m.departure.kind)) + " " + who + ", notice " +
+          std::to_string(m.departure.notice->count()) + "s: " + then);
+    } else {
+      say(std::string(to_string(m.departure.kind)) + " " + who + ": " + then);
+    }
+  }
+
+  void on_message(ExitJudged& m) {
+    pending_exits_.erase(m.worker);
+    if (m.verdict == ExitVerdict::failed) failure_ = true;
+    if (m.verdict != ExitVerdict::finished || finished_) return;
+    finished_ = true;
+    say("job finished: " + m.worker +
+        " exited 0 while in the cluster; starting no more workers");
+  }
+
+  // ---- starting ----
+
+  // Starts the owned workers of the newest document that were never started, while the slots
+  // last: workers of the cluster that run count against --slots; leaving workers make a new one
+  // wait until they exit.
+  void start_missing() {
+    if (!cluster_ || finished_ || stopping_) return;
+    const int slots = *options_.slots;
+    int members = 0;
+    for (const auto& [name, w] : workers_) members += w.member ? 1 : 0;
+    int running = static_cast<int>(workers_.size());
+    for (const int rank : owned_ranks(*cluster_, options_.host)) {
+      const std::string name = cluster_->workers[static_cast<std::size_t>(rank)].endpoint.str();
+      if (started_.contains(name)) continue;
+      if (members >= slots) {
+        const std::string why = "no free slot: the " + std::to_string(slots) + " slots of " +
+                                options_.host + " hold workers of the cluster";
+        say("error: cannot start " + name + " of " + v_text(cluster_->version) + ": " + why);
+        fail_to_start(name, why);
+        continue;
+      }
+      if (running >= slots) {
+        if (waiting_.insert(name).second) {
+          say(name + " of " + v_text(cluster_->version) +
+              " waits for a slot: a worker that left the cluster still runs");
+        }
+        continue;
+      }
+      if (start(rank)) {
+        ++members;
+        ++running;
+      }
+    }
+  }
+
+  // Returns whether the worker runs.
+  bool start(int rank) {
+    const Cluster& c = *cluster_;
+    const std::string name = c.workers[static_cast<std::size_t>(rank)].endpoint.str();
+    started_.insert(name);
+    waiting_.erase(name);
+    JobSpec job = job_;
+    job.cluster = c;
+    try {
+      auto process = WorkerProcess::spawn(options_.command, worker_environment(job, rank, base_env_));
+      const auto pid = std::to_string(process.pid());
+      // Appended piecewise: GCC 12 warns falsely (-Wrestrict) on "[" + std::string&&.
+      std::string prefix = "[";
+      prefix.append(name).append("] ");
+      workers_.emplace(name,
+                       LocalWorker{std::move(process),
+                                   LinePrefixer(prefix, [this](auto line) { out_.write(line); }),
+                                   LinePrefixer(prefix, [this](auto line) { err_.write(line); }),
+                                   true, c.version});
+      say("started " + name + " (pid " + pid + ") as rank " + std::to_string(rank) + " of " +
+          v_text(c.version));
+      reporter_->post_event("started", name, "pid " + pid, c.version);
+      return true;
+    } catch (const ExecError& e) {
+      say("failed " + name + " of " + v_text(c.version) + ": " + e.what());
+      fail_to_start(name, e.what());
+      return false;
+    }
+  }
+
+  void fail_to_start(const std::string& name, const std::string& why) {
+    started_.insert(name);
+    failure_ = true;
+    reporter_->fail_worker(name, why, cluster_->version);
+  }
+
+  // ---- exits, grace periods, stopping ----
+
+  void reap() {
+    bool freed = false;
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      LocalWorker& w = it->second;
+      const auto status = w.process.try_reap();
+      if (!status) {
+        ++it;
+        continue;
+      }
+      drain(w.process.out(), w.out_lines, buffer_);
+      drain(w.process.err(), w.err_lines, buffer_);
+      const std::string& name = it->first;
+      const bool ok = exit_code_of(*status) == 0;
+      say(std::string(ok ? "exited " : "failed ") + name + " (pid " +
+          std::to_string(w.process.pid()) + "): " + (ok ? "exit 0" : describe_exit(*status)) +
+          " (" + v_text(cluster_->version) + (w.member ? "" : ", after it left") + ")");
+      pending_exits_[name] = PendingExit{*status, w.member};
+      reporter_->judge_exit(name, *status, cluster_->version);
+      it = workers_.erase(it);
+      freed = true;
+    }
+    if (freed) start_missing();
+  }
+
+  void enforce_deadlines() {
+    const auto now = Clock::now();
+    for (auto& [name, w] : workers_) {
+      const std::string who = name + " (pid " + std::to_string(w.process.pid()) + ")";
+      if (w.term_at && !w.kill_at && now >= *w.term_at) {
+        say("stopping " + who + ": still running " +
+            ms_text(std::chrono::ceil<milliseconds>(now - w.left_at)) +
+            " after it left the cluster; sending SIGTERM");
+        w.process.signal(SIGTERM);
+        w.kill_at = now + kTermToKill;
+      } else if (w.kill_at && !w.killed && now >= *w.kill_at) {
+        say("killing " + who + ": still running " + ms_text(kTermToKill) +
+            " after SIGTERM; sending SIGKILL");
+        w.process.signal(SIGKILL);
+        w.killed = true;
+      }
+    }
+    if (stopping_ && !stop_killed_ && now >= stop_kill_at_ && !workers_.empty()) {
+      say("workers still running " + ms_text(options_.stop_grace) +
+          " after SIGTERM; sending SIGKILL");
+      kill_all();
+    }
+  }
+
+  void begin_stop() {
+    stopping_ = true;
+    stop_kill_at_ = Clock::now() + options_.stop_grace;
+    for (auto& [name, w] : workers_) w.process.signal(SIGTERM);
+  }
+
+  void kill_all() {
+    stop_killed_ = true;
+    for (auto& [name, w] : workers_) {
+      w.process.signal(SIGKILL);
+      w.killed = true;
+    }
+  }
+
+  int exit_code() const {
+    if (stop_signal_) return 128 + *stop_signal_;
+    if (fatal_) return 1;
+    bool failed = failure_;
+    // Exits the service could not judge in time: as the agent last saw them.
+    for (const auto& [name, e] : pending_exits_) {
+      failed = failed || (e.member && exit_code_of(e.wait_status) != 0);
+    }
+    return failed ? 1 : 0;
+  }
+
+  const AgentOptions& options_;
+  const JobSpec& job_;
+  SignalPipe& signals_;
+  FdWriter out_;
+  FdWriter& err_;
+  const std::vector<std::string> base_env_;
+  std::shared_ptr<Mailbox> mailbox_;
+  std::unique_ptr<Reporter> reporter_;
+  std::unique_ptr<ClusterWatcher> watcher_;
+
+  std::optional<Cluster> cluster_;              // the newest document
+  std::map<std::string, LocalWorker> workers_;  // running, by "host:port"
+  std::set<std::string> started_;               // ever started (or failed to): never again
+  std::set<std::string> waiting_;               // told to wait for a slot
+  std::map<std::string, PendingExit> pending_exits_;
+  bool finished_ = false;  // a member exited 0: start nothing more, end when none runs
+  bool failure_ = false;   // a member failed or a worker could not start
+  bool fatal_ = false;     // the link failed: stopping with exit code 1
+  bool stopping_ = false;  // SIGTERM sent to all; SIGKILL at stop_kill_at_
+  bool stop_killed_ = false;
+  std::optional<int> stop_signal_;
+  Clock::time_point stop_kill_at_{};
+  std::optional<Clock::time_point> end_by_;  // give up waiting for the verdicts of exits
+  std::array<char, 64 * 1024> buffer_;
+};
+
+void check(const AgentOptions& options) {
+  const auto usage = [](const std::string& what) { return std::invalid_argument(what); };
+  if (options.config_server.empty()) {
+    throw usage("--watch needs --config-server URL (http://HOST:PORT) or --config-server builtin");
+  }
+  if (!options.slots) throw usage("--watch needs --slots N (how many workers may run here)");
+  if (*options.slots < 1) {
+    throw usage("--slots must be at least 1 (got " + std::to_string(*options.slots) + ")");
+  }
+  const bool builtin = options.config_server == kBuiltin;
+  if (builtin && !options.np) {
+    throw usage("--config-server builtin needs -np K (the workers of the initial cluster)");
+  }
+  if (options.np && *options.np < 1) {
+    throw usage("-np must be at least 1 (got " + std::to_string(*options.np) + ")");
+  }
+  if (options.np && *options.np > *options.slots) {
+    throw usage("-np " + std::to_string(*options.np) + " is more than --slots " +
+                std::to_string(*options.slots));
+  }
+  if (!builtin && !options.job_token_file) {
+    throw usage("--config-server URL needs --job-token-file F (the job token the agent presents)");
+  }
+  if (!builtin && options.state_file) {
+    throw usage("--state is for --config-server builtin only");
+  }
+  if (options.command.empty() || options.command.front().empty()) {
+    throw usage("no program given: kfrun --watch [options] -- PROG ARGS...");
+  }
+  if (options.host.empty()) throw usage("--host must not be empty");
+  if (options.job_id && options.job_id->empty()) throw usage("--job-id must not be empty");
+  if (options.algorithm && options.algorithm->empty()) {
+    throw usage("--algorithm must not be empty");
+  }
+  if (options.timeout && options.timeout->count() <= 0) {
+    throw usage("--timeout-ms must be positive");
+  }
+  if (options.leave_grace.count() < 0) throw usage("--leave-grace-ms must not be negative");
+  if (!builtin) {
+    try {
+      ConfigClient::parse_url(options.config_server);
+    } catch (const std::invalid_argument& e) {
+      throw usage(std::string("--config-server: ") + e.what());
+    }
+  }
+}
+
+// Everything that can fail for a usage error happens here, before a worker starts.
+Setup prepare(const AgentOptions& options, FdWriter& err) {
+  Setup setup;
+  if (options.config_server == kBuiltin) {
+    BuiltinServerOptions builtin;
+    if (options.state_file) builtin.state_file = *options.state_file;
+    if (options.job_token_file) builtin.token_file = *options.job_token_file;
+    setup.builtin = std::make_unique<BuiltinServer>(builtin);
+    setup.url = setup.builtin->url();
+    setup.token = setup.builtin->token();
+    setup.job.job_token_file = setup.builtin->token_file().string();
+    err.write("kfrun: config server " + setup.url + "\n");
+    err.write("kfrun: job token file " + *setup.job.job_token_file + "\n");
+  } else {
+    setup.url = options.config_server;
+    try {
+      setup.token = read_token_file(*options.job_token_file);
+    } catch (const std::runtime_error& e) {
+      throw std::invalid_argument(std::string("--job-token-file: ") + e.what());
+    }
+    // Absolute, so that a worker that changes directory still finds it.
+    setup.job.job_token_file = std::filesystem::absolute(*options.job_token_file).string();
+  }
+  setup.job.job_id = options.job_id.value_or(job_id_for_token(setup.token));
+  setup.job.algorithm = options.algorithm;
+  setup.job.timeout = options.timeout;
+  setup.job.config_server = setup.url;
+  if (options.np) setup.initial_ports = pick_free_ports(options.host, options.ports, *options.np);
+  return setup;
+}
+
+}  // namespace
+
+int run_agent(const AgentOptions& options) {
+  check(options);
+  // Handlers first: the threads started below must find SIGPIPE ignored, and they block the
+  // signals the loop polls.
+  SignalPipe signals;
+  FdWriter err(options.err_fd, options.err_fd);
+  Setup setup = prepare(options, err);
+  Agent agent(options, setup, signals, err);
+  const int code = agent.run();
+  // The agent's reports are done. Stopping the builtin service ends the watcher's long-poll, so
+  // that ~Agent joins the watcher at once.
+  if (setup.builtin) setup.builtin->stop();
+  return code;
+}
+
+}  // namespace kf::tools

@@ -1,0 +1,52 @@
+// SPDX-License-Identifier: Apache-2.0
+// kfrun's watch mode: the per-host agent of an elastic job. It watches the cluster document held
+// by the config service (an external kf-config-server, or one it runs itself), starts the workers
+// the document places on its host, stops the ones that leave it (at once when killed, after a
+// grace when revoked or removed), and reports every start and exit back as events; a worker that
+// fails while a member is removed from the cluster. docs/kfrun.md gives the rules in full.
+// Thread-safety: run_agent() installs process-wide signal handlers and starts helper threads for
+// its duration; call it from one thread, one agent per process.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kfrun/lib/ports.hpp"
+
+namespace kf::tools {
+
+struct AgentOptions {
+  std::string config_server;          ///< "http://HOST:PORT", or "builtin" to run one in-process
+  std::optional<int> slots;           ///< most workers running at once on this host, >= 1
+  std::string host = "127.0.0.1";     ///< the agent owns the workers whose host is this
+  std::optional<int> np;              ///< initial workers when the service holds no cluster
+  PortRange ports;                    ///< where the initial workers' ports are picked from
+  std::optional<std::string> job_token_file;         ///< required with an external service
+  std::optional<std::string> job_id;                 ///< else derived from the token
+  std::optional<std::string> algorithm;              ///< initial settings, and KF_ALGORITHM
+  std::optional<std::chrono::milliseconds> timeout;  ///< collective deadline (KF_TIMEOUT_MS)
+  std::optional<std::string> state_file;             ///< builtin only
+  /// How long a worker that left the cluster without a notice may keep running before SIGTERM.
+  std::chrono::milliseconds leave_grace{30'000};
+  /// Between SIGTERM and SIGKILL when kfrun itself is stopped (SIGINT, SIGTERM, an error).
+  std::chrono::milliseconds stop_grace{2000};
+  std::vector<std::string> command;  ///< program and its arguments
+  int out_fd = 1;                    ///< where the workers' tagged stdout goes
+  int err_fd = 2;                    ///< their tagged stderr and kfrun's own messages
+};
+
+/// Runs the agent until the job is finished (a local worker exited 0 while still in the cluster,
+/// and no local worker runs any more) or kfrun is stopped, and returns kfrun's exit code:
+/// 0 when the job finished and every local worker exited 0 or left the cluster; 128 + signal
+/// after SIGINT or SIGTERM (the workers get SIGTERM, then SIGKILL after stop_grace); 1 when a
+/// local worker failed while a member or could not be started, or on a runtime error (the token
+/// rejected, the service answering nonsense).
+/// Throws: std::invalid_argument for a usage error, with a message naming the option (no
+/// --slots, --slots < 1, builtin without -np, -np > --slots, a bad URL, an unreadable token file,
+/// --state without builtin, no program, no free ports for -np); std::runtime_error for a corrupt
+/// state file; std::system_error when the operating system refuses a pipe, thread or socket.
+int run_agent(const AgentOptions& options);
+
+}  // namespace kf::tools

@@ -1,0 +1,440 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kfrun/lib/agent_link.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <system_error>
+#include <utility>
+
+#include "kf/common/error.hpp"
+#include "kf/runtime/config_client.hpp"
+#include "kfrun/lib/signal_pipe.hpp"
+#include "kfrun/lib/worker_process.hpp"
+
+namespace kf::tools {
+
+using Clock = std::chrono::steady_clock;
+
+struct LinkControl {
+  std::mutex mutex;  // guards the fields below
+  std::condition_variable changed;
+  bool stop = false;  // the thread is to end
+  bool done = false;  // the thread has ended
+  // The reporter's queue (unused by the watcher) and whether a request of it is running.
+  std::deque<std::function<void()>> tasks;
+  bool busy = false;
+};
+
+namespace {
+
+constexpr std::chrono::milliseconds kFirstBackoff{50};
+constexpr int kMaxRemoveAttempts = 20;
+// How long ClusterWatcher::stop() waits for the thread to end before it detaches it.
+constexpr std::chrono::milliseconds kWatcherJoinWait{200};
+
+// Thrown inside a link thread that was told to stop while it waits.
+struct Stopped {};
+
+// Waits `period` unless told to stop first. Throws: Stopped.
+void pause(LinkControl& control, std::chrono::milliseconds period) {
+  std::unique_lock lock(control.mutex);
+  if (control.changed.wait_for(lock, period, [&] { return control.stop; })) throw Stopped{};
+}
+
+// Runs `call` until it reaches the service: a call that cannot (errc::service_unavailable) is
+// retried after a back-off that doubles up to `max_backoff`. Other errors propagate.
+// Throws: Stopped when told to stop while retrying; what `call` throws.
+template <class Call>
+auto retrying(LinkControl& control, Outage& outage, std::chrono::milliseconds max_backoff,
+              Call&& call) {
+  auto backoff = kFirstBackoff;
+  for (;;) {
+    {
+      std::lock_guard lock(control.mutex);
+      if (control.stop) throw Stopped{};
+    }
+    try {
+      auto result = call();
+      outage.up();
+      return result;
+    } catch (const Error& e) {
+      if (e.code() != errc::service_unavailable) throw;
+      outage.down(e.what());
+    }
+    pause(control, backoff);
+    backoff = std::min(backoff * 2, max_backoff);
+  }
+}
+
+void mark_done(LinkControl& control) noexcept {
+  {
+    std::lock_guard lock(control.mutex);
+    control.done = true;
+  }
+  control.changed.notify_all();
+}
+
+ConfigClient make_client(const LinkConfig& config) {
+  ConfigClientOptions options;
+  options.deadline = config.request_deadline;
+  return ConfigClient(config.url, config.token, options);
+}
+
+// The watcher thread: see agent_link.hpp. Owns copies of everything it uses, so that it may
+// outlive its ClusterWatcher.
+class Watch {
+ public:
+  Watch(const LinkConfig& config, Bootstrap bootstrap, std::shared_ptr<Mailbox> mailbox,
+        std::shared_ptr<Outage> outage, std::shared_ptr<LinkControl> control)
+      : config_(config),
+        bootstrap_(std::move(bootstrap)),
+        mailbox_(std::move(mailbox)),
+        outage_(std::move(outage)),
+        control_(std::move(control)),
+        client_(make_client(config_)) {}
+
+  void operator()() noexcept {
+    block_pipe_signals();
+    try {
+      run();
+    } catch (const Stopped&) {
+    } catch (const std::exception& e) {
+      post(LinkFailed{std::string("config service: ") + e.what()});
+    }
+    mark_done(*control_);
+  }
+
+ private:
+  template <class Call>
+  auto call(Call&& c) {
+    return retrying(*control_, *outage_, config_.max_backoff, std::forward<Call>(c));
+  }
+  void post(LinkMessage message) {
+    try {
+      mailbox_->post(std::move(message));
+    } catch (const std::exception&) {  // out of memory: nothing better to do than drop it
+    }
+  }
+
+  void run() {
+    const std::string hello = "kfrun agent on " + config_.host + " watching (" +
+                              std::to_string(bootstrap_.slots) + " slots)";
+    call([&] { return client_.post_event("note", "", hello, std::nullopt); });
+    Cluster current = call([&] { return client_.get_cluster(); });
+    if (bootstrap_.initial_ports && current.version == 0) current = write_initial();
+    post(ClusterSeen{current});
+    for (;;) {
+      // After a failed poll, a plain read tells at once that the service is back (a long-poll
+      // would answer only at the service's watch timeout when nothing changed).
+      bool failed = false;
+      Cluster next = call([&] {
+        if (failed) return client_.get_cluster();
+        failed = true;
+        Cluster c = client_.watch(current.version, config_.watch_timeout);
+        failed = false;
+        return c;
+      });
+      if (next.version == current.version) continue;  // the long-poll timed out
+      current = std::move(next);
+      post(ClusterSeen{current});
+    }
+  }
+
+  Cluster write_initial() {
+    const auto& ports = *bootstrap_.initial_ports;
+    const Cluster initial = initial_cluster(config_.host, ports, bootstrap_.algorithm);
+    const std::string what = std::to_string(ports.size()) + " workers on " + config_.host;
+    try {
+      Cluster stored = call([&] { return client_.put_cluster(initial); });
+      post(LinkNote{"wrote the initial cluster: v" + std::to_string(stored.version) + ", " + what});
+      call([&] {
+        return client_.post_event("resized", "", "initial cluster: " + what, stored.version);
+      });
+      return stored;
+    } catch (const ConflictError& e) {
+      post(LinkNote{"the cluster was written meanwhile (v" + std::to_string(e.current().version) +
+                    "); following it"});
+      return e.current();
+    }
+  }
+
+  LinkConfig config_;
+  Bootstrap bootstrap_;
+  std::shared_ptr<Mailbox> mailbox_;
+  std::shared_ptr<Outage> outage_;
+  std::shared_ptr<LinkControl> control_;
+  ConfigClient client_;
+};
+
+}  // namespace
+
+// ---- Mailbox, Outage -------------------------------------------------------------------------
+
+Mailbox::Mailbox() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+    throw std::system_error(errno, std::generic_category(), "kfrun: pipe2");
+  }
+  read_ = UniqueFd(fds[0]);
+  write_ = UniqueFd(fds[1]);
+}
+
+void Mailbox::post(LinkMessage message) {
+  {
+    std::lock_guard lock(mutex_);
+    messages_.push_back(std::move(message));
+  }
+  // A full pipe already holds a wake-up.
+  const char byte = 1;
+  [[maybe_unused]] auto n = ::write(write_.get(), &byte, 1);
+}
+
+std::vector<LinkMessage> Mailbox::take() {
+  std::array<char, 256> bytes;
+  while (::read(read_.get(), bytes.data(), bytes.size()) > 0) {
+  }
+  std::lock_guard lock(mutex_);
+  return std::exchange(messages_, {});
+}
+
+void Outage::down(const std::string& why) {
+  {
+    std::lock_guard lock(mutex_);
+    if (std::exchange(down_, true)) return;
+  }
+  mailbox_->post(LinkNote{"config service unreachable (" + why +
+                          "); keeping the workers running and retrying"});
+}
+
+void Outage::up() {
+  {
+    std::lock_guard lock(mutex_);
+    if (!std::exchange(down_, false)) return;
+  }
+  mailbox_->post(LinkNote{"config service reachable again"});
+}
+
+// ---- ClusterWatcher --------------------------------------------------------------------------
+
+ClusterWatcher::ClusterWatcher(const LinkConfig& config, Bootstrap bootstrap,
+                               std::shared_ptr<Mailbox> mailbox, std::shared_ptr<Outage> outage)
+    : control_(std::make_shared<LinkControl>()) {
+  thread_ = std::thread(
+      Watch(config, std::move(bootstrap), std::move(mailbox), std::move(outage), control_));
+}
+
+ClusterWatcher::~ClusterWatcher() { stop(); }
+
+void ClusterWatcher::stop() noexcept {
+  if (!thread_.joinable()) return;
+  bool done = false;
+  {
+    std::unique_lock lock(control_->mutex);
+    control_->stop = true;
+    control_->changed.notify_all();
+    done = control_->changed.wait_for(lock, kWatcherJoinWait, [&] { return control_->done; });
+  }
+  if (done) {
+    thread_.join();
+  } else {
+    thread_.detach();
+  }
+}
+
+// ---- Reporter --------------------------------------------------------------------------------
+
+class Reporter::Runner {
+ public:
+  Runner(const LinkConfig& config, std::shared_ptr<Mailbox> mailbox,
+         std::shared_ptr<Outage> outage, std::shared_ptr<LinkControl> control)
+      : config_(config),
+        mailbox_(std::move(mailbox)),
+        outage_(std::move(outage)),
+        control_(std::move(control)),
+        client_(make_client(config_)) {}
+
+  // Helpers first: their return types are deduced.
+  template <class Call>
+  auto call(Call&& c) {
+    return retrying(*control_, *outage_, config_.max_backoff, std::forward<Call>(c));
+  }
+  void post(LinkMessage message) {
+    try {
+      mailbox_->post(std::move(message));
+    } catch (const std::exception&) {  // out of memory: nothing better to do than drop it
+    }
+  }
+
+  // The thread's body: runs the queued requests in order until told to stop.
+  void run() noexcept {
+    block_pipe_signals();
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock lock(control_->mutex);
+        control_->changed.wait(lock, [&] { return control_->stop || !control_->tasks.empty(); });
+        if (control_->stop) break;
+        task = std::move(control_->tasks.front());
+        control_->tasks.pop_front();
+        control_->busy = true;
+      }
+      bool stopped = false;
+      try {
+        task();
+      } catch (const Stopped&) {
+        stopped = true;
+      } catch (const std::exception& e) {
+        post(LinkFailed{std::string("config service: ") + e.what()});
+      }
+      {
+        std::lock_guard lock(control_->mutex);
+        control_->busy = false;
+      }
+      control_->changed.notify_all();
+      if (stopped) break;
+    }
+    mark_done(*control_);
+  }
+
+  void post_event(const std::string& type, const std::string& worker, const std::string& detail,
+                  std::uint64_t version) {
+    call([&] { return client_.post_event(type, worker, detail, version); });
+  }
+
+  void judge_exit(const std::string& worker, int wait_status, std::uint64_t version) {
+    const bool ok = exit_code_of(wait_status) == 0;
+    const std::string detail = ok ? "exit 0" : describe_exit(wait_status);
+    post_event(ok ? "exited" : "failed", worker, detail, version);
+    const Cluster current = call([&] { return client_.get_cluster(); });
+    ExitVerdict verdict = ExitVerdict::left;
+    if (is_member(current, worker)) {
+      verdict = ok ? ExitVerdict::finished : ExitVerdict::failed;
+      if (!ok) remove_member(current, worker, "failed: " + detail);
+    }
+    post(ExitJudged{worker, verdict});
+  }
+
+  void fail_worker(const std::string& worker, const std::string& why, std::uint64_t version) {
+    post_event("failed", worker, why, version);
+    const Cluster current = call([&] { return client_.get_cluster(); });
+    remove_member(current, worker, "failed: " + why);
+  }
+
+  void judge_departure(const std::string& worker, std::uint64_t after_version) {
+    const auto end = Clock::now() + config_.departure_window;
+    for (;;) {
+      read_departures();
+      if (auto found = find_departure(departures_, worker, after_version)) {
+        post(DepartureJudged{worker, *found});
+        return;
+      }
+      if (Clock::now() >= end) break;
+      pause(*control_, config_.departure_poll);
+    }
+    post(DepartureJudged{worker, Departure{}});
+  }
+
+ private:
+  // Removes `worker` by compare-and-swap, starting from `current` and rebasing on each conflict,
+  // and posts `removed` with `detail`. Gives up (with a note) when it is the last worker, as the
+  // service accepts no empty cluster. Throws: kf::Error (errc::conflict) when out of attempts.
+  void remove_member(Cluster current, const std::string& worker, const std::string& detail) {
+    for (int attempt = 1; attempt <= kMaxRemoveAttempts; ++attempt) {
+      if (!is_member(current, worker)) return;
+      const Cluster next = without_worker(current, worker);
+      if (next.workers.empty()) {
+        post(LinkNote{"not removing " + worker + ": it is the last worker of the cluster (v" +
+                      std::to_string(current.version) + ")"});
+        return;
+      }
+      try {
+        const Cluster stored = call([&] { return client_.put_cluster(next); });
+        post(LinkNote{"removed " + worker + " from the cluster (" + detail + "): v" +
+                      std::to_string(current.version) + " -> v" +
+                      std::to_string(stored.version)});
+        post_event("removed", worker, detail, stored.version);
+        return;
+      } catch (const ConflictError& e) {
+        current = e.current();
+      }
+    }
+    throw Error(make_error_code(errc::conflict),
+                "gave up removing " + worker + " after " + std::to_string(kMaxRemoveAttempts) +
+                    " compare-and-swap conflicts");
+  }
+
+  // Reads the events not seen yet and keeps those that explain a departure.
+  void read_departures() {
+    const auto events = call([&] { return client_.get_events(last_seq_); });
+    for (const auto& e : events) {
+      last_seq_ = std::max(last_seq_, e.seq);
+      if (is_departure_event(e.type)) departures_.push_back(e);
+    }
+  }
+
+  LinkConfig config_;
+  std::shared_ptr<Mailbox> mailbox_;
+  std::shared_ptr<Outage> outage_;
+  std::shared_ptr<LinkControl> control_;
+  ConfigClient client_;
+  std::vector<ConfigEvent> departures_;  // killed/revoked/removed events read so far
+  std::uint64_t last_seq_ = 0;
+};
+
+Reporter::Reporter(const LinkConfig& config, std::shared_ptr<Mailbox> mailbox,
+                   std::shared_ptr<Outage> outage)
+    : control_(std::make_shared<LinkControl>()),
+      runner_(std::make_unique<Runner>(config, std::move(mailbox), std::move(outage), control_)) {
+  thread_ = std::thread([this] { runner_->run(); });
+}
+
+Reporter::~Reporter() { finish(Clock::now()); }
+
+void Reporter::enqueue(std::function<void(Runner&)> task) {
+  Runner* runner = runner_.get();  // outlives the thread, which outlives the queue
+  auto run = [runner, task = std::move(task)] { task(*runner); };
+  {
+    std::lock_guard lock(control_->mutex);
+    control_->tasks.push_back(std::move(run));
+  }
+  control_->changed.notify_all();
+}
+
+void Reporter::post_event(std::string type, std::string worker, std::string detail,
+                          std::uint64_t version) {
+  enqueue([=](Runner& r) { r.post_event(type, worker, detail, version); });
+}
+
+void Reporter::judge_exit(std::string worker, int wait_status, std::uint64_t version) {
+  enqueue([=](Runner& r) { r.judge_exit(worker, wait_status, version); });
+}
+
+void Reporter::fail_worker(std::string worker, std::string why, std::uint64_t version) {
+  enqueue([=](Runner& r) { r.fail_worker(worker, why, version); });
+}
+
+void Reporter::judge_departure(std::string worker, std::uint64_t after_version) {
+  enqueue([=](Runner& r) { r.judge_departure(worker, after_version); });
+}
+
+std::size_t Reporter::finish(Clock::time_point deadline) noexcept {
+  if (!thread_.joinable()) return 0;
+  std::size_t dropped = 0;
+  {
+    std::unique_lock lock(control_->mutex);
+    control_->changed.wait_until(lock, deadline, [&] {
+      return control_->done || (control_->tasks.empty() && !control_->busy);
+    });
+    dropped = control_->tasks.size() + (control_->busy ? 1 : 0);
+    control_->stop = true;
+  }
+  control_->changed.notify_all();
+  thread_.join();
+  return dropped;
+}
+
+}  // namespace kf::tools
