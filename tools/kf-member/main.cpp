@@ -38,10 +38,10 @@ int main(int argc, char** argv) {
   CLI::App app{"Lists and changes the workers of an elastic kf job through its config service.",
                "kf-member"};
   app.footer(
-      "WORKER is a rank or host:port. revoke and kill only change the cluster document and record "
-      "an event: the worker-side notice (drain before leaving) and the per-host agent that sends "
-      "the actual signal are not built yet.\nExit code: 0 on success, 2 for a usage error, 1 for "
-      "other errors.");
+      "WORKER is a rank or host:port. revoke and kill change the cluster document and record an "
+      "event; the host's `kfrun --watch` agent then lets a revoked worker leave (SIGTERM after the "
+      "notice) and SIGKILLs a killed one at once (docs/kfrun.md).\nExit code: 0 on success, 2 for "
+      "a usage error, 1 for other errors.");
   app.require_subcommand(1);
   std::string server;
   std::string token_file;
@@ -71,15 +71,15 @@ int main(int argc, char** argv) {
   auto* revoke =
       app.add_subcommand("revoke",
                          "remove WORKER and record a 'revoked' event with the notice (the worker "
-                         "is not told yet: the worker side of the notice is not built)");
+                         "leaves at its next step; its agent sends SIGTERM after the notice)");
   revoke->add_option("WORKER", worker, "rank or host:port")->required();
   auto* notice =
       revoke->add_option("--notice", notice_seconds, "seconds of notice, recorded in the event")
           ->check(CLI::Range(0, 86'400));
   auto* kill =
       app.add_subcommand("kill",
-                         "remove WORKER and record a 'killed' event, for failure drills (no signal "
-                         "is sent: the per-host agent that would send it does not exist yet)");
+                         "remove WORKER and record a 'killed' event, for failure drills (its "
+                         "agent sends SIGKILL at once)");
   kill->add_option("WORKER", worker, "rank or host:port")->required();
   auto* resize = app.add_subcommand("resize", "add or remove workers at the end to reach N");
   resize->add_option("N", resize_to, "the new number of workers (at least 1)")
