@@ -426,9 +426,18 @@ TEST_F(KfrunWatch, RemovesAWorkerThatFails) {
   ASSERT_EQ(c.size(), 1);
   EXPECT_EQ(c.workers[0].endpoint.str(), self_of_rank(1));
 
-  // The job finishes, but a local worker failed on the way.
+  // The job went on without it and finishes: the failure was dealt with.
   release(self_of_rank(1), 0);
+  EXPECT_EQ(wait_exit(), 0) << agent_->output();
+}
+
+TEST_F(KfrunWatch, EndsWithOneWhenTheLastWorkerFails) {
+  start_builtin(1, 1);
+  const std::string only = self_of_rank(0);
+  release(only, 4);
   EXPECT_EQ(wait_exit(), 1) << agent_->output();
+  EXPECT_TRUE(contains(agent_->output(), "kfrun: error: " + only + " was the last worker"))
+      << agent_->output();
 }
 
 TEST_F(KfrunWatch, FailsAWorkerBeyondItsSlots) {
@@ -447,7 +456,7 @@ TEST_F(KfrunWatch, FailsAWorkerBeyondItsSlots) {
   EXPECT_EQ(client().get_cluster().size(), 1);
 
   release(self_of_rank(0), 0);
-  EXPECT_EQ(wait_exit(), 1) << agent_->output();
+  EXPECT_EQ(wait_exit(), 0) << agent_->output();
 }
 
 TEST_F(KfrunWatch, KeepsItsWorkersWhileTheConfigServerRestarts) {

@@ -244,13 +244,29 @@ class Agent {
     }
   }
 
+  // A failure during the job was dealt with by dropping the worker (the job goes on without it,
+  // and the events record it); it counts against the exit code only once the job is finished,
+  // or when the worker was the last one and the job cannot go on.
   void on_message(ExitJudged& m) {
     pending_exits_.erase(m.worker);
-    if (m.verdict == ExitVerdict::failed) failure_ = true;
-    if (m.verdict != ExitVerdict::finished || finished_) return;
-    finished_ = true;
-    say("job finished: " + m.worker +
-        " exited 0 while in the cluster; starting no more workers");
+    switch (m.verdict) {
+      case ExitVerdict::left:
+        return;
+      case ExitVerdict::failed:
+        failure_ = failure_ || finished_;
+        return;
+      case ExitVerdict::failed_last:
+        failure_ = true;
+        if (std::exchange(finished_, true)) return;
+        say("error: " + m.worker +
+            " was the last worker of the cluster: the job cannot go on; starting no more workers");
+        return;
+      case ExitVerdict::finished:
+        if (std::exchange(finished_, true)) return;
+        say("job finished: " + m.worker +
+            " exited 0 while in the cluster; starting no more workers");
+        return;
+    }
   }
 
   // ---- starting ----
@@ -320,7 +336,6 @@ class Agent {
 
   void fail_to_start(const std::string& name, const std::string& why) {
     started_.insert(name);
-    failure_ = true;
     reporter_->fail_worker(name, why, cluster_->version);
   }
 
@@ -392,7 +407,8 @@ class Agent {
     if (stop_signal_) return 128 + *stop_signal_;
     if (fatal_) return 1;
     bool failed = failure_;
-    // Exits the service could not judge in time: as the agent last saw them.
+    // Exits the service could not judge in time (the job is finished): as the agent last saw
+    // them.
     for (const auto& [name, e] : pending_exits_) {
       failed = failed || (e.member && exit_code_of(e.wait_status) != 0);
     }
@@ -414,8 +430,10 @@ class Agent {
   std::set<std::string> started_;               // ever started (or failed to): never again
   std::set<std::string> waiting_;               // told to wait for a slot
   std::map<std::string, PendingExit> pending_exits_;
-  bool finished_ = false;  // a member exited 0: start nothing more, end when none runs
-  bool failure_ = false;   // a member failed or a worker could not start
+  // A member exited 0, the job is marked finished, or its last worker failed: start nothing
+  // more, end when none runs.
+  bool finished_ = false;
+  bool failure_ = false;   // a member failed after the finish, or the last worker failed
   bool fatal_ = false;     // the link failed: stopping with exit code 1
   bool stopping_ = false;  // SIGTERM sent to all; SIGKILL at stop_kill_at_
   bool stop_killed_ = false;

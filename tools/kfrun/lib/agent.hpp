@@ -38,11 +38,13 @@ struct AgentOptions {
 };
 
 /// Runs the agent until the job is finished (a local worker exited 0 while still in the cluster,
-/// and no local worker runs any more) or kfrun is stopped, and returns kfrun's exit code:
-/// 0 when the job finished and every local worker exited 0 or left the cluster; 128 + signal
-/// after SIGINT or SIGTERM (the workers get SIGTERM, then SIGKILL after stop_grace); 1 when a
-/// local worker failed while a member or could not be started, or on a runtime error (the token
-/// rejected, the service answering nonsense).
+/// or the cluster is marked finished, and no local worker runs any more) or kfrun is stopped,
+/// and returns kfrun's exit code: 0 when the job finished and every local worker exited 0 or
+/// left the cluster (a worker that failed during the job was dropped from the cluster: it left);
+/// 128 + signal after SIGINT or SIGTERM (the workers get SIGTERM, then SIGKILL after
+/// stop_grace); 1 when a local member failed after the job finished, when the last worker of the
+/// cluster failed (the job cannot go on), or on a runtime error (the token rejected, the service
+/// answering nonsense).
 /// Throws: std::invalid_argument for a usage error, with a message naming the option (no
 /// --slots, --slots < 1, builtin without -np, -np > --slots, a bad URL, an unreadable token file,
 /// --state without builtin, no program, no free ports for -np); std::runtime_error for a corrupt

@@ -312,8 +312,7 @@ class Reporter::Runner {
     const Cluster current = call([&] { return client_.get_cluster(); });
     ExitVerdict verdict = ExitVerdict::left;
     if (is_member(current, worker)) {
-      verdict = ok ? ExitVerdict::finished : ExitVerdict::failed;
-      if (!ok) remove_member(current, worker, "failed: " + detail);
+      verdict = ok ? ExitVerdict::finished : remove_member(current, worker, "failed: " + detail);
     }
     post(ExitJudged{worker, verdict});
   }
@@ -321,7 +320,7 @@ class Reporter::Runner {
   void fail_worker(const std::string& worker, const std::string& why, std::uint64_t version) {
     post_event("failed", worker, why, version);
     const Cluster current = call([&] { return client_.get_cluster(); });
-    remove_member(current, worker, "failed: " + why);
+    post(ExitJudged{worker, remove_member(current, worker, "failed: " + why)});
   }
 
   void judge_departure(const std::string& worker, std::uint64_t after_version) {
@@ -340,24 +339,22 @@ class Reporter::Runner {
 
  private:
   // Removes `worker` by compare-and-swap, starting from `current` and rebasing on each conflict,
-  // and posts `removed` with `detail`. Gives up (with a note) when it is the last worker, as the
-  // service accepts no empty cluster. Throws: kf::Error (errc::conflict) when out of attempts.
-  void remove_member(Cluster current, const std::string& worker, const std::string& detail) {
+  // and posts `removed` with `detail`; returns failed (also when someone else removed it first),
+  // or failed_last when it is the last worker: the service accepts no empty cluster.
+  // Throws: kf::Error (errc::conflict) when out of attempts.
+  ExitVerdict remove_member(Cluster current, const std::string& worker,
+                            const std::string& detail) {
     for (int attempt = 1; attempt <= kMaxRemoveAttempts; ++attempt) {
-      if (!is_member(current, worker)) return;
+      if (!is_member(current, worker)) return ExitVerdict::failed;
       const Cluster next = without_worker(current, worker);
-      if (next.workers.empty()) {
-        post(LinkNote{"not removing " + worker + ": it is the last worker of the cluster (v" +
-                      std::to_string(current.version) + ")"});
-        return;
-      }
+      if (next.workers.empty()) return ExitVerdict::failed_last;
       try {
         const Cluster stored = call([&] { return client_.put_cluster(next); });
         post(LinkNote{"removed " + worker + " from the cluster (" + detail + "): v" +
                       std::to_string(current.version) + " -> v" +
                       std::to_string(stored.version)});
         post_event("removed", worker, detail, stored.version);
-        return;
+        return ExitVerdict::failed;
       } catch (const ConflictError& e) {
         current = e.current();
       }

@@ -46,6 +46,7 @@ enum class ExitVerdict {
   finished,  ///< exit 0 while a member: the job is done
   left,      ///< no longer a member: it left (revoked, removed, killed)
   failed,    ///< non-zero exit or a signal while a member: removed from the cluster
+  failed_last,  ///< as failed, but it is the last worker: the job cannot go on
 };
 struct ExitJudged {
   std::string worker;  ///< "host:port"
@@ -151,8 +152,8 @@ class Reporter {
   /// ExitJudged; a member that failed is first removed by compare-and-swap (event `removed`,
   /// detail "failed: ...").
   void judge_exit(std::string worker, int wait_status, std::uint64_t version);
-  /// For a worker that could not be started: posts `failed` with `why` and removes it from the
-  /// cluster like judge_exit does.
+  /// For a worker that could not be started: posts `failed` with `why`, removes it from the
+  /// cluster like judge_exit does and answers ExitJudged (failed or failed_last).
   void fail_worker(std::string worker, std::string why, std::uint64_t version);
   /// Looks for the event that explains why `worker` left after `after_version` (kf-member posts
   /// it just after its change), for up to departure_window; answers DepartureJudged (unknown
