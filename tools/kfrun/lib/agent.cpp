@@ -7,19 +7,15 @@
 #include <array>
 #include <cerrno>
 #include <csignal>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <set>
-#include <stdexcept>
 #include <system_error>
 #include <utility>
 
-#include "kf/common/env.hpp"
-#include "kf/runtime/config_client.hpp"
 #include "kfrun/lib/agent_link.hpp"
 #include "kfrun/lib/agent_rules.hpp"
-#include "kfrun/lib/builtin_server.hpp"
+#include "kfrun/lib/agent_setup.hpp"
 #include "kfrun/lib/line_prefixer.hpp"
 #include "kfrun/lib/output.hpp"
 #include "kfrun/lib/signal_pipe.hpp"
@@ -33,7 +29,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr std::string_view kBuiltin = "builtin";
 // A worker that is still running this long after the SIGTERM that ended its leave grace is
 // killed.
 constexpr milliseconds kTermToKill{2000};
@@ -66,20 +61,11 @@ struct PendingExit {
   bool member;  // as the agent last saw it: the verdict if the service cannot be asked
 };
 
-// Where the agent talks to and what it gives its workers, from the options (usage checked).
-struct Setup {
-  std::unique_ptr<BuiltinServer> builtin;
-  std::string url;
-  std::string token;
-  JobSpec job;  // everything but the cluster
-  std::optional<std::vector<std::uint16_t>> initial_ports;
-};
-
 // The agent's poll loop: the workers, their output, the signals and the link's messages.
 // Thread-safety: one thread (the link threads only post to the mailbox).
 class Agent {
  public:
-  Agent(const AgentOptions& options, Setup& setup, SignalPipe& signals, FdWriter& err)
+  Agent(const AgentOptions& options, AgentSetup& setup, SignalPipe& signals, FdWriter& err)
       : options_(options),
         job_(setup.job),
         signals_(signals),
@@ -443,93 +429,15 @@ class Agent {
   std::array<char, 64 * 1024> buffer_;
 };
 
-void check(const AgentOptions& options) {
-  const auto usage = [](const std::string& what) { return std::invalid_argument(what); };
-  if (options.config_server.empty()) {
-    throw usage("--watch needs --config-server URL (http://HOST:PORT) or --config-server builtin");
-  }
-  if (!options.slots) throw usage("--watch needs --slots N (how many workers may run here)");
-  if (*options.slots < 1) {
-    throw usage("--slots must be at least 1 (got " + std::to_string(*options.slots) + ")");
-  }
-  const bool builtin = options.config_server == kBuiltin;
-  if (builtin && !options.np) {
-    throw usage("--config-server builtin needs -np K (the workers of the initial cluster)");
-  }
-  if (options.np && *options.np < 1) {
-    throw usage("-np must be at least 1 (got " + std::to_string(*options.np) + ")");
-  }
-  if (options.np && *options.np > *options.slots) {
-    throw usage("-np " + std::to_string(*options.np) + " is more than --slots " +
-                std::to_string(*options.slots));
-  }
-  if (!builtin && !options.job_token_file) {
-    throw usage("--config-server URL needs --job-token-file F (the job token the agent presents)");
-  }
-  if (!builtin && options.state_file) {
-    throw usage("--state is for --config-server builtin only");
-  }
-  if (options.command.empty() || options.command.front().empty()) {
-    throw usage("no program given: kfrun --watch [options] -- PROG ARGS...");
-  }
-  if (options.host.empty()) throw usage("--host must not be empty");
-  if (options.job_id && options.job_id->empty()) throw usage("--job-id must not be empty");
-  if (options.algorithm && options.algorithm->empty()) {
-    throw usage("--algorithm must not be empty");
-  }
-  if (options.timeout && options.timeout->count() <= 0) {
-    throw usage("--timeout-ms must be positive");
-  }
-  if (options.leave_grace.count() < 0) throw usage("--leave-grace-ms must not be negative");
-  if (!builtin) {
-    try {
-      ConfigClient::parse_url(options.config_server);
-    } catch (const std::invalid_argument& e) {
-      throw usage(std::string("--config-server: ") + e.what());
-    }
-  }
-}
-
-// Everything that can fail for a usage error happens here, before a worker starts.
-Setup prepare(const AgentOptions& options, FdWriter& err) {
-  Setup setup;
-  if (options.config_server == kBuiltin) {
-    BuiltinServerOptions builtin;
-    if (options.state_file) builtin.state_file = *options.state_file;
-    if (options.job_token_file) builtin.token_file = *options.job_token_file;
-    setup.builtin = std::make_unique<BuiltinServer>(builtin);
-    setup.url = setup.builtin->url();
-    setup.token = setup.builtin->token();
-    setup.job.job_token_file = setup.builtin->token_file().string();
-    err.write("kfrun: config server " + setup.url + "\n");
-    err.write("kfrun: job token file " + *setup.job.job_token_file + "\n");
-  } else {
-    setup.url = options.config_server;
-    try {
-      setup.token = read_token_file(*options.job_token_file);
-    } catch (const std::runtime_error& e) {
-      throw std::invalid_argument(std::string("--job-token-file: ") + e.what());
-    }
-    // Absolute, so that a worker that changes directory still finds it.
-    setup.job.job_token_file = std::filesystem::absolute(*options.job_token_file).string();
-  }
-  setup.job.job_id = options.job_id.value_or(job_id_for_token(setup.token));
-  setup.job.algorithm = options.algorithm;
-  setup.job.timeout = options.timeout;
-  setup.job.config_server = setup.url;
-  if (options.np) setup.initial_ports = pick_free_ports(options.host, options.ports, *options.np);
-  return setup;
-}
-
 }  // namespace
 
 int run_agent(const AgentOptions& options) {
-  check(options);
+  check_agent_options(options);
   // Handlers first: the threads started below must find SIGPIPE ignored, and they block the
   // signals the loop polls.
   SignalPipe signals;
   FdWriter err(options.err_fd, options.err_fd);
-  Setup setup = prepare(options, err);
+  AgentSetup setup = prepare_agent(options, err);
   Agent agent(options, setup, signals, err);
   const int code = agent.run();
   // The agent's reports are done. Stopping the builtin service ends the watcher's long-poll, so
