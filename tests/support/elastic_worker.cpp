@@ -72,11 +72,16 @@ int main(int argc, char** argv) {
   app.add_option("--samples", samples)->check(CLI::Range(1, 1 << 22));
   app.add_option("--dim", dim)->check(CLI::Range(1, 4096));
   app.add_option("--batch", batch, "global batch size")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--epochs", epochs)->check(CLI::Range(1, 1000));
+  app.add_option("--epochs", epochs, "unless the cluster settings say \"epochs\"")
+      ->check(CLI::Range(1, 100000));
   app.add_option("--lr", lr);
   app.add_option("--extra-floats", extra_floats, "extra float32 state (synced to joiners)");
   app.add_option("--fail-start-once", fail_start_once,
                  "if this file exists: remove it and exit 1 before joining (a failed start)");
+  int bench_check = 0;
+  app.add_option("--bench-check", bench_check,
+                 "measure the boundary's cost: N steps of one 4-byte allreduce without and N "
+                 "with Session::step, alternating in blocks; prints 'bench_check ...' and exits");
   app.add_option("--progress-file", progress_file,
                  "rank 0 writes the committed step count here after each step");
   CLI11_PARSE(app, argc, argv);
@@ -125,6 +130,35 @@ int main(int argc, char** argv) {
   std::cout << "joined v" << session->version() << " rank " << session->rank() << " size "
             << session->size() << " step " << step << std::endl;
 
+  if (bench_check > 0) {
+    // Alternate blocks of plain steps and session steps so that machine drift hits both.
+    float v = 1.f;
+    double plain_us = 0, session_us = 0;
+    const int block = 100;
+    using Clock = std::chrono::steady_clock;
+    for (int done = 0; done < bench_check; done += block) {
+      auto t0 = Clock::now();
+      for (int i = 0; i < block; ++i) {
+        session->peer().allreduce("b", kf::buffer(&v, 1), kf::buffer(&v, 1)).wait();
+      }
+      auto t1 = Clock::now();
+      for (int i = 0; i < block; ++i) {
+        session->step([&] {
+          session->peer().allreduce("b", kf::buffer(&v, 1), kf::buffer(&v, 1)).wait();
+        });
+      }
+      auto t2 = Clock::now();
+      plain_us += std::chrono::duration<double, std::micro>(t1 - t0).count();
+      session_us += std::chrono::duration<double, std::micro>(t2 - t1).count();
+    }
+    const int n = (bench_check + block - 1) / block * block;
+    std::cout << "bench_check workers=" << session->size() << " steps=" << n
+              << " plain_step_us=" << plain_us / n << " session_step_us=" << session_us / n
+              << " boundary_us=" << (session_us - plain_us) / n << std::endl;
+    session->finish();
+    return 0;
+  }
+
   kf::ElasticSampler sampler(static_cast<std::size_t>(samples), /*seed=*/7);
   std::int64_t last_committed = step;
   std::size_t changes_printed = 0;
@@ -139,7 +173,9 @@ int main(int argc, char** argv) {
 
   std::vector<double> buf(static_cast<std::size_t>(dim) + 1 + samples);
   try {
-    while (epoch < epochs) {
+    // The job's length may be changed while it runs (settings "epochs" on the config service):
+    // every worker reads it from the same cluster version at the same step.
+    while (epoch < session->settings().value("epochs", static_cast<std::int64_t>(epochs))) {
       sampler.start_epoch(epoch, static_cast<std::size_t>(position));
       const auto mine = sampler.batch(session->rank(), session->size(),
                                       static_cast<std::size_t>(batch));

@@ -1,0 +1,184 @@
+// SPDX-License-Identifier: Apache-2.0
+// elastic-bench: times membership changes of a real elastic job (kf-config-server + kfrun --watch
+// + elastic-worker on 127.0.0.1), RUNS times each, and prints p50/p95/max per phase:
+//   revoke  kf-member revoke -> the survivors' first step at the new size; and the survivors'
+//           own pause (step boundary -> state in place)
+//   kill    kill -9 of a worker -> the survivors' detection (their collective failed) -> the
+//           first step at the new size
+//   add     kf-member add -> joiner in join() (process start) -> joined the agreement (connect)
+//           -> state synced (sync); survivors' pause; with --extra-floats of state (default 10 M)
+// Usage: build/tests/multiproc/elastic-bench [--runs N] [--extra-floats N] [--np N]; the
+// executables are taken from the build tree it is in (or KFRUN, KF_ELASTIC_WORKER, KF_MEMBER,
+// CONFIG_SERVER_EXE).
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "support/elastic_job.hpp"
+
+namespace {
+
+using kf::test::ElasticJob;
+
+std::int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// The "change {...}" records the workers printed, with the worker's endpoint.
+struct Change {
+  std::string worker;
+  nlohmann::json rec;
+};
+
+std::vector<Change> changes(const ElasticJob& job) {
+  std::vector<Change> v;
+  std::istringstream in(job.out());
+  for (std::string line; std::getline(in, line);) {
+    const auto at = line.find("] change ");
+    if (line.empty() || line[0] != '[' || at == std::string::npos) continue;
+    try {
+      v.push_back({line.substr(1, at - 1), nlohmann::json::parse(line.substr(at + 9))});
+    } catch (const std::exception&) {
+    }
+  }
+  return v;
+}
+
+struct Series {
+  std::vector<double> ms;
+  void add(double v) { ms.push_back(v); }
+  std::string str() const {
+    if (ms.empty()) return "n/a";
+    auto s = ms;
+    std::sort(s.begin(), s.end());
+    const auto q = [&](double p) {
+      return s[std::min(s.size() - 1, static_cast<std::size_t>(p * static_cast<double>(s.size())))];
+    };
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "p50 %7.2f  p95 %7.2f  max %7.2f  (n=%zu)", q(0.5), q(0.95),
+                  s.back(), s.size());
+    return buf;
+  }
+};
+
+double ms_between(std::int64_t a, std::int64_t b) { return static_cast<double>(b - a) / 1000.0; }
+
+const std::string kArgs = "--samples 20000 --dim 32 --batch 64 --epochs 1000";
+
+bool run_revoke(int np, std::map<std::string, Series>& out) {
+  ElasticJob job("bench-revoke");
+  job.start(np, kArgs);
+  if (!job.wait_progress(100)) return false;
+  const auto c = job.client().get_cluster();
+  const std::string leaver = c.workers.back().endpoint.str();
+  const std::int64_t t0 = now_us();
+  if (job.member("revoke " + leaver + " --notice 10").exit_code != 0) return false;
+  if (!job.wait_size(np - 1)) return false;
+  job.finish_soon();
+  if (job.wait() != 0) return false;
+  for (const auto& ch : changes(job)) {
+    if (ch.worker == leaver || ch.rec["kind"] != "resize" || ch.rec["to_size"] != np - 1) continue;
+    out["revoke: kf-member -> first step at new size"].add(ms_between(t0, ch.rec["resumed_us"]));
+    out["revoke: survivors' pause (boundary -> resumed)"].add(
+        ms_between(ch.rec["boundary_us"], ch.rec["synced_us"]));
+    break;
+  }
+  return true;
+}
+
+bool run_kill(int np, std::map<std::string, Series>& out) {
+  ElasticJob job("bench-kill");
+  job.start(np, kArgs);
+  if (!job.wait_progress(100)) return false;
+  const auto c = job.client().get_cluster();
+  const std::string victim = c.workers.back().endpoint.str();
+  const pid_t pid = job.worker_pid(victim);
+  if (pid <= 0) return false;
+  const std::int64_t t0 = now_us();
+  ::kill(pid, SIGKILL);
+  if (!job.wait_size(np - 1)) return false;
+  job.finish_soon();
+  job.wait();
+  std::int64_t detected = 0, resumed = 0;
+  for (const auto& ch : changes(job)) {
+    if (ch.rec["kind"] != "recovery") continue;
+    const std::int64_t d = ch.rec["detected_us"], r = ch.rec["resumed_us"];
+    if (detected == 0 || d < detected) detected = d;
+    resumed = std::max(resumed, r);
+  }
+  if (detected == 0) return false;
+  out["kill: kill -9 -> detected"].add(ms_between(t0, detected));
+  out["kill: detected -> first step at new size"].add(ms_between(detected, resumed));
+  out["kill: kill -9 -> first step at new size"].add(ms_between(t0, resumed));
+  return true;
+}
+
+bool run_add(int np, std::size_t extra, std::map<std::string, Series>& out) {
+  ElasticJob job("bench-add");
+  job.start(np, kArgs + " --extra-floats " + std::to_string(extra));
+  if (!job.wait_progress(20)) return false;
+  const std::int64_t t0 = now_us();
+  if (job.member("add").exit_code != 0) return false;
+  if (!job.wait_size(np + 1)) return false;
+  job.finish_soon();
+  if (job.wait() != 0) return false;
+  const auto after = job.client().get_cluster();
+  for (const auto& ch : changes(job)) {
+    const auto& r = ch.rec;
+    if (r["kind"] == "join" && r["to_size"] == np + 1) {
+      out["add: kf-member -> joiner process in join()"].add(ms_between(t0, r["detected_us"]));
+      out["add: connect (invited, agreement done)"].add(
+          ms_between(r["detected_us"], r["connected_us"]));
+      out["add: state sync (" + std::to_string(extra) + " floats)"].add(
+          ms_between(r["connected_us"], r["synced_us"]));
+    }
+    if (r["kind"] == "resize" && r["to_size"] == np + 1 && r["from_size"] == np) {
+      if (out["add: survivors' pause (switch -> synced)"].ms.size() <
+          out["add: connect (invited, agreement done)"].ms.size()) {
+        out["add: survivors' pause (switch -> synced)"].add(
+            ms_between(r["switch_us"], r["synced_us"]));
+        out["add: kf-member -> first step at new size"].add(ms_between(t0, r["resumed_us"]));
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"times membership changes of an elastic job", "elastic-bench"};
+  int runs = 20, np = 2;
+  std::size_t extra = 10'000'000;
+  app.add_option("--runs", runs)->check(CLI::Range(1, 1000));
+  app.add_option("--np", np, "workers before each change")->check(CLI::Range(2, 8));
+  app.add_option("--extra-floats", extra, "float32 state a joiner receives");
+  CLI11_PARSE(app, argc, argv);
+  // Without the test environment, find the executables in the build tree this program is in.
+  const auto build = std::filesystem::canonical("/proc/self/exe").parent_path() / ".." / "..";
+  const std::pair<const char*, std::filesystem::path> defaults[] = {
+      {"KFRUN", build / "tools/kfrun/kfrun"},
+      {"KF_ELASTIC_WORKER", build / "tests/multiproc/elastic-worker"},
+      {"KF_MEMBER", build / "tools/kf-member/kf-member"},
+      {"CONFIG_SERVER_EXE", build / "tools/kf-config-server/kf-config-server"}};
+  for (const auto& [name, path] : defaults) ::setenv(name, path.lexically_normal().c_str(), 0);
+  std::map<std::string, Series> out;
+  int failed = 0;
+  for (int i = 0; i < runs; ++i) {
+    failed += !run_revoke(np + 1, out);
+    failed += !run_kill(np + 1, out);
+    failed += !run_add(np, extra, out);
+    std::cerr << "run " << i + 1 << "/" << runs << " done\n";
+  }
+  std::cout << "elastic-bench: " << runs << " runs, np " << np << " (+1 before revoke/kill), "
+            << failed << " failed runs\n";
+  for (const auto& [name, s] : out) std::printf("%-48s %s ms\n", name.c_str(), s.str().c_str());
+  return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,157 @@
+// SPDX-License-Identifier: Apache-2.0
+// Elastic jobs end to end: a kf-config-server, a `kfrun --watch` agent and elastic-worker
+// processes (deterministic linear regression with kf::Session) on 127.0.0.1, changed while they
+// train: grow and shrink, kill -9 at random steps, revoke with notice, a config server restart,
+// racing kf-member commands, a joiner whose start fails. After each the job must finish with
+// every remaining worker holding bitwise-identical parameters; the workers themselves check that
+// every sample of each epoch was used exactly once and that no step went back past a commit
+// (they print BROKEN and exit 3 otherwise); the audit trail must list each change.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "support/elastic_job.hpp"
+
+namespace kf::test {
+namespace {
+
+// Small, quick steps: 20000 samples in global batches of 64 (313 steps per epoch).
+const std::string kArgs = "--samples 20000 --dim 32 --batch 64 --epochs 1000";
+
+TEST(Elastic, GrowsTwoToFourAndShrinksBackWhileTraining) {
+  ElasticJob job("grow");
+  ASSERT_FALSE(job.url().empty());
+  job.start(2, kArgs);
+  ASSERT_TRUE(job.wait_progress(50)) << job.err();
+  auto r = job.member("resize 4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(job.wait_size(4)) << job.err();
+  const long at4 = job.progress();
+  ASSERT_TRUE(job.wait_progress(at4 + 50));
+  r = job.member("resize 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(job.wait_size(2)) << job.err();
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 2);
+  EXPECT_TRUE(job.has_event([](const ConfigEvent& e) { return e.type == "joined"; }));
+  EXPECT_TRUE(job.has_event([](const ConfigEvent& e) { return e.type == "left"; }));
+}
+
+TEST(Elastic, RevokedWorkerFinishesItsStepAndLeavesCleanly) {
+  ElasticJob job("revoke");
+  job.start(3, kArgs);
+  ASSERT_TRUE(job.wait_progress(50)) << job.err();
+  const auto before = job.client().get_cluster();
+  const std::string leaver = before.workers[1].endpoint.str();
+  auto r = job.member("revoke " + leaver + " --notice 10");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(job.wait_size(2)) << job.err();
+  ASSERT_TRUE(eventually(
+      [&] {
+        return job.has_event([&](const ConfigEvent& e) {
+          return e.type == "exited" && e.worker == leaver;
+        });
+      },
+      30s))
+      << job.err();
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 2);
+  EXPECT_NE(job.out().find("left step"), std::string::npos) << job.out();
+  EXPECT_FALSE(job.has_event([&](const ConfigEvent& e) {
+    return e.type == "failed" && e.worker == leaver;
+  })) << "a revoked worker leaves cleanly";
+}
+
+// kill -9 of a random worker at a random step; 20 seeds.
+TEST(Elastic, SurvivesKillNineOfARandomWorkerAtARandomStep) {
+  // KF_TEST_SEED=N runs that seed alone.
+  const int only = std::atoi(env_or_empty("KF_TEST_SEED").c_str());
+  for (int seed = only > 0 ? only : 1; seed <= (only > 0 ? only : 20); ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 gen(static_cast<unsigned>(seed));
+    const int np = 3 + seed % 2;
+    ElasticJob job("kill" + std::to_string(seed));
+    job.start(np, kArgs);
+    const long at = std::uniform_int_distribution<long>(5, 300)(gen);
+    ASSERT_TRUE(job.wait_progress(at)) << job.err();
+    const auto c = job.client().get_cluster();
+    const auto victim =
+        c.workers[std::uniform_int_distribution<std::size_t>(0, c.workers.size() - 1)(gen)]
+            .endpoint.str();
+    const pid_t pid = job.worker_pid(victim);
+    ASSERT_GT(pid, 0) << "no started event for " << victim;
+    ASSERT_EQ(::kill(pid, SIGKILL), 0);
+    ASSERT_TRUE(job.wait_size(np - 1)) << job.err();
+    job.finish_soon();
+    job.expect_clean_finish(job.wait(), np - 1);
+    EXPECT_TRUE(job.has_event([&](const ConfigEvent& e) {
+      return e.type == "failed" && e.worker == victim;
+    }));
+    if (::testing::Test::HasFailure()) break;
+  }
+}
+
+TEST(Elastic, ConfigServerRestartDoesNotStopTrainingAndChangesResume) {
+  ElasticJob job("restart");
+  job.start(2, kArgs);
+  ASSERT_TRUE(job.wait_progress(50)) << job.err();
+  const std::string address = job.server().address();
+  job.stop_server();
+  const long down_at = job.progress();
+  EXPECT_TRUE(job.wait_progress(down_at + 100)) << "training stopped while the service was down";
+  job.restart_server(address);
+  ASSERT_FALSE(job.url().empty()) << "the server did not come back on " << address;
+  auto r = job.member("add");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(job.wait_size(3)) << job.err();
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 3);
+}
+
+TEST(Elastic, RacingMemberCommandsBothTakeEffect) {
+  ElasticJob job("race");
+  job.start(2, kArgs);
+  ASSERT_TRUE(job.wait_progress(50)) << job.err();
+  Ran a, b;
+  std::thread ta([&] { a = job.member("add"); });
+  std::thread tb([&] { b = job.member("add"); });
+  ta.join();
+  tb.join();
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(job.client().get_cluster().size(), 4);
+  ASSERT_TRUE(job.wait_size(4)) << job.err();
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 4);
+}
+
+TEST(Elastic, JoinerWhoseStartFailsIsDroppedAndTrainingGoesOn) {
+  ElasticJob job("badjoiner");
+  const auto fail = job.dir() / "fail-once";
+  job.start(2, kArgs + " --fail-start-once " + fail.string());
+  ASSERT_TRUE(job.wait_progress(50)) << job.err();
+  std::ofstream(fail) << "x\n";
+  auto r = job.member("add");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(eventually(
+      [&] { return job.has_event([](const ConfigEvent& e) { return e.type == "failed"; }); },
+      30s))
+      << job.err();
+  ASSERT_TRUE(eventually([&] { return job.client().get_cluster().size() == 2; }, 30s));
+  const long at = job.progress();
+  ASSERT_TRUE(job.wait_progress(at + 50)) << "training stopped after the failed join";
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 2);
+}
+
+}  // namespace
+}  // namespace kf::test

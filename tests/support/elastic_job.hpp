@@ -1,0 +1,213 @@
+// SPDX-License-Identifier: Apache-2.0
+// Test and benchmark helper: an elastic job on 127.0.0.1 made of a kf-config-server (its own
+// process, restartable), one `kfrun --watch` agent and elastic-worker processes, with the paths
+// of the executables from the environment (KFRUN, KF_ELASTIC_WORKER, KF_MEMBER,
+// CONFIG_SERVER_EXE). The agent's stdout and stderr go to files in the job's directory.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kf/runtime/config_client.hpp"
+#include "support/config_server_process.hpp"
+#include "support/process.hpp"
+
+namespace kf::test {
+
+using namespace std::chrono_literals;
+
+inline std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Polls `condition` until it holds or `timeout` passes (the state it waits for is produced by
+// other processes; there is nothing to block on).
+inline bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < until) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return condition();
+}
+
+class ElasticJob {
+ public:
+  explicit ElasticJob(const std::string& name) {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kf-elastic-" + name + "-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    std::ofstream(dir_ / "token") << "elastic-test-token\n";
+    server_ = std::make_unique<ServerProcess>(dir_);
+  }
+  ~ElasticJob() {
+    if (agent_.pid > 0) {
+      ::kill(agent_.pid, SIGKILL);
+      ::waitpid(agent_.pid, nullptr, 0);
+      // The workers are in process groups of their own; kfrun is gone, so stop them by name.
+      run_shell("pkill -KILL -f 'elastic-worker.*" + dir_.string() + "' || true");
+    }
+    if (agent_.out_fd >= 0) ::close(agent_.out_fd);
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
+
+  static bool HasFailure() { return ::testing::Test::HasFailure(); }
+
+  std::string url() const { return server_->url(); }
+  const std::filesystem::path& dir() const { return dir_; }
+  ConfigClient client() const { return ConfigClient(url(), "elastic-test-token"); }
+
+  /// Starts `kfrun --watch` with `np` initial workers running elastic-worker `args`.
+  void start(int np, const std::string& args) {
+    const std::string cmd =
+        "exec " + env_or_empty("KFRUN") + " --watch --config-server " + url() +
+        " --slots 8 -np " + std::to_string(np) + " --job-token-file " +
+        (dir_ / "token").string() + " --leave-grace-ms 20000 -- " +
+        env_or_empty("KF_ELASTIC_WORKER") + " --progress-file " + (dir_ / "progress").string() +
+        " " + args + " > " + (dir_ / "out").string() + " 2> " + (dir_ / "err").string();
+    agent_ = spawn({"/bin/sh", "-c", cmd}, {"KF_LOG_LEVEL=info"});
+  }
+
+  /// Committed steps so far (rank 0 writes them after each step), -1 before the first.
+  long progress() const {
+    std::ifstream in(dir_ / "progress");
+    long s = -1;
+    in >> s;
+    return in ? s : -1;
+  }
+
+  bool wait_progress(long past, std::chrono::milliseconds timeout = 60s) const {
+    return eventually([&] { return progress() > past; }, timeout);
+  }
+
+  std::vector<ConfigEvent> events() const {
+    try {
+      return client().get_events();
+    } catch (const std::exception&) {
+      return {};
+    }
+  }
+
+  bool has_event(const std::function<bool(const ConfigEvent&)>& pred) const {
+    for (const auto& e : events()) {
+      if (pred(e)) return true;
+    }
+    return false;
+  }
+
+  /// Waits until a change to `workers` workers has taken effect in the job.
+  bool wait_size(int workers, std::chrono::milliseconds timeout = 60s) const {
+    const std::string needle = "-> " + std::to_string(workers) + " workers";
+    return eventually(
+        [&] {
+          return has_event([&](const ConfigEvent& e) {
+            return e.type == "resized" && e.detail.find(needle) != std::string::npos;
+          });
+        },
+        timeout);
+  }
+
+  /// Ends the job `extra` epochs from now (settings "epochs", written by compare-and-swap).
+  void finish_soon() {
+    ConfigClient c = client();
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      Cluster cur = c.get_cluster();
+      cur.settings["epochs"] = 1;  // the workers stop at the end of the epoch they are in
+      try {
+        c.put_cluster(cur);
+        return;
+      } catch (const ConflictError&) {
+      }
+    }
+    ADD_FAILURE() << "could not set the job's epochs";
+  }
+
+  /// Waits for kfrun to exit and returns its exit code (-1 on timeout).
+  int wait(std::chrono::seconds timeout = 120s) {
+    auto st = wait_exit(agent_, std::chrono::steady_clock::now() + timeout);
+    agent_.pid = -1;
+    if (!st) return -1;
+    return WIFEXITED(*st) ? WEXITSTATUS(*st) : 128 + WTERMSIG(*st);
+  }
+
+  std::string out() const { return slurp(dir_ / "out"); }
+  std::string err() const { return slurp(dir_ / "err"); }
+
+  /// The "final" lines: one per worker that finished the job.
+  std::vector<std::string> finals() const {
+    std::vector<std::string> v;
+    std::istringstream in(out());
+    for (std::string line; std::getline(in, line);) {
+      const auto at = line.find("final step=");
+      if (at != std::string::npos) v.push_back(line.substr(at));
+    }
+    return v;
+  }
+
+  /// Checks what every elastic run must end with; `workers` is the expected final size.
+  void expect_clean_finish(int exit_code, int workers) {
+    SCOPED_TRACE("job directory " + dir_.string());
+    EXPECT_EQ(exit_code, 0) << "kfrun stderr:\n" << err() << "\nstdout:\n" << out();
+    EXPECT_EQ(out().find("BROKEN"), std::string::npos) << out();
+    const auto f = finals();
+    ASSERT_EQ(static_cast<int>(f.size()), workers) << out();
+    std::set<std::string> hashes;
+    for (const auto& line : f) {
+      std::smatch m;
+      ASSERT_TRUE(std::regex_search(line, m, std::regex("workers=(\\d+) hash=([0-9a-f]+)")))
+          << line;
+      EXPECT_EQ(std::stoi(m[1]), workers) << line;
+      hashes.insert(m[2]);
+    }
+    EXPECT_EQ(hashes.size(), 1u) << "survivors differ:\n" << out();
+  }
+
+  pid_t worker_pid(const std::string& endpoint) const {
+    for (const auto& e : events()) {
+      if (e.type != "started" || e.worker != endpoint) continue;
+      std::smatch m;
+      if (std::regex_search(e.detail, m, std::regex("pid (\\d+)"))) return std::stoi(m[1]);
+    }
+    return -1;
+  }
+
+  Ran member(const std::string& args) const {
+    return run_shell(env_or_empty("KF_MEMBER") + " --server " + url() + " --token-file " +
+                     (dir_ / "token").string() + " " + args);
+  }
+
+  ServerProcess& server() { return *server_; }
+  void restart_server(const std::string& address) {
+    server_.reset();
+    server_ = std::make_unique<ServerProcess>(dir_, std::vector<std::string>{"--listen", address});
+  }
+  void stop_server() { server_->terminate(); }
+
+ private:
+  std::filesystem::path dir_;
+  std::unique_ptr<ServerProcess> server_;
+  Child agent_;
+};
+
+
+}  // namespace kf::test
