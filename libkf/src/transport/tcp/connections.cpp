@@ -582,7 +582,9 @@ void PeerImpl::force_close(int peer) {
 void PeerImpl::mark_lost(int peer, std::error_code ec, const std::string& why) {
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   if (ps.lost || stopping_) return;
-  if (ps.departed && !io_cluster_.rank_of(ps.ep)) return;  // it said goodbye and is not needed
+  // A peer that said goodbye is gone by its own choice: what waited on it has already failed
+  // (mark_departed), and its connections breaking afterwards is expected.
+  if (ps.departed) return;
   ps.lost = true;
   const bool member = io_cluster_.rank_of(ps.ep).has_value();
   KF_LOG(warn, "transport", "{} (rank {}, v{}): peer {} lost: {}", identity_, io_rank_,
