@@ -307,6 +307,24 @@ class PeerImpl {
   void mark_departed(int peer);
   /// Records that `peer` sent a frame of `version`; fails its receives of older versions.
   void note_version(int peer, std::uint64_t version);
+  /// Fails with `ec` every posted receive whose key satisfies `match` and that is not being
+  /// filled right now, and drops the mailbox slots left empty.
+  template <typename Match>
+  void fail_receives(Match match, std::error_code ec) {
+    for (auto it = mailbox_.begin(); it != mailbox_.end();) {
+      if (match(it->first) && !it->second.posted.empty()) {
+        for (auto& r : it->second.posted) {
+          if (!r->in_progress) r->ev.set(ec);
+        }
+        std::erase_if(it->second.posted, [](const auto& r) { return !r->in_progress; });
+        if (it->second.posted.empty() && it->second.unexpected.empty()) {
+          it = mailbox_.erase(it);
+          continue;
+        }
+      }
+      ++it;
+    }
+  }
   void break_version(std::error_code ec, const std::string& why);
 
   awaitable<void> run_collective(std::shared_ptr<CollCtx> ctx);

@@ -596,40 +596,17 @@ void PeerImpl::mark_departed(int peer) {
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   ps.departed = true;
   KF_LOG(debug, "transport", "{}: peer {} said goodbye", identity_, ps.key);
-  for (auto it = mailbox_.begin(); it != mailbox_.end();) {
-    if (it->first.peer == peer) {
-      for (auto& r : it->second.posted) {
-        if (!r->in_progress) r->ev.set(make_error_code(errc::peer_lost));
-      }
-      std::erase_if(it->second.posted, [](const auto& r) { return !r->in_progress; });
-      if (it->second.posted.empty() && it->second.unexpected.empty()) {
-        it = mailbox_.erase(it);
-        continue;
-      }
-    }
-    ++it;
-  }
+  fail_receives([peer](const MailKey& k) { return k.peer == peer; },
+                make_error_code(errc::peer_lost));
 }
 
 void PeerImpl::note_version(int peer, std::uint64_t version) {
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   if (version <= ps.max_version) return;
   ps.max_version = version;
-  for (auto it = mailbox_.begin(); it != mailbox_.end();) {
-    if (it->first.peer == peer && it->first.version < version && !it->second.posted.empty()) {
-      KF_LOG(debug, "transport", "{}: {} moved to version {}; its receives of v{} fail", identity_,
-             ps.key, version, it->first.version);
-      for (auto& r : it->second.posted) {
-        if (!r->in_progress) r->ev.set(make_error_code(errc::stale_version));
-      }
-      std::erase_if(it->second.posted, [](const auto& r) { return !r->in_progress; });
-      if (it->second.posted.empty() && it->second.unexpected.empty()) {
-        it = mailbox_.erase(it);
-        continue;
-      }
-    }
-    ++it;
-  }
+  KF_LOG(debug, "transport", "{}: {} moved to version {}", identity_, ps.key, version);
+  fail_receives([&](const MailKey& k) { return k.peer == peer && k.version < version; },
+                make_error_code(errc::stale_version));
 }
 
 // A member is gone, so every collective of this cluster version fails on this worker and on
