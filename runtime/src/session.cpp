@@ -5,6 +5,9 @@
 #include "kf/runtime/session.hpp"
 
 #include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -244,6 +247,16 @@ std::unique_ptr<Session> Session::from_environment(State& state) {
   SessionOptions o;
   o.config_server = e.config_server;
   o.job_token = e.job_token;
+  if (const char* path = std::getenv(env::kCheckpoint); path && *path) o.checkpoint_path = path;
+  if (const char* every = std::getenv(env::kCheckpointEvery); every && *every) {
+    std::int64_t n = 0;
+    const auto [end, ec] = std::from_chars(every, every + std::strlen(every), n);
+    if (ec != std::errc() || *end != '\0' || n < 1) {
+      throw std::invalid_argument(std::string(env::kCheckpointEvery) + "='" + every +
+                                  "' must be a positive integer");
+    }
+    o.checkpoint_every = n;
+  }
   return std::make_unique<Session>(std::move(peer), e.cluster, state, std::move(o));
 }
 

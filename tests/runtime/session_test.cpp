@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -105,6 +106,46 @@ TEST(Session, StaticJobRollsBackNothingAndReportsALostPeer) {
   });
   EXPECT_EQ(joined.load(), n);
   EXPECT_TRUE(failed_with_peer_lost) << "a static job cannot recover: the error reaches the loop";
+}
+
+// Every worker lost: a new job with the same checkpoint path goes on from the last saved commit.
+TEST(Session, NewJobContinuesFromTheCheckpoint) {
+  const auto path = (std::filesystem::temp_directory_path() /
+                     ("kf-session-ckpt-" + std::to_string(::getpid())))
+                        .string();
+  std::filesystem::remove(path);
+  SessionOptions o;
+  o.checkpoint_path = path;
+  o.checkpoint_every = 4;
+  constexpr int n = 2;
+  std::vector<std::int64_t> first_steps(n), second_start(n);
+  std::vector<std::vector<double>> w(n);
+  for (int round = 0; round < 2; ++round) {
+    Job job = make_job(n);
+    test::run_all(n, [&](int r) {
+      State state;
+      w[r].assign(3, 0.0);
+      state.add("w", buffer(w[r].data(), w[r].size()));
+      std::int64_t& step = state.counter("step");
+      Session s(std::move(job.peers[r]), job.cluster, state, o);
+      ASSERT_TRUE(s.join());
+      if (round == 1) second_start[r] = step;
+      for (int i = 0; i < 10; ++i) {
+        s.step([&] {
+          w[r][0] += 1.0;
+          ++step;
+        });
+      }
+      if (round == 0) first_steps[r] = step;
+    });
+  }
+  std::filesystem::remove(path);
+  EXPECT_EQ(first_steps[0], 10);
+  // Commits every step, saved every 4th commit: the last save holds step 8.
+  EXPECT_EQ(second_start[0], 8);
+  EXPECT_EQ(second_start[1], 8) << "the checkpoint reached every worker of the new job";
+  EXPECT_EQ(w[0][0], 18.0);
+  EXPECT_EQ(w[1][0], 18.0);
 }
 
 TEST(Session, RejectsAPeerOutsideItsClusterOrAlreadyStarted) {

@@ -23,6 +23,8 @@ inline constexpr const char* kTimeoutMs = "KF_TIMEOUT_MS";       ///< collective
 inline constexpr const char* kHeartbeatMs = "KF_HEARTBEAT_MS";   ///< silent-peer timeout, ms
 inline constexpr const char* kSpinUs = "KF_SPIN_US";             ///< I/O thread poll window, us
 inline constexpr const char* kLogLevel = "KF_LOG_LEVEL";         ///< trace|debug|info|warn|error
+inline constexpr const char* kCheckpoint = "KF_CHECKPOINT";      ///< kf::Session checkpoint file
+inline constexpr const char* kCheckpointEvery = "KF_CHECKPOINT_EVERY";  ///< commits between saves
 inline constexpr const char* kRank = "KF_RANK";                  ///< informational: initial rank
 inline constexpr const char* kSize = "KF_SIZE";                  ///< informational: initial size
 }  // namespace env

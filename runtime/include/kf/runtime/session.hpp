@@ -98,7 +98,8 @@ class Session {
   /// peer is not a member of `initial` or the peer was already started.
   Session(std::unique_ptr<Peer> peer, Cluster initial, State& state, SessionOptions options);
   /// The worker started by kfrun: peer, cluster, config service and token from the KF_*
-  /// environment. Throws: std::invalid_argument naming a bad variable; kf::Error.
+  /// environment; checkpoint_path from KF_CHECKPOINT and checkpoint_every from
+  /// KF_CHECKPOINT_EVERY when set. Throws: std::invalid_argument naming a bad variable; kf::Error.
   static std::unique_ptr<Session> from_environment(State& state);
   ~Session();
   Session(const Session&) = delete;
