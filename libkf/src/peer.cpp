@@ -61,7 +61,8 @@ tcp::endpoint resolve_listen(asio::io_context& ioc, const Endpoint& ep) {
 
 }  // namespace
 
-PeerImpl::PeerImpl(PeerOptions opts) : opts_(std::move(opts)), acceptor_(ioc_) {
+PeerImpl::PeerImpl(PeerOptions opts)
+    : opts_(std::move(opts)), default_algorithm_(opts_.default_algorithm), acceptor_(ioc_) {
   if (opts_.job_token.empty()) throw std::invalid_argument("PeerOptions.job_token is empty");
   const tcp::endpoint ep = resolve_listen(ioc_, opts_.listen);
   boost::system::error_code ec;
@@ -192,7 +193,7 @@ int PeerImpl::peer_index(const Endpoint& ep) {
 }
 
 Algorithm PeerImpl::resolve(CollOp op, Algorithm a, std::size_t bytes) const noexcept {
-  if (a == Algorithm::job_default) a = opts_.default_algorithm;
+  if (a == Algorithm::job_default) a = default_algorithm_.load(std::memory_order_relaxed);
   if (a == Algorithm::job_default) a = Algorithm::auto_select;
   if (a != Algorithm::auto_select) return a;
   return coll::choose(op, bytes, std::max(1, cluster_.size()), coll::LinkParams{});
@@ -345,6 +346,10 @@ Endpoint Peer::endpoint() const { return impl_->endpoint(); }
 void Peer::start(const Cluster& cluster) { impl_->start(cluster); }
 void Peer::update(const Cluster& cluster) { impl_->update(cluster); }
 std::vector<Endpoint> Peer::lost_peers() const { return impl_->lost_peers(); }
+void Peer::set_default_algorithm(Algorithm a) noexcept {
+  impl_->default_algorithm_.store(a, std::memory_order_relaxed);
+}
+
 Handle Peer::invite(const Endpoint& to, std::string payload) {
   return impl_->invite(to, std::move(payload));
 }

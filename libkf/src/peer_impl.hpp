@@ -343,6 +343,7 @@ class PeerImpl {
 
 
   PeerOptions opts_;
+  std::atomic<Algorithm> default_algorithm_;  // the job's default, changeable at run time
   asio::io_context ioc_{1};
   tcp::acceptor acceptor_;
   Endpoint self_;

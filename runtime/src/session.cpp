@@ -5,6 +5,11 @@
 #include "kf/runtime/session.hpp"
 
 #include <algorithm>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <bit>
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
@@ -50,7 +55,8 @@ std::string join_endpoints(const std::vector<Endpoint>& eps) {
   return s;
 }
 
-// The control record each worker contributes at a step boundary.
+// The control record each worker contributes at a step boundary: these fields, then one word
+// per registered metric (a double's bits).
 constexpr std::size_t kRecordWords = 4;
 enum RecordField : std::size_t {
   kVersionSeen = 0,   // newest cluster version this worker's watch holds
@@ -58,6 +64,29 @@ enum RecordField : std::size_t {
   kDocBytes = 2,      // size of that version's document (0 when not newer than the current one)
   kReadyVersion = 3,  // pending version whose joiners it has reached (0: none)
 };
+
+// A port on `host` that the kernel gave out just now and that `cluster` does not use (the
+// worker that will listen on it is started by the agent on that host, moments later).
+std::uint16_t free_port(const std::string& host, const Cluster& cluster) {
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) break;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = 0;
+    if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+    ::close(fd);
+    if (!ok) break;
+    const auto port = ntohs(a.sin_port);
+    bool used = false;
+    for (const auto& w : cluster.workers) used = used || (w.endpoint.host == host && w.endpoint.port == port);
+    if (!used) return port;
+  }
+  throw std::runtime_error("cannot find a free port on " + host);
+}
 
 }  // namespace
 
@@ -265,7 +294,6 @@ Session::~Session() = default;
 int Session::rank() const noexcept { return peer_->rank(); }
 int Session::size() const noexcept { return peer_->size(); }
 std::uint64_t Session::version() const noexcept { return peer_->version(); }
-const nlohmann::json& Session::settings() const noexcept { return peer_->cluster().settings; }
 
 bool Session::join() {
   if (joined_) return true;
@@ -381,7 +409,13 @@ bool Session::form(const Cluster& target, const Cluster* previous, bool fresh,
   rec.synced_us = now_us();
   invites_.clear();
   invited_version_ = 0;
+  const bool resized = joined_;
   joined_ = true;
+  adopt_settings(peer_->cluster().settings);
+  if (resized && policies_ != nullptr && !policies_->empty()) {
+    apply(policies_->run(PolicyHook::on_membership_change, policy_inputs()),
+          "on_membership_change");
+  }
   return true;
 }
 
@@ -425,7 +459,13 @@ Session::Outcome Session::end_step() {
   const std::int64_t boundary_us = now_us();
   ++boundary_;
   const std::uint64_t current = peer_->version();
-  std::int64_t mine[kRecordWords] = {static_cast<std::int64_t>(current), *commits_, 0, 0};
+  const std::size_t words = kRecordWords + metric_values_.size();
+  std::vector<std::int64_t> mine(words, 0);
+  mine[kVersionSeen] = static_cast<std::int64_t>(current);
+  mine[kCommits] = *commits_;
+  for (std::size_t i = 0; i < metric_values_.size(); ++i) {
+    mine[kRecordWords + i] = std::bit_cast<std::int64_t>(metric_values_[i]);
+  }
   Watch::Snapshot newest;
   if (watch_ && watch_->version() > current) {
     newest = watch_->latest();
@@ -439,9 +479,9 @@ Session::Outcome Session::end_step() {
     invite_joiners(*pending_, peer_->cluster(), false);  // a failed invitation: try again
   }
   const auto p = static_cast<std::size_t>(peer_->size());
-  std::vector<std::int64_t> all(p * kRecordWords);
+  std::vector<std::int64_t> all(p * words);
   try {
-    peer_->allgather("kf.ctl", buffer(mine, kRecordWords), buffer(all.data(), all.size()))
+    peer_->allgather("kf.ctl", buffer(mine.data(), words), buffer(all.data(), all.size()))
         .wait();
   } catch (const Error& e) {
     if (!is_peer_failure(e.code())) throw;
@@ -455,13 +495,25 @@ Session::Outcome Session::end_step() {
     state_.commit();
   }
   after_commit();
+  // The step's metrics, averaged in rank order: the same bits on every worker.
+  for (std::size_t i = 0; i < metric_names_.size(); ++i) {
+    double sum = 0;
+    for (std::size_t r = 0; r < p; ++r) {
+      sum += std::bit_cast<double>(all[r * words + kRecordWords + i]);
+    }
+    metrics_[metric_names_[i]] = sum / static_cast<double>(p);
+  }
+  std::fill(metric_values_.begin(), metric_values_.end(), 0.0);
   const auto committed = SteadyClock::now();
+  if (policies_ != nullptr && !policies_->empty()) {
+    apply(policies_->run(PolicyHook::after_step, policy_inputs()), "after_step");
+  }
 
   std::int64_t vmax = 0;
   std::size_t root = 0;
   for (std::size_t r = 0; r < p; ++r) {
-    if (all[r * kRecordWords + kVersionSeen] > vmax) {
-      vmax = all[r * kRecordWords + kVersionSeen];
+    if (all[r * words + kVersionSeen] > vmax) {
+      vmax = all[r * words + kVersionSeen];
       root = r;
     }
   }
@@ -470,7 +522,7 @@ Session::Outcome Session::end_step() {
     bool ready = true;
     for (const auto& w : pending_->workers) {
       auto r = peer_->cluster().rank_of(w.endpoint);
-      if (r && all[static_cast<std::size_t>(*r) * kRecordWords + kReadyVersion] !=
+      if (r && all[static_cast<std::size_t>(*r) * words + kReadyVersion] !=
                    static_cast<std::int64_t>(pending_->version)) {
         ready = false;
       }
@@ -492,7 +544,7 @@ Session::Outcome Session::end_step() {
   }
   // A newer cluster: the worker that holds it sends it to all, so everyone decides on the same
   // document whatever its own watch has seen by now.
-  std::string doc(static_cast<std::size_t>(all[root * kRecordWords + kDocBytes]), '\0');
+  std::string doc(static_cast<std::size_t>(all[root * words + kDocBytes]), '\0');
   if (static_cast<int>(root) == peer_->rank()) doc = newest.json;
   CollOptions o;
   o.root = static_cast<int>(root);
@@ -564,6 +616,11 @@ Session::Outcome Session::switch_to(const Cluster& target, ChangeRecord rec) {
     } else {
       peer_->update(target);
       rec.connected_us = rec.synced_us = now_us();
+      adopt_settings(target.settings);
+      if (target.size() != previous.size() && policies_ != nullptr && !policies_->empty()) {
+        apply(policies_->run(PolicyHook::on_membership_change, policy_inputs()),
+              "on_membership_change");
+      }
     }
   } catch (const Error& e) {
     if (!is_peer_failure(e.code())) throw;
@@ -683,6 +740,117 @@ Cluster Session::remove_lost(const std::vector<Endpoint>& lost) {
       std::this_thread::sleep_for(backoff);  // retry pacing while the service is down
       backoff = std::min(backoff * 2, std::chrono::milliseconds{1000});
     }
+  }
+}
+
+int Session::add_metric(const std::string& name) {
+  if (joined_) throw std::logic_error("Session::add_metric('" + name + "'): call before join()");
+  if (std::find(metric_names_.begin(), metric_names_.end(), name) != metric_names_.end()) {
+    throw std::invalid_argument("Session::add_metric: '" + name + "' is registered twice");
+  }
+  metric_names_.push_back(name);
+  metric_values_.push_back(0.0);
+  return static_cast<int>(metric_names_.size()) - 1;
+}
+
+void Session::set_metric(int slot, double value) {
+  if (slot < 0 || static_cast<std::size_t>(slot) >= metric_values_.size()) {
+    throw std::out_of_range("Session::set_metric: no metric slot " + std::to_string(slot));
+  }
+  metric_values_[static_cast<std::size_t>(slot)] = value;
+}
+
+PolicyInputs Session::policy_inputs() const {
+  PolicyInputs in;
+  in.step = *steps_;
+  in.epoch = epoch_;
+  in.workers = peer_->size();
+  in.version = peer_->version();
+  in.settings = settings_;
+  in.metrics = metrics_;
+  return in;
+}
+
+Proposal Session::run_hook(PolicyHook hook, std::int64_t epoch) {
+  if (epoch >= 0) epoch_ = epoch;
+  if (policies_ == nullptr || policies_->empty()) return {};
+  Proposal p = policies_->run(hook, policy_inputs());
+  apply(p, to_string(hook));
+  return p;
+}
+
+void Session::adopt_settings(const nlohmann::json& settings) {
+  // Settings a static job changed locally stay until a cluster version says otherwise.
+  if (!watch_ && !settings_.empty()) return;
+  settings_ = settings.is_object() ? settings : nlohmann::json::object();
+  if (settings_.contains("algorithm") && settings_["algorithm"].is_string()) {
+    if (auto a = parse_algorithm(settings_["algorithm"].get<std::string>())) {
+      peer_->set_default_algorithm(*a);
+    }
+  }
+}
+
+// Applies a proposal on every worker at once. Every worker computed the same proposal from the
+// same inputs; in an elastic job rank 0 alone writes it as one new cluster version (all changes
+// together), which every worker then takes up at the same boundary. In a static job the
+// settings change here, on every worker, at this boundary.
+void Session::apply(const Proposal& proposal, const char* hook) {
+  if (proposal.empty() || proposal.changes_nothing(peer_->size(), settings_)) return;
+  std::string why;
+  for (const auto& r : proposal.reasons) why += (why.empty() ? "" : "; ") + r;
+  const auto edit_settings = [&](nlohmann::json& st) {
+    if (proposal.batch_size) st["batch_size"] = *proposal.batch_size;
+    if (proposal.learning_rate) st["lr"] = *proposal.learning_rate;
+    if (proposal.algorithm) st["algorithm"] = *proposal.algorithm;
+    if (proposal.stop) st["stop"] = true;
+  };
+  if (!watch_) {
+    if (proposal.workers && *proposal.workers != peer_->size()) {
+      KF_LOG(warn, "session", "{}: a static job cannot resize ({})", peer_->endpoint().str(), why);
+    }
+    nlohmann::json st = settings_;
+    edit_settings(st);
+    settings_ = st;
+    if (proposal.algorithm) peer_->set_default_algorithm(*parse_algorithm(*proposal.algorithm));
+    KF_LOG(info, "session", "{} (rank {}) step {}: {} applied {}", peer_->endpoint().str(),
+           peer_->rank(), *steps_, hook, why);
+    return;
+  }
+  if (peer_->rank() != 0) return;
+  try {
+    ConfigClient client(watch_->url(), watch_->token());
+    Cluster c = client.get_cluster();
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      Cluster next = c;
+      edit_settings(next.settings);
+      if (proposal.workers) {
+        const auto want = static_cast<std::size_t>(*proposal.workers);
+        if (want < next.workers.size()) next.workers.resize(want);
+        const Endpoint self = peer_->endpoint();
+        int slot = 0;
+        for (const auto& w : next.workers) {
+          if (w.endpoint.host == self.host) slot = std::max(slot, w.slot + 1);
+        }
+        while (next.workers.size() < want) {
+          const std::uint16_t port = free_port(self.host, next);
+          next.workers.push_back(WorkerSpec{Endpoint{self.host, port}, slot++});
+        }
+      }
+      if (next.workers == c.workers && next.settings == c.settings) return;  // already there
+      try {
+        const Cluster stored = client.put_cluster(next);
+        KF_LOG(info, "session", "{} (rank 0) step {}: {} wrote v{}: {}", peer_->endpoint().str(),
+               *steps_, hook, stored.version, why);
+        watch_->post(proposal.workers ? "resized" : "note", "", "policy: " + why,
+                     stored.version);
+        return;
+      } catch (const ConflictError& e) {
+        c = e.current();
+      }
+    }
+  } catch (const std::exception& e) {
+    KF_LOG(warn, "session", "{}: could not write the policies' proposal ({}): {}",
+           peer_->endpoint().str(), why, e.what());
   }
 }
 

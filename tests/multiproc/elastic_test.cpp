@@ -8,6 +8,8 @@
 // (they print BROKEN and exit 3 otherwise); the audit trail must list each change.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -151,6 +153,51 @@ TEST(Elastic, JoinerWhoseStartFailsIsDroppedAndTrainingGoesOn) {
   ASSERT_TRUE(job.wait_progress(at + 50)) << "training stopped after the failed join";
   job.finish_soon();
   job.expect_clean_finish(job.wait(), 2);
+}
+
+// A policy proposes resize 2 -> 3 and batch 64 -> 128 in one proposal at step 100: every worker
+// applies both at the same step, and no worker ever runs with one of them alone.
+TEST(ElasticPolicies, ResizeAndBatchSizeChangeAtTheSameStepOnEveryWorker) {
+  ElasticJob job("policy");
+  job.start(2, kArgs + " --policy-grow-at 100 --policy-grow-to 3 --policy-batch 128");
+  ASSERT_TRUE(job.wait_size(3)) << job.err();
+  const long at3 = job.progress();
+  ASSERT_TRUE(job.wait_progress(at3 + 20));
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 3);
+  // "[host:port] setting step=S workers=N batch=B version=V"
+  std::map<std::string, std::vector<std::pair<long, std::string>>> seen;
+  std::istringstream in(job.out());
+  const std::regex re(R"(^\[([^\]]+)\] setting step=(\d+) (workers=\d+ batch=\d+))");
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, re)) seen[m[1]].emplace_back(std::stol(m[2]), m[3]);
+  }
+  ASSERT_EQ(seen.size(), 3u) << job.out();
+  std::set<long> switch_steps;
+  for (const auto& [worker, changes] : seen) {
+    for (const auto& [step, setting] : changes) {
+      EXPECT_TRUE(setting == "workers=2 batch=64" || setting == "workers=3 batch=128")
+          << worker << " ran step " << step << " with " << setting;
+      if (setting == "workers=3 batch=128") switch_steps.insert(step);
+    }
+  }
+  EXPECT_EQ(switch_steps.size(), 1u) << "workers switched at different steps:\n" << job.out();
+  EXPECT_GE(*switch_steps.begin(), 100);
+  EXPECT_TRUE(job.has_event([](const ConfigEvent& e) {
+    return e.type == "resized" && e.detail.find("test-grow") != std::string::npos;
+  })) << "the audit trail names the policy";
+}
+
+TEST(ElasticPolicies, ThrowingPolicyIsDisabledAndTheJobCompletes) {
+  ElasticJob job("thrower");
+  job.start(2, kArgs + " --policy-throw-at 30");
+  ASSERT_TRUE(job.wait_progress(100)) << job.err();
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 2);
+  EXPECT_NE(job.out().find("policy disabled: test-thrower: thrown on purpose at step 30"),
+            std::string::npos)
+      << job.out();
 }
 
 }  // namespace

@@ -26,6 +26,8 @@
 #include "kf/common/error.hpp"
 #include "kf/peer.hpp"
 #include "kf/runtime/elastic_sampler.hpp"
+#include "kf/policies/policy.hpp"
+#include "kf/runtime/policy_runner.hpp"
 #include "kf/runtime/session.hpp"
 #include "kf/runtime/state.hpp"
 
@@ -55,6 +57,37 @@ nlohmann::json to_json(const kf::ChangeRecord& r) {
           {"detail", r.detail}};
 }
 
+// Test policies: one that grows the job and changes the batch size in one proposal at a given
+// step, one that throws at a given step.
+class GrowPolicy : public kf::Policy {
+ public:
+  GrowPolicy(std::int64_t at, int to, std::int64_t batch) : at_(at), to_(to), batch_(batch) {}
+  std::string name() const override { return "test-grow"; }
+  void after_step(kf::PolicyContext& ctx) override {
+    if (ctx.step() < at_ || ctx.workers() >= to_) return;
+    ctx.resize(to_, "step " + std::to_string(ctx.step()));
+    if (batch_ > 0) ctx.set_batch_size(batch_, "with the resize");
+    if (!ctx.has_metric("loss")) throw std::logic_error("the loss metric did not arrive");
+  }
+
+ private:
+  std::int64_t at_;
+  int to_;
+  std::int64_t batch_;
+};
+
+class ThrowingPolicy : public kf::Policy {
+ public:
+  explicit ThrowingPolicy(std::int64_t at) : at_(at) {}
+  std::string name() const override { return "test-thrower"; }
+  void after_step(kf::PolicyContext& ctx) override {
+    if (ctx.step() >= at_) throw std::runtime_error("thrown on purpose at step " + std::to_string(ctx.step()));
+  }
+
+ private:
+  std::int64_t at_;
+};
+
 [[noreturn]] void broken(const std::string& what) {
   std::cout << "BROKEN " << what << std::endl;
   std::cerr << "elastic-worker: guarantee broken: " << what << std::endl;
@@ -79,6 +112,14 @@ int main(int argc, char** argv) {
   app.add_option("--fail-start-once", fail_start_once,
                  "if this file exists: remove it and exit 1 before joining (a failed start)");
   int bench_check = 0;
+  std::int64_t grow_at = -1, grow_batch = 0, throw_at = -1;
+  int grow_to = 0;
+  std::string policy_record;
+  app.add_option("--policy-grow-at", grow_at, "test policy: at this step grow to --policy-grow-to");
+  app.add_option("--policy-grow-to", grow_to);
+  app.add_option("--policy-batch", grow_batch, "test policy: with the growth, this global batch");
+  app.add_option("--policy-throw-at", throw_at, "test policy that throws at this step");
+  app.add_option("--policy-record", policy_record, "record the policy runs (JSON lines)");
   app.add_option("--bench-check", bench_check,
                  "measure the boundary's cost: N steps of one 4-byte allreduce without and N "
                  "with Session::step, alternating in blocks; prints 'bench_check ...' and exits");
@@ -117,8 +158,15 @@ int main(int argc, char** argv) {
   std::int64_t& position = state.counter("position");
 
   std::unique_ptr<kf::Session> session;
+  kf::PolicyRunner policies;
+  if (grow_at >= 0) policies.add(std::make_unique<GrowPolicy>(grow_at, grow_to, grow_batch));
+  if (throw_at >= 0) policies.add(std::make_unique<ThrowingPolicy>(throw_at));
+  int loss_slot = -1;
   try {
+    if (!policy_record.empty()) policies.record_to(policy_record);
     session = kf::Session::from_environment(state);
+    session->set_policies(&policies);
+    loss_slot = session->add_metric("loss");
     if (!session->join()) {
       std::cout << "removed before joining" << std::endl;
       return 0;
@@ -175,10 +223,21 @@ int main(int argc, char** argv) {
   try {
     // The job's length may be changed while it runs (settings "epochs" on the config service):
     // every worker reads it from the same cluster version at the same step.
-    while (epoch < session->settings().value("epochs", static_cast<std::int64_t>(epochs))) {
+    std::string last_setting;
+    while (epoch < session->settings().value("epochs", static_cast<std::int64_t>(epochs)) &&
+           !session->stop_requested()) {
+      // The global batch follows the policies (settings "batch_size"), at the same step on all.
+      const int gbatch = session->settings().value("batch_size", batch);
+      const std::string setting = "workers=" + std::to_string(session->size()) +
+                                  " batch=" + std::to_string(gbatch);
+      if (setting != last_setting) {
+        std::cout << "setting step=" << step << " " << setting << " version=" << session->version()
+                  << std::endl;
+        last_setting = setting;
+      }
       sampler.start_epoch(epoch, static_cast<std::size_t>(position));
       const auto mine = sampler.batch(session->rank(), session->size(),
-                                      static_cast<std::size_t>(batch));
+                                      static_cast<std::size_t>(gbatch));
       const auto outcome = session->step([&] {
         std::fill(buf.begin(), buf.end(), 0.0);
         double loss = 0;
@@ -190,15 +249,17 @@ int main(int argc, char** argv) {
           buf[dim + 1 + i] += 1.0;
         }
         buf[dim] = loss;
+        session->set_metric(loss_slot, loss);
         session->peer()
             .allreduce("grad", kf::buffer(buf.data(), buf.size()),
                        kf::buffer(buf.data(), buf.size()))
             .wait();
-        const double n = static_cast<double>(sampler.step_samples(static_cast<std::size_t>(batch)));
+        const double n =
+            static_cast<double>(sampler.step_samples(static_cast<std::size_t>(gbatch)));
         for (int d = 0; d < dim; ++d) w[d] -= lr * buf[d] / n;
         for (int i = 0; i < samples; ++i) uses[i] += buf[dim + 1 + i];
         ++step;
-        sampler.advance(static_cast<std::size_t>(batch));
+        sampler.advance(static_cast<std::size_t>(gbatch));
         position = static_cast<std::int64_t>(sampler.position());
         if (sampler.epoch_done()) {
           for (int i = 0; i < samples; ++i) {
@@ -252,6 +313,7 @@ int main(int argc, char** argv) {
   }
   char hash[32];
   std::snprintf(hash, sizeof hash, "%016" PRIx64, fnv1a(w.data(), w.size() * sizeof(double)));
+  for (const auto& d : policies.disabled()) std::cout << "policy disabled: " << d << std::endl;
   std::cout << "final step=" << step << " workers=" << session->size() << " hash=" << hash
             << " loss=" << loss / samples << " check_us="
             << (check_n > 0 ? check_sum / static_cast<double>(check_n) : 0.0) << std::endl;

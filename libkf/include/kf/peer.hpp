@@ -123,6 +123,11 @@ class Peer {
   /// *agreed = whether every worker passed the same bytes (same length and content).
   Handle consensus(std::string_view name, Buffer data, bool* agreed, const CollOptions& o = {});
 
+  /// Changes the job's default algorithm (what Algorithm::job_default resolves to) for
+  /// collectives started from now on. Every worker must change it at the same point of the
+  /// job (kf::Session does so at a step boundary).
+  void set_default_algorithm(Algorithm a) noexcept;
+
   /// The algorithm a call with these options would use for `bytes` (resolves job_default and
   /// auto through the cost model).
   Algorithm resolve(CollOp op, Algorithm a, std::size_t bytes) const noexcept;

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -31,6 +32,8 @@
 
 #include "kf/cluster/cluster.hpp"
 #include "kf/peer.hpp"
+#include "kf/policies/policy.hpp"
+#include "kf/runtime/policy_runner.hpp"
 #include "kf/runtime/state.hpp"
 
 namespace kf {
@@ -131,12 +134,37 @@ class Session {
   /// logged. Does nothing in a static job.
   void finish();
 
+  // ---- metrics and policies (docs/policies.md) ----
+
+  /// Registers a per-step scalar (before join()); every worker registers the same names in the
+  /// same order. Returns the slot for set_metric(). Throws: std::logic_error after join().
+  int add_metric(const std::string& name);
+  /// This worker's value of a metric for the current step (0 when not set); the boundary
+  /// averages it over the workers.
+  void set_metric(int slot, double value);
+  /// The metrics of the last boundary, averaged over the workers (the same on every worker).
+  const std::map<std::string, double>& metrics() const noexcept { return metrics_; }
+  /// Policies to run: after_step at every boundary once the step is committed,
+  /// on_membership_change after every switch. Their proposal is applied at a later boundary on
+  /// every worker at once: a new cluster version written by rank 0 (compare-and-swap) holding
+  /// all the changes together. In a static job, settings changes are applied at once on every
+  /// worker (resize is not possible and is logged). `runner` must outlive the session.
+  void set_policies(PolicyRunner* runner) noexcept { policies_ = runner; }
+  /// Runs a hook the training loop drives (before_train, before_epoch, after_epoch) and applies
+  /// its proposal the same way.
+  Proposal run_hook(PolicyHook hook, std::int64_t epoch = -1);
+  /// The inputs policies see now.
+  PolicyInputs policy_inputs() const;
+  /// True once a policy (or anyone, through settings "stop": true) asked the job to stop; every
+  /// worker sees it at the same step.
+  bool stop_requested() const noexcept { return settings_.value("stop", false); }
+
   Peer& peer() noexcept { return *peer_; }
   int rank() const noexcept;
   int size() const noexcept;
   std::uint64_t version() const noexcept;
-  /// The settings of the current cluster version.
-  const nlohmann::json& settings() const noexcept;
+  /// The settings of the current cluster version (batch_size, lr, algorithm, ...).
+  const nlohmann::json& settings() const noexcept { return settings_; }
   /// Commits so far (State counter "kf.commits": steps every worker finished).
   std::int64_t commits() const noexcept { return *commits_; }
   const std::vector<ChangeRecord>& changes() const noexcept { return changes_; }
@@ -159,6 +187,8 @@ class Session {
   bool invites_delivered();
   void finish_change(ChangeRecord rec);
   void after_commit();
+  void adopt_settings(const nlohmann::json& settings);
+  void apply(const Proposal& proposal, const char* hook);
 
   std::unique_ptr<Peer> peer_;
   Cluster initial_;
@@ -178,7 +208,13 @@ class Session {
   std::vector<ChangeRecord> changes_;
   double last_check_us_ = 0;
   std::uint64_t boundary_ = 0;
-  std::uint64_t refused_version_ = 0;  ///< a version over max_workers, not switched to  ///< boundaries run (names the control collectives)
+  std::uint64_t refused_version_ = 0;  ///< a version over max_workers, not switched to
+  nlohmann::json settings_ = nlohmann::json::object();
+  std::vector<std::string> metric_names_;
+  std::vector<double> metric_values_;
+  std::map<std::string, double> metrics_;
+  PolicyRunner* policies_ = nullptr;
+  std::int64_t epoch_ = -1;  ///< boundaries run (names the control collectives)
 };
 
 /// "left" etc. for logs.

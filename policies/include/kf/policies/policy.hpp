@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: Apache-2.0
+// The C++ policy API (DESIGN.md "Policies", docs/policies.md). A policy is a class with hooks
+// that the runtime calls on every worker with the same inputs: the step, the cluster, its
+// settings and the step's metrics averaged over all workers (they travel in the step's control
+// collective). A hook reads them and proposes changes through its PolicyContext; the runtime
+// merges the proposals of all policies and applies them on every worker at one step boundary,
+// or not at all. Because every worker computes the same proposal, a policy must be
+// deterministic: no clocks, no random numbers it does not seed from its inputs, no I/O.
+//
+// A policy that throws is logged and disabled; the job goes on without it.
+// Thread-safety: hooks are called from the training thread only.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace kf {
+
+/// What a hook may read. Identical on every worker at a given step.
+struct PolicyInputs {
+  std::int64_t step = 0;        ///< steps finished by the job
+  std::int64_t epoch = -1;      ///< the epoch (before_epoch/after_epoch), else the last one set
+  int workers = 0;              ///< current cluster size
+  std::uint64_t version = 0;    ///< current cluster version
+  nlohmann::json settings = nlohmann::json::object();  ///< batch_size, lr, algorithm, ...
+  std::map<std::string, double> metrics;  ///< this step's scalars, averaged over the workers
+
+  nlohmann::json to_json() const;
+  /// Throws: std::invalid_argument naming the missing or malformed field.
+  static PolicyInputs from_json(const nlohmann::json& j);
+};
+
+/// Changes asked for at one step; each field left empty is not changed.
+struct Proposal {
+  std::optional<int> workers;
+  std::optional<std::int64_t> batch_size;
+  std::optional<double> learning_rate;
+  std::optional<std::string> algorithm;
+  bool stop = false;
+  std::vector<std::string> reasons;  ///< "policy: why" for each field set, in order
+
+  bool empty() const noexcept {
+    return !workers && !batch_size && !learning_rate && !algorithm && !stop;
+  }
+  /// Fields set in `later` replace ours (later policies in the job file win).
+  void merge(const Proposal& later);
+  /// True when applying it to `workers` and `settings` would change nothing.
+  bool changes_nothing(int current_workers, const nlohmann::json& settings) const;
+  /// {"workers": 3, "batch_size": 128, ..., "reasons": [...]}, fields that are set only.
+  nlohmann::json to_json() const;
+};
+
+/// The handle a hook receives: read the inputs, propose changes.
+class PolicyContext {
+ public:
+  PolicyContext(const PolicyInputs& inputs, std::string policy_name)
+      : inputs_(inputs), policy_(std::move(policy_name)) {}
+
+  const PolicyInputs& inputs() const noexcept { return inputs_; }
+  std::int64_t step() const noexcept { return inputs_.step; }
+  int workers() const noexcept { return inputs_.workers; }
+  const nlohmann::json& settings() const noexcept { return inputs_.settings; }
+  /// The averaged metric `name`, or `fallback` when this step did not report it.
+  double metric(std::string_view name, double fallback = 0.0) const;
+  bool has_metric(std::string_view name) const;
+
+  /// Throws: std::invalid_argument for n < 1.
+  void resize(int n, std::string_view why = {});
+  /// Throws: std::invalid_argument for b < 1.
+  void set_batch_size(std::int64_t b, std::string_view why = {});
+  /// Throws: std::invalid_argument for a learning rate that is not finite and > 0.
+  void set_learning_rate(double lr, std::string_view why = {});
+  /// Throws: std::invalid_argument for a name that is not an algorithm (auto, star, ...).
+  void set_algorithm(std::string_view algorithm, std::string_view why = {});
+  void stop(std::string_view why = {});
+
+  const Proposal& proposal() const noexcept { return proposal_; }
+
+ private:
+  void note(std::string_view field, std::string_view why);
+
+  const PolicyInputs& inputs_;
+  std::string policy_;
+  Proposal proposal_;
+};
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  /// The name used in logs (and in the job file).
+  virtual std::string name() const = 0;
+  virtual void before_train(PolicyContext&) {}
+  virtual void before_epoch(PolicyContext&) {}
+  virtual void after_step(PolicyContext&) {}
+  virtual void after_epoch(PolicyContext&) {}
+  /// Called on every worker after the cluster changed (inputs show the new size).
+  virtual void on_membership_change(PolicyContext&) {}
+};
+
+/// Makes a policy from its job-file parameters. Throws std::invalid_argument naming a bad
+/// parameter.
+using PolicyFactory = std::function<std::unique_ptr<Policy>(const nlohmann::json& params)>;
+
+/// Policy names to factories. The built-ins are registered by builtin_policies(); a plugin
+/// registers more from its entry point (see kf_register_policies below).
+class PolicyRegistry {
+ public:
+  /// Throws: std::invalid_argument when `name` is empty or already registered.
+  void add(const std::string& name, PolicyFactory factory);
+  bool contains(const std::string& name) const { return factories_.count(name) > 0; }
+  /// Throws: std::invalid_argument naming an unknown policy (and the known ones) or a bad
+  /// parameter.
+  std::unique_ptr<Policy> make(const std::string& name, const nlohmann::json& params) const;
+  std::vector<std::string> names() const;
+
+  /// Loads a shared library and calls its `kf_register_policies(kf::PolicyRegistry*)`.
+  /// Throws: std::runtime_error naming the file and what failed (dlopen, missing entry point,
+  /// an exception from the entry point).
+  void load_plugin(const std::string& path);
+
+ private:
+  std::map<std::string, PolicyFactory> factories_;
+};
+
+}  // namespace kf
+
+/// The entry point a policy plugin exports (extern "C", so that its name is not mangled):
+///   extern "C" void kf_register_policies(kf::PolicyRegistry* registry) {
+///     registry->add("my-policy", [](const nlohmann::json& p) { return std::make_unique<My>(p); });
+///   }
+/// The plugin must be built against the same kf version (pkg-config --cflags --libs kf).
+extern "C" {
+using kf_register_policies_fn = void (*)(kf::PolicyRegistry*);
+}
+inline constexpr const char* kKfRegisterPoliciesSymbol = "kf_register_policies";

@@ -1,0 +1,183 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kf/policies/policy.hpp"
+
+#include <dlfcn.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "kf/coll/types.hpp"
+
+namespace kf {
+
+// ---- PolicyInputs -----------------------------------------------------------------------------
+
+nlohmann::json PolicyInputs::to_json() const {
+  return {{"step", step},       {"epoch", epoch},       {"workers", workers},
+          {"version", version}, {"settings", settings}, {"metrics", metrics}};
+}
+
+PolicyInputs PolicyInputs::from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw std::invalid_argument("policy inputs: not a JSON object");
+  PolicyInputs in;
+  const auto need = [&](const char* key) -> const nlohmann::json& {
+    if (!j.contains(key)) throw std::invalid_argument(std::string("policy inputs: no \"") + key + "\"");
+    return j.at(key);
+  };
+  try {
+    in.step = need("step").get<std::int64_t>();
+    in.epoch = j.value("epoch", std::int64_t{-1});
+    in.workers = need("workers").get<int>();
+    in.version = j.value("version", std::uint64_t{0});
+    in.settings = j.value("settings", nlohmann::json::object());
+    if (!in.settings.is_object()) throw std::invalid_argument("policy inputs: settings is not an object");
+    const nlohmann::json metrics = j.value("metrics", nlohmann::json::object());
+    if (!metrics.is_object()) throw std::invalid_argument("policy inputs: metrics is not an object");
+    for (const auto& [k, v] : metrics.items()) {
+      if (!v.is_number()) throw std::invalid_argument("policy inputs: metric '" + k + "' is not a number");
+      in.metrics[k] = v.get<double>();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(std::string("policy inputs: ") + e.what());
+  }
+  return in;
+}
+
+// ---- Proposal ---------------------------------------------------------------------------------
+
+void Proposal::merge(const Proposal& later) {
+  if (later.workers) workers = later.workers;
+  if (later.batch_size) batch_size = later.batch_size;
+  if (later.learning_rate) learning_rate = later.learning_rate;
+  if (later.algorithm) algorithm = later.algorithm;
+  stop = stop || later.stop;
+  reasons.insert(reasons.end(), later.reasons.begin(), later.reasons.end());
+}
+
+bool Proposal::changes_nothing(int current_workers, const nlohmann::json& settings) const {
+  const auto same = [&](const char* key, const auto& v) {
+    return settings.contains(key) && settings[key] == nlohmann::json(v);
+  };
+  if (stop) return false;
+  if (workers && *workers != current_workers) return false;
+  if (batch_size && !same("batch_size", *batch_size)) return false;
+  if (learning_rate && !same("lr", *learning_rate)) return false;
+  if (algorithm && !same("algorithm", *algorithm)) return false;
+  return true;
+}
+
+nlohmann::json Proposal::to_json() const {
+  nlohmann::json j = nlohmann::json::object();
+  if (workers) j["workers"] = *workers;
+  if (batch_size) j["batch_size"] = *batch_size;
+  if (learning_rate) j["lr"] = *learning_rate;
+  if (algorithm) j["algorithm"] = *algorithm;
+  if (stop) j["stop"] = true;
+  j["reasons"] = reasons;
+  return j;
+}
+
+// ---- PolicyContext ----------------------------------------------------------------------------
+
+double PolicyContext::metric(std::string_view name, double fallback) const {
+  auto it = inputs_.metrics.find(std::string(name));
+  return it == inputs_.metrics.end() ? fallback : it->second;
+}
+
+bool PolicyContext::has_metric(std::string_view name) const {
+  return inputs_.metrics.count(std::string(name)) > 0;
+}
+
+void PolicyContext::note(std::string_view field, std::string_view why) {
+  std::string r = policy_ + ": " + std::string(field);
+  if (!why.empty()) r += " (" + std::string(why) + ")";
+  proposal_.reasons.push_back(std::move(r));
+}
+
+void PolicyContext::resize(int n, std::string_view why) {
+  if (n < 1) throw std::invalid_argument(policy_ + ": resize(" + std::to_string(n) + "): need >= 1 worker");
+  proposal_.workers = n;
+  note("workers=" + std::to_string(n), why);
+}
+
+void PolicyContext::set_batch_size(std::int64_t b, std::string_view why) {
+  if (b < 1) throw std::invalid_argument(policy_ + ": set_batch_size(" + std::to_string(b) + "): need >= 1");
+  proposal_.batch_size = b;
+  note("batch_size=" + std::to_string(b), why);
+}
+
+void PolicyContext::set_learning_rate(double lr, std::string_view why) {
+  if (!std::isfinite(lr) || lr <= 0) {
+    throw std::invalid_argument(policy_ + ": set_learning_rate(" + std::to_string(lr) +
+                                "): need a finite rate > 0");
+  }
+  proposal_.learning_rate = lr;
+  note("lr=" + nlohmann::json(lr).dump(), why);
+}
+
+void PolicyContext::set_algorithm(std::string_view algorithm, std::string_view why) {
+  if (!parse_algorithm(algorithm)) {
+    throw std::invalid_argument(policy_ + ": set_algorithm('" + std::string(algorithm) +
+                                "'): not one of auto, star, ring, tree, clique, rhd");
+  }
+  proposal_.algorithm = std::string(algorithm);
+  note("algorithm=" + std::string(algorithm), why);
+}
+
+void PolicyContext::stop(std::string_view why) {
+  proposal_.stop = true;
+  note("stop", why);
+}
+
+// ---- PolicyRegistry ---------------------------------------------------------------------------
+
+void PolicyRegistry::add(const std::string& name, PolicyFactory factory) {
+  if (name.empty()) throw std::invalid_argument("PolicyRegistry::add: empty policy name");
+  if (!factory) throw std::invalid_argument("PolicyRegistry::add('" + name + "'): no factory");
+  if (!factories_.emplace(name, std::move(factory)).second) {
+    throw std::invalid_argument("PolicyRegistry::add: policy '" + name + "' is registered twice");
+  }
+}
+
+std::vector<std::string> PolicyRegistry::names() const {
+  std::vector<std::string> v;
+  for (const auto& [k, f] : factories_) v.push_back(k);
+  return v;
+}
+
+std::unique_ptr<Policy> PolicyRegistry::make(const std::string& name,
+                                             const nlohmann::json& params) const {
+  auto it = factories_.find(name);
+  if (it == factories_.end()) {
+    std::string known;
+    for (const auto& [k, f] : factories_) known += (known.empty() ? "" : ", ") + k;
+    throw std::invalid_argument("unknown policy '" + name + "' (known: " +
+                                (known.empty() ? "none" : known) + ")");
+  }
+  auto p = it->second(params.is_null() ? nlohmann::json::object() : params);
+  if (!p) throw std::invalid_argument("policy '" + name + "': its factory returned nothing");
+  return p;
+}
+
+void PolicyRegistry::load_plugin(const std::string& path) {
+  // The library stays loaded for the life of the process: its policies' code lives there.
+  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* err = ::dlerror();
+    throw std::runtime_error("cannot load policy plugin '" + path + "': " + (err ? err : "?"));
+  }
+  void* sym = ::dlsym(handle, kKfRegisterPoliciesSymbol);
+  if (sym == nullptr) {
+    throw std::runtime_error("policy plugin '" + path + "' has no entry point " +
+                             kKfRegisterPoliciesSymbol +
+                             " (declare it extern \"C\", see kf/policies/policy.hpp)");
+  }
+  auto fn = reinterpret_cast<kf_register_policies_fn>(sym);
+  try {
+    fn(this);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("policy plugin '" + path + "' failed to register: " + e.what());
+  }
+}
+
+}  // namespace kf

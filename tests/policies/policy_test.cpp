@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: Apache-2.0
+// The policy API without a cluster: proposals and their merging, the context's checks, the
+// registry (unknown names, plugins that cannot load), the runner disabling a throwing policy and
+// recording its runs, and inputs round-tripping through JSON (what kf-policy-replay reads).
+#include "kf/policies/policy.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "kf/runtime/policy_runner.hpp"
+
+namespace kf {
+namespace {
+
+PolicyInputs inputs(std::int64_t step, int workers) {
+  PolicyInputs in;
+  in.step = step;
+  in.workers = workers;
+  in.version = 3;
+  in.settings = {{"batch_size", 64}, {"lr", 0.1}, {"algorithm", "ring"}};
+  in.metrics = {{"loss", 0.5}};
+  return in;
+}
+
+class Fixed : public Policy {
+ public:
+  Fixed(std::string n, std::function<void(PolicyContext&)> f) : n_(std::move(n)), f_(std::move(f)) {}
+  std::string name() const override { return n_; }
+  void after_step(PolicyContext& c) override { f_(c); }
+
+ private:
+  std::string n_;
+  std::function<void(PolicyContext&)> f_;
+};
+
+TEST(Proposal, LaterPoliciesWinFieldByFieldAndReasonsAccumulate) {
+  const auto in = inputs(10, 2);
+  PolicyContext a(in, "a"), b(in, "b");
+  a.resize(3, "grow");
+  a.set_batch_size(128);
+  b.set_batch_size(256, "more");
+  b.set_learning_rate(0.2);
+  Proposal p = a.proposal();
+  p.merge(b.proposal());
+  EXPECT_EQ(p.workers, 3);
+  EXPECT_EQ(p.batch_size, 256);
+  EXPECT_EQ(p.learning_rate, 0.2);
+  EXPECT_FALSE(p.algorithm.has_value());
+  ASSERT_EQ(p.reasons.size(), 4u);
+  EXPECT_EQ(p.reasons[0], "a: workers=3 (grow)");
+  EXPECT_EQ(p.reasons[2], "b: batch_size=256 (more)");
+  EXPECT_FALSE(p.changes_nothing(2, in.settings));
+  Proposal same;
+  same.batch_size = 64;
+  same.algorithm = "ring";
+  same.workers = 2;
+  EXPECT_TRUE(same.changes_nothing(2, in.settings));
+  EXPECT_EQ(p.to_json()["workers"], 3);
+}
+
+TEST(PolicyContext, RejectsImpossibleProposalsNamingThePolicy) {
+  const auto in = inputs(1, 2);
+  PolicyContext c(in, "mine");
+  EXPECT_THROW(c.resize(0), std::invalid_argument);
+  EXPECT_THROW(c.set_batch_size(0), std::invalid_argument);
+  EXPECT_THROW(c.set_learning_rate(-1), std::invalid_argument);
+  EXPECT_THROW(c.set_learning_rate(std::numeric_limits<double>::infinity()), std::invalid_argument);
+  try {
+    c.set_algorithm("bogus");
+    ADD_FAILURE() << "accepted algorithm 'bogus'";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("mine: set_algorithm('bogus')"), std::string::npos);
+  }
+  EXPECT_TRUE(c.proposal().empty());
+  EXPECT_DOUBLE_EQ(c.metric("loss"), 0.5);
+  EXPECT_DOUBLE_EQ(c.metric("nope", 7.0), 7.0);
+}
+
+TEST(PolicyRegistry, UnknownNamesAndBadPluginsGiveClearErrors) {
+  PolicyRegistry r;
+  r.add("fixed", [](const nlohmann::json&) {
+    return std::make_unique<Fixed>("fixed", [](PolicyContext&) {});
+  });
+  EXPECT_THROW(r.add("fixed", [](const nlohmann::json&) { return nullptr; }), std::invalid_argument);
+  EXPECT_EQ(r.make("fixed", nullptr)->name(), "fixed");
+  try {
+    r.make("nope", {});
+    ADD_FAILURE();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown policy 'nope' (known: fixed)"), std::string::npos);
+  }
+  try {
+    r.load_plugin("/nonexistent/libpolicy.so");
+    ADD_FAILURE();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/libpolicy.so"), std::string::npos);
+  }
+}
+
+TEST(PolicyRunner, DisablesAThrowingPolicyAndRecordsEveryRun) {
+  const auto path = (std::filesystem::temp_directory_path() /
+                     ("kf-policy-record-" + std::to_string(::getpid())))
+                        .string();
+  std::filesystem::remove(path);
+  PolicyRunner runner;
+  int calls = 0;
+  runner.add(std::make_unique<Fixed>("thrower", [&](PolicyContext& c) {
+    ++calls;
+    if (c.step() == 2) throw std::runtime_error("boom");
+    c.set_learning_rate(0.5);
+  }));
+  runner.add(std::make_unique<Fixed>("grower", [](PolicyContext& c) { c.resize(c.workers() + 1); }));
+  runner.record_to(path);
+  for (std::int64_t s = 1; s <= 4; ++s) {
+    const Proposal p = runner.run(PolicyHook::after_step, inputs(s, 2));
+    EXPECT_EQ(p.workers, 3);
+    EXPECT_EQ(p.learning_rate.has_value(), s == 1) << "step " << s;
+  }
+  EXPECT_EQ(calls, 2) << "disabled after it threw at step 2";
+  ASSERT_EQ(runner.disabled().size(), 1u);
+  EXPECT_EQ(runner.disabled()[0], "thrower: boom");
+  std::ifstream in(path);
+  int lines = 0;
+  for (std::string line; std::getline(in, line); ++lines) {
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["hook"], "after_step");
+    const PolicyInputs back = PolicyInputs::from_json(j["inputs"]);
+    EXPECT_EQ(back.step, lines + 1);
+    EXPECT_EQ(back.workers, 2);
+    EXPECT_DOUBLE_EQ(back.metrics.at("loss"), 0.5);
+    EXPECT_EQ(j["proposal"]["workers"], 3);
+  }
+  EXPECT_EQ(lines, 4);
+  std::filesystem::remove(path);
+  EXPECT_THROW(PolicyInputs::from_json(nlohmann::json{{"workers", 2}}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace kf
