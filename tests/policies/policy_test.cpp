@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -135,6 +136,41 @@ TEST(PolicyRunner, DisablesAThrowingPolicyAndRecordsEveryRun) {
   EXPECT_EQ(lines, 4);
   std::filesystem::remove(path);
   EXPECT_THROW(PolicyInputs::from_json(nlohmann::json{{"workers", 2}}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace kf
+
+namespace kf {
+namespace {
+
+// The example plugin (examples/custom_policy), loaded the way a job file's `plugins:` are.
+TEST(PolicyPlugin, ExamplePluginLoadsRegistersAndDecides) {
+  const char* path = std::getenv("KF_TEST_PLUGIN");
+  ASSERT_NE(path, nullptr) << "KF_TEST_PLUGIN names the example plugin";
+  PolicyRegistry r;
+  r.load_plugin(path);
+  ASSERT_TRUE(r.contains("lr-plateau"));
+  EXPECT_THROW(r.make("lr-plateau", {{"patiense", 3}}), std::invalid_argument)
+      << "a misspelt parameter is an error";
+  PolicyRunner runner;
+  runner.add(r.make("lr-plateau", {{"patience", 3}, {"min_lr", 0.01}}));
+  PolicyInputs in;
+  in.workers = 2;
+  in.settings = {{"lr", 0.1}};
+  const double losses[] = {1.0, 0.9, 0.9, 0.9, 0.9, 0.8};
+  std::vector<std::int64_t> halved_at;
+  for (std::int64_t s = 0; s < 6; ++s) {
+    in.step = s;
+    in.metrics["loss"] = losses[s];
+    const Proposal p = runner.run(PolicyHook::after_step, in);
+    if (p.learning_rate) {
+      EXPECT_DOUBLE_EQ(*p.learning_rate, 0.05);
+      halved_at.push_back(s);
+    }
+  }
+  EXPECT_EQ(halved_at, std::vector<std::int64_t>{4}) << "3 steps without improvement after step 1";
+  EXPECT_THROW(r.load_plugin(path), std::runtime_error) << "registering a name twice";
 }
 
 }  // namespace
