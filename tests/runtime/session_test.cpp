@@ -148,6 +148,51 @@ TEST(Session, NewJobContinuesFromTheCheckpoint) {
   EXPECT_EQ(w[1][0], 18.0);
 }
 
+// Metrics are averaged over the workers in the control record; a policy sees the same average
+// on every rank and its settings change (static job: applied at once) lands at the same step.
+TEST(Session, StaticJobPoliciesSeeAveragedMetricsAndChangeSettingsTogether) {
+  class Halver : public Policy {
+   public:
+    std::string name() const override { return "halver"; }
+    void after_step(PolicyContext& c) override {
+      seen.push_back(c.metric("rank_plus_one"));
+      if (c.step() == 5) {
+        c.set_batch_size(c.settings().value("batch_size", 64) / 2, "step 5");
+        c.set_algorithm("ring");
+      }
+    }
+    std::vector<double> seen;
+  };
+  constexpr int n = 3;
+  Job job = make_job(n);
+  job.cluster.settings = {{"batch_size", 64}};
+  std::vector<std::vector<std::int64_t>> batch_at(n);
+  std::vector<std::vector<double>> seen(n);
+  test::run_all(n, [&](int r) {
+    State state;
+    auto halver = std::make_unique<Halver>();
+    Halver* h = halver.get();
+    PolicyRunner runner;
+    runner.add(std::move(halver));
+    Session s(std::move(job.peers[r]), job.cluster, state, SessionOptions{});
+    s.set_policies(&runner);
+    const int slot = s.add_metric("rank_plus_one");
+    ASSERT_TRUE(s.join());
+    EXPECT_THROW(s.add_metric("late"), std::logic_error);
+    for (int i = 0; i < 8; ++i) {
+      batch_at[r].push_back(s.settings().value("batch_size", 0));
+      s.step([&] { s.set_metric(slot, r + 1.0); });
+    }
+    seen[r] = h->seen;
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(batch_at[r], (std::vector<std::int64_t>{64, 64, 64, 64, 64, 32, 32, 32}))
+        << "rank " << r;
+    ASSERT_EQ(seen[r].size(), 8u);
+    for (double v : seen[r]) EXPECT_EQ(v, 2.0) << "mean of 1, 2, 3 on rank " << r;
+  }
+}
+
 TEST(Session, RejectsAPeerOutsideItsClusterOrAlreadyStarted) {
   Job job = make_job(2);
   Cluster other;
