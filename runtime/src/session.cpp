@@ -149,13 +149,32 @@ class Session::Watch {
     cv_.notify_all();
   }
 
+  /// Queues a write to the config service for the poster thread, unless one with the same key
+  /// is still queued (a proposal made again at the next step while the first is on its way).
+  /// Work that fails is logged; the policy proposes again while it still wants the change.
+  void submit(std::string key, std::function<void(ConfigClient&)> work) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (const auto& e : events_) {
+        if (e.work && e.key == key) return;
+      }
+      Event ev{};
+      ev.key = std::move(key);
+      ev.work = std::move(work);
+      events_.push_back(std::move(ev));
+    }
+    cv_.notify_all();
+  }
+
   const std::string& url() const noexcept { return url_; }
   const std::string& token() const noexcept { return token_; }
 
  private:
   struct Event {
     std::string type, worker, detail;
-    std::uint64_t version;
+    std::uint64_t version = 0;
+    std::string key;                               // for submitted work: its identity
+    std::function<void(ConfigClient&)> work;       // submitted work instead of an event
   };
 
   void run() {
@@ -197,9 +216,14 @@ class Session::Watch {
       events_.pop_front();
       lk.unlock();
       try {
-        client.post_event(ev.type, ev.worker, ev.detail, ev.version);
+        if (ev.work) {
+          ev.work(client);
+        } else {
+          client.post_event(ev.type, ev.worker, ev.detail, ev.version);
+        }
       } catch (const std::exception& e) {
-        KF_LOG(warn, "session", "could not record event '{}' on {}: {}", ev.type, url_, e.what());
+        KF_LOG(warn, "session", "could not {} on {}: {}",
+               ev.work ? "write a proposal" : "record event '" + ev.type + "'", url_, e.what());
       }
       lk.lock();
     }
@@ -798,11 +822,12 @@ void Session::apply(const Proposal& proposal, const char* hook) {
   if (proposal.empty() || proposal.changes_nothing(peer_->size(), settings_)) return;
   std::string why;
   for (const auto& r : proposal.reasons) why += (why.empty() ? "" : "; ") + r;
-  const auto edit_settings = [&](nlohmann::json& st) {
-    if (proposal.batch_size) st["batch_size"] = *proposal.batch_size;
-    if (proposal.learning_rate) st["lr"] = *proposal.learning_rate;
-    if (proposal.algorithm) st["algorithm"] = *proposal.algorithm;
-    if (proposal.stop) st["stop"] = true;
+  // Captures a copy: the elastic branch runs it later, on the poster thread.
+  const auto edit_settings = [p = proposal](nlohmann::json& st) {
+    if (p.batch_size) st["batch_size"] = *p.batch_size;
+    if (p.learning_rate) st["lr"] = *p.learning_rate;
+    if (p.algorithm) st["algorithm"] = *p.algorithm;
+    if (p.stop) st["stop"] = true;
   };
   if (!watch_) {
     if (proposal.workers && *proposal.workers != peer_->size()) {
@@ -817,8 +842,12 @@ void Session::apply(const Proposal& proposal, const char* hook) {
     return;
   }
   if (peer_->rank() != 0) return;
-  try {
-    ConfigClient client(watch_->url(), watch_->token());
+  // Rank 0 writes the change off the training thread: a slow or absent config service must not
+  // stall the step (the change then simply comes later, or is proposed again).
+  const Endpoint self = peer_->endpoint();
+  const std::int64_t step = *steps_;
+  Watch* watch = watch_.get();
+  watch_->submit(proposal.to_json().dump(), [=](ConfigClient& client) {
     Cluster c = client.get_cluster();
     for (int attempt = 0; attempt < 20; ++attempt) {
       Cluster next = c;
@@ -826,7 +855,6 @@ void Session::apply(const Proposal& proposal, const char* hook) {
       if (proposal.workers) {
         const auto want = static_cast<std::size_t>(*proposal.workers);
         if (want < next.workers.size()) next.workers.resize(want);
-        const Endpoint self = peer_->endpoint();
         int slot = 0;
         for (const auto& w : next.workers) {
           if (w.endpoint.host == self.host) slot = std::max(slot, w.slot + 1);
@@ -839,19 +867,15 @@ void Session::apply(const Proposal& proposal, const char* hook) {
       if (next.workers == c.workers && next.settings == c.settings) return;  // already there
       try {
         const Cluster stored = client.put_cluster(next);
-        KF_LOG(info, "session", "{} (rank 0) step {}: {} wrote v{}: {}", peer_->endpoint().str(),
-               *steps_, hook, stored.version, why);
-        watch_->post(proposal.workers ? "resized" : "note", "", "policy: " + why,
-                     stored.version);
+        KF_LOG(info, "session", "{} (rank 0) step {}: {} wrote v{}: {}", self.str(), step, hook,
+               stored.version, why);
+        watch->post(proposal.workers ? "resized" : "note", "", "policy: " + why, stored.version);
         return;
       } catch (const ConflictError& e) {
         c = e.current();
       }
     }
-  } catch (const std::exception& e) {
-    KF_LOG(warn, "session", "{}: could not write the policies' proposal ({}): {}",
-           peer_->endpoint().str(), why, e.what());
-  }
+  });
 }
 
 void Session::finish() {
