@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // A user policy in its own shared library, loaded by kf at start (docs/policies.md):
 // "lr-plateau" halves the learning rate when the loss (the step metric "loss", averaged over the
-// workers) has not improved by `min_delta` for `patience` steps, down to `min_lr`.
+// workers) has not improved by `min_delta` for `patience` steps, down to `min_lr`. Parameters:
+// patience (100), min_delta (1e-4), min_lr (1e-5), lr (the starting rate, used while the
+// cluster settings hold none; 0: wait for one there).
 //
 // Build against an installed kf:
 //   c++ -std=c++20 -shared -fPIC plateau_policy.cpp -o libplateau_policy.so
@@ -23,9 +25,10 @@ class LrPlateau : public kf::Policy {
   explicit LrPlateau(const nlohmann::json& params)
       : patience_(params.value("patience", 100)),
         min_delta_(params.value("min_delta", 1e-4)),
-        min_lr_(params.value("min_lr", 1e-5)) {
+        min_lr_(params.value("min_lr", 1e-5)),
+        lr_(params.value("lr", 0.0)) {
     for (const auto& [key, value] : params.items()) {
-      if (key != "patience" && key != "min_delta" && key != "min_lr") {
+      if (key != "patience" && key != "min_delta" && key != "min_lr" && key != "lr") {
         throw std::invalid_argument("lr-plateau: unknown parameter '" + key + "'");
       }
     }
@@ -47,7 +50,9 @@ class LrPlateau : public kf::Policy {
     }
     if (++since_best_ < patience_) return;
     since_best_ = 0;
-    const double lr = ctx.settings().value("lr", 0.0);
+    // The job's learning rate: the cluster settings' when a change was made or the job file set
+    // it there, else the `lr` parameter (the program's starting rate).
+    const double lr = ctx.settings().value("lr", lr_);
     if (lr <= min_lr_) return;
     ctx.set_learning_rate(std::max(lr / 2, min_lr_),
                           "loss has not improved for " + std::to_string(patience_) + " steps");
@@ -57,6 +62,7 @@ class LrPlateau : public kf::Policy {
   int patience_;
   double min_delta_;
   double min_lr_;
+  double lr_;
   double best_ = std::numeric_limits<double>::infinity();
   int since_best_ = 0;
 };

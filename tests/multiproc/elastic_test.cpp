@@ -200,5 +200,41 @@ TEST(ElasticPolicies, ThrowingPolicyIsDisabledAndTheJobCompletes) {
       << job.out();
 }
 
+// A live run records its policy runs; kf-policy-replay runs the job file's policies (here the
+// example plugin) over the recording and must make exactly the same decisions.
+TEST(ElasticPolicies, ReplayReproducesTheDecisionsOfALiveRun) {
+  ElasticJob job("replay");
+  const auto yaml = job.dir() / "job.yaml";
+  std::ofstream(yaml) << "job: {name: replay}\n"
+                      << "plugins: [" << env_or_empty("KF_TEST_PLUGIN") << "]\n"
+                      << "policies:\n"
+                      << "  - name: lr-plateau\n"
+                      << "    params: {patience: 20, min_delta: 0.0, min_lr: 0.0001, lr: 0.05}\n";
+  const auto record = job.dir() / "runs";
+  job.start(2, kArgs + " --job " + yaml.string() + " --policy-record " + record.string());
+  ASSERT_TRUE(eventually(
+      [&] {
+        return job.has_event([](const ConfigEvent& e) {
+          return e.detail.find("lr-plateau: lr=") != std::string::npos;
+        });
+      },
+      60s))
+      << "the live run never changed the learning rate\n" << job.err();
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 2);
+  int replayed = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(job.dir())) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with("runs-")) continue;
+    const Ran r = run_shell(env_or_empty("KF_POLICY_REPLAY") + " --check --job " + yaml.string() +
+                            " " + entry.path().string());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(", 0 differences from the recording"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("\"lr\":"), std::string::npos) << "no decision replayed:\n" << r.output;
+    ++replayed;
+  }
+  EXPECT_EQ(replayed, 2) << "one recording per worker";
+}
+
 }  // namespace
 }  // namespace kf::test

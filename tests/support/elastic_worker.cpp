@@ -12,6 +12,7 @@
 // hash=<hex> check_us=<mean per-step boundary cost without change>".
 #include <chrono>
 #include <cinttypes>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -27,6 +28,7 @@
 #include "kf/peer.hpp"
 #include "kf/runtime/elastic_sampler.hpp"
 #include "kf/policies/policy.hpp"
+#include "kf/runtime/job_file.hpp"
 #include "kf/runtime/policy_runner.hpp"
 #include "kf/runtime/session.hpp"
 #include "kf/runtime/state.hpp"
@@ -114,12 +116,14 @@ int main(int argc, char** argv) {
   int bench_check = 0;
   std::int64_t grow_at = -1, grow_batch = 0, throw_at = -1;
   int grow_to = 0;
-  std::string policy_record;
+  std::string policy_record, job_path;
+  app.add_option("--job", job_path, "a job file whose policies (and plugins) this worker runs");
   app.add_option("--policy-grow-at", grow_at, "test policy: at this step grow to --policy-grow-to");
   app.add_option("--policy-grow-to", grow_to);
   app.add_option("--policy-batch", grow_batch, "test policy: with the growth, this global batch");
   app.add_option("--policy-throw-at", throw_at, "test policy that throws at this step");
-  app.add_option("--policy-record", policy_record, "record the policy runs (JSON lines)");
+  app.add_option("--policy-record", policy_record,
+                 "record the policy runs (JSON lines) to this path + \"-PORT.jsonl\"");
   app.add_option("--bench-check", bench_check,
                  "measure the boundary's cost: N steps of one 4-byte allreduce without and N "
                  "with Session::step, alternating in blocks; prints 'bench_check ...' and exits");
@@ -163,7 +167,17 @@ int main(int argc, char** argv) {
   if (throw_at >= 0) policies.add(std::make_unique<ThrowingPolicy>(throw_at));
   int loss_slot = -1;
   try {
-    if (!policy_record.empty()) policies.record_to(policy_record);
+    if (!job_path.empty()) {
+      const kf::JobFile job = kf::load_job_file(job_path);
+      kf::PolicyRegistry registry;
+      for (const auto& plugin : job.plugins) registry.load_plugin(plugin);
+      for (const auto& spec : job.policies) policies.add(registry.make(spec.name, spec.params));
+    }
+    if (!policy_record.empty()) {
+      const char* self = std::getenv("KF_SELF");
+      const std::string who = self ? std::string(self).substr(std::string(self).rfind(':') + 1) : "0";
+      policies.record_to(policy_record + "-" + who + ".jsonl");
+    }
     session = kf::Session::from_environment(state);
     session->set_policies(&policies);
     loss_slot = session->add_metric("loss");
@@ -256,7 +270,8 @@ int main(int argc, char** argv) {
             .wait();
         const double n =
             static_cast<double>(sampler.step_samples(static_cast<std::size_t>(gbatch)));
-        for (int d = 0; d < dim; ++d) w[d] -= lr * buf[d] / n;
+        const double rate = session->settings().value("lr", lr);  // policies may change it
+        for (int d = 0; d < dim; ++d) w[d] -= rate * buf[d] / n;
         for (int i = 0; i < samples; ++i) uses[i] += buf[dim + 1 + i];
         ++step;
         sampler.advance(static_cast<std::size_t>(gbatch));
