@@ -10,7 +10,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 #include <bit>
+#include <cctype>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <atomic>
@@ -27,6 +29,9 @@
 #include "kf/common/env.hpp"
 #include "kf/common/error.hpp"
 #include "kf/common/log.hpp"
+#include "kf/monitor/jsonl_writer.hpp"
+#include "kf/monitor/metrics.hpp"
+#include "kf/monitor/metrics_server.hpp"
 #include "kf/runtime/config_client.hpp"
 
 namespace kf {
@@ -292,7 +297,35 @@ Session::Session(std::unique_ptr<Peer> peer, Cluster initial, State& state,
     watch_ = std::make_unique<Watch>(*options_.config_server, options_.job_token, initial_,
                                      options_.watch_poll);
   }
+  if (options_.monitors) monitor_ = std::make_unique<StepMonitor>(options_.monitor);
+  if (options_.metrics_every < 1) throw std::invalid_argument("Session: metrics_every must be >= 1");
+  if (options_.metrics_port || options_.metrics_jsonl) {
+    registry_ = std::make_unique<monitor::MetricsRegistry>();
+  }
+  if (options_.metrics_port) {
+    metrics_server_ = std::make_unique<monitor::MetricsServer>(
+        *registry_, monitor::MetricsServerOptions{options_.metrics_host, *options_.metrics_port});
+    KF_LOG(info, "session", "{}: metrics on http://{}/metrics", peer_->endpoint().str(),
+           metrics_server_->address());
+  }
 }
+
+namespace {
+
+// The integer value of environment variable `name` in [lo, hi], or nothing when it is unset.
+std::optional<std::int64_t> env_integer(const char* name, std::int64_t lo, std::int64_t hi) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  std::int64_t n = 0;
+  const auto [end, ec] = std::from_chars(v, v + std::strlen(v), n);
+  if (ec != std::errc() || *end != '\0' || n < lo || n > hi) {
+    throw std::invalid_argument(std::string(name) + "='" + v + "' must be an integer in " +
+                                std::to_string(lo) + ".." + std::to_string(hi));
+  }
+  return n;
+}
+
+}  // namespace
 
 std::unique_ptr<Session> Session::from_environment(State& state) {
   const Env e = Env::from_environment();
@@ -301,19 +334,26 @@ std::unique_ptr<Session> Session::from_environment(State& state) {
   o.config_server = e.config_server;
   o.job_token = e.job_token;
   if (const char* path = std::getenv(env::kCheckpoint); path && *path) o.checkpoint_path = path;
-  if (const char* every = std::getenv(env::kCheckpointEvery); every && *every) {
-    std::int64_t n = 0;
-    const auto [end, ec] = std::from_chars(every, every + std::strlen(every), n);
-    if (ec != std::errc() || *end != '\0' || n < 1) {
-      throw std::invalid_argument(std::string(env::kCheckpointEvery) + "='" + every +
-                                  "' must be a positive integer");
-    }
-    o.checkpoint_every = n;
+  if (auto n = env_integer(env::kCheckpointEvery, 1, std::numeric_limits<std::int64_t>::max())) {
+    o.checkpoint_every = *n;
+  }
+  if (auto n = env_integer(env::kMonitors, 0, 1)) o.monitors = *n == 1;
+  if (auto n = env_integer(env::kMetricsPort, 0, 65535)) {
+    o.metrics_port = static_cast<std::uint16_t>(*n);
+  }
+  if (const char* host = std::getenv(env::kMetricsHost); host && *host) o.metrics_host = host;
+  if (const char* path = std::getenv(env::kMetricsJsonl); path && *path) o.metrics_jsonl = path;
+  if (auto n = env_integer(env::kMetricsEvery, 1, std::numeric_limits<std::int64_t>::max())) {
+    o.metrics_every = *n;
   }
   return std::make_unique<Session>(std::move(peer), e.cluster, state, std::move(o));
 }
 
 Session::~Session() = default;
+
+std::uint16_t Session::metrics_port() const noexcept {
+  return metrics_server_ ? metrics_server_->port() : 0;
+}
 
 int Session::rank() const noexcept { return peer_->rank(); }
 int Session::size() const noexcept { return peer_->size(); }
@@ -433,6 +473,11 @@ bool Session::form(const Cluster& target, const Cluster* previous, bool fresh,
   rec.synced_us = now_us();
   invites_.clear();
   invited_version_ = 0;
+  // The monitors' throughput window measured the old cluster; a half-measured step is dropped.
+  if (monitor_) monitor_->membership_changed();
+  report_ = StepReport{};
+  samples_reported_ = false;
+  step_began_ = SteadyClock::now();
   const bool resized = joined_;
   joined_ = true;
   adopt_settings(peer_->cluster().settings);
@@ -483,12 +528,19 @@ Session::Outcome Session::end_step() {
   const std::int64_t boundary_us = now_us();
   ++boundary_;
   const std::uint64_t current = peer_->version();
-  const std::size_t words = kRecordWords + metric_values_.size();
+  // Record: the fixed fields, the monitors' words, then the registered metrics.
+  const std::size_t monitor_words = monitor_ ? StepMonitor::kWords : 0;
+  const std::size_t user_at = kRecordWords + monitor_words;
+  const std::size_t words = user_at + metric_values_.size();
   std::vector<std::int64_t> mine(words, 0);
   mine[kVersionSeen] = static_cast<std::int64_t>(current);
   mine[kCommits] = *commits_;
+  if (monitor_) {
+    report_.step_time = std::chrono::duration<double>(t0 - step_began_).count();
+    StepMonitor::pack(report_, std::span<std::int64_t>(mine).subspan(kRecordWords, monitor_words));
+  }
   for (std::size_t i = 0; i < metric_values_.size(); ++i) {
-    mine[kRecordWords + i] = std::bit_cast<std::int64_t>(metric_values_[i]);
+    mine[user_at + i] = std::bit_cast<std::int64_t>(metric_values_[i]);
   }
   Watch::Snapshot newest;
   if (watch_ && watch_->version() > current) {
@@ -523,11 +575,20 @@ Session::Outcome Session::end_step() {
   for (std::size_t i = 0; i < metric_names_.size(); ++i) {
     double sum = 0;
     for (std::size_t r = 0; r < p; ++r) {
-      sum += std::bit_cast<double>(all[r * words + kRecordWords + i]);
+      sum += std::bit_cast<double>(all[r * words + user_at + i]);
     }
     metrics_[metric_names_[i]] = sum / static_cast<double>(p);
   }
   std::fill(metric_values_.begin(), metric_values_.end(), 0.0);
+  if (monitor_) {
+    if (auto said = monitor_->update(all, words, kRecordWords, peer_->size(), metrics_)) {
+      KF_LOG(info, "monitor", "{} (rank {}): {}", peer_->endpoint().str(), peer_->rank(), *said);
+    }
+    report_ = StepReport{};
+    samples_reported_ = false;
+  }
+  step_began_ = t0;
+  if (registry_) export_metrics();
   const auto committed = SteadyClock::now();
   if (policies_ != nullptr && !policies_->empty()) {
     apply(policies_->run(PolicyHook::after_step, policy_inputs()), "after_step");
@@ -876,6 +937,133 @@ void Session::apply(const Proposal& proposal, const char* hook) {
       }
     }
   });
+}
+
+namespace {
+
+// ḡ = sum × (1/K) and |ḡ|², in one pass over the reduced buffer.
+double scale_and_norm(std::span<float> values, float factor) noexcept {
+  double s[4] = {0, 0, 0, 0};
+  float* v = values.data();
+  const std::size_t n = values.size();
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    for (std::size_t k = 0; k < 4; ++k) {
+      v[i + k] *= factor;
+      s[k] += static_cast<double>(v[i + k]) * v[i + k];
+    }
+  }
+  for (; i < n; ++i) {
+    v[i] *= factor;
+    s[0] += static_cast<double>(v[i]) * v[i];
+  }
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+}  // namespace
+
+void Session::allreduce_gradients(std::span<float> grads, double local_batch) {
+  const double local = monitor_ ? squared_norm(grads) : 0.0;
+  const auto t0 = SteadyClock::now();
+  peer_->allreduce("kf.grads", buffer(grads.data(), grads.size()),
+                   buffer(grads.data(), grads.size()))
+      .wait();
+  const double comm = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  const float factor = 1.0f / static_cast<float>(peer_->size());
+  if (!monitor_) {
+    for (float& g : grads) g *= factor;
+    return;
+  }
+  const double global = scale_and_norm(grads, factor);
+  report_comm(comm, static_cast<double>(grads.size_bytes()));
+  report_gradients(local, global, local_batch, 1, std::isfinite(local));
+}
+
+void Session::allreduce_gradients(std::span<const float> local, std::span<float> mean,
+                                  double local_batch) {
+  if (local.size() != mean.size()) {
+    throw std::invalid_argument("Session::allreduce_gradients: local has " +
+                                std::to_string(local.size()) + " values, mean " +
+                                std::to_string(mean.size()));
+  }
+  const auto t0 = SteadyClock::now();
+  Handle h = peer_->allreduce("kf.grads", buffer(local.data(), local.size()),
+                              buffer(mean.data(), mean.size()));
+  // The I/O thread reduces while this thread reads the same input for its norm.
+  const double own = monitor_ ? squared_norm(local) : 0.0;
+  h.wait();
+  const double comm = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  const float factor = 1.0f / static_cast<float>(peer_->size());
+  if (!monitor_) {
+    for (float& g : mean) g *= factor;
+    return;
+  }
+  const double global = scale_and_norm(mean, factor);
+  report_comm(comm, static_cast<double>(local.size_bytes()));
+  report_gradients(own, global, local_batch, 1, std::isfinite(own));
+}
+
+void Session::report_gradients(double local_sqnorm, double global_sqnorm, double local_batch,
+                               int micro_batches, bool finite) {
+  if (micro_batches < 1 || !(local_batch > 0)) {
+    throw std::invalid_argument("Session::report_gradients: micro_batches must be >= 1 and "
+                                "local_batch > 0");
+  }
+  report_.local_sqnorm += local_sqnorm;
+  report_.global_sqnorm = global_sqnorm;
+  report_.local_batch = local_batch;
+  report_.micro_batches += micro_batches;
+  if (!finite) report_.nonfinite = 1;
+  if (!samples_reported_) report_.samples += local_batch * micro_batches;
+}
+
+void Session::report_samples(double samples) {
+  if (!samples_reported_) report_.samples = 0;  // replaces what gradients implied
+  samples_reported_ = true;
+  report_.samples += samples;
+}
+
+void Session::report_comm(double seconds, double bytes) {
+  report_.comm_time += seconds;
+  report_.comm_bytes += bytes;
+}
+
+// Every metric as a gauge "kf_<name>" (dots become underscores), plus the job's shape; rank 0
+// appends a JSON line every metrics_every steps.
+void Session::export_metrics() {
+  auto& r = *registry_;
+  r.gauge("kf_steps", "steps finished by every worker").set(static_cast<double>(*steps_));
+  r.gauge("kf_commits", "commits of the training state").set(static_cast<double>(*commits_));
+  r.gauge("kf_workers", "workers in the cluster").set(peer_->size());
+  r.gauge("kf_cluster_version", "cluster version").set(static_cast<double>(peer_->version()));
+  r.gauge("kf_rank", "this worker's rank").set(peer_->rank());
+  if (auto b = settings_.find("batch_size"); b != settings_.end() && b->is_number()) {
+    r.gauge("kf_batch_size", "global batch size (settings)").set(b->get<double>());
+  }
+  if (auto lr = settings_.find("lr"); lr != settings_.end() && lr->is_number()) {
+    r.gauge("kf_learning_rate", "learning rate (settings)").set(lr->get<double>());
+  }
+  for (const auto& [name, value] : metrics_) {
+    std::string m = "kf_" + name;
+    for (char& c : m) {
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != ':') c = '_';
+    }
+    if (!monitor::is_valid_metric_name(m)) continue;
+    r.gauge(m, "step metric '" + name + "', averaged over the workers").set(value);
+  }
+  if (options_.metrics_jsonl && peer_->rank() == 0 && *steps_ % options_.metrics_every == 0) {
+    try {
+      if (!metrics_jsonl_) {
+        metrics_jsonl_ = std::make_unique<monitor::JsonlWriter>(*options_.metrics_jsonl);
+      }
+      metrics_jsonl_->write(*steps_, r);
+    } catch (const std::exception& e) {
+      // Metrics are for people: losing them must not stop training.
+      KF_LOG(err, "session", "{}: {}; metrics lines are no longer written", peer_->endpoint().str(),
+             e.what());
+      options_.metrics_jsonl.reset();
+    }
+  }
 }
 
 void Session::finish() {

@@ -9,7 +9,18 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <random>
+#include <span>
+#include <string>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -191,6 +202,129 @@ TEST(Session, StaticJobPoliciesSeeAveragedMetricsAndChangeSettingsTogether) {
     ASSERT_EQ(seen[r].size(), 8u);
     for (double v : seen[r]) EXPECT_EQ(v, 2.0) << "mean of 1, 2, 3 on rank " << r;
   }
+}
+
+// Runs `cmd` and returns what it printed on stdout.
+std::string run_command(const std::string& cmd) {
+  std::string out;
+  if (FILE* f = ::popen(cmd.c_str(), "r")) {
+    char chunk[4096];
+    std::size_t got = 0;
+    while ((got = std::fread(chunk, 1, sizeof chunk, f)) > 0) out.append(chunk, got);
+    ::pclose(f);
+  }
+  return out;
+}
+
+// Gradients with a known noise scale: every coordinate of the true gradient G is 0.1 (D = 500:
+// |G|² = 5) and a micro-batch of b = 16 samples adds noise of variance 0.02 per coordinate, so
+// the per-example covariance has trace D·0.02·16 = 160 and B_simple = 160 / 5 = 32.
+std::vector<float> noisy_gradient(int rank, int step) {
+  std::mt19937 gen(static_cast<unsigned>(1000 * step + rank));
+  std::normal_distribution<float> noise(0.0f, std::sqrt(0.02f));
+  std::vector<float> g(500);
+  for (float& v : g) v = 0.1f + noise(gen);
+  return g;
+}
+
+TEST(Session, MonitorsGiveEveryWorkerTheSameEstimatesAndServeThem) {
+  constexpr int n = 3, steps = 120, nan_step = 70;
+  Job job = make_job(n);
+  const auto jsonl = std::filesystem::temp_directory_path() /
+                     ("kf-session-metrics-" + std::to_string(::getpid()) + ".jsonl");
+  std::filesystem::remove(jsonl);
+  std::vector<std::map<std::string, double>> last(n);
+  std::vector<std::vector<double>> skipped(n), b_simple(n);
+  std::vector<std::string> scraped(n);
+  test::run_all(n, [&](int r) {
+    State state;
+    SessionOptions o;
+    o.monitor.gns_theta = 0.95;
+    o.metrics_port = 0;
+    o.metrics_jsonl = jsonl.string();
+    Session s(std::move(job.peers[r]), job.cluster, state, o);
+    ASSERT_NE(s.metrics_port(), 0);
+    ASSERT_TRUE(s.join());
+    std::vector<float> mean(500);
+    for (int i = 0; i < steps; ++i) {
+      std::vector<float> g = noisy_gradient(r, i);
+      if (i == nan_step && r == 1) g[7] = std::numeric_limits<float>::quiet_NaN();
+      ASSERT_EQ(s.step([&] {
+        if (i % 2 == 0) {
+          s.allreduce_gradients(g, 16);  // in place
+        } else {
+          s.allreduce_gradients(std::span<const float>(g), mean, 16);
+        }
+      }), Session::Outcome::committed);
+      skipped[r].push_back(s.metrics().count("gns.skipped") ? s.metrics().at("gns.skipped") : -1);
+      b_simple[r].push_back(s.metrics().count("gns.b_simple") ? s.metrics().at("gns.b_simple")
+                                                              : -1);
+    }
+    last[r] = s.metrics();
+    scraped[r] = run_command("curl -s http://127.0.0.1:" + std::to_string(s.metrics_port()) +
+                             "/metrics");
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(last[r], last[0]) << "rank " << r << " holds other metrics than rank 0";
+    EXPECT_EQ(b_simple[r], b_simple[0]) << "rank " << r;
+    EXPECT_EQ(skipped[r], skipped[0]) << "rank " << r;
+  }
+  for (int i = 0; i < steps; ++i) EXPECT_EQ(skipped[0][i], i == nan_step ? 1.0 : 0.0) << i;
+  const auto& m = last[0];
+  ASSERT_EQ(m.count("gns.valid"), 1u);
+  EXPECT_EQ(m.at("gns.valid"), 1.0);
+  ASSERT_EQ(m.count("gns.b_simple"), 1u);
+  EXPECT_NEAR(m.at("gns.b_simple"), 32.0, 8.0);
+  EXPECT_EQ(m.at("gns.noise_dominated"), 0.0);
+  EXPECT_EQ(m.at("comm_bytes"), 500.0 * sizeof(float));
+  EXPECT_GT(m.at("comm_time"), 0.0);
+  EXPECT_GT(m.at("algbw"), 0.0);
+  EXPECT_EQ(m.at("samples"), 16.0 * n);
+  EXPECT_GT(m.at("throughput"), 0.0);
+  EXPECT_GT(m.at("step_time"), 0.0);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_NE(scraped[r].find("kf_gns_b_simple "), std::string::npos) << scraped[r];
+    EXPECT_NE(scraped[r].find("kf_throughput "), std::string::npos) << scraped[r];
+    EXPECT_NE(scraped[r].find("kf_steps " + std::to_string(steps)), std::string::npos);
+  }
+  // Rank 0 wrote one JSON line per step.
+  std::ifstream in(jsonl);
+  std::string line, final_line;
+  int lines = 0;
+  while (std::getline(in, line)) {
+    ++lines;
+    final_line = line;
+  }
+  EXPECT_EQ(lines, steps);
+  const auto doc = nlohmann::json::parse(final_line);
+  EXPECT_EQ(doc.at("step"), steps);
+  EXPECT_EQ(doc.at("metrics").at("kf_gns_valid"), 1.0);
+  std::filesystem::remove(jsonl);
+}
+
+TEST(Session, OneWorkerHasNoNoiseScaleAndMonitorsCanBeOff) {
+  Job job = make_job(1);
+  State state;
+  Session s(std::move(job.peers[0]), job.cluster, state, SessionOptions{});
+  ASSERT_TRUE(s.join());
+  for (int i = 0; i < 5; ++i) {
+    std::vector<float> g = noisy_gradient(0, i);
+    s.step([&] { s.allreduce_gradients(g, 16); });
+  }
+  EXPECT_EQ(s.metrics().at("gns.valid"), 0.0);
+  EXPECT_EQ(s.metrics().count("gns.b_simple"), 0u);
+  EXPECT_EQ(s.metrics().at("samples"), 16.0);
+
+  Job job2 = make_job(1);
+  State state2;
+  SessionOptions off;
+  off.monitors = false;
+  Session quiet(std::move(job2.peers[0]), job2.cluster, state2, off);
+  ASSERT_TRUE(quiet.join());
+  std::vector<float> g(4, 2.0f);
+  quiet.step([&] { quiet.allreduce_gradients(g, 16); });
+  EXPECT_TRUE(quiet.metrics().empty());
+  EXPECT_EQ(g, std::vector<float>(4, 2.0f)) << "the mean over one worker is its gradient";
 }
 
 TEST(Session, RejectsAPeerOutsideItsClusterOrAlreadyStarted) {

@@ -25,6 +25,11 @@ inline constexpr const char* kSpinUs = "KF_SPIN_US";             ///< I/O thread
 inline constexpr const char* kLogLevel = "KF_LOG_LEVEL";         ///< trace|debug|info|warn|error
 inline constexpr const char* kCheckpoint = "KF_CHECKPOINT";      ///< kf::Session checkpoint file
 inline constexpr const char* kCheckpointEvery = "KF_CHECKPOINT_EVERY";  ///< commits between saves
+inline constexpr const char* kMonitors = "KF_MONITORS";        ///< 0: no built-in monitors
+inline constexpr const char* kMetricsPort = "KF_METRICS_PORT";  ///< Prometheus endpoint port
+inline constexpr const char* kMetricsHost = "KF_METRICS_HOST";  ///< ... and address
+inline constexpr const char* kMetricsJsonl = "KF_METRICS_JSONL";  ///< metrics JSON-lines file
+inline constexpr const char* kMetricsEvery = "KF_METRICS_EVERY";  ///< steps between lines
 inline constexpr const char* kRank = "KF_RANK";                  ///< informational: initial rank
 inline constexpr const char* kSize = "KF_SIZE";                  ///< informational: initial size
 }  // namespace env

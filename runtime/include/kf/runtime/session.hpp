@@ -27,6 +27,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,8 +36,15 @@
 #include "kf/policies/policy.hpp"
 #include "kf/runtime/policy_runner.hpp"
 #include "kf/runtime/state.hpp"
+#include "kf/runtime/step_monitor.hpp"
 
 namespace kf {
+
+namespace monitor {
+class MetricsRegistry;
+class MetricsServer;
+class JsonlWriter;
+}  // namespace monitor
 
 struct SessionOptions {
   /// URL of the config service (KF_CONFIG_SERVER). Without one the job is static: it never
@@ -60,6 +68,19 @@ struct SessionOptions {
   std::int64_t commit_every = 1;
   /// Failed recovery attempts in a row before the session gives up with the last error.
   int max_recovery_attempts = 50;
+  /// The built-in monitors (StepMonitor: step time, throughput, communication, gradient noise
+  /// scale; docs/monitoring.md). Their StepMonitor::kWords words ride in every step's control
+  /// collective. KF_MONITORS=0 turns them off.
+  bool monitors = true;
+  StepMonitorOptions monitor;
+  /// When set, each worker serves its metrics for Prometheus on this port (0: the kernel picks
+  /// one; see Session::metrics_port()) at metrics_host. KF_METRICS_PORT, KF_METRICS_HOST.
+  std::optional<std::uint16_t> metrics_port;
+  std::string metrics_host = "127.0.0.1";
+  /// When set, rank 0 appends the metrics as one JSON line every `metrics_every` steps
+  /// (monitor::JsonlWriter). KF_METRICS_JSONL, KF_METRICS_EVERY.
+  std::optional<std::string> metrics_jsonl;
+  std::int64_t metrics_every = 1;
 };
 
 /// One change of membership as this worker saw it. Times are wall-clock microseconds since the
@@ -142,8 +163,34 @@ class Session {
   /// This worker's value of a metric for the current step (0 when not set); the boundary
   /// averages it over the workers.
   void set_metric(int slot, double value);
-  /// The metrics of the last boundary, averaged over the workers (the same on every worker).
+  /// The metrics of the last boundary, averaged over the workers (the same on every worker):
+  /// the registered ones and, with the monitors on, those of StepMonitor.
   const std::map<std::string, double>& metrics() const noexcept { return metrics_; }
+
+  /// Averages the gradient over the workers in place (allreduce sum, then × 1/size) and feeds
+  /// the monitors: this worker's |g|² is taken before the allreduce, |ḡ|² in the same pass that
+  /// divides the sum; the allreduce's time and bytes are the step's communication. Counts
+  /// local_batch × micro_batches samples for the throughput unless report_samples() was called
+  /// in this step. `grads` holds the mean over this worker's micro_batches micro-batch gradients
+  /// (gradient accumulation: micro_batches > 1; then |g|² is of that mean, and the estimate is
+  /// formed from K·1 gradients of local_batch × micro_batches samples each).
+  /// Throws: kf::Error from the collective (a peer failure is recovered from by step()).
+  void allreduce_gradients(std::span<float> grads, double local_batch);
+  /// The same out of place: `local` is left as it is and `mean` receives the average. Here the
+  /// squared norm of `local` is taken while the allreduce runs (it reads `local` too, so the
+  /// pass costs no wall time when communication is the bottleneck).
+  void allreduce_gradients(std::span<const float> local, std::span<float> mean,
+                           double local_batch);
+  /// For a loop that exchanges gradients itself: this step's Σ|g_j|² over its micro_batches
+  /// local gradients, |ḡ|² of the averaged gradient, and whether the local gradient was finite.
+  void report_gradients(double local_sqnorm, double global_sqnorm, double local_batch,
+                        int micro_batches = 1, bool finite = true);
+  /// Samples this worker trained on in the current step (adds up within a step).
+  void report_samples(double samples);
+  /// Communication of the current step (adds up within a step).
+  void report_comm(double seconds, double bytes);
+  /// The port of this worker's Prometheus endpoint; 0 when it serves none.
+  std::uint16_t metrics_port() const noexcept;
   /// Policies to run: after_step at every boundary once the step is committed,
   /// on_membership_change after every switch. Their proposal is applied at a later boundary on
   /// every worker at once: a new cluster version written by rank 0 (compare-and-swap) holding
@@ -189,6 +236,7 @@ class Session {
   void after_commit();
   void adopt_settings(const nlohmann::json& settings);
   void apply(const Proposal& proposal, const char* hook);
+  void export_metrics();
 
   std::unique_ptr<Peer> peer_;
   Cluster initial_;
@@ -214,6 +262,14 @@ class Session {
   std::vector<double> metric_values_;
   std::map<std::string, double> metrics_;
   PolicyRunner* policies_ = nullptr;
+  // The built-in monitors: this step's report, and when the step began.
+  std::unique_ptr<StepMonitor> monitor_;
+  StepReport report_;
+  bool samples_reported_ = false;
+  std::chrono::steady_clock::time_point step_began_{};
+  std::unique_ptr<monitor::MetricsRegistry> registry_;
+  std::unique_ptr<monitor::MetricsServer> metrics_server_;
+  std::unique_ptr<monitor::JsonlWriter> metrics_jsonl_;
   std::int64_t epoch_ = -1;  ///< boundaries run (names the control collectives)
 };
 

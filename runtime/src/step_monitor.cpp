@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kf/runtime/step_monitor.hpp"
+
+#include <bit>
+#include <cmath>
+#include <vector>
+
+#include "kf/monitor/gns.hpp"
+#include "kf/monitor/throughput.hpp"
+
+namespace kf {
+
+namespace {
+
+enum Word : std::size_t {
+  kStepTime = 0,
+  kSamples,
+  kLocalSqnorm,
+  kGlobalSqnorm,
+  kLocalBatch,
+  kMicroBatches,
+  kNonfinite,
+  kCommTime,
+  kCommBytes,
+};
+static_assert(kCommBytes + 1 == StepMonitor::kWords);
+
+}  // namespace
+
+double squared_norm(std::span<const float> values) noexcept {
+  // Four independent partial sums let the compiler keep several multiply-adds in flight; the
+  // summation order is fixed, so equal inputs give equal bits.
+  double s[4] = {0, 0, 0, 0};
+  const std::size_t n = values.size();
+  const float* v = values.data();
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s[0] += static_cast<double>(v[i]) * v[i];
+    s[1] += static_cast<double>(v[i + 1]) * v[i + 1];
+    s[2] += static_cast<double>(v[i + 2]) * v[i + 2];
+    s[3] += static_cast<double>(v[i + 3]) * v[i + 3];
+  }
+  for (; i < n; ++i) s[0] += static_cast<double>(v[i]) * v[i];
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+StepMonitor::StepMonitor(StepMonitorOptions options)
+    : options_(options),
+      window_(std::make_unique<monitor::ThroughputWindow>(monitor::ThroughputWindowOptions{
+          options.window_steps, options.warmup_steps})),
+      ema_(std::make_unique<monitor::StepTimeEma>()) {}
+
+StepMonitor::~StepMonitor() = default;
+
+void StepMonitor::pack(const StepReport& r, std::span<std::int64_t> words) noexcept {
+  const double v[kWords] = {r.step_time,    r.samples,      r.local_sqnorm,
+                            r.global_sqnorm, r.local_batch, r.micro_batches,
+                            r.nonfinite,    r.comm_time,    r.comm_bytes};
+  for (std::size_t i = 0; i < kWords && i < words.size(); ++i) {
+    words[i] = std::bit_cast<std::int64_t>(v[i]);
+  }
+}
+
+void StepMonitor::membership_changed() noexcept { window_->restart(); }
+
+std::optional<std::string> StepMonitor::update(std::span<const std::int64_t> all,
+                                               std::size_t stride, std::size_t offset,
+                                               int workers,
+                                               std::map<std::string, double>& metrics) {
+  const auto p = static_cast<std::size_t>(workers);
+  const auto word = [&](std::size_t rank, Word w) {
+    return std::bit_cast<double>(all[rank * stride + offset + w]);
+  };
+  // Sums in rank order: the same bits on every worker.
+  double sum[kWords] = {};
+  bool every_gradient = p > 0;
+  for (std::size_t r = 0; r < p; ++r) {
+    for (std::size_t w = 0; w < kWords; ++w) sum[w] += word(r, static_cast<Word>(w));
+    every_gradient = every_gradient && word(r, kMicroBatches) > 0;
+  }
+  const double n = static_cast<double>(p);
+  static const char* const kOwned[] = {
+      "step_time",  "step_time_ema", "samples",     "throughput",  "comm_time",
+      "comm_bytes", "algbw",         "gns.valid",   "gns.sqr",     "gns.tr_sigma",
+      "gns.b_simple", "gns.noise_dominated", "gns.step_sqr", "gns.step_tr_sigma", "gns.skipped"};
+  for (const char* k : kOwned) metrics.erase(k);
+
+  // Step time and throughput (§4.1). The job's step takes as long as its slowest worker; the
+  // mean over workers is within the boundary's wait of it and is what every worker can agree on.
+  const double step_time = sum[kStepTime] / n;
+  const double samples = sum[kSamples];
+  metrics["step_time"] = step_time;
+  metrics["samples"] = samples;
+  ema_->record(monitor::Seconds(step_time));
+  if (const double e = ema_->step_time().count(); std::isfinite(e)) metrics["step_time_ema"] = e;
+  if (samples > 0) {
+    window_->record(monitor::StepSample{samples, samples / n, monitor::Seconds(step_time)});
+    if (window_->steps() > 0) metrics["throughput"] = window_->job_samples_per_second();
+  }
+
+  // Communication.
+  const double comm_time = sum[kCommTime] / n;
+  const double comm_bytes = sum[kCommBytes] / n;
+  metrics["comm_time"] = comm_time;
+  metrics["comm_bytes"] = comm_bytes;
+  if (comm_time > 0 && comm_bytes > 0) metrics["algbw"] = comm_bytes / comm_time;
+
+  // Gradient noise scale (§2.3): only when every worker reported its gradient norms.
+  if (!every_gradient) return std::nullopt;
+  const double micro = sum[kMicroBatches];  // n = K·s micro-batch gradients
+  const double local_batch = sum[kLocalBatch] / n;
+  const bool finite = sum[kNonfinite] == 0 && std::isfinite(sum[kLocalSqnorm]) &&
+                      std::isfinite(sum[kGlobalSqnorm]);
+  metrics["gns.skipped"] = finite ? 0.0 : 1.0;
+  std::optional<std::string> said;
+  if (micro < 2) {
+    if (!said_single_) {
+      said_single_ = true;
+      said = "one worker without gradient accumulation gives no gradient noise scale estimate "
+             "(it needs two micro-batch gradients per step)";
+    }
+    metrics["gns.valid"] = 0;
+    return said;
+  }
+  if (!gns_) {
+    monitor::GnsOptions o;
+    o.base_batch = options_.base_batch > 0 ? options_.base_batch : micro * local_batch;
+    o.theta_base = options_.gns_theta;
+    gns_ = std::make_unique<monitor::GnsEstimator>(o);
+  }
+  const double local = sum[kLocalSqnorm];
+  const double global = word(0, kGlobalSqnorm);  // identical on every worker after the reduce
+  monitor::GnsStep in;
+  in.local_sqnorm_sum = std::span<const double>(&local, 1);
+  in.global_sqnorm = std::span<const double>(&global, 1);
+  in.workers = workers;
+  in.accumulation_steps = static_cast<std::int64_t>(std::llround(micro / n));
+  if (in.accumulation_steps < 1) in.accumulation_steps = 1;
+  in.local_batch = local_batch;
+  in.finite = finite;
+  // Unequal accumulation counts are folded into K·s = micro: the estimator needs only n.
+  if (static_cast<double>(in.workers * in.accumulation_steps) != micro) {
+    in.workers = static_cast<std::int64_t>(micro);
+    in.accumulation_steps = 1;
+  }
+  const monitor::GnsStepResult step = gns_->update(in);
+  if (step.status == monitor::GnsStepStatus::accepted) {
+    metrics["gns.step_sqr"] = step.point.sqr;
+    metrics["gns.step_tr_sigma"] = step.point.tr_sigma;
+  }
+  const monitor::GnsEstimate e = gns_->estimate();
+  metrics["gns.valid"] = e.valid ? 1.0 : 0.0;
+  if (std::isfinite(e.read.sqr)) metrics["gns.sqr"] = e.read.sqr;
+  if (std::isfinite(e.read.tr_sigma)) metrics["gns.tr_sigma"] = e.read.tr_sigma;
+  if (std::isinf(e.b_simple)) {
+    metrics["gns.noise_dominated"] = 1;
+  } else if (std::isfinite(e.b_simple)) {
+    metrics["gns.noise_dominated"] = 0;
+    metrics["gns.b_simple"] = e.b_simple;
+  }
+  return said;
+}
+
+}  // namespace kf
