@@ -189,6 +189,34 @@ TEST(ElasticPolicies, ResizeAndBatchSizeChangeAtTheSameStepOnEveryWorker) {
   })) << "the audit trail names the policy";
 }
 
+// The GNS operator is fed from the step's control collective, so every worker holds the same
+// estimate at every step (to the last bit: the workers print 17 significant digits).
+TEST(ElasticMonitors, GradientNoiseScaleIsIdenticalOnEveryWorker) {
+  ElasticJob job("gns");
+  job.start(3, kArgs + " --gns");
+  ASSERT_TRUE(job.wait_progress(60)) << job.err();
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 3);
+  // "[host:port] gns step=S sqr=.. tr_sigma=.. b_simple=.."
+  std::map<long, std::map<std::string, std::string>> by_step;
+  std::istringstream in(job.out());
+  const std::regex re(R"(^\[([^\]]+)\] gns step=(\d+) (.*)$)");
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, re)) by_step[std::stol(m[2])][m[1]] = m[3];
+  }
+  int compared = 0;
+  for (const auto& [step, seen] : by_step) {
+    if (seen.size() < 3) continue;  // the last steps, cut short by the finish
+    for (const auto& [worker, values] : seen) {
+      EXPECT_EQ(values, seen.begin()->second) << "step " << step << ": " << worker << " differs";
+      EXPECT_EQ(values.find("sqr=-1 "), std::string::npos) << "no estimate at step " << step;
+    }
+    ++compared;
+  }
+  EXPECT_GE(compared, 50) << job.out();
+}
+
 TEST(ElasticPolicies, ThrowingPolicyIsDisabledAndTheJobCompletes) {
   ElasticJob job("thrower");
   job.start(2, kArgs + " --policy-throw-at 30");

@@ -127,6 +127,10 @@ int main(int argc, char** argv) {
   app.add_option("--bench-check", bench_check,
                  "measure the boundary's cost: N steps of one 4-byte allreduce without and N "
                  "with Session::step, alternating in blocks; prints 'bench_check ...' and exits");
+  bool print_gns = false;
+  app.add_flag("--gns", print_gns,
+               "report the gradient norms to the session's monitors and print, per step, "
+               "'gns step=S sqr=.. tr_sigma=.. b_simple=..' (every value to 17 digits)");
   app.add_option("--progress-file", progress_file,
                  "rank 0 writes the committed step count here after each step");
   CLI11_PARSE(app, argc, argv);
@@ -264,12 +268,23 @@ int main(int argc, char** argv) {
         }
         buf[dim] = loss;
         session->set_metric(loss_slot, loss);
+        // |g|² of this worker's mean gradient, before the allreduce.
+        double local_sq = 0;
+        const double local_n = static_cast<double>(mine.size());
+        for (int d = 0; d < dim && !mine.empty(); ++d) {
+          local_sq += (buf[d] / local_n) * (buf[d] / local_n);
+        }
         session->peer()
             .allreduce("grad", kf::buffer(buf.data(), buf.size()),
                        kf::buffer(buf.data(), buf.size()))
             .wait();
         const double n =
             static_cast<double>(sampler.step_samples(static_cast<std::size_t>(gbatch)));
+        if (print_gns && !mine.empty()) {
+          double global_sq = 0;
+          for (int d = 0; d < dim; ++d) global_sq += (buf[d] / n) * (buf[d] / n);
+          session->report_gradients(local_sq, global_sq, local_n);
+        }
         const double rate = session->settings().value("lr", lr);  // policies may change it
         for (int d = 0; d < dim; ++d) w[d] -= rate * buf[d] / n;
         for (int i = 0; i < samples; ++i) uses[i] += buf[dim + 1 + i];
@@ -288,6 +303,13 @@ int main(int argc, char** argv) {
         }
       });
       print_changes();
+      if (print_gns && outcome == kf::Session::Outcome::committed) {
+        const auto& m = session->metrics();
+        const auto get = [&](const char* k) { return m.count(k) ? m.at(k) : -1.0; };
+        std::printf("gns step=%" PRId64 " sqr=%.17g tr_sigma=%.17g b_simple=%.17g\n", step,
+                    get("gns.sqr"), get("gns.tr_sigma"), get("gns.b_simple"));
+        std::fflush(stdout);
+      }
       if (outcome == kf::Session::Outcome::left) {
         std::cout << "left step " << step << std::endl;
         return 0;
