@@ -356,6 +356,7 @@ INSTANTIATE_TEST_SUITE_P(
                       std::vector<std::string>{"-np", "2", "--port-range", "5-1", "--", "true"},
                       std::vector<std::string>{"-np", "2", "--port-range", "abc", "--", "true"},
                       std::vector<std::string>{"-np", "2", "--timeout-ms", "0", "--", "true"},
+                      std::vector<std::string>{"-np", "2", "--metrics-port", "70000", "--", "true"},
                       std::vector<std::string>{"-np", "2", "--job-token-file",
                                                "/nonexistent/kf-token", "--", "true"},
                       std::vector<std::string>{"-np", "2", "--no-such-option", "--", "true"}));

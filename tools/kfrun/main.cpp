@@ -75,6 +75,11 @@ int main(int argc, char** argv) {
   app.add_option("--algorithm", options.algorithm, "job default collective algorithm");
   app.add_option("--timeout-ms", timeout_ms, "collective deadline in milliseconds")
       ->check(CLI::Range(1, std::numeric_limits<int>::max()));
+  std::optional<int> metrics_port;
+  app.add_option("--metrics-port", metrics_port,
+                 "workers serve their metrics for Prometheus on this port + their slot "
+                 "(KF_METRICS_PORT); 0: each on a port the kernel picks (logged)")
+      ->check(CLI::Range(0, 65535));
   bool watch_mode = false;
   auto* watch = app.add_flag("--watch", watch_mode, "run as the per-host agent of an elastic job");
   app.add_option("--config-server", agent.config_server,
@@ -104,6 +109,7 @@ int main(int argc, char** argv) {
   try {
     options.ports = kf::tools::PortRange::parse(port_range);
     if (timeout_ms) options.timeout = std::chrono::milliseconds(*timeout_ms);
+    if (metrics_port) options.metrics_port = static_cast<std::uint16_t>(*metrics_port);
     if (!watch_mode) {
       options.np = *np;
       return kf::tools::run_static(options);
@@ -115,6 +121,7 @@ int main(int argc, char** argv) {
     agent.job_id = options.job_id;
     agent.algorithm = options.algorithm;
     agent.timeout = options.timeout;
+    agent.metrics_port = options.metrics_port;
     if (leave_grace_ms) agent.leave_grace = std::chrono::milliseconds(*leave_grace_ms);
     agent.command = options.command;
     return kf::tools::run_agent(agent);

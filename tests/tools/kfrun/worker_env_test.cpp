@@ -94,6 +94,21 @@ TEST(WorkerEnvironment, SetsConfigServerOnlyWhenTheJobHasOne) {
             "http://127.0.0.1:7070");
 }
 
+TEST(WorkerEnvironment, GivesEachSlotItsOwnMetricsPort) {
+  JobSpec job = two_worker_job();
+  const std::vector<std::string> base{"KF_METRICS_PORT=1"};
+  EXPECT_EQ(value_of(worker_environment(job, 1, base), env::kMetricsPort), "<unset>")
+      << "an enclosing job's port must not leak in";
+  job.metrics_port = 9100;
+  EXPECT_EQ(value_of(worker_environment(job, 0, base), env::kMetricsPort), "9100");
+  EXPECT_EQ(value_of(worker_environment(job, 1, base), env::kMetricsPort), "9101");
+  job.metrics_port = 65535;
+  EXPECT_EQ(value_of(worker_environment(job, 1, {}), env::kMetricsPort), "0")
+      << "past the last port the kernel picks one";
+  job.metrics_port = 0;
+  EXPECT_EQ(value_of(worker_environment(job, 1, {}), env::kMetricsPort), "0");
+}
+
 TEST(RandomHex, GivesTwoLowercaseHexDigitsPerByte) {
   const std::string a = random_hex(16);
   const std::string b = random_hex(16);

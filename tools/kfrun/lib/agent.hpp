@@ -27,6 +27,7 @@ struct AgentOptions {
   std::optional<std::string> job_id;                 ///< else derived from the token
   std::optional<std::string> algorithm;              ///< initial settings, and KF_ALGORITHM
   std::optional<std::chrono::milliseconds> timeout;  ///< collective deadline (KF_TIMEOUT_MS)
+  std::optional<std::uint16_t> metrics_port;  ///< see LaunchOptions::metrics_port
   std::optional<std::string> state_file;             ///< builtin only
   /// How long a worker that left the cluster without a notice may keep running before SIGTERM.
   std::chrono::milliseconds leave_grace{30'000};

@@ -88,6 +88,7 @@ AgentSetup prepare_agent(const AgentOptions& options, FdWriter& err) {
   setup.job.job_id = options.job_id.value_or(job_id_for_token(setup.token));
   setup.job.algorithm = options.algorithm;
   setup.job.timeout = options.timeout;
+  setup.job.metrics_port = options.metrics_port;
   setup.job.config_server = setup.url;
   if (options.np) setup.initial_ports = pick_free_ports(options.host, options.ports, *options.np);
   return setup;

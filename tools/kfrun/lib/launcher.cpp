@@ -204,6 +204,7 @@ JobSpec make_job(const LaunchOptions& options) {
   job.job_id = options.job_id.value_or("kf-" + random_hex(8));
   job.algorithm = options.algorithm;
   job.timeout = options.timeout;
+  job.metrics_port = options.metrics_port;
   const auto ports = pick_free_ports(options.host, options.ports, options.np);
   job.cluster = static_cluster(options.host, ports, options.algorithm);
   return job;

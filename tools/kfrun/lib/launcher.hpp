@@ -21,6 +21,9 @@ struct LaunchOptions {
   std::optional<std::string> job_id;                 ///< else a random id is made
   std::optional<std::string> algorithm;              ///< job default algorithm (KF_ALGORITHM)
   std::optional<std::chrono::milliseconds> timeout;  ///< collective deadline (KF_TIMEOUT_MS)
+  /// Worker in slot i serves its metrics on metrics_port + i (KF_METRICS_PORT); 0: each on a
+  /// port the kernel picks.
+  std::optional<std::uint16_t> metrics_port;
   std::vector<std::string> command;                  ///< program and its arguments
   /// How long stopped workers get between SIGTERM and SIGKILL.
   std::chrono::milliseconds grace{2000};

@@ -20,7 +20,8 @@ namespace {
 // Every variable worker_environment() may set; inherited values of these are dropped.
 constexpr std::array kManaged = {env::kSelf,      env::kCluster,      env::kJobId,
                                  env::kJobToken,  env::kJobTokenFile, env::kAlgorithm,
-                                 env::kTimeoutMs, env::kRank,         env::kSize};
+                                 env::kTimeoutMs, env::kRank,         env::kSize,
+                                 env::kMetricsPort};
 
 bool is_managed(std::string_view entry, bool sets_config_server) {
   const auto name = entry.substr(0, entry.find('='));
@@ -65,6 +66,12 @@ std::vector<std::string> worker_environment(const JobSpec& job, int rank,
   if (job.algorithm) out.push_back(assign(env::kAlgorithm, *job.algorithm));
   if (job.timeout) out.push_back(assign(env::kTimeoutMs, std::to_string(job.timeout->count())));
   if (job.config_server) out.push_back(assign(env::kConfigServer, *job.config_server));
+  if (job.metrics_port) {
+    const long port = *job.metrics_port == 0
+                          ? 0
+                          : static_cast<long>(*job.metrics_port) + job.cluster.workers[rank].slot;
+    out.push_back(assign(env::kMetricsPort, std::to_string(port <= 65535 ? port : 0)));
+  }
   return out;
 }
 
