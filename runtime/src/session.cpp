@@ -943,21 +943,7 @@ namespace {
 
 // ḡ = sum × (1/K) and |ḡ|², in one pass over the reduced buffer.
 double scale_and_norm(std::span<float> values, float factor) noexcept {
-  double s[4] = {0, 0, 0, 0};
-  float* v = values.data();
-  const std::size_t n = values.size();
-  std::size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    for (std::size_t k = 0; k < 4; ++k) {
-      v[i + k] *= factor;
-      s[k] += static_cast<double>(v[i + k]) * v[i + k];
-    }
-  }
-  for (; i < n; ++i) {
-    v[i] *= factor;
-    s[0] += static_cast<double>(v[i]) * v[i];
-  }
-  return (s[0] + s[1]) + (s[2] + s[3]);
+  return scale_and_squared_norm(values, factor);
 }
 
 }  // namespace

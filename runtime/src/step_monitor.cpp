@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf/runtime/step_monitor.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <vector>
@@ -27,21 +28,46 @@ static_assert(kCommBytes + 1 == StepMonitor::kWords);
 
 }  // namespace
 
-double squared_norm(std::span<const float> values) noexcept {
-  // Four independent partial sums let the compiler keep several multiply-adds in flight; the
-  // summation order is fixed, so equal inputs give equal bits.
-  double s[4] = {0, 0, 0, 0};
-  const std::size_t n = values.size();
-  const float* v = values.data();
+namespace {
+
+// Blocks of 1024 values are summed in 16 float lanes (independent, so the compiler vectorizes
+// them) and each block's lanes are added into a double: a pass as fast as memory allows, with a
+// relative error of about 1e-6, in a fixed order (equal inputs give equal bits). With Scale,
+// each value is first multiplied by `factor` and written back.
+template <bool Scale, class T>
+double norm_pass(T* v, std::size_t n, float factor) noexcept {
+  constexpr std::size_t kLanes = 16, kBlock = 1024;
+  const std::size_t whole = n - n % kLanes;
+  double total = 0;
   std::size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    s[0] += static_cast<double>(v[i]) * v[i];
-    s[1] += static_cast<double>(v[i + 1]) * v[i + 1];
-    s[2] += static_cast<double>(v[i + 2]) * v[i + 2];
-    s[3] += static_cast<double>(v[i + 3]) * v[i + 3];
+  while (i < whole) {
+    float acc[kLanes] = {};
+    const std::size_t end = std::min(whole, i + kBlock);
+    for (; i < end; i += kLanes) {
+      for (std::size_t k = 0; k < kLanes; ++k) {
+        if constexpr (Scale) v[i + k] *= factor;
+        acc[k] += v[i + k] * v[i + k];
+      }
+    }
+    double block = 0;
+    for (float a : acc) block += a;
+    total += block;
   }
-  for (; i < n; ++i) s[0] += static_cast<double>(v[i]) * v[i];
-  return (s[0] + s[1]) + (s[2] + s[3]);
+  for (; i < n; ++i) {
+    if constexpr (Scale) v[i] *= factor;
+    total += static_cast<double>(v[i]) * v[i];
+  }
+  return total;
+}
+
+}  // namespace
+
+double squared_norm(std::span<const float> values) noexcept {
+  return norm_pass<false>(values.data(), values.size(), 1.0f);
+}
+
+double scale_and_squared_norm(std::span<float> values, float factor) noexcept {
+  return norm_pass<true>(values.data(), values.size(), factor);
 }
 
 StepMonitor::StepMonitor(StepMonitorOptions options)
