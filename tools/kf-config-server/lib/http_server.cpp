@@ -206,7 +206,7 @@ HttpServer::HttpServer(Service& service, ServerOptions options)
     acceptor.set_option(asio::socket_base::reuse_address(true));
     acceptor.bind(endpoint);
     acceptor.listen();
-  } catch (const std::system_error& e) {
+  } catch (const boost::system::system_error& e) {  // what Asio throws (not a std one)
     throw std::system_error(e.code(), "cannot listen on " + format_endpoint(endpoint));
   }
   impl_->address = format_endpoint(acceptor.local_endpoint());
