@@ -33,6 +33,7 @@
 #include "kf/monitor/metrics.hpp"
 #include "kf/monitor/metrics_server.hpp"
 #include "kf/runtime/config_client.hpp"
+#include "kf/runtime/job_file.hpp"
 
 namespace kf {
 
@@ -329,8 +330,23 @@ std::optional<std::int64_t> env_integer(const char* name, std::int64_t lo, std::
 
 std::unique_ptr<Session> Session::from_environment(State& state) {
   const Env e = Env::from_environment();
-  auto peer = std::make_unique<Peer>(Peer::options_from(e));
+  PeerOptions peer_options = Peer::options_from(e);
   SessionOptions o;
+  // The job file (kfrun --job) first; the KF_* variables below override it.
+  std::optional<JobFile> job;
+  if (const char* path = std::getenv(env::kJobFile); path && *path) {
+    job = load_job_file(path);
+    if (!std::getenv(env::kTimeoutMs)) peer_options.timeout = job->timeouts.collective;
+    if (!std::getenv(env::kHeartbeatMs)) peer_options.heartbeat_timeout = job->timeouts.heartbeat;
+    peer_options.connect_timeout = job->timeouts.connect;
+    o.commit_every = job->commit_every;
+    if (job->checkpoint) {
+      o.checkpoint_path = job->checkpoint->path;
+      o.checkpoint_every = job->checkpoint->every;
+    }
+    if (job->metrics && job->metrics->jsonl) o.metrics_jsonl = job->metrics->jsonl;
+  }
+  auto peer = std::make_unique<Peer>(peer_options);
   o.config_server = e.config_server;
   o.job_token = e.job_token;
   if (const char* path = std::getenv(env::kCheckpoint); path && *path) o.checkpoint_path = path;
@@ -346,7 +362,24 @@ std::unique_ptr<Session> Session::from_environment(State& state) {
   if (auto n = env_integer(env::kMetricsEvery, 1, std::numeric_limits<std::int64_t>::max())) {
     o.metrics_every = *n;
   }
-  return std::make_unique<Session>(std::move(peer), e.cluster, state, std::move(o));
+  auto session = std::make_unique<Session>(std::move(peer), e.cluster, state, std::move(o));
+  if (job && (!job->policies.empty())) {
+    // The job file's policies, made from the built-ins and the plugins it names, run by the
+    // session itself.
+    PolicyRegistry registry;
+    for (const auto& plugin : job->plugins) registry.load_plugin(plugin);
+    auto runner = std::make_unique<PolicyRunner>();
+    for (const auto& spec : job->policies) {
+      try {
+        runner->add(registry.make(spec.name, spec.params));
+      } catch (const std::invalid_argument& err) {
+        throw JobFileError(job->source, spec.line, "policies", err.what());
+      }
+    }
+    session->owned_policies_ = std::move(runner);
+    session->set_policies(session->owned_policies_.get());
+  }
+  return session;
 }
 
 Session::~Session() = default;

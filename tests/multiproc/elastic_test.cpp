@@ -264,5 +264,33 @@ TEST(ElasticPolicies, ReplayReproducesTheDecisionsOfALiveRun) {
   EXPECT_EQ(replayed, 2) << "one recording per worker";
 }
 
+// kfrun --job: the workers get the job file as KF_JOB_FILE, and Session::from_environment loads
+// its policies (here the example plugin's) and runs them with no code in the program.
+TEST(ElasticPolicies, JobFilePoliciesRunWithoutCodeInTheProgram) {
+  ElasticJob job("jobfile");  // only for its directory
+  const auto yaml = job.dir() / "job.yaml";
+  std::ofstream(yaml) << "job: {name: static}\n"
+                      << "workers: {initial: 2}\n"
+                      << "learning_rate: 0.05\n"
+                      << "plugins: [" << env_or_empty("KF_TEST_PLUGIN") << "]\n"
+                      << "policies:\n"
+                      << "  - name: lr-plateau\n"
+                      << "    params: {patience: 5, min_delta: 1.0e+9, min_lr: 0.0001, lr: 0.05}\n";
+  const Ran r = run_shell("KF_LOG_LEVEL=info " + env_or_empty("KFRUN") + " --job " +
+                          yaml.string() + " -- " + env_or_empty("KF_ELASTIC_WORKER") +
+                          " --samples 2000 --dim 8 --batch 64 --epochs 2");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  // min_delta is huge, so the loss never improves enough: the LR is cut after 5 steps.
+  EXPECT_NE(r.output.find("after_step applied lr-plateau: lr="), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("final step="), std::string::npos) << r.output;
+
+  std::ofstream(yaml) << "job: {}\npolicies:\n  - name: no-such-policy\n";
+  const Ran bad = run_shell(env_or_empty("KFRUN") + " --job " + yaml.string() + " -- " +
+                            env_or_empty("KF_ELASTIC_WORKER"));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find(yaml.string() + ":3: policies:"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("no-such-policy"), std::string::npos) << bad.output;
+}
+
 }  // namespace
 }  // namespace kf::test

@@ -183,7 +183,8 @@ int main(int argc, char** argv) {
       policies.record_to(policy_record + "-" + who + ".jsonl");
     }
     session = kf::Session::from_environment(state);
-    session->set_policies(&policies);
+    // Without test policies or --job, the session keeps those of KF_JOB_FILE (kfrun --job).
+    if (!policies.empty()) session->set_policies(&policies);
     loss_slot = session->add_metric("loss");
     if (!session->join()) {
       std::cout << "removed before joining" << std::endl;

@@ -247,6 +247,47 @@ TEST_F(Kfrun, GivesEachWorkerItsEndpointAndTheWholeCluster) {
   EXPECT_LE(*ports.rbegin(), 40000);
 }
 
+TEST_F(Kfrun, TakesItsDefaultsAndTheSettingsFromAJobFile) {
+  Fifo dir;  // only for its temporary directory
+  const auto job = std::filesystem::path(dir.path()).parent_path() / "job.yaml";
+  std::ofstream(job) << "job: {name: t}\nworkers: {min: 1, max: 4, initial: 3}\n"
+                        "algorithm: tree\nbatch_size: 128\nlearning_rate: 0.5\n"
+                        "timeouts: {collective_ms: 2500}\nports: 30000-31000\n"
+                        "metrics: {port: 9300}\n";
+  // --timeout-ms on the command line wins over the file.
+  const auto r = run_kfrun({"--job", job.string(), "--timeout-ms", "999", "--", "sh", "-c",
+                            "echo \"$KF_ALGORITHM|$KF_TIMEOUT_MS|$KF_METRICS_PORT|$KF_JOB_FILE|"
+                            "$KF_SELF|$KF_CLUSTER\""});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto lines = lines_of(r.out);
+  ASSERT_EQ(lines.size(), 3u) << "workers.initial is the default -np:\n" << r.out;
+  std::set<std::string> metrics_ports;
+  for (const auto& line : lines) {
+    std::vector<std::string> f;
+    std::istringstream in(line.substr(line.find(' ') + 1));
+    for (std::string field; std::getline(in, field, '|');) f.push_back(field);
+    ASSERT_EQ(f.size(), 6u) << line;
+    EXPECT_EQ(f[0], "tree");
+    EXPECT_EQ(f[1], "999");
+    metrics_ports.insert(f[2]);
+    EXPECT_EQ(f[3], std::filesystem::absolute(job).string());
+    const auto port = Endpoint::parse(f[4]).port;
+    EXPECT_GE(port, 30000);
+    EXPECT_LE(port, 31000);
+    const Cluster cluster = Cluster::from_json(nlohmann::json::parse(f[5]));
+    EXPECT_EQ(cluster.settings.at("batch_size"), 128);
+    EXPECT_EQ(cluster.settings.at("lr"), 0.5);
+    EXPECT_EQ(cluster.settings.at("max_workers"), 4);
+    EXPECT_EQ(cluster.settings.at("algorithm"), "tree");
+  }
+  EXPECT_EQ(metrics_ports, (std::set<std::string>{"9300", "9301", "9302"}));
+
+  std::ofstream(job) << "job: {}\nbatch_size: many\n";
+  const auto bad = run_kfrun({"--job", job.string(), "--", "true"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_TRUE(contains(bad.err, job.string() + ":2: batch_size:")) << bad.err;
+}
+
 TEST_F(Kfrun, PassesJobIdAndTokenFileInsteadOfToken) {
   Fifo dir;  // only for its temporary directory
   const auto token_file = std::filesystem::path(dir.path()).parent_path() / "token";

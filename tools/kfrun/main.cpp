@@ -10,6 +10,7 @@
 // local worker failed. Both: 2 for a usage error; 1 for other errors.
 #include <chrono>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <limits>
 #include <optional>
@@ -21,6 +22,7 @@
 #include "kfrun/lib/agent.hpp"
 #include "kfrun/lib/launcher.hpp"
 #include "kfrun/lib/ports.hpp"
+#include "kf/runtime/job_file.hpp"
 
 namespace {
 
@@ -75,6 +77,12 @@ int main(int argc, char** argv) {
   app.add_option("--algorithm", options.algorithm, "job default collective algorithm");
   app.add_option("--timeout-ms", timeout_ms, "collective deadline in milliseconds")
       ->check(CLI::Range(1, std::numeric_limits<int>::max()));
+  std::optional<std::string> job_path;
+  app.add_option("--job", job_path,
+                 "a job file (docs/job-file.md): its workers.initial, algorithm, timeouts, ports "
+                 "and metrics port are the defaults of -np, --algorithm, --timeout-ms, "
+                 "--port-range and --metrics-port; its settings go into the cluster; the workers "
+                 "get it as KF_JOB_FILE (policies, plugins, commits, checkpoints)");
   std::optional<int> metrics_port;
   app.add_option("--metrics-port", metrics_port,
                  "workers serve their metrics for Prometheus on this port + their slot "
@@ -98,7 +106,7 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(arguments(app, argc, argv));
-    if (!watch_mode && !np) throw CLI::RequiredError("--np");
+    if (!watch_mode && !np && !job_path) throw CLI::RequiredError("--np");
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
@@ -107,6 +115,19 @@ int main(int argc, char** argv) {
   }
 
   try {
+    if (job_path) {
+      // Options given on the command line win over the file.
+      const kf::JobFile job = kf::load_job_file(*job_path);
+      if (!np) np = job.workers.initial;
+      if (!options.algorithm) options.algorithm = std::string(kf::to_string(job.algorithm));
+      if (!timeout_ms) timeout_ms = static_cast<int>(job.timeouts.collective.count());
+      if (app.count("--port-range") == 0) {
+        port_range = std::to_string(job.ports.first) + "-" + std::to_string(job.ports.last);
+      }
+      if (!metrics_port && job.metrics && job.metrics->port > 0) metrics_port = job.metrics->port;
+      options.settings = job.to_settings();
+      options.job_file = std::filesystem::absolute(*job_path).string();
+    }
     options.ports = kf::tools::PortRange::parse(port_range);
     if (timeout_ms) options.timeout = std::chrono::milliseconds(*timeout_ms);
     if (metrics_port) options.metrics_port = static_cast<std::uint16_t>(*metrics_port);
@@ -122,9 +143,14 @@ int main(int argc, char** argv) {
     agent.algorithm = options.algorithm;
     agent.timeout = options.timeout;
     agent.metrics_port = options.metrics_port;
+    agent.settings = options.settings;
+    agent.job_file = options.job_file;
     if (leave_grace_ms) agent.leave_grace = std::chrono::milliseconds(*leave_grace_ms);
     agent.command = options.command;
     return kf::tools::run_agent(agent);
+  } catch (const kf::JobFileError& e) {
+    std::cerr << "kfrun: " << e.what() << "\n";
+    return kUsageError;
   } catch (const std::invalid_argument& e) {
     std::cerr << "kfrun: " << e.what() << "\n";
     return kUsageError;

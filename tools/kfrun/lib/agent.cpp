@@ -79,7 +79,7 @@ class Agent {
     link.host = options.host;
     auto outage = std::make_shared<Outage>(mailbox_);
     reporter_ = std::make_unique<Reporter>(link, mailbox_, outage);
-    Bootstrap bootstrap{setup.initial_ports, options.algorithm, *options.slots};
+    Bootstrap bootstrap{setup.initial_ports, options.algorithm, *options.slots, options.settings};
     watcher_ = std::make_unique<ClusterWatcher>(link, std::move(bootstrap), mailbox_, outage);
   }
 

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "kfrun/lib/ports.hpp"
 
 namespace kf::tools {
@@ -28,6 +30,8 @@ struct AgentOptions {
   std::optional<std::string> algorithm;              ///< initial settings, and KF_ALGORITHM
   std::optional<std::chrono::milliseconds> timeout;  ///< collective deadline (KF_TIMEOUT_MS)
   std::optional<std::uint16_t> metrics_port;  ///< see LaunchOptions::metrics_port
+  nlohmann::json settings = nlohmann::json::object();  ///< of the initial cluster it writes
+  std::optional<std::string> job_file;                 ///< KF_JOB_FILE for the workers
   std::optional<std::string> state_file;             ///< builtin only
   /// How long a worker that left the cluster without a notice may keep running before SIGTERM.
   std::chrono::milliseconds leave_grace{30'000};

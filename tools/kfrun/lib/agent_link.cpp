@@ -146,7 +146,8 @@ class Watch {
 
   Cluster write_initial() {
     const auto& ports = *bootstrap_.initial_ports;
-    const Cluster initial = initial_cluster(config_.host, ports, bootstrap_.algorithm);
+    Cluster initial = initial_cluster(config_.host, ports, bootstrap_.algorithm);
+    initial.settings.update(bootstrap_.settings);
     const std::string what = std::to_string(ports.size()) + " workers on " + config_.host;
     try {
       Cluster stored = call([&] { return client_.put_cluster(initial); });

@@ -28,6 +28,8 @@
 #include <vector>
 
 #include "kf/cluster/cluster.hpp"
+#include <nlohmann/json.hpp>
+
 #include "kfrun/lib/agent_rules.hpp"
 #include "kfrun/lib/unique_fd.hpp"
 
@@ -117,6 +119,7 @@ struct Bootstrap {
   std::optional<std::vector<std::uint16_t>> initial_ports;
   std::optional<std::string> algorithm;
   int slots = 0;  ///< for the `note` event
+  nlohmann::json settings = nlohmann::json::object();  ///< added to the initial cluster's settings
 };
 
 class ClusterWatcher {

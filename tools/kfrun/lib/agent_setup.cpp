@@ -89,6 +89,7 @@ AgentSetup prepare_agent(const AgentOptions& options, FdWriter& err) {
   setup.job.algorithm = options.algorithm;
   setup.job.timeout = options.timeout;
   setup.job.metrics_port = options.metrics_port;
+  setup.job.job_file = options.job_file;
   setup.job.config_server = setup.url;
   if (options.np) setup.initial_ports = pick_free_ports(options.host, options.ports, *options.np);
   return setup;

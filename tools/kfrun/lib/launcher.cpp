@@ -205,8 +205,10 @@ JobSpec make_job(const LaunchOptions& options) {
   job.algorithm = options.algorithm;
   job.timeout = options.timeout;
   job.metrics_port = options.metrics_port;
+  job.job_file = options.job_file;
   const auto ports = pick_free_ports(options.host, options.ports, options.np);
   job.cluster = static_cluster(options.host, ports, options.algorithm);
+  job.cluster.settings.update(options.settings);
   return job;
 }
 

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "kfrun/lib/ports.hpp"
 
 namespace kf::tools {
@@ -24,6 +26,9 @@ struct LaunchOptions {
   /// Worker in slot i serves its metrics on metrics_port + i (KF_METRICS_PORT); 0: each on a
   /// port the kernel picks.
   std::optional<std::uint16_t> metrics_port;
+  /// Added to the cluster's settings (kfrun --job: min/max workers, batch size, learning rate).
+  nlohmann::json settings = nlohmann::json::object();
+  std::optional<std::string> job_file;  ///< KF_JOB_FILE for the workers
   std::vector<std::string> command;                  ///< program and its arguments
   /// How long stopped workers get between SIGTERM and SIGKILL.
   std::chrono::milliseconds grace{2000};

@@ -21,7 +21,7 @@ namespace {
 constexpr std::array kManaged = {env::kSelf,      env::kCluster,      env::kJobId,
                                  env::kJobToken,  env::kJobTokenFile, env::kAlgorithm,
                                  env::kTimeoutMs, env::kRank,         env::kSize,
-                                 env::kMetricsPort};
+                                 env::kMetricsPort, env::kJobFile};
 
 bool is_managed(std::string_view entry, bool sets_config_server) {
   const auto name = entry.substr(0, entry.find('='));
@@ -66,6 +66,7 @@ std::vector<std::string> worker_environment(const JobSpec& job, int rank,
   if (job.algorithm) out.push_back(assign(env::kAlgorithm, *job.algorithm));
   if (job.timeout) out.push_back(assign(env::kTimeoutMs, std::to_string(job.timeout->count())));
   if (job.config_server) out.push_back(assign(env::kConfigServer, *job.config_server));
+  if (job.job_file) out.push_back(assign(env::kJobFile, *job.job_file));
   if (job.metrics_port) {
     const long port = *job.metrics_port == 0
                           ? 0

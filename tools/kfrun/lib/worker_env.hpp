@@ -28,6 +28,7 @@ struct JobSpec {
   /// KF_METRICS_PORT = metrics_port + the worker's slot (0 when past 65535, or when 0: the
   /// kernel picks).
   std::optional<std::uint16_t> metrics_port;
+  std::optional<std::string> job_file;  ///< passed as KF_JOB_FILE when set (kfrun --job)
 };
 
 /// The cluster of a static job: version 1, one worker per port on `host` in rank order with
@@ -38,7 +39,7 @@ Cluster static_cluster(const std::string& host, const std::vector<std::uint16_t>
 /// The environment ("NAME=VALUE" strings) of worker `rank`: `base` without the KF_* variables
 /// kfrun sets (so that a value from an enclosing job cannot leak in), followed by KF_SELF,
 /// KF_CLUSTER, KF_JOB_ID, KF_JOB_TOKEN or KF_JOB_TOKEN_FILE, KF_RANK, KF_SIZE and, when set,
-/// KF_ALGORITHM, KF_TIMEOUT_MS, KF_CONFIG_SERVER and KF_METRICS_PORT. An inherited KF_CONFIG_SERVER is replaced
+/// KF_ALGORITHM, KF_TIMEOUT_MS, KF_CONFIG_SERVER, KF_METRICS_PORT and KF_JOB_FILE. An inherited KF_CONFIG_SERVER is replaced
 /// only when job.config_server is set (a static job leaves it alone).
 /// Requires: 0 <= rank < job.cluster.size().
 std::vector<std::string> worker_environment(const JobSpec& job, int rank,

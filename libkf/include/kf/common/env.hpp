@@ -25,6 +25,7 @@ inline constexpr const char* kSpinUs = "KF_SPIN_US";             ///< I/O thread
 inline constexpr const char* kLogLevel = "KF_LOG_LEVEL";         ///< trace|debug|info|warn|error
 inline constexpr const char* kCheckpoint = "KF_CHECKPOINT";      ///< kf::Session checkpoint file
 inline constexpr const char* kCheckpointEvery = "KF_CHECKPOINT_EVERY";  ///< commits between saves
+inline constexpr const char* kJobFile = "KF_JOB_FILE";  ///< the job file (docs/job-file.md)
 inline constexpr const char* kMonitors = "KF_MONITORS";        ///< 0: no built-in monitors
 inline constexpr const char* kMetricsPort = "KF_METRICS_PORT";  ///< Prometheus endpoint port
 inline constexpr const char* kMetricsHost = "KF_METRICS_HOST";  ///< ... and address

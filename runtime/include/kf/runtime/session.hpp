@@ -122,8 +122,12 @@ class Session {
   /// peer is not a member of `initial` or the peer was already started.
   Session(std::unique_ptr<Peer> peer, Cluster initial, State& state, SessionOptions options);
   /// The worker started by kfrun: peer, cluster, config service and token from the KF_*
-  /// environment; checkpoint_path from KF_CHECKPOINT and checkpoint_every from
-  /// KF_CHECKPOINT_EVERY when set. Throws: std::invalid_argument naming a bad variable; kf::Error.
+  /// environment. With KF_JOB_FILE (kfrun --job) the job file gives the timeouts, commit_every,
+  /// the checkpoint, the metrics JSON-lines file, and the policies (built-ins and plugins),
+  /// which the session then runs itself (set_policies replaces them). Then KF_CHECKPOINT,
+  /// KF_CHECKPOINT_EVERY, KF_MONITORS, KF_METRICS_PORT, KF_METRICS_HOST, KF_METRICS_JSONL and
+  /// KF_METRICS_EVERY override. Throws: std::invalid_argument naming a bad variable;
+  /// kf::JobFileError naming the file, line and key; std::runtime_error from a plugin; kf::Error.
   static std::unique_ptr<Session> from_environment(State& state);
   ~Session();
   Session(const Session&) = delete;
@@ -262,6 +266,7 @@ class Session {
   std::vector<double> metric_values_;
   std::map<std::string, double> metrics_;
   PolicyRunner* policies_ = nullptr;
+  std::unique_ptr<PolicyRunner> owned_policies_;  ///< the job file's (from_environment)
   // The built-in monitors: this step's report, and when the step began.
   std::unique_ptr<StepMonitor> monitor_;
   StepReport report_;
