@@ -106,7 +106,8 @@ std::optional<std::string> StepMonitor::update(std::span<const std::int64_t> all
   }
   const double n = static_cast<double>(p);
   static const char* const kOwned[] = {
-      "step_time",  "step_time_ema", "samples",     "throughput",  "comm_time",
+      "step_time",  "step_time_ema", "samples",     "throughput",  "throughput_per_worker",
+      "comm_time",
       "comm_bytes", "algbw",         "gns.valid",   "gns.sqr",     "gns.tr_sigma",
       "gns.b_simple", "gns.noise_dominated", "gns.step_sqr", "gns.step_tr_sigma", "gns.skipped"};
   for (const char* k : kOwned) metrics.erase(k);
@@ -121,7 +122,10 @@ std::optional<std::string> StepMonitor::update(std::span<const std::int64_t> all
   if (const double e = ema_->step_time().count(); std::isfinite(e)) metrics["step_time_ema"] = e;
   if (samples > 0) {
     window_->record(monitor::StepSample{samples, samples / n, monitor::Seconds(step_time)});
-    if (window_->steps() > 0) metrics["throughput"] = window_->job_samples_per_second();
+    if (window_->steps() > 0) {
+      metrics["throughput"] = window_->job_samples_per_second();
+      metrics["throughput_per_worker"] = window_->worker_samples_per_second();
+    }
   }
 
   // Communication.

@@ -104,6 +104,7 @@ TEST(StepMonitor, ThroughputIsARatioOfSumsAndRestartsAfterAChange) {
   }
   // 2 × (20 samples) over 0.5 + 1.5 s (not the mean of 40 and 13.3 samples/s).
   EXPECT_DOUBLE_EQ(metrics.at("throughput"), 40.0 / 2.0);
+  EXPECT_DOUBLE_EQ(metrics.at("throughput_per_worker"), 20.0 / 2.0);
   m.membership_changed();
   r.step_time = 100.0;  // warm-up of the new cluster: discarded
   m.update(records({r, r}), StepMonitor::kWords, 0, 2, metrics);

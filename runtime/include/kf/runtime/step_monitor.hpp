@@ -9,6 +9,7 @@
 // The metrics it publishes (names policies read through PolicyContext::metric):
 //   step_time, step_time_ema (s); samples (job samples of the step); throughput (job samples/s,
 //   ratio of sums over a window that restarts after a membership change);
+//   throughput_per_worker (the same for one worker's samples: the mean worker);
 //   comm_time (s per step in gradient allreduce), comm_bytes (bytes per worker per step),
 //   algbw (comm_bytes / comm_time, bytes/s; absent when no time was measured);
 //   gns.valid (0/1), gns.sqr, gns.tr_sigma, gns.b_simple (absent when the noise dominates: then
