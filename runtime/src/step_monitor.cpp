@@ -2,6 +2,8 @@
 #include "kf/runtime/step_monitor.hpp"
 
 #include <algorithm>
+#include <array>
+#include <string_view>
 #include <bit>
 #include <cmath>
 #include <vector>
@@ -25,6 +27,55 @@ enum Word : std::size_t {
   kCommBytes,
 };
 static_assert(kCommBytes + 1 == StepMonitor::kWords);
+
+// The metrics the monitor owns.
+enum Owned : std::size_t {
+  kOutStepTime,
+  kOutStepTimeEma,
+  kOutSamples,
+  kOutThroughput,
+  kOutThroughputPerWorker,
+  kOutCommTime,
+  kOutCommBytes,
+  kOutAlgbw,
+  kOutGnsValid,
+  kOutGnsSqr,
+  kOutGnsTrSigma,
+  kOutGnsBSimple,
+  kOutGnsNoiseDominated,
+  kOutGnsStepSqr,
+  kOutGnsStepTrSigma,
+  kOutGnsSkipped,
+};
+constexpr std::array<std::string_view, 16> kOwned = {
+    "step_time",
+    "step_time_ema",
+    "samples",
+    "throughput",
+    "throughput_per_worker",
+    "comm_time",
+    "comm_bytes",
+    "algbw",
+    "gns.valid",
+    "gns.sqr",
+    "gns.tr_sigma",
+    "gns.b_simple",
+    "gns.noise_dominated",
+    "gns.step_sqr",
+    "gns.step_tr_sigma",
+    "gns.skipped",
+};
+static_assert(kOwned.size() == kOutGnsSkipped + 1);
+
+// The same as strings, made once (map look-ups without allocating).
+const std::array<std::string, kOwned.size()>& owned_names() {
+  static const auto names = [] {
+    std::array<std::string, kOwned.size()> a;
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = std::string(kOwned[i]);
+    return a;
+  }();
+  return names;
+}
 
 }  // namespace
 
@@ -105,35 +156,49 @@ std::optional<std::string> StepMonitor::update(std::span<const std::int64_t> all
     every_gradient = every_gradient && word(r, kMicroBatches) > 0;
   }
   const double n = static_cast<double>(p);
-  static const char* const kOwned[] = {
-      "step_time",  "step_time_ema", "samples",     "throughput",  "throughput_per_worker",
-      "comm_time",
-      "comm_bytes", "algbw",         "gns.valid",   "gns.sqr",     "gns.tr_sigma",
-      "gns.b_simple", "gns.noise_dominated", "gns.step_sqr", "gns.step_tr_sigma", "gns.skipped"};
-  for (const char* k : kOwned) metrics.erase(k);
+  // This step's values, published into `metrics` at the end: the keys are assigned in place
+  // (no allocation once they exist) and those without a value this step are removed.
+  std::array<std::optional<double>, kOwned.size()> out;
+  const auto put = [&](Owned key, double value) { out[key] = value; };
+  struct Publish {
+    decltype(out)& values;
+    std::map<std::string, double>& metrics;
+    ~Publish() {
+      for (std::size_t k = 0; k < values.size(); ++k) {
+        const std::string& name = owned_names()[k];
+        if (!values[k]) {
+          metrics.erase(name);
+        } else if (auto it = metrics.find(name); it != metrics.end()) {
+          it->second = *values[k];
+        } else {
+          metrics.emplace(name, *values[k]);
+        }
+      }
+    }
+  } publish{out, metrics};
 
   // Step time and throughput (§4.1). The job's step takes as long as its slowest worker; the
   // mean over workers is within the boundary's wait of it and is what every worker can agree on.
   const double step_time = sum[kStepTime] / n;
   const double samples = sum[kSamples];
-  metrics["step_time"] = step_time;
-  metrics["samples"] = samples;
+  put(kOutStepTime, step_time);
+  put(kOutSamples, samples);
   ema_->record(monitor::Seconds(step_time));
-  if (const double e = ema_->step_time().count(); std::isfinite(e)) metrics["step_time_ema"] = e;
+  if (const double e = ema_->step_time().count(); std::isfinite(e)) put(kOutStepTimeEma, e);
   if (samples > 0) {
     window_->record(monitor::StepSample{samples, samples / n, monitor::Seconds(step_time)});
     if (window_->steps() > 0) {
-      metrics["throughput"] = window_->job_samples_per_second();
-      metrics["throughput_per_worker"] = window_->worker_samples_per_second();
+      put(kOutThroughput, window_->job_samples_per_second());
+      put(kOutThroughputPerWorker, window_->worker_samples_per_second());
     }
   }
 
   // Communication.
   const double comm_time = sum[kCommTime] / n;
   const double comm_bytes = sum[kCommBytes] / n;
-  metrics["comm_time"] = comm_time;
-  metrics["comm_bytes"] = comm_bytes;
-  if (comm_time > 0 && comm_bytes > 0) metrics["algbw"] = comm_bytes / comm_time;
+  put(kOutCommTime, comm_time);
+  put(kOutCommBytes, comm_bytes);
+  if (comm_time > 0 && comm_bytes > 0) put(kOutAlgbw, comm_bytes / comm_time);
 
   // Gradient noise scale (§2.3): only when every worker reported its gradient norms.
   if (!every_gradient) return std::nullopt;
@@ -141,7 +206,7 @@ std::optional<std::string> StepMonitor::update(std::span<const std::int64_t> all
   const double local_batch = sum[kLocalBatch] / n;
   const bool finite = sum[kNonfinite] == 0 && std::isfinite(sum[kLocalSqnorm]) &&
                       std::isfinite(sum[kGlobalSqnorm]);
-  metrics["gns.skipped"] = finite ? 0.0 : 1.0;
+  put(kOutGnsSkipped, finite ? 0.0 : 1.0);
   std::optional<std::string> said;
   if (micro < 2) {
     if (!said_single_) {
@@ -149,7 +214,7 @@ std::optional<std::string> StepMonitor::update(std::span<const std::int64_t> all
       said = "one worker without gradient accumulation gives no gradient noise scale estimate "
              "(it needs two micro-batch gradients per step)";
     }
-    metrics["gns.valid"] = 0;
+    put(kOutGnsValid, 0);
     return said;
   }
   if (!gns_) {
@@ -175,18 +240,18 @@ std::optional<std::string> StepMonitor::update(std::span<const std::int64_t> all
   }
   const monitor::GnsStepResult step = gns_->update(in);
   if (step.status == monitor::GnsStepStatus::accepted) {
-    metrics["gns.step_sqr"] = step.point.sqr;
-    metrics["gns.step_tr_sigma"] = step.point.tr_sigma;
+    put(kOutGnsStepSqr, step.point.sqr);
+    put(kOutGnsStepTrSigma, step.point.tr_sigma);
   }
   const monitor::GnsEstimate e = gns_->estimate();
-  metrics["gns.valid"] = e.valid ? 1.0 : 0.0;
-  if (std::isfinite(e.read.sqr)) metrics["gns.sqr"] = e.read.sqr;
-  if (std::isfinite(e.read.tr_sigma)) metrics["gns.tr_sigma"] = e.read.tr_sigma;
+  put(kOutGnsValid, e.valid ? 1.0 : 0.0);
+  if (std::isfinite(e.read.sqr)) put(kOutGnsSqr, e.read.sqr);
+  if (std::isfinite(e.read.tr_sigma)) put(kOutGnsTrSigma, e.read.tr_sigma);
   if (std::isinf(e.b_simple)) {
-    metrics["gns.noise_dominated"] = 1;
+    put(kOutGnsNoiseDominated, 1);
   } else if (std::isfinite(e.b_simple)) {
-    metrics["gns.noise_dominated"] = 0;
-    metrics["gns.b_simple"] = e.b_simple;
+    put(kOutGnsNoiseDominated, 0);
+    put(kOutGnsBSimple, e.b_simple);
   }
   return said;
 }
