@@ -83,10 +83,11 @@ namespace {
 
 // Blocks of 1024 values are summed in 16 float lanes (independent, so the compiler vectorizes
 // them) and each block's lanes are added into a double: a pass as fast as memory allows, with a
-// relative error of about 1e-6, in a fixed order (equal inputs give equal bits). With Scale,
-// each value is first multiplied by `factor` and written back.
-template <bool Scale, class T>
-double norm_pass(T* v, std::size_t n, float factor) noexcept {
+// relative error of about 1e-6, in a fixed order (equal inputs give equal bits). With Write,
+// `dst` receives src × factor; the sum is of the squares of src, or of what was written when
+// OfOutput.
+template <bool Write, bool OfOutput>
+double norm_pass(const float* src, float* dst, std::size_t n, float factor) noexcept {
   constexpr std::size_t kLanes = 16, kBlock = 1024;
   const std::size_t whole = n - n % kLanes;
   double total = 0;
@@ -96,8 +97,10 @@ double norm_pass(T* v, std::size_t n, float factor) noexcept {
     const std::size_t end = std::min(whole, i + kBlock);
     for (; i < end; i += kLanes) {
       for (std::size_t k = 0; k < kLanes; ++k) {
-        if constexpr (Scale) v[i + k] *= factor;
-        acc[k] += v[i + k] * v[i + k];
+        const float x = src[i + k];
+        const float y = x * factor;
+        acc[k] += OfOutput ? y * y : x * x;
+        if constexpr (Write) dst[i + k] = y;
       }
     }
     double block = 0;
@@ -105,8 +108,9 @@ double norm_pass(T* v, std::size_t n, float factor) noexcept {
     total += block;
   }
   for (; i < n; ++i) {
-    if constexpr (Scale) v[i] *= factor;
-    total += static_cast<double>(v[i]) * v[i];
+    const float y = src[i] * factor;
+    total += OfOutput ? static_cast<double>(y) * y : static_cast<double>(src[i]) * src[i];
+    if constexpr (Write) dst[i] = y;
   }
   return total;
 }
@@ -114,11 +118,15 @@ double norm_pass(T* v, std::size_t n, float factor) noexcept {
 }  // namespace
 
 double squared_norm(std::span<const float> values) noexcept {
-  return norm_pass<false>(values.data(), values.size(), 1.0f);
+  return norm_pass<false, false>(values.data(), nullptr, values.size(), 1.0f);
 }
 
 double scale_and_squared_norm(std::span<float> values, float factor) noexcept {
-  return norm_pass<true>(values.data(), values.size(), factor);
+  return norm_pass<true, true>(values.data(), values.data(), values.size(), factor);
+}
+
+double copy_scaled(std::span<const float> src, std::span<float> dst, float factor) noexcept {
+  return norm_pass<true, false>(src.data(), dst.data(), std::min(src.size(), dst.size()), factor);
 }
 
 StepMonitor::StepMonitor(StepMonitorOptions options)

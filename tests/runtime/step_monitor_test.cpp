@@ -127,6 +127,10 @@ TEST(SquaredNorm, MatchesALongDoubleSumAndScalesInTheSamePass) {
   EXPECT_NEAR(scaled, static_cast<double>(want) / 4, 1e-5 * static_cast<double>(want));
   EXPECT_FLOAT_EQ(v[1000], static_cast<float>(std::sin(1.0) * 3.0) * 0.5f);
   EXPECT_EQ(squared_norm({}), 0.0);
+  std::vector<float> out(v.size());
+  const double copied = copy_scaled(v, out, 2.0f);
+  EXPECT_EQ(copied, squared_norm(v)) << "the norm of the input, the same bits";
+  EXPECT_EQ(out[1000], v[1000] * 2.0f);
 }
 
 }  // namespace

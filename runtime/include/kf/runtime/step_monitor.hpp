@@ -98,5 +98,8 @@ class StepMonitor {
 double squared_norm(std::span<const float> values) noexcept;
 /// Multiplies each value by `factor` and returns Σ x² of the results, in one pass.
 double scale_and_squared_norm(std::span<float> values, float factor) noexcept;
+/// dst[i] = src[i] × factor (over the shorter length), returning Σ src[i]², in one pass: the
+/// copies a gradient exchange makes anyway take the norms for free.
+double copy_scaled(std::span<const float> src, std::span<float> dst, float factor) noexcept;
 
 }  // namespace kf

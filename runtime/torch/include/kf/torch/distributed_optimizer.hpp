@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: Apache-2.0
+// The LibTorch adapter (DESIGN.md "Framework adapters", docs/torch.md): a distributed optimizer
+// that wraps any torch::optim optimizer. Gradients are averaged over the workers in buckets whose
+// allreduce starts, from a gradient hook, as soon as backward has produced every gradient of the
+// bucket, so communication overlaps the rest of backward. The two passes the exchange needs
+// anyway feed the gradient-noise-scale monitor: copying a gradient into its bucket takes this
+// worker's |g|² (and weights it by its share of the step's samples), copying the average back
+// into .grad takes |ḡ|². Model parameters, buffers and the optimizer's state are registered with
+// kf::State, so they are committed, restored and synced to joiners with the rest of the state.
+//
+//   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+//   kf::DistributedOptimizer opt(*session, sgd);
+//   opt.register_state(state, *model);           // before session->join()
+//   session->step([&] {
+//     opt.zero_grad();
+//     opt.begin_step(local_samples, global_samples);
+//     torch::nll_loss(model->forward(x), y).backward();   // the mean over the local batch
+//     opt.step();                                          // averaged gradients, then sgd.step()
+//   });
+//
+// Requirements: parameters are dense float32 CPU tensors; one backward per step (no gradient
+// accumulation); every worker builds the same model and optimizer (the same parameters in the
+// same order). Thread-safety: use from the training thread (LibTorch runs CPU backward, and so
+// the hooks, on the thread that calls backward()).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "kf/runtime/session.hpp"
+#include "kf/runtime/state.hpp"
+
+namespace kf {
+
+struct DistributedOptimizerOptions {
+  /// Gradients are grouped, in reverse parameter order (the order backward produces them), into
+  /// buckets of about this many bytes; each bucket is one allreduce.
+  std::size_t bucket_bytes = std::size_t{4} << 20;
+  /// false: one allreduce of all gradients after backward, for measuring what overlap gains.
+  bool overlap = true;
+};
+
+class DistributedOptimizer {
+ public:
+  /// Registers a gradient hook on every parameter of `optimizer`. Both must outlive this object.
+  /// Throws: std::invalid_argument when a parameter is not a dense float32 CPU tensor.
+  DistributedOptimizer(Session& session, torch::optim::Optimizer& optimizer,
+                       DistributedOptimizerOptions options = {});
+  ~DistributedOptimizer();
+  DistributedOptimizer(const DistributedOptimizer&) = delete;
+  DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
+
+  /// Registers with `state` (before Session::join): every parameter and buffer of `module` (as
+  /// "model/<name>"), and the optimizer's per-parameter state, created now so that every worker
+  /// has the same layout before the first step (SGD's momentum buffers; Adam's moments and its
+  /// step count, a State counter). Pre-created state gives the same updates as LibTorch's lazy
+  /// creation for SGD with dampening 0 and for Adam. Throws: std::invalid_argument for another
+  /// optimizer that holds state, or a buffer of an unsupported type.
+  void register_state(State& state, torch::nn::Module& module);
+
+  /// Zeroes the gradients (the wrapped optimizer's zero_grad).
+  void zero_grad();
+  /// Before backward: this worker's samples in the step and the step's samples over all
+  /// workers. Each worker's gradient (the mean over its samples) is weighted by
+  /// local/global, so the allreduced sum is the mean over every sample of the step even when
+  /// workers hold different numbers of samples. Without a call, each worker weighs 1/size.
+  /// Throws: std::invalid_argument unless 0 <= local <= global and global > 0.
+  void begin_step(std::int64_t local_samples, std::int64_t global_samples);
+  /// Waits for every bucket (starting those whose gradients were not produced: unused
+  /// parameters count as zero), writes the averaged gradients into .grad, reports gradient
+  /// norms, samples and communication to the session's monitors, and runs the wrapped
+  /// optimizer's step. Throws: kf::Error from the allreduce (Session::step recovers from peer
+  /// failures).
+  void step();
+
+  /// Sets the learning rate of every parameter group.
+  void set_learning_rate(double lr);
+  double learning_rate() const;
+
+  /// Time the last step() waited for communication (not hidden by backward), and the span from
+  /// the first bucket's allreduce to the last one's completion.
+  std::chrono::duration<double> exposed_comm() const noexcept { return exposed_; }
+  std::chrono::duration<double> comm_span() const noexcept { return span_; }
+  std::size_t buckets() const noexcept { return buckets_.size(); }
+
+ private:
+  struct Bucket;
+  struct Slot;
+
+  void on_gradient(std::size_t slot, const torch::Tensor& grad);
+  void start(Bucket& bucket);
+  void reset_step();
+
+  Session& session_;
+  torch::optim::Optimizer& optimizer_;
+  DistributedOptimizerOptions options_;
+  std::vector<Slot> slots_;  // one per parameter, in the optimizer's order
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::int64_t* adam_step_ = nullptr;  // State counter of Adam's step count
+  double weight_ = 0;                  // local/global of this step; 0: 1/size
+  std::int64_t local_samples_ = -1;
+  double local_sq_ = 0;
+  bool finite_ = true;
+  std::chrono::steady_clock::time_point first_start_{};
+  bool started_any_ = false;
+  std::chrono::duration<double> exposed_{0}, span_{0};
+};
+
+}  // namespace kf

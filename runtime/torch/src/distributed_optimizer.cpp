@@ -1,0 +1,287 @@
+// SPDX-License-Identifier: Apache-2.0
+// The only translation unit of the adapter with LibTorch's headers (they cost ~25 s each).
+#include "kf/torch/distributed_optimizer.hpp"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "kf/peer.hpp"
+#include "kf/runtime/step_monitor.hpp"
+
+namespace kf {
+
+using SteadyClock = std::chrono::steady_clock;
+
+struct DistributedOptimizer::Slot {
+  torch::Tensor param;
+  std::size_t bucket = 0;
+  std::size_t offset = 0;  // in the bucket, in floats
+  std::size_t numel = 0;
+  bool ready = false;  // its gradient is in the bucket for this step
+  unsigned hook = 0;
+};
+
+struct DistributedOptimizer::Bucket {
+  std::size_t index = 0;
+  std::vector<float> data;
+  std::vector<std::size_t> slots;
+  std::size_t ready = 0;
+  bool started = false;
+  Handle handle;
+};
+
+namespace {
+
+std::string key_of(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+Buffer tensor_buffer(const torch::Tensor& t, const std::string& what) {
+  if (!t.is_contiguous() || t.device().type() != torch::kCPU) {
+    throw std::invalid_argument(what + ": must be a contiguous CPU tensor");
+  }
+  switch (t.scalar_type()) {
+    case torch::kFloat: return buffer(t.data_ptr<float>(), static_cast<std::size_t>(t.numel()));
+    case torch::kDouble: return buffer(t.data_ptr<double>(), static_cast<std::size_t>(t.numel()));
+    case torch::kLong:
+      return buffer(t.data_ptr<std::int64_t>(), static_cast<std::size_t>(t.numel()));
+    default:
+      throw std::invalid_argument(what + ": tensors of type " +
+                                  std::string(c10::toString(t.scalar_type())) +
+                                  " cannot be registered (float32, float64 and int64 can)");
+  }
+}
+
+}  // namespace
+
+DistributedOptimizer::DistributedOptimizer(Session& session, torch::optim::Optimizer& optimizer,
+                                           DistributedOptimizerOptions options)
+    : session_(session), optimizer_(optimizer), options_(options) {
+  for (auto& group : optimizer_.param_groups()) {
+    for (auto& p : group.params()) {
+      if (p.scalar_type() != torch::kFloat || p.is_sparse() || p.device().type() != torch::kCPU ||
+          !p.is_contiguous()) {
+        throw std::invalid_argument("DistributedOptimizer: parameter " +
+                                    std::to_string(slots_.size()) +
+                                    " is not a dense, contiguous float32 CPU tensor");
+      }
+      Slot s;
+      s.param = p;
+      s.numel = static_cast<std::size_t>(p.numel());
+      slots_.push_back(std::move(s));
+    }
+  }
+  // Buckets in reverse parameter order: backward produces the last layers' gradients first.
+  const std::size_t limit = options_.overlap ? std::max<std::size_t>(options_.bucket_bytes, 4)
+                                             : static_cast<std::size_t>(-1);
+  std::size_t bytes = 0;
+  for (std::size_t i = slots_.size(); i-- > 0;) {
+    Slot& s = slots_[i];
+    const std::size_t size = s.numel * sizeof(float);
+    if (buckets_.empty() || (bytes > 0 && bytes + size > limit)) {
+      buckets_.push_back(std::make_unique<Bucket>());
+      buckets_.back()->index = buckets_.size() - 1;
+      bytes = 0;
+    }
+    Bucket& b = *buckets_.back();
+    s.bucket = b.index;
+    s.offset = b.data.size();
+    b.slots.push_back(i);
+    b.data.resize(b.data.size() + s.numel);
+    bytes += size;
+  }
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    slots_[i].hook = slots_[i].param.register_hook(
+        [this, i](const torch::Tensor& grad) { on_gradient(i, grad); });
+  }
+}
+
+DistributedOptimizer::~DistributedOptimizer() {
+  for (auto& s : slots_) s.param.remove_hook(s.hook);
+}
+
+void DistributedOptimizer::register_state(State& state, torch::nn::Module& module) {
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+    state.add("model/" + p.key(), tensor_buffer(p.value(), "parameter '" + p.key() + "'"));
+  }
+  for (const auto& b : module.named_buffers(/*recurse=*/true)) {
+    state.add("model/" + b.key(), tensor_buffer(b.value(), "buffer '" + b.key() + "'"));
+  }
+  auto& st = optimizer_.state();
+  std::size_t i = 0;
+  if (dynamic_cast<torch::optim::SGD*>(&optimizer_) != nullptr) {
+    for (auto& group : optimizer_.param_groups()) {
+      const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+      for (auto& p : group.params()) {
+        const std::string tag = "optimizer/" + std::to_string(i++);
+        if (o.momentum() == 0) continue;
+        auto& entry = st[key_of(p)];
+        if (!entry) {
+          auto ps = std::make_unique<torch::optim::SGDParamState>();
+          ps->momentum_buffer(torch::zeros_like(p));
+          entry = std::move(ps);
+        }
+        const auto& ps = static_cast<torch::optim::SGDParamState&>(*entry);
+        state.add(tag + "/momentum", tensor_buffer(ps.momentum_buffer(), tag + " momentum"));
+      }
+    }
+    return;
+  }
+  if (dynamic_cast<torch::optim::Adam*>(&optimizer_) != nullptr) {
+    adam_step_ = &state.counter("optimizer/adam_step");
+    for (auto& group : optimizer_.param_groups()) {
+      const auto& o = static_cast<const torch::optim::AdamOptions&>(group.options());
+      for (auto& p : group.params()) {
+        const std::string tag = "optimizer/" + std::to_string(i++);
+        auto& entry = st[key_of(p)];
+        if (!entry) {
+          auto ps = std::make_unique<torch::optim::AdamParamState>();
+          ps->step(0);
+          ps->exp_avg(torch::zeros_like(p));
+          ps->exp_avg_sq(torch::zeros_like(p));
+          if (o.amsgrad()) ps->max_exp_avg_sq(torch::zeros_like(p));
+          entry = std::move(ps);
+        }
+        const auto& ps = static_cast<torch::optim::AdamParamState&>(*entry);
+        state.add(tag + "/exp_avg", tensor_buffer(ps.exp_avg(), tag + " exp_avg"));
+        state.add(tag + "/exp_avg_sq", tensor_buffer(ps.exp_avg_sq(), tag + " exp_avg_sq"));
+        if (o.amsgrad()) {
+          state.add(tag + "/max_exp_avg_sq",
+                    tensor_buffer(ps.max_exp_avg_sq(), tag + " max_exp_avg_sq"));
+        }
+      }
+    }
+    return;
+  }
+  throw std::invalid_argument(
+      "DistributedOptimizer::register_state: the state of this optimizer cannot be registered "
+      "(SGD and Adam can); wrap one of those");
+}
+
+void DistributedOptimizer::zero_grad() {
+  optimizer_.zero_grad();
+  reset_step();
+}
+
+void DistributedOptimizer::begin_step(std::int64_t local_samples, std::int64_t global_samples) {
+  if (global_samples <= 0 || local_samples < 0 || local_samples > global_samples) {
+    throw std::invalid_argument("DistributedOptimizer::begin_step: need 0 <= local (" +
+                                std::to_string(local_samples) + ") <= global (" +
+                                std::to_string(global_samples) + ") and global > 0");
+  }
+  weight_ = static_cast<double>(local_samples) / static_cast<double>(global_samples);
+  local_samples_ = local_samples;
+}
+
+void DistributedOptimizer::reset_step() {
+  for (auto& s : slots_) s.ready = false;
+  for (auto& b : buckets_) {
+    b->ready = 0;
+    b->started = false;
+    b->handle = Handle();
+  }
+  local_sq_ = 0;
+  finite_ = true;
+  started_any_ = false;
+}
+
+void DistributedOptimizer::on_gradient(std::size_t index, const torch::Tensor& grad) {
+  Slot& s = slots_[index];
+  if (s.ready || !grad.defined()) return;  // a second backward in one step adds nothing here
+  Bucket& b = *buckets_[s.bucket];
+  const torch::Tensor g = grad.contiguous();
+  const float w = static_cast<float>(weight_ > 0 ? weight_ : 1.0 / session_.size());
+  // |g|² of this worker's gradient, taken in the copy into the bucket.
+  const double sq = copy_scaled(std::span<const float>(g.data_ptr<float>(), s.numel),
+                                std::span<float>(b.data.data() + s.offset, s.numel), w);
+  local_sq_ += sq;
+  if (!std::isfinite(sq)) finite_ = false;
+  s.ready = true;
+  if (++b.ready == b.slots.size() && options_.overlap) start(b);
+}
+
+void DistributedOptimizer::start(Bucket& b) {
+  if (!started_any_) {
+    first_start_ = SteadyClock::now();
+    started_any_ = true;
+  }
+  b.handle = session_.peer().allreduce("kf.torch/" + std::to_string(b.index),
+                                       buffer(b.data.data(), b.data.size()),
+                                       buffer(b.data.data(), b.data.size()));
+  b.started = true;
+}
+
+void DistributedOptimizer::step() {
+  struct Reset {
+    DistributedOptimizer* self;
+    ~Reset() { self->reset_step(); }
+  } reset{this};
+  // Gradients backward did not produce (an unused parameter, or gradients set by hand).
+  const float w = static_cast<float>(weight_ > 0 ? weight_ : 1.0 / session_.size());
+  for (auto& bp : buckets_) {
+    Bucket& b = *bp;
+    if (b.started) continue;
+    for (std::size_t i : b.slots) {
+      Slot& s = slots_[i];
+      if (s.ready) continue;
+      float* dst = b.data.data() + s.offset;
+      const torch::Tensor g = s.param.grad();
+      if (g.defined()) {
+        const torch::Tensor c = g.contiguous();
+        const double sq = copy_scaled(std::span<const float>(c.data_ptr<float>(), s.numel),
+                                      std::span<float>(dst, s.numel), w);
+        local_sq_ += sq;
+        if (!std::isfinite(sq)) finite_ = false;
+      } else {
+        std::fill(dst, dst + s.numel, 0.0f);
+      }
+      s.ready = true;
+    }
+    start(b);
+  }
+  const auto wait_from = SteadyClock::now();
+  std::size_t bytes = 0;
+  for (auto& b : buckets_) {
+    b->handle.wait();
+    bytes += b->data.size() * sizeof(float);
+  }
+  const auto done = SteadyClock::now();
+  exposed_ = done - wait_from;
+  span_ = done - first_start_;
+  // The average back into .grad; |ḡ|² in the same pass.
+  double global_sq = 0;
+  for (auto& s : slots_) {
+    torch::Tensor& grad = s.param.mutable_grad();
+    if (!grad.defined() || !grad.is_contiguous()) grad = torch::zeros_like(s.param);
+    const Bucket& b = *buckets_[s.bucket];
+    global_sq += copy_scaled(std::span<const float>(b.data.data() + s.offset, s.numel),
+                             std::span<float>(grad.data_ptr<float>(), s.numel), 1.0f);
+  }
+  session_.report_comm(span_.count(), static_cast<double>(bytes));
+  if (local_samples_ > 0) {
+    session_.report_gradients(local_sq_, global_sq, static_cast<double>(local_samples_), 1,
+                              finite_);
+  }
+  if (adam_step_ != nullptr) {
+    for (auto& group : optimizer_.param_groups()) {
+      for (auto& p : group.params()) {
+        auto it = optimizer_.state().find(key_of(p));
+        if (it != optimizer_.state().end()) {
+          static_cast<torch::optim::AdamParamState&>(*it->second).step(*adam_step_);
+        }
+      }
+    }
+    ++*adam_step_;
+  }
+  optimizer_.step();
+}
+
+void DistributedOptimizer::set_learning_rate(double lr) {
+  for (auto& group : optimizer_.param_groups()) group.options().set_lr(lr);
+}
+
+double DistributedOptimizer::learning_rate() const {
+  return optimizer_.param_groups().empty() ? 0.0
+                                           : optimizer_.param_groups().front().options().get_lr();
+}
+
+}  // namespace kf
