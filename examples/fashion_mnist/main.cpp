@@ -1,0 +1,272 @@
+// SPDX-License-Identifier: Apache-2.0
+// Fashion-MNIST with LibTorch on kf: an MLP or a small CNN trained data-parallel by every worker
+// of a kf job, elastic when started by `kfrun --watch`, adaptive when the job file names policies
+// (kfrun --job). Start it with kfrun (see docs/torch.md and tools/run-demo):
+//   kfrun -np 2 --job examples/fashion_mnist/job.yaml -- build/examples/fashion_mnist
+// The global batch and the learning rate are the cluster's settings `batch_size` and `lr`, so a
+// policy that changes them changes them on every worker at the same step. The training state
+// (model, optimizer, epoch and position in it) is a kf::State: it is committed every step,
+// restored after a failure and sent to joiners. Rank 0 prints a progress line every --log-every
+// steps and the test accuracy after each epoch (every worker evaluates a shard of the test set),
+// and at the end the membership changes, the batch sizes used, and
+//   final test accuracy: 0.NNN (workers at end: N, membership changes: N)
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include "idx.hpp"
+#include "kf/runtime/elastic_sampler.hpp"
+#include "kf/runtime/session.hpp"
+#include "kf/torch/distributed_optimizer.hpp"
+
+namespace {
+
+constexpr double kMean = 0.2860, kStd = 0.3530;  // of Fashion-MNIST's training pixels
+
+struct MlpImpl : torch::nn::Module {
+  MlpImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(784, 256));
+    fc2 = register_module("fc2", torch::nn::Linear(256, 128));
+    fc3 = register_module("fc3", torch::nn::Linear(128, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(fc1(x.view({-1, 784})));
+    return fc3(torch::relu(fc2(x)));
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+struct CnnImpl : torch::nn::Module {
+  CnnImpl() {
+    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 5)));
+    conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 5)));
+    fc1 = register_module("fc1", torch::nn::Linear(32 * 4 * 4, 128));
+    fc2 = register_module("fc2", torch::nn::Linear(128, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::max_pool2d(torch::relu(conv1(x.view({-1, 1, 28, 28}))), 2);
+    x = torch::max_pool2d(torch::relu(conv2(x)), 2);
+    return fc2(torch::relu(fc1(x.flatten(1))));
+  }
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Cnn);
+
+// Images `index` of `split` as a normalized [n, 784] float tensor, and their labels.
+std::pair<torch::Tensor, torch::Tensor> batch_of(const fmnist::Split& split,
+                                                 const std::vector<std::size_t>& index) {
+  const auto n = static_cast<std::int64_t>(index.size());
+  torch::Tensor x = torch::empty({n, 784});
+  torch::Tensor y = torch::empty({n}, torch::kLong);
+  float* px = x.data_ptr<float>();
+  auto* py = y.data_ptr<std::int64_t>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint8_t* img = split.images.pixels.data() + index[i] * 784;
+    for (int k = 0; k < 784; ++k) {
+      px[i * 784 + k] = static_cast<float>((img[k] / 255.0 - kMean) / kStd);
+    }
+    py[i] = split.labels[index[i]];
+  }
+  return {x, y};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Fashion-MNIST with LibTorch on kf (start it with kfrun)", "fashion_mnist"};
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  std::string model_name = "mlp";
+  int epochs = 3, log_every = 50, threads = 1, seed = 1;
+  std::int64_t batch = 64;
+  double lr = 0.05, momentum = 0.9;
+  std::size_t limit = 0;
+  bool no_overlap = false;
+  double stop_at = 0;
+  app.add_option("--data", data, "directory of the IDX files (gzip or not)")->capture_default_str();
+  app.add_option("--model", model_name, "mlp or cnn")
+      ->check(CLI::IsMember({"mlp", "cnn"}))
+      ->capture_default_str();
+  app.add_option("--epochs", epochs)->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("--batch", batch, "global batch when the cluster settings have none")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--lr", lr, "learning rate when the cluster settings have none")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--momentum", momentum)->check(CLI::Range(0.0, 0.999))->capture_default_str();
+  app.add_option("--log-every", log_every, "steps between progress lines")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  app.add_option("--threads", threads, "LibTorch threads per worker")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--seed", seed, "initial weights (rank 0's are used)")->capture_default_str();
+  app.add_option("--limit", limit, "train on the first N images only (0: all)");
+  app.add_flag("--no-overlap", no_overlap, "one allreduce after backward instead of buckets");
+  app.add_option("--stop-at", stop_at, "stop once the test accuracy reaches this (0: never)")
+      ->check(CLI::Range(0.0, 1.0));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;  // a usage error
+  }
+
+  fmnist::Split train, test;
+  try {
+    train = fmnist::read_split(data, "train");
+    test = fmnist::read_split(data, "t10k");
+  } catch (const std::exception& e) {
+    std::cerr << "fashion_mnist: " << e.what() << "\n";
+    return 1;
+  }
+  if (train.images.rows != 28 || train.images.cols != 28) {
+    std::cerr << "fashion_mnist: " << data << ": images are " << train.images.rows << "x"
+              << train.images.cols << ", expected 28x28\n";
+    return 1;
+  }
+  const std::size_t train_count =
+      limit > 0 ? std::min(limit, train.images.count) : train.images.count;
+
+  torch::set_num_threads(threads);
+  torch::manual_seed(seed);
+  std::shared_ptr<torch::nn::Module> model;
+  std::function<torch::Tensor(const torch::Tensor&)> forward;
+  if (model_name == "mlp") {
+    Mlp m;
+    model = m.ptr();
+    forward = [m](const torch::Tensor& x) mutable { return m->forward(x); };
+  } else {
+    Cnn m;
+    model = m.ptr();
+    forward = [m](const torch::Tensor& x) mutable { return m->forward(x); };
+  }
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(lr).momentum(momentum));
+
+  kf::State state;
+  std::int64_t& epoch = state.counter("epoch");
+  std::int64_t& position = state.counter("position");
+  // The last test accuracy in millionths: in the state, so that a joiner knows it too.
+  std::int64_t& accuracy_ppm = state.counter("test_accuracy_ppm");
+  std::unique_ptr<kf::Session> session;
+  std::unique_ptr<kf::DistributedOptimizer> opt;
+  int loss_slot = -1, acc_slot = -1;
+  try {
+    session = kf::Session::from_environment(state);
+    kf::DistributedOptimizerOptions o;
+    o.overlap = !no_overlap;
+    opt = std::make_unique<kf::DistributedOptimizer>(*session, sgd, o);
+    opt->register_state(state, *model);
+    loss_slot = session->add_metric("loss");
+    acc_slot = session->add_metric("train_accuracy");
+    if (!session->join()) return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "fashion_mnist: " << e.what() << "\n";
+    return 1;
+  }
+
+  kf::ElasticSampler sampler(train_count, /*seed=*/7);
+  const auto test_accuracy = [&] { return static_cast<double>(accuracy_ppm) / 1e6; };
+  std::vector<std::pair<std::int64_t, std::int64_t>> batches;  // (step, global batch) changes
+  const auto t_start = std::chrono::steady_clock::now();
+  try {
+    while (epoch < epochs && !session->stop_requested() &&
+           !(stop_at > 0 && test_accuracy() >= stop_at)) {
+      const std::int64_t gbatch = session->settings().value("batch_size", batch);
+      const double rate = session->settings().value("lr", lr);
+      if (rate != opt->learning_rate()) opt->set_learning_rate(rate);
+      if (batches.empty() || batches.back().second != gbatch) {
+        batches.emplace_back(session->steps(), gbatch);
+      }
+      sampler.start_epoch(epoch, static_cast<std::size_t>(position));
+      const auto mine = sampler.batch(session->rank(), session->size(),
+                                      static_cast<std::size_t>(gbatch));
+      const auto total = sampler.step_samples(static_cast<std::size_t>(gbatch));
+      const auto outcome = session->step([&] {
+        opt->zero_grad();
+        opt->begin_step(static_cast<std::int64_t>(mine.size()), static_cast<std::int64_t>(total));
+        if (!mine.empty()) {
+          auto [x, y] = batch_of(train, mine);
+          const torch::Tensor out = forward(x);
+          const torch::Tensor loss = torch::nn::functional::cross_entropy(out, y);
+          loss.backward();
+          session->set_metric(loss_slot, loss.item<double>());
+          session->set_metric(acc_slot,
+                              out.argmax(1).eq(y).sum().item<double>() / static_cast<double>(mine.size()));
+        }
+        opt->step();
+        sampler.advance(static_cast<std::size_t>(gbatch));
+        position = static_cast<std::int64_t>(sampler.position());
+        if (sampler.epoch_done()) {
+          // Every worker evaluates its shard of the test set; one allreduce adds them up.
+          torch::NoGradGuard no_grad;
+          const std::size_t n = test.images.count;
+          const std::size_t lo = n * session->rank() / session->size();
+          const std::size_t hi = n * (session->rank() + 1) / session->size();
+          double counts[2] = {0, static_cast<double>(hi - lo)};
+          for (std::size_t at = lo; at < hi; at += 1000) {
+            std::vector<std::size_t> idx;
+            for (std::size_t i = at; i < std::min(hi, at + 1000); ++i) idx.push_back(i);
+            auto [x, y] = batch_of(test, idx);
+            counts[0] += forward(x).argmax(1).eq(y).sum().item<double>();
+          }
+          session->peer()
+              .allreduce("fmnist.eval", kf::buffer(counts, 2), kf::buffer(counts, 2))
+              .wait();
+          accuracy_ppm = std::llround(counts[0] / counts[1] * 1e6);
+          ++epoch;
+          position = 0;
+          if (session->rank() == 0) {
+            std::printf("epoch %lld test accuracy %.4f (%.1f s)\n", static_cast<long long>(epoch),
+                        test_accuracy(),
+                        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start)
+                            .count());
+            std::fflush(stdout);
+          }
+        }
+      });
+      if (outcome == kf::Session::Outcome::left) return 0;
+      if (outcome == kf::Session::Outcome::committed && session->rank() == 0 &&
+          session->steps() % log_every == 0) {
+        const auto& m = session->metrics();
+        const auto get = [&](const char* k) { return m.count(k) ? m.at(k) : 0.0; };
+        std::printf("epoch %lld step %lld loss %.4f acc %.3f workers %d batch %lld lr %.4g "
+                    "samples/s %.0f\n",
+                    static_cast<long long>(epoch), static_cast<long long>(session->steps()),
+                    get("loss"), get("train_accuracy"), session->size(),
+                    static_cast<long long>(gbatch), rate, get("throughput"));
+        std::fflush(stdout);
+      }
+    }
+    session->finish();
+  } catch (const std::exception& e) {
+    std::cerr << "fashion_mnist: " << e.what() << "\n";
+    return 1;
+  }
+  if (session->rank() == 0) {
+    std::printf("membership changes:\n");
+    for (const auto& c : session->changes()) std::printf("  %s\n", c.summary().c_str());
+    std::printf("global batch sizes (from step):");
+    for (const auto& [step, b] : batches) {
+      std::printf(" %lld@%lld", static_cast<long long>(b), static_cast<long long>(step));
+    }
+    const auto changes = session->changes().size() > 0 ? session->changes().size() - 1 : 0;
+    std::printf("\nsteps %lld, %.1f s\n", static_cast<long long>(session->steps()),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+    std::printf("final test accuracy: %.3f (workers at end: %d, membership changes: %zu)\n",
+                test_accuracy(), session->size(), changes);
+  }
+  return 0;
+}
