@@ -109,8 +109,9 @@ class Policy {
 /// parameter.
 using PolicyFactory = std::function<std::unique_ptr<Policy>(const nlohmann::json& params)>;
 
-/// Policy names to factories. The built-ins are registered by builtin_policies(); a plugin
-/// registers more from its entry point (see kf_register_policies below).
+/// Policy names to factories. The built-ins are registered by register_builtin_policies()
+/// (kf/policies/builtin.hpp); a plugin registers more from its entry point (see
+/// kf_register_policies below).
 class PolicyRegistry {
  public:
   /// Throws: std::invalid_argument when `name` is empty or already registered.
