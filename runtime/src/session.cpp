@@ -32,6 +32,7 @@
 #include "kf/monitor/jsonl_writer.hpp"
 #include "kf/monitor/metrics.hpp"
 #include "kf/monitor/metrics_server.hpp"
+#include "kf/policies/builtin.hpp"
 #include "kf/runtime/config_client.hpp"
 #include "kf/runtime/job_file.hpp"
 
@@ -367,6 +368,7 @@ std::unique_ptr<Session> Session::from_environment(State& state) {
     // The job file's policies, made from the built-ins and the plugins it names, run by the
     // session itself.
     PolicyRegistry registry;
+    register_builtin_policies(registry);
     for (const auto& plugin : job->plugins) registry.load_plugin(plugin);
     auto runner = std::make_unique<PolicyRunner>();
     for (const auto& spec : job->policies) {

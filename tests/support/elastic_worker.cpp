@@ -27,6 +27,7 @@
 #include "kf/common/error.hpp"
 #include "kf/peer.hpp"
 #include "kf/runtime/elastic_sampler.hpp"
+#include "kf/policies/builtin.hpp"
 #include "kf/policies/policy.hpp"
 #include "kf/runtime/job_file.hpp"
 #include "kf/runtime/policy_runner.hpp"
@@ -174,6 +175,7 @@ int main(int argc, char** argv) {
     if (!job_path.empty()) {
       const kf::JobFile job = kf::load_job_file(job_path);
       kf::PolicyRegistry registry;
+      kf::register_builtin_policies(registry);
       for (const auto& plugin : job.plugins) registry.load_plugin(plugin);
       for (const auto& spec : job.policies) policies.add(registry.make(spec.name, spec.params));
     }

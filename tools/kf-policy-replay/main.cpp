@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "kf/policies/builtin.hpp"
 #include "kf/policies/policy.hpp"
 #include "kf/runtime/job_file.hpp"
 #include "kf/runtime/policy_runner.hpp"
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
   try {
     const kf::JobFile job = kf::load_job_file(job_path);
     kf::PolicyRegistry registry;
+    kf::register_builtin_policies(registry);
     const auto base = std::filesystem::path(job_path).parent_path();
     for (const auto& plugin : job.plugins) {
       // A relative plugin path is taken relative to the job file when it exists there.
