@@ -80,6 +80,18 @@ std::pair<torch::Tensor, torch::Tensor> batch_of(const fmnist::Split& split,
   return {x, y};
 }
 
+// FNV-1a over the parameters' bytes: equal on two workers iff they hold the same model.
+std::uint64_t parameters_hash(torch::nn::Module& model) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const auto& p : model.parameters()) {
+    const auto* b = static_cast<const unsigned char*>(p.data_ptr());
+    for (std::int64_t i = 0; i < p.numel() * static_cast<std::int64_t>(sizeof(float)); ++i) {
+      h = (h ^ b[i]) * 1099511628211ull;
+    }
+  }
+  return h;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -181,8 +193,23 @@ int main(int argc, char** argv) {
   const auto test_accuracy = [&] { return static_cast<double>(accuracy_ppm) / 1e6; };
   std::vector<std::pair<std::int64_t, std::int64_t>> batches;  // (step, global batch) changes
   const auto t_start = std::chrono::steady_clock::now();
+  // After each membership change every worker prints the model it holds, so that a joiner's
+  // state can be checked against the survivors' ("membership v4 step 120 params <hash>").
+  std::size_t changes_seen = 0;
+  const auto print_changes = [&] {
+    for (; changes_seen < session->changes().size(); ++changes_seen) {
+      std::printf("membership v%llu step %lld workers %d params %016llx\n",
+                  static_cast<unsigned long long>(session->changes()[changes_seen].to_version),
+                  static_cast<long long>(session->steps()), session->size(),
+                  static_cast<unsigned long long>(parameters_hash(*model)));
+      std::fflush(stdout);
+    }
+  };
+  print_changes();
   try {
-    while (epoch < epochs && !session->stop_requested() &&
+    // The job's length may be changed while it runs (cluster settings "epochs").
+    while (epoch < session->settings().value("epochs", static_cast<std::int64_t>(epochs)) &&
+           !session->stop_requested() &&
            !(stop_at > 0 && test_accuracy() >= stop_at)) {
       const std::int64_t gbatch = session->settings().value("batch_size", batch);
       const double rate = session->settings().value("lr", lr);
@@ -238,6 +265,7 @@ int main(int argc, char** argv) {
         }
       });
       if (outcome == kf::Session::Outcome::left) return 0;
+      print_changes();
       if (outcome == kf::Session::Outcome::committed && session->rank() == 0 &&
           session->steps() % log_every == 0) {
         const auto& m = session->metrics();
@@ -249,6 +277,22 @@ int main(int argc, char** argv) {
                     static_cast<long long>(gbatch), rate, get("throughput"));
         std::fflush(stdout);
       }
+    }
+    // Every worker must hold the same parameters: a consensus collective says whether they do.
+    std::vector<float> flat;
+    for (const auto& p : model->parameters()) {
+      const float* v = p.data_ptr<float>();
+      flat.insert(flat.end(), v, v + p.numel());
+    }
+    bool same = false;
+    session->peer().consensus("fmnist.final", kf::buffer(flat.data(), flat.size()), &same).wait();
+    if (session->rank() == 0) {
+      std::printf("parameters identical on all %d workers: %s\n", session->size(),
+                  same ? "yes" : "NO");
+    }
+    if (!same) {
+      std::cerr << "fashion_mnist: the workers hold different parameters\n";
+      return 3;
     }
     session->finish();
   } catch (const std::exception& e) {

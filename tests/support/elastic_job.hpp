@@ -65,7 +65,7 @@ class ElasticJob {
       ::kill(agent_.pid, SIGKILL);
       ::waitpid(agent_.pid, nullptr, 0);
       // The workers are in process groups of their own; kfrun is gone, so stop them by name.
-      run_shell("pkill -KILL -f 'elastic-worker.*" + dir_.string() + "' || true");
+      run_shell("pkill -KILL -f '" + program_ + "' || true");
     }
     if (agent_.out_fd >= 0) ::close(agent_.out_fd);
     if (!HasFailure()) std::filesystem::remove_all(dir_);
@@ -79,12 +79,18 @@ class ElasticJob {
 
   /// Starts `kfrun --watch` with `np` initial workers running elastic-worker `args`.
   void start(int np, const std::string& args) {
+    start_program(np, env_or_empty("KF_ELASTIC_WORKER"),
+                  "--progress-file " + (dir_ / "progress").string() + " " + args);
+  }
+
+  /// Starts `kfrun --watch` with `np` initial workers running `program args`.
+  void start_program(int np, const std::string& program, const std::string& args) {
+    program_ = program;
     const std::string cmd =
         "exec " + env_or_empty("KFRUN") + " --watch --config-server " + url() +
         " --slots 8 -np " + std::to_string(np) + " --job-token-file " +
-        (dir_ / "token").string() + " --leave-grace-ms 20000 -- " +
-        env_or_empty("KF_ELASTIC_WORKER") + " --progress-file " + (dir_ / "progress").string() +
-        " " + args + " > " + (dir_ / "out").string() + " 2> " + (dir_ / "err").string();
+        (dir_ / "token").string() + " --leave-grace-ms 20000 -- " + program + " " + args +
+        " > " + (dir_ / "out").string() + " 2> " + (dir_ / "err").string();
     agent_ = spawn({"/bin/sh", "-c", cmd}, {"KF_LOG_LEVEL=info"});
   }
 
@@ -206,6 +212,7 @@ class ElasticJob {
  private:
   std::filesystem::path dir_;
   std::unique_ptr<ServerProcess> server_;
+  std::string program_;
   Child agent_;
 };
 

@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: Apache-2.0
+// The Fashion-MNIST example as an elastic job (kf-config-server + kfrun --watch) resized 2 → 3 → 2
+// while it trains: after each change every worker of the new cluster holds the same model (a
+// joiner starts from the survivors' exact state), and at the end all parameters are identical
+// (the example's consensus check).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "support/elastic_job.hpp"
+
+namespace kf::test {
+namespace {
+
+// Lines "[host:port] ..." of rank 0's progress: the newest step, 0 before any.
+long newest_step(const std::string& out) {
+  static const std::regex re(R"(\] epoch \d+ step (\d+) )");
+  long s = 0;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it) {
+    s = std::max(s, std::stol((*it)[1]));
+  }
+  return s;
+}
+
+TEST(ElasticTorch, ResizedTwoThreeTwoEveryWorkerHoldsTheSameModel) {
+  const std::string exe = env_or_empty("KF_FASHION_MNIST");
+  if (exe.empty()) GTEST_SKIP() << "KF_FASHION_MNIST is not set";
+  if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist")) {
+    GTEST_SKIP() << "/usr/share/datasets/fashion-mnist is missing (dataset-fashion-mnist)";
+  }
+  ElasticJob job("torch");
+  job.start_program(2, exe, "--limit 3000 --epochs 1000 --batch 32 --log-every 10");
+  const auto at_least = [&](long steps) {
+    return eventually([&] { return newest_step(job.out()) >= steps; }, 120s);
+  };
+  ASSERT_TRUE(at_least(30)) << job.err();
+  ASSERT_EQ(job.member("resize 3").exit_code, 0);
+  ASSERT_TRUE(job.wait_size(3)) << job.err();
+  ASSERT_TRUE(at_least(newest_step(job.out()) + 30)) << job.err();
+  ASSERT_EQ(job.member("resize 2").exit_code, 0);
+  ASSERT_TRUE(job.wait_size(2)) << job.err();
+  ASSERT_TRUE(at_least(newest_step(job.out()) + 30)) << job.err();
+  job.finish_soon();
+  EXPECT_EQ(job.wait(), 0) << job.err() << job.out();
+  const std::string out = job.out();
+  EXPECT_NE(out.find("parameters identical on all 2 workers: yes"), std::string::npos) << out;
+  EXPECT_NE(out.find("final test accuracy: "), std::string::npos) << out;
+
+  // "[worker] membership vV step S workers N params H": per version, one model on every worker.
+  std::map<std::string, std::map<std::string, std::string>> by_version;  // version -> worker -> H
+  std::map<std::string, int> size_of;
+  std::istringstream in(out);
+  const std::regex re(R"(^\[([^\]]+)\] membership v(\d+) step \d+ workers (\d+) params ([0-9a-f]+))");
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, re)) {
+      by_version[m[2]][m[1]] = m[4];
+      size_of[m[2]] = std::stoi(m[3]);
+    }
+  }
+  int checked = 0;
+  for (const auto& [version, models] : by_version) {
+    if (size_of[version] == 3) {
+      EXPECT_EQ(models.size(), 3u) << "v" << version << ": the joiner and both survivors\n" << out;
+    }
+    std::set<std::string> distinct;
+    for (const auto& [worker, hash] : models) distinct.insert(hash);
+    EXPECT_EQ(distinct.size(), 1u) << "v" << version << " workers hold different models\n" << out;
+    ++checked;
+  }
+  EXPECT_GE(checked, 3) << "the join, the growth and the shrink\n" << out;
+}
+
+}  // namespace
+}  // namespace kf::test
