@@ -7,6 +7,8 @@ namespace kf {
 
 void register_builtin_policies(PolicyRegistry& registry) {
   registry.add("gns-batch-size", detail::make_gns_batch_size_policy);
+  registry.add("throughput-scaling", detail::make_throughput_scaling_policy);
+  registry.add("algorithm-selection", detail::make_algorithm_selection_policy);
 }
 
 }  // namespace kf

@@ -103,7 +103,7 @@ bool mentions(const Proposal& p, const std::string& text) {
 TEST(BuiltinPolicies, RegistersEachNameAndMakesItFromEmptyParams) {
   PolicyRegistry r;
   register_builtin_policies(r);
-  for (const char* name : {"gns-batch-size"}) {
+  for (const char* name : {"gns-batch-size", "throughput-scaling", "algorithm-selection"}) {
     ASSERT_TRUE(r.contains(name)) << name;
     auto p = r.make(name, nlohmann::json::object());
     ASSERT_NE(p, nullptr);
@@ -114,8 +114,12 @@ TEST(BuiltinPolicies, RegistersEachNameAndMakesItFromEmptyParams) {
 }
 
 TEST(BuiltinPolicies, RejectParamsThatAreNotAMapping) {
-  EXPECT_EQ(make_error("gns-batch-size", nlohmann::json::array({1})),
-            "gns-batch-size: params must be a mapping of parameters (got [1])");
+  for (const std::string name : {"gns-batch-size", "throughput-scaling", "algorithm-selection"}) {
+    EXPECT_EQ(make_error(name, nlohmann::json::array({1})),
+              name + ": params must be a mapping of parameters (got [1])");
+    EXPECT_EQ(make_error(name, {{"bogus", 1}}).rfind(name + ": unknown parameter 'bogus' (known: ", 0),
+              0u);
+  }
 }
 
 // ---- gns-batch-size -----------------------------------------------------------------------
@@ -305,6 +309,287 @@ TEST(GnsBatchSize, RejectsEveryBadParameterByName) {
   EXPECT_EQ(make_error("gns-batch-size", {{"evry", 10}}),
             "gns-batch-size: unknown parameter 'evry' (known: base_batch, base_lr, cooldown, "
             "every, lr_rule, margin, max_batch, min_batch, min_efficiency, multiple_of, patience)");
+}
+
+// ---- throughput-scaling ---------------------------------------------------------------------
+
+/// One step of `samples` samples at `rate` samples/s.
+std::map<std::string, double> throughput(double rate, double samples = 256) {
+  return {{"samples", samples}, {"step_time", samples / rate}};
+}
+
+struct Decision {
+  std::int64_t step;
+  Proposal proposal;
+};
+
+// KAT-THR-3: R = {4: 400, 8: 720, 12: 900, 16: 960}; at threshold 0.25 the target is 12.
+TEST(ThroughputScaling, AddsWhilePairsPassThenSettlesAtTheFirstFailingCount) {
+  Driver d("throughput-scaling",
+           {{"threshold", 0.25}, {"spawn_size", 4}, {"min_steps", 10}, {"every", 10},
+            {"cooldown", 0}},
+           {{"batch_size", 256}, {"lr", 0.1}, {"algorithm", "ring"}}, 4);
+  const std::map<int, double> rate{{4, 400.0}, {8, 720.0}, {12, 900.0}, {16, 960.0}};
+  std::vector<Decision> decisions;
+  for (std::int64_t s = 1; s <= 300; ++s) {
+    const Proposal p = d.step(s, throughput(rate.at(d.inputs().workers)));
+    if (!p.empty()) decisions.push_back({s, p});
+  }
+  ASSERT_EQ(decisions.size(), 4u);
+  // 2 warm-up steps are discarded at each count, so 10 counted steps take until the second
+  // evaluation there.
+  EXPECT_EQ(decisions[0].step, 20);
+  EXPECT_EQ(decisions[0].proposal.workers, 8);
+  EXPECT_EQ(decisions[0].proposal.reasons.at(0),
+            "throughput-scaling: workers=8 (R={4: 400} samples/s: one worker count measured, "
+            "add 4 past 4: 4 -> 8 workers)");
+  EXPECT_EQ(decisions[1].step, 40);
+  EXPECT_EQ(decisions[1].proposal.workers, 12);
+  EXPECT_TRUE(mentions(decisions[1].proposal, "s(4->8)=0.8: every pair passes, add 4 past 8"))
+      << decisions[1].proposal.to_json().dump();
+  EXPECT_EQ(decisions[2].step, 60);
+  EXPECT_EQ(decisions[2].proposal.workers, 16);
+  EXPECT_TRUE(mentions(decisions[2].proposal, "s(8->12)=0.5: every pair passes"));
+  // At 16 the pair 12->16 fails (0.2): three consecutive evaluations (80, 90, 100) give back 4.
+  EXPECT_EQ(decisions[3].step, 100);
+  EXPECT_EQ(decisions[3].proposal.workers, 12);
+  EXPECT_TRUE(mentions(decisions[3].proposal,
+                       "s(12->16)=0.2 <= threshold 0.25: settle at 12 for 3 evaluations: "
+                       "16 -> 12 workers"))
+      << decisions[3].proposal.to_json().dump();
+  EXPECT_EQ(d.inputs().workers, 12) << "and it stays there";
+}
+
+TEST(ThroughputScaling, GivingWorkersBackNeedsConsecutiveEvaluations) {
+  Driver d("throughput-scaling",
+           {{"spawn_size", 4}, {"min_steps", 1}, {"every", 1}, {"warmup_steps", 0},
+            {"cooldown", 0}, {"min_consecutive_passes_for_remove", 2}},
+           {{"batch_size", 256}, {"max_workers", 8}}, 4);
+  EXPECT_EQ(d.step(1, throughput(400.0)).workers, 8);
+  // R(8) = 420: s(4->8) = 0.05 fails: give back 4 workers, but only at the second evaluation.
+  EXPECT_TRUE(d.step(2, throughput(420.0)).empty());
+  // A fast step lifts R(8) to 591.6 (s = 0.48 passes): adding is bounded at max_workers 8, so
+  // nothing changes, and the streak of failing evaluations starts over.
+  EXPECT_TRUE(d.step(3, throughput(1000.0)).empty());
+  EXPECT_TRUE(d.step(4, throughput(128.0)).empty()) << "R(8) = 268: the first failure again";
+  const Proposal p = d.step(5, throughput(128.0));
+  EXPECT_EQ(p.workers, 4);
+  EXPECT_TRUE(mentions(p, "settle at 4 for 2 evaluations")) << p.to_json().dump();
+}
+
+TEST(ThroughputScaling, WaitsForMinStepsAndBoundsTheTarget) {
+  Driver d("throughput-scaling", {{"min_steps", 30}, {"every", 5}, {"max_workers", 5}},
+           {{"batch_size", 256}, {"min_workers", 2}}, 2);
+  for (std::int64_t s = 1; s <= 31; ++s) {
+    EXPECT_TRUE(d.step(s, throughput(100.0)).empty()) << "fewer than 30 counted steps at " << s;
+  }
+  for (std::int64_t s = 32; s <= 34; ++s) {
+    EXPECT_TRUE(d.step(s, {{"step_time", 1.0}}).empty()) << "no samples: not counted";
+  }
+  // Steps 1 and 2 were warm-up: step 35 is the 30th counted one, and an evaluation step.
+  const Proposal p = d.step(35, throughput(100.0));
+  EXPECT_EQ(p.workers, 5) << "2 + 4, bounded by the max_workers parameter";
+  EXPECT_TRUE(mentions(p, "add 4 past 2; bounded by [2, 5]: 2 -> 5 workers")) << p.to_json().dump();
+}
+
+TEST(ThroughputScaling, KeepsObservationsAcrossResizesButNotAcrossBatchChanges) {
+  Driver d("throughput-scaling",
+           {{"spawn_size", 2}, {"min_steps", 1}, {"every", 1}, {"warmup_steps", 0},
+            {"cooldown", 0}},
+           {{"batch_size", 256}}, 2);
+  EXPECT_EQ(d.step(1, throughput(200.0)).workers, 4);
+  EXPECT_EQ(d.step(2, throughput(400.0)).workers, 6) << "R(2) kept: s(2->4) = 1 passes";
+  d.inputs().settings["batch_size"] = 512;  // another batch: the old throughputs do not count
+  const Proposal p = d.step(3, throughput(500.0, 512));
+  EXPECT_EQ(p.workers, 8);
+  EXPECT_TRUE(mentions(p, "R={6: 500} samples/s: one worker count measured")) << p.to_json().dump();
+}
+
+TEST(ThroughputScaling, RejectsEveryBadParameterByName) {
+  const std::string p = "throughput-scaling: parameter ";
+  EXPECT_EQ(make_error("throughput-scaling", {{"spawn_size", 0}}),
+            p + "'spawn_size' must be an integer in [1, 1000000] (got 0)");
+  EXPECT_EQ(make_error("throughput-scaling", {{"threshold", -0.5}}),
+            p + "'threshold' must be a number in [0, 10] (got -0.5)");
+  EXPECT_EQ(make_error("throughput-scaling", {{"min_steps", 0}}),
+            p + "'min_steps' must be an integer in [1, 1000000000] (got 0)");
+  EXPECT_EQ(make_error("throughput-scaling", {{"every", "often"}}),
+            p + "'every' must be an integer in [1, 1000000000] (got \"often\")");
+  EXPECT_EQ(make_error("throughput-scaling", {{"min_consecutive_passes_for_remove", 0}}),
+            p + "'min_consecutive_passes_for_remove' must be an integer in [1, 1000000] (got 0)");
+  EXPECT_EQ(make_error("throughput-scaling", {{"warmup_steps", -1}}),
+            p + "'warmup_steps' must be an integer in [0, 1000000000] (got -1)");
+  EXPECT_EQ(make_error("throughput-scaling", {{"cooldown", 0.5}}),
+            p + "'cooldown' must be an integer in [0, 1000000000] (got 0.5)");
+  EXPECT_EQ(make_error("throughput-scaling", {{"min_workers", 0}}),
+            p + "'min_workers' must be an integer in [1, 1000000] (got 0)");
+  EXPECT_EQ(make_error("throughput-scaling", {{"max_workers", 2000000}}),
+            p + "'max_workers' must be an integer in [1, 1000000] (got 2000000)");
+  EXPECT_EQ(make_error("throughput-scaling", {{"min_workers", 8}, {"max_workers", 4}}),
+            p + "'min_workers' must not exceed max_workers (8 > 4)");
+  EXPECT_EQ(make_error("throughput-scaling", {{"spawn", 4}}),
+            "throughput-scaling: unknown parameter 'spawn' (known: cooldown, every, max_workers, "
+            "min_consecutive_passes_for_remove, min_steps, min_workers, spawn_size, threshold, "
+            "warmup_steps)");
+}
+
+// ---- algorithm-selection --------------------------------------------------------------------
+
+constexpr double kMessage = 4 * 1024 * 1024;
+
+/// One step that allreduced kMessage bytes at `gbps` GB/s.
+std::map<std::string, double> comm(double gbps) {
+  return {{"comm_bytes", kMessage}, {"comm_time", kMessage / (gbps * 1e9)},
+          {"algbw", gbps * 1e9}};
+}
+
+/// Runs steps [from, to] at `gbps`, returning the proposals made.
+std::vector<Decision> run(Driver& d, std::int64_t from, std::int64_t to, double gbps) {
+  std::vector<Decision> out;
+  for (std::int64_t s = from; s <= to; ++s) {
+    Proposal p = d.step(s, comm(gbps));
+    if (!p.empty()) out.push_back({s, std::move(p)});
+  }
+  return out;
+}
+
+// With the default link (15 us, 2.5 GB/s, 5 GB/s reductions), 4 MiB on 4 workers:
+// rhd 3205.73 us < ring 3235.73 = clique < tree 8448.61 < star 12672.9.
+TEST(AlgorithmSelection, StartsFromThePriorArgmin) {
+  Driver d("algorithm-selection", {}, {{"algorithm", "ring"}}, 4);
+  const Proposal p = d.step(1, comm(1.0));
+  EXPECT_EQ(p.algorithm, "rhd");
+  EXPECT_TRUE(mentions(p, "prior for 4 workers, 4.1943e+06 B: rhd 3205.73 us ring 3235.73 us "
+                          "clique 3235.73 us tree 8448.61 us star 12672.9 us"))
+      << p.to_json().dump();
+  EXPECT_TRUE(run(d, 2, 500, 1.0).empty()) << "steady bandwidth: no further change";
+  // A new configuration ranks again: on 3 workers the folded rhd loses to ring.
+  d.inputs().workers = 3;
+  EXPECT_EQ(d.step(501, comm(1.0)).algorithm, "ring");
+}
+
+TEST(AlgorithmSelection, DecidesNothingWithoutCommunication) {
+  Driver one("algorithm-selection", {}, {{"algorithm", "ring"}}, 1);
+  EXPECT_TRUE(run(one, 1, 100, 1.0).empty()) << "one worker: no allreduce";
+  Driver quiet("algorithm-selection", {}, {{"algorithm", "ring"}}, 4);
+  for (std::int64_t s = 1; s <= 100; ++s) EXPECT_TRUE(quiet.step(s, {}).empty());
+  // With message_bytes the prior needs no measurement.
+  Driver sized("algorithm-selection", {{"message_bytes", 4194304}}, {{"algorithm", "ring"}}, 4);
+  EXPECT_EQ(sized.step(1, {}).algorithm, "rhd");
+}
+
+TEST(AlgorithmSelection, TriesTheNextBestOnDegradationAndSwitchesBack) {
+  Driver d("algorithm-selection", {{"window", 5}, {"warmup_steps", 1}, {"retry_windows", 3}},
+           {{"algorithm", "rhd"}}, 4);
+  // Step 1 discarded (warm-up); steps 2-6 make rhd's reference window: 1 GB/s.
+  EXPECT_TRUE(run(d, 1, 6, 1.0).empty());
+  // A window at 0.7 GB/s < 0.8 x 1: try ring, the next by the prior.
+  auto ds = run(d, 7, 11, 0.7);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].step, 11);
+  EXPECT_EQ(ds[0].proposal.algorithm, "ring");
+  EXPECT_TRUE(mentions(ds[0].proposal, "rhd: algbw 0.7 GB/s < 0.8 x reference 1 GB/s for 1 "
+                                       "windows: try ring (next by the prior) for a window"))
+      << ds[0].proposal.to_json().dump();
+  // ring's probation window (steps 13-17, after one warm-up step) at 0.9 beats 0.7: it stays.
+  EXPECT_TRUE(run(d, 12, 17, 0.9).empty());
+  // Three windows later rhd is probed again (steps 22, 27, 32).
+  ds = run(d, 18, 32, 0.9);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].step, 32);
+  EXPECT_EQ(ds[0].proposal.algorithm, "rhd");
+  EXPECT_TRUE(mentions(ds[0].proposal, "ring has run for 3 windows at 0.9 GB/s: probe rhd "
+                                       "again (reference 1 GB/s)"));
+  // Still slow (0.6 < 0.8 and <= ring's 0.9): back to ring, rhd's reference kept.
+  ds = run(d, 33, 38, 0.6);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].step, 38);
+  EXPECT_EQ(ds[0].proposal.algorithm, "ring");
+  EXPECT_TRUE(mentions(ds[0].proposal, "rhd probed again: 0.6 GB/s < 0.8 x its reference 1 GB/s "
+                                       "and <= ring's 0.9 GB/s: back to ring"));
+  ds = run(d, 39, 54, 0.9);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].step, 54);
+  EXPECT_EQ(ds[0].proposal.algorithm, "rhd");
+  // Recovered (0.95 >= 0.8 x 1): rhd stays for good.
+  EXPECT_TRUE(run(d, 55, 300, 0.95).empty());
+  EXPECT_EQ(d.inputs().settings["algorithm"], "rhd");
+}
+
+TEST(AlgorithmSelection, ReturnsFromAFailedProbationAndRebaselinesWhenAllAreWorse) {
+  Driver d("algorithm-selection",
+           {{"window", 5}, {"warmup_steps", 1}, {"algorithms", {"tree", "ring", "rhd"}}},
+           {{"algorithm", "rhd"}}, 4);
+  EXPECT_TRUE(run(d, 1, 6, 1.0).empty());
+  auto ds = run(d, 7, 11, 0.7);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].proposal.algorithm, "ring");
+  // ring's probation at 0.5 <= rhd's 0.7: back to rhd (steps 12 warm-up, 13-17 the window).
+  ds = run(d, 12, 17, 0.5);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].step, 17);
+  EXPECT_EQ(ds[0].proposal.algorithm, "rhd");
+  EXPECT_TRUE(mentions(ds[0].proposal, "ring on probation: 0.5 GB/s <= rhd's 0.7 GB/s: back to "
+                                       "rhd (its reference 1 GB/s kept)"))
+      << ds[0].proposal.to_json().dump();
+  // rhd is still degraded: the next candidate, tree, gets its window, and loses too.
+  ds = run(d, 18, 23, 0.7);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].step, 23);
+  EXPECT_EQ(ds[0].proposal.algorithm, "tree");
+  ds = run(d, 24, 29, 0.3);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].proposal.algorithm, "rhd");
+  // Every candidate was tried: 0.7 becomes rhd's reference, and nothing changes any more.
+  EXPECT_TRUE(run(d, 30, 400, 0.7).empty());
+  EXPECT_EQ(d.inputs().settings["algorithm"], "rhd");
+}
+
+TEST(AlgorithmSelection, FollowsAnAlgorithmSetFromOutside) {
+  Driver d("algorithm-selection", {{"window", 5}, {"warmup_steps", 0}, {"retry_windows", 0}},
+           {{"algorithm", "rhd"}}, 4);
+  EXPECT_TRUE(run(d, 1, 5, 1.0).empty());
+  d.inputs().settings["algorithm"] = "tree";  // the user (or another policy) chose tree
+  EXPECT_TRUE(run(d, 6, 10, 0.2).empty()) << "tree's first window is its reference";
+  const auto ds = run(d, 11, 15, 0.1);
+  ASSERT_EQ(ds.size(), 1u);
+  EXPECT_EQ(ds[0].proposal.algorithm, "rhd") << "degraded tree: the first untried by the prior";
+}
+
+TEST(AlgorithmSelection, RejectsEveryBadParameterByName) {
+  const std::string p = "algorithm-selection: parameter ";
+  EXPECT_EQ(make_error("algorithm-selection", {{"window", 0}}),
+            p + "'window' must be an integer in [1, 1000000000] (got 0)");
+  EXPECT_EQ(make_error("algorithm-selection", {{"warmup_steps", -1}}),
+            p + "'warmup_steps' must be an integer in [0, 1000000000] (got -1)");
+  EXPECT_EQ(make_error("algorithm-selection", {{"threshold", 1}}),
+            p + "'threshold' must be a number in (0, 1) (got 1)");
+  EXPECT_EQ(make_error("algorithm-selection", {{"patience", 0}}),
+            p + "'patience' must be an integer in [1, 1000000] (got 0)");
+  EXPECT_EQ(make_error("algorithm-selection", {{"retry_windows", -2}}),
+            p + "'retry_windows' must be an integer in [0, 1000000000] (got -2)");
+  EXPECT_EQ(make_error("algorithm-selection", {{"algorithms", nlohmann::json::array()}}),
+            p + "'algorithms' must be a non-empty list of distinct names from ring, rhd, "
+                "clique, tree, star (got [])");
+  EXPECT_EQ(make_error("algorithm-selection", {{"algorithms", {"ring", "auto"}}}),
+            p + "'algorithms' must be a non-empty list of distinct names from ring, rhd, "
+                "clique, tree, star (got \"auto\")");
+  EXPECT_EQ(make_error("algorithm-selection", {{"algorithms", {"ring", "ring"}}}),
+            p + "'algorithms' must be a non-empty list of distinct names from ring, rhd, "
+                "clique, tree, star (\"ring\" is named twice)");
+  EXPECT_EQ(make_error("algorithm-selection", {{"message_bytes", -1}}),
+            p + "'message_bytes' must be an integer in [0, 1125899906842624] (got -1)");
+  EXPECT_EQ(make_error("algorithm-selection", {{"alpha", 2}}),
+            p + "'alpha' must be a number in [0, 1] (got 2)");
+  EXPECT_EQ(make_error("algorithm-selection", {{"beta", -1e-9}}),
+            p + "'beta' must be a number in [0, 1] (got -1e-09)");
+  EXPECT_EQ(make_error("algorithm-selection", {{"gamma", "fast"}}),
+            p + "'gamma' must be a number in [0, 1] (got \"fast\")");
+  EXPECT_EQ(make_error("algorithm-selection", {{"alpha", 0}, {"beta", 0}}),
+            p + "'beta' and alpha cannot both be 0 (the prior would predict no time)");
+  EXPECT_EQ(make_error("algorithm-selection", {{"windows", 5}}),
+            "algorithm-selection: unknown parameter 'windows' (known: algorithms, alpha, beta, "
+            "gamma, message_bytes, patience, retry_windows, threshold, warmup_steps, window)");
 }
 
 }  // namespace
