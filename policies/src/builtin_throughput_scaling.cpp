@@ -77,12 +77,14 @@ std::string num(double x) {
   return buf;
 }
 
-/// A worker-count bound: the parameter, else the setting, else `fallback`.
+/// A worker-count bound: the parameter, else the setting, else `fallback`. A setting below 1
+/// is no bound (the session reads max_workers <= 0 as unbounded too).
 std::int64_t bound(const std::optional<std::int64_t>& param, const nlohmann::json& settings,
                    const char* key, std::int64_t fallback) {
   if (param) return *param;
-  if (settings.contains(key) && settings[key].is_number_integer()) {
-    return settings[key].get<std::int64_t>();
+  if (settings.contains(key) && settings[key].is_number_integer() &&
+      settings[key].get<std::int64_t>() >= 1) {
+    return std::min(settings[key].get<std::int64_t>(), kMaxWorkers);
   }
   return fallback;
 }

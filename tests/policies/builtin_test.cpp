@@ -390,6 +390,10 @@ TEST(ThroughputScaling, WaitsForMinStepsAndBoundsTheTarget) {
   const Proposal p = d.step(35, throughput(100.0));
   EXPECT_EQ(p.workers, 5) << "2 + 4, bounded by the max_workers parameter";
   EXPECT_TRUE(mentions(p, "add 4 past 2; bounded by [2, 5]: 2 -> 5 workers")) << p.to_json().dump();
+  // A max_workers setting of 0 is no bound (as in the session); the parameter is absent here.
+  Driver open("throughput-scaling", {{"min_steps", 1}, {"every", 1}, {"warmup_steps", 0}},
+              {{"batch_size", 256}, {"max_workers", 0}}, 2);
+  EXPECT_EQ(open.step(1, throughput(100.0)).workers, 6);
 }
 
 TEST(ThroughputScaling, KeepsObservationsAcrossResizesButNotAcrossBatchChanges) {
