@@ -306,7 +306,9 @@ int main(int argc, char** argv) {
     for (const auto& [step, b] : batches) {
       std::printf(" %lld@%lld", static_cast<long long>(b), static_cast<long long>(step));
     }
-    const auto changes = session->changes().size() > 0 ? session->changes().size() - 1 : 0;
+    // Membership changes: resizes and recoveries (not the join, nor settings-only versions).
+    std::size_t changes = 0;
+    for (const auto& c : session->changes()) changes += c.kind == "resize" || c.kind == "recovery";
     std::printf("\nsteps %lld, %.1f s\n", static_cast<long long>(session->steps()),
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
     std::printf("final test accuracy: %.3f (workers at end: %d, membership changes: %zu)\n",

@@ -690,7 +690,8 @@ Session::Outcome Session::end_step() {
     return Outcome::committed;
   }
   ChangeRecord rec;
-  rec.kind = "resize";
+  // The same workers with other settings (a policy's batch size, say) is a "settings" change.
+  rec.kind = target.workers == peer_->cluster().workers ? "settings" : "resize";
   rec.from_version = current;
   rec.from_size = peer_->size();
   rec.to_version = target.version;

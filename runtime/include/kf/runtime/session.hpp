@@ -93,7 +93,7 @@ struct SessionOptions {
 /// the state) -> resume (the first step at the new size committed). The survivors' pause is
 /// from switch_us (or agreed_us) to synced_us.
 struct ChangeRecord {
-  std::string kind;  ///< "join" (this worker joined), "resize", "recovery"
+  std::string kind;  ///< "join" (this worker joined), "resize", "settings" (same workers), "recovery"
   std::string detail;
   std::uint64_t from_version = 0, to_version = 0;
   int from_size = 0, to_size = 0;
