@@ -62,7 +62,8 @@ Options read_options(const nlohmann::json& params) {
   o.threshold = r.number("threshold", o.threshold, {0.0, 1.0, true, true});
   o.patience = r.integer("patience", o.patience, 1, 1'000'000);
   o.retry_windows = r.integer("retry_windows", o.retry_windows, 0, kMaxSteps);
-  o.algorithms = r.choice_list("algorithms", o.algorithms, {"ring", "rhd", "clique", "tree", "star"});
+  o.algorithms =
+      r.choice_list("algorithms", o.algorithms, {"ring", "rhd", "clique", "tree", "star"});
   o.message_bytes = r.integer("message_bytes", o.message_bytes, 0, std::int64_t{1} << 50);
   o.link.alpha_s = r.number("alpha", o.link.alpha_s, {0.0, 1.0, false, false});
   o.link.beta_s_per_byte = r.number("beta", o.link.beta_s_per_byte, {0.0, 1.0, false, false});
@@ -128,9 +129,8 @@ class AlgorithmSelection final : public Policy {
 
   static std::string setting(const PolicyContext& ctx) {
     const auto& s = ctx.settings();
-    return s.contains("algorithm") && s["algorithm"].is_string()
-               ? s["algorithm"].get<std::string>()
-               : std::string("auto");
+    return s.contains("algorithm") && s["algorithm"].is_string() ? s["algorithm"].get<std::string>()
+                                                                 : std::string("auto");
   }
 
   void propose(PolicyContext& ctx, const std::string& algorithm, const std::string& why) {
@@ -154,8 +154,8 @@ class AlgorithmSelection final : public Policy {
     std::stable_sort(ranked.begin(), ranked.end(),
                      [](const auto& x, const auto& y) { return x.first < y.first; });
     ranking_.clear();
-    std::string why = "prior for " + std::to_string(ctx.workers()) + " workers, " +
-                      num(bytes) + " B:";
+    std::string why =
+        "prior for " + std::to_string(ctx.workers()) + " workers, " + num(bytes) + " B:";
     for (const auto& [t, name] : ranked) {
       ranking_.push_back(name);
       why += " " + name + " " + num(t * 1e6) + " us";
@@ -256,8 +256,8 @@ class AlgorithmSelection final : public Policy {
     if (bad_windows_ >= o_.patience) {
       tried_.insert(active_);
       const std::string why = active_ + ": algbw " + rate(w) + " < " + num(o_.threshold) +
-                              " x reference " + rate(ref) + " for " +
-                              std::to_string(bad_windows_) + " windows";
+                              " x reference " + rate(ref) + " for " + std::to_string(bad_windows_) +
+                              " windows";
       bad_windows_ = 0;
       for (const auto& candidate : ranking_) {
         if (tried_.count(candidate) > 0) continue;
@@ -287,15 +287,15 @@ class AlgorithmSelection final : public Policy {
 
   Options o_;
   std::optional<Config> config_;
-  std::vector<std::string> ranking_;  // the prior's order for config_
-  std::string preferred_;             // ranking_.front(): where a substitute switches back to
-  std::string active_;                // the algorithm that runs (the setting)
+  std::vector<std::string> ranking_;    // the prior's order for config_
+  std::string preferred_;               // ranking_.front(): where a substitute switches back to
+  std::string active_;                  // the algorithm that runs (the setting)
   std::optional<std::string> pending_;  // proposed, not yet in the settings
   std::int64_t pending_since_ = 0;
   std::map<std::pair<Config, std::string>, double> references_;  // algbw, bytes/s
   Mode mode_ = Mode::steady;
-  std::string back_to_;     // probation or retry: the algorithm to return to
-  double back_level_ = 0;   // ... and its last window
+  std::string back_to_;          // probation or retry: the algorithm to return to
+  double back_level_ = 0;        // ... and its last window
   std::set<std::string> tried_;  // this degradation episode
   std::int64_t bad_windows_ = 0;
   std::int64_t displaced_windows_ = 0;

@@ -60,11 +60,11 @@ Options read_options(const nlohmann::json& params) {
   Options o;
   o.every = r.integer("every", o.every, 1, kMaxSteps);
   o.min_efficiency = r.number("min_efficiency", o.min_efficiency, {0.0, 1.0, true, false});
-  o.lr_rule_name = r.choice("lr_rule", o.lr_rule_name,
-                            {"linear", "sqrt", "adascale", "adamscale", "none"});
-  o.lr_rule = o.lr_rule_name == "linear"     ? LrRule::linear
-              : o.lr_rule_name == "sqrt"     ? LrRule::sqrt
-              : o.lr_rule_name == "adascale" ? LrRule::adascale
+  o.lr_rule_name =
+      r.choice("lr_rule", o.lr_rule_name, {"linear", "sqrt", "adascale", "adamscale", "none"});
+  o.lr_rule = o.lr_rule_name == "linear"      ? LrRule::linear
+              : o.lr_rule_name == "sqrt"      ? LrRule::sqrt
+              : o.lr_rule_name == "adascale"  ? LrRule::adascale
               : o.lr_rule_name == "adamscale" ? LrRule::adamscale
                                               : LrRule::none;
   o.base_batch = r.optional_integer("base_batch", 1, kMaxInt);
@@ -148,8 +148,8 @@ class GnsBatchSize final : public Policy {
         const auto& s = ctx.settings();
         if (!s.contains("lr") || !s["lr"].is_number() || !(s["lr"].get<double>() > 0.0)) {
           throw std::runtime_error(std::string(kName) + ": the settings have no positive 'lr' " +
-                                   "and no base_lr parameter is given (lr_rule " +
-                                   o_.lr_rule_name + " scales it)");
+                                   "and no base_lr parameter is given (lr_rule " + o_.lr_rule_name +
+                                   " scales it)");
         }
         lr0 = s["lr"].get<double>();
       }
@@ -208,22 +208,21 @@ class GnsBatchSize final : public Policy {
                double change) {
     const auto m0 = static_cast<double>(base_batch_);
     const double eff = monitor::efficiency(phi, m0, static_cast<double>(target));
-    std::string why = "B_simple=" + (std::isfinite(phi) ? num(phi) : "inf (noise-dominated)") +
-                      ", M0=" + std::to_string(base_batch_) + ": target " +
-                      std::to_string(target) + " (E=" + num(eff) + ", min_efficiency " +
-                      num(o_.min_efficiency) + ", bounds [" + std::to_string(min_batch_) + ", " +
-                      std::to_string(max_batch_) + "], multiple of " +
-                      std::to_string(o_.multiple_of) + ") is " + (change > 0 ? "+" : "") +
-                      num(100.0 * change) + "% from " + std::to_string(current) + " for " +
-                      std::to_string(streak_) + " evaluations";
+    std::string why =
+        "B_simple=" + (std::isfinite(phi) ? num(phi) : "inf (noise-dominated)") +
+        ", M0=" + std::to_string(base_batch_) + ": target " + std::to_string(target) +
+        " (E=" + num(eff) + ", min_efficiency " + num(o_.min_efficiency) + ", bounds [" +
+        std::to_string(min_batch_) + ", " + std::to_string(max_batch_) + "], multiple of " +
+        std::to_string(o_.multiple_of) + ") is " + (change > 0 ? "+" : "") + num(100.0 * change) +
+        "% from " + std::to_string(current) + " for " + std::to_string(streak_) + " evaluations";
     ctx.set_batch_size(target, why);
     if (o_.lr_rule != LrRule::none) {
       const double scale = static_cast<double>(target) / m0;
       const double gain = scale * eff;  // r(S) = S·E(M), §3.2
       const double factor = lr_factor(o_.lr_rule, scale, gain);
-      ctx.set_learning_rate(base_lr_ * factor,
-                            o_.lr_rule_name + ": S=" + num(scale) + ", r(S)=" + num(gain) +
-                                ", lr=" + num(base_lr_) + " x " + num(factor));
+      ctx.set_learning_rate(base_lr_ * factor, o_.lr_rule_name + ": S=" + num(scale) +
+                                                   ", r(S)=" + num(gain) + ", lr=" + num(base_lr_) +
+                                                   " x " + num(factor));
     }
     quiet_until_ = ctx.step() + o_.cooldown;
     streak_ = 0;

@@ -40,8 +40,7 @@ std::string format_number(double value) {
 }
 
 ParamReader::ParamReader(std::string policy, const nlohmann::json& params)
-    : policy_(std::move(policy)),
-      params_(params.is_null() ? nlohmann::json::object() : params) {
+    : policy_(std::move(policy)), params_(params.is_null() ? nlohmann::json::object() : params) {
   if (!params_.is_object()) {
     throw std::invalid_argument(policy_ + ": params must be a mapping of parameters (got " +
                                 describe(params_) + ")");
@@ -84,9 +83,9 @@ std::int64_t ParamReader::integer(const char* name, std::int64_t fallback, std::
 std::optional<double> ParamReader::optional_number(const char* name, NumberRange range) {
   const nlohmann::json* v = find(name);
   if (v == nullptr) return std::nullopt;
-  const std::string expected = std::string("must be a number in ") +
-                               (range.low_open ? "(" : "[") + format_number(range.low) + ", " +
-                               format_number(range.high) + (range.high_open ? ")" : "]");
+  const std::string expected = std::string("must be a number in ") + (range.low_open ? "(" : "[") +
+                               format_number(range.low) + ", " + format_number(range.high) +
+                               (range.high_open ? ")" : "]");
   if (!v->is_number()) fail(name, expected + " (got " + describe(*v) + ")");
   const double x = v->get<double>();
   const bool low_ok = range.low_open ? x > range.low : x >= range.low;
@@ -111,9 +110,9 @@ std::string ParamReader::choice(const char* name, std::string fallback,
   return v->get<std::string>();
 }
 
-std::vector<std::string> ParamReader::choice_list(
-    const char* name, std::vector<std::string> fallback,
-    std::initializer_list<std::string_view> choices) {
+std::vector<std::string> ParamReader::choice_list(const char* name,
+                                                  std::vector<std::string> fallback,
+                                                  std::initializer_list<std::string_view> choices) {
   const nlohmann::json* v = find(name);
   if (v == nullptr) return fallback;
   const std::string expected = "must be a non-empty list of distinct names from " + list(choices);

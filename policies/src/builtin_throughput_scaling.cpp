@@ -65,8 +65,8 @@ Options read_options(const nlohmann::json& params) {
   o.max_workers = r.optional_integer("max_workers", 1, kMaxWorkers);
   r.reject_unknown();
   if (o.min_workers && o.max_workers && *o.min_workers > *o.max_workers) {
-    r.fail("min_workers", "must not exceed max_workers (" + std::to_string(*o.min_workers) +
-                              " > " + std::to_string(*o.max_workers) + ")");
+    r.fail("min_workers", "must not exceed max_workers (" + std::to_string(*o.min_workers) + " > " +
+                              std::to_string(*o.max_workers) + ")");
   }
   return o;
 }
@@ -174,8 +174,8 @@ class ThroughputScaling final : public Policy {
       why += "; bounded by [" + std::to_string(lo) + ", " +
              (hi == kMaxWorkers ? std::string("unbounded") : std::to_string(hi)) + "]";
     }
-    ctx.resize(target, why + ": " + std::to_string(k) + " -> " + std::to_string(target) +
-                           " workers");
+    ctx.resize(target,
+               why + ": " + std::to_string(k) + " -> " + std::to_string(target) + " workers");
     remove_streak_ = 0;
     quiet_until_ = ctx.step() + o_.cooldown;
   }
@@ -206,9 +206,9 @@ class ThroughputScaling final : public Policy {
   int workers_ = 0;
   nlohmann::json batch_;
   nlohmann::json algorithm_;
-  std::int64_t discard_ = 0;       // warm-up steps still to discard
+  std::int64_t discard_ = 0;        // warm-up steps still to discard
   std::int64_t remove_streak_ = 0;  // consecutive evaluations that would give workers back
-  std::int64_t quiet_until_ = 0;   // no proposal before this step (the cool-down)
+  std::int64_t quiet_until_ = 0;    // no proposal before this step (the cool-down)
 };
 
 }  // namespace

@@ -117,28 +117,26 @@ TEST(BuiltinPolicies, RejectParamsThatAreNotAMapping) {
   for (const std::string name : {"gns-batch-size", "throughput-scaling", "algorithm-selection"}) {
     EXPECT_EQ(make_error(name, nlohmann::json::array({1})),
               name + ": params must be a mapping of parameters (got [1])");
-    EXPECT_EQ(make_error(name, {{"bogus", 1}}).rfind(name + ": unknown parameter 'bogus' (known: ", 0),
-              0u);
+    EXPECT_EQ(
+        make_error(name, {{"bogus", 1}}).rfind(name + ": unknown parameter 'bogus' (known: ", 0),
+        0u);
   }
 }
 
 // ---- gns-batch-size -----------------------------------------------------------------------
 
 std::map<std::string, double> gns(double b_simple, bool valid = true) {
-  std::map<std::string, double> m{{"gns.valid", valid ? 1.0 : 0.0},
-                                  {"gns.noise_dominated", 0.0}};
+  std::map<std::string, double> m{{"gns.valid", valid ? 1.0 : 0.0}, {"gns.noise_dominated", 0.0}};
   m["gns.b_simple"] = b_simple;
   return m;
 }
 
 std::map<std::string, double> noise_dominated() {
-  return {{"gns.valid", 1.0}, {"gns.noise_dominated", 1.0}, {"gns.sqr", 0.0},
-          {"gns.tr_sigma", 1000.0}};
+  return {
+      {"gns.valid", 1.0}, {"gns.noise_dominated", 1.0}, {"gns.sqr", 0.0}, {"gns.tr_sigma", 1000.0}};
 }
 
-nlohmann::json base_settings() {
-  return {{"batch_size", 128}, {"lr", 0.1}, {"algorithm", "ring"}};
-}
+nlohmann::json base_settings() { return {{"batch_size", 128}, {"lr", 0.1}, {"algorithm", "ring"}}; }
 
 TEST(GnsBatchSize, DecidesNothingUntilTheEstimateIsValid) {
   Driver d("gns-batch-size", {{"every", 10}, {"patience", 1}, {"max_batch", 100000}},
@@ -159,9 +157,10 @@ TEST(GnsBatchSize, DecidesNothingUntilTheEstimateIsValid) {
 
 // KAT-EFF: phi = 1000 at M0 = 128, S = 8 (max_batch 1024), eta0 = 0.1.
 TEST(GnsBatchSize, SetsTheLearningRateOfEachRuleWithTheBatch) {
-  const std::map<std::string, double> expected{
-      {"linear", 0.8}, {"sqrt", 0.282842712}, {"adascale", 0.445849802},
-      {"adamscale", 0.211151558}};
+  const std::map<std::string, double> expected{{"linear", 0.8},
+                                               {"sqrt", 0.282842712},
+                                               {"adascale", 0.445849802},
+                                               {"adamscale", 0.211151558}};
   for (const auto& [rule, lr] : expected) {
     Driver d("gns-batch-size",
              {{"every", 10}, {"patience", 3}, {"max_batch", 1024}, {"lr_rule", rule}},
@@ -201,8 +200,12 @@ TEST(GnsBatchSize, TargetFollowsMinEfficiencyBoundsAndMultiple) {
   EXPECT_TRUE(mentions(p, "noise-dominated")) << p.to_json().dump();
   // min_batch above the target, and a multiple that rounds up to stay within the bounds.
   Driver lo("gns-batch-size",
-            {{"every", 1}, {"patience", 1}, {"min_batch", 300}, {"max_batch", 1000},
-             {"multiple_of", 256}, {"lr_rule", "linear"}},
+            {{"every", 1},
+             {"patience", 1},
+             {"min_batch", 300},
+             {"max_batch", 1000},
+             {"multiple_of", 256},
+             {"lr_rule", "linear"}},
             base_settings(), 4);
   lo.before_train();
   const Proposal q = lo.step(1, gns(0.0));
@@ -252,8 +255,12 @@ TEST(GnsBatchSize, CoolsDownAfterAChangeAndShrinksBackToTheBase) {
 
 TEST(GnsBatchSize, BaseParametersOverrideTheSettings) {
   Driver d("gns-batch-size",
-           {{"every", 1}, {"patience", 1}, {"base_batch", 64}, {"base_lr", 0.05},
-            {"lr_rule", "linear"}, {"max_batch", 512}},
+           {{"every", 1},
+            {"patience", 1},
+            {"base_batch", 64},
+            {"base_lr", 0.05},
+            {"lr_rule", "linear"},
+            {"max_batch", 512}},
            base_settings(), 4);
   d.before_train();
   const Proposal p = d.step(1, noise_dominated());
@@ -325,10 +332,10 @@ struct Decision {
 
 // KAT-THR-3: R = {4: 400, 8: 720, 12: 900, 16: 960}; at threshold 0.25 the target is 12.
 TEST(ThroughputScaling, AddsWhilePairsPassThenSettlesAtTheFirstFailingCount) {
-  Driver d("throughput-scaling",
-           {{"threshold", 0.25}, {"spawn_size", 4}, {"min_steps", 10}, {"every", 10},
-            {"cooldown", 0}},
-           {{"batch_size", 256}, {"lr", 0.1}, {"algorithm", "ring"}}, 4);
+  Driver d(
+      "throughput-scaling",
+      {{"threshold", 0.25}, {"spawn_size", 4}, {"min_steps", 10}, {"every", 10}, {"cooldown", 0}},
+      {{"batch_size", 256}, {"lr", 0.1}, {"algorithm", "ring"}}, 4);
   const std::map<int, double> rate{{4, 400.0}, {8, 720.0}, {12, 900.0}, {16, 960.0}};
   std::vector<Decision> decisions;
   for (std::int64_t s = 1; s <= 300; ++s) {
@@ -362,8 +369,12 @@ TEST(ThroughputScaling, AddsWhilePairsPassThenSettlesAtTheFirstFailingCount) {
 
 TEST(ThroughputScaling, GivingWorkersBackNeedsConsecutiveEvaluations) {
   Driver d("throughput-scaling",
-           {{"spawn_size", 4}, {"min_steps", 1}, {"every", 1}, {"warmup_steps", 0},
-            {"cooldown", 0}, {"min_consecutive_passes_for_remove", 2}},
+           {{"spawn_size", 4},
+            {"min_steps", 1},
+            {"every", 1},
+            {"warmup_steps", 0},
+            {"cooldown", 0},
+            {"min_consecutive_passes_for_remove", 2}},
            {{"batch_size", 256}, {"max_workers", 8}}, 4);
   EXPECT_EQ(d.step(1, throughput(400.0)).workers, 8);
   // R(8) = 420: s(4->8) = 0.05 fails: give back 4 workers, but only at the second evaluation.
@@ -397,10 +408,10 @@ TEST(ThroughputScaling, WaitsForMinStepsAndBoundsTheTarget) {
 }
 
 TEST(ThroughputScaling, KeepsObservationsAcrossResizesButNotAcrossBatchChanges) {
-  Driver d("throughput-scaling",
-           {{"spawn_size", 2}, {"min_steps", 1}, {"every", 1}, {"warmup_steps", 0},
-            {"cooldown", 0}},
-           {{"batch_size", 256}}, 2);
+  Driver d(
+      "throughput-scaling",
+      {{"spawn_size", 2}, {"min_steps", 1}, {"every", 1}, {"warmup_steps", 0}, {"cooldown", 0}},
+      {{"batch_size", 256}}, 2);
   EXPECT_EQ(d.step(1, throughput(200.0)).workers, 4);
   EXPECT_EQ(d.step(2, throughput(400.0)).workers, 6) << "R(2) kept: s(2->4) = 1 passes";
   d.inputs().settings["batch_size"] = 512;  // another batch: the old throughputs do not count
@@ -443,8 +454,7 @@ constexpr double kMessage = 4 * 1024 * 1024;
 
 /// One step that allreduced kMessage bytes at `gbps` GB/s.
 std::map<std::string, double> comm(double gbps) {
-  return {{"comm_bytes", kMessage}, {"comm_time", kMessage / (gbps * 1e9)},
-          {"algbw", gbps * 1e9}};
+  return {{"comm_bytes", kMessage}, {"comm_time", kMessage / (gbps * 1e9)}, {"algbw", gbps * 1e9}};
 }
 
 /// Runs steps [from, to] at `gbps`, returning the proposals made.
@@ -463,8 +473,9 @@ TEST(AlgorithmSelection, StartsFromThePriorArgmin) {
   Driver d("algorithm-selection", {}, {{"algorithm", "ring"}}, 4);
   const Proposal p = d.step(1, comm(1.0));
   EXPECT_EQ(p.algorithm, "rhd");
-  EXPECT_TRUE(mentions(p, "prior for 4 workers, 4.1943e+06 B: rhd 3205.73 us ring 3235.73 us "
-                          "clique 3235.73 us tree 8448.61 us star 12672.9 us"))
+  EXPECT_TRUE(mentions(p,
+                       "prior for 4 workers, 4.1943e+06 B: rhd 3205.73 us ring 3235.73 us "
+                       "clique 3235.73 us tree 8448.61 us star 12672.9 us"))
       << p.to_json().dump();
   EXPECT_TRUE(run(d, 2, 500, 1.0).empty()) << "steady bandwidth: no further change";
   // A new configuration ranks again: on 3 workers the folded rhd loses to ring.
@@ -492,8 +503,9 @@ TEST(AlgorithmSelection, TriesTheNextBestOnDegradationAndSwitchesBack) {
   ASSERT_EQ(ds.size(), 1u);
   EXPECT_EQ(ds[0].step, 11);
   EXPECT_EQ(ds[0].proposal.algorithm, "ring");
-  EXPECT_TRUE(mentions(ds[0].proposal, "rhd: algbw 0.7 GB/s < 0.8 x reference 1 GB/s for 1 "
-                                       "windows: try ring (next by the prior) for a window"))
+  EXPECT_TRUE(mentions(ds[0].proposal,
+                       "rhd: algbw 0.7 GB/s < 0.8 x reference 1 GB/s for 1 "
+                       "windows: try ring (next by the prior) for a window"))
       << ds[0].proposal.to_json().dump();
   // ring's probation window (steps 13-17, after one warm-up step) at 0.9 beats 0.7: it stays.
   EXPECT_TRUE(run(d, 12, 17, 0.9).empty());
@@ -502,15 +514,17 @@ TEST(AlgorithmSelection, TriesTheNextBestOnDegradationAndSwitchesBack) {
   ASSERT_EQ(ds.size(), 1u);
   EXPECT_EQ(ds[0].step, 32);
   EXPECT_EQ(ds[0].proposal.algorithm, "rhd");
-  EXPECT_TRUE(mentions(ds[0].proposal, "ring has run for 3 windows at 0.9 GB/s: probe rhd "
-                                       "again (reference 1 GB/s)"));
+  EXPECT_TRUE(mentions(ds[0].proposal,
+                       "ring has run for 3 windows at 0.9 GB/s: probe rhd "
+                       "again (reference 1 GB/s)"));
   // Still slow (0.6 < 0.8 and <= ring's 0.9): back to ring, rhd's reference kept.
   ds = run(d, 33, 38, 0.6);
   ASSERT_EQ(ds.size(), 1u);
   EXPECT_EQ(ds[0].step, 38);
   EXPECT_EQ(ds[0].proposal.algorithm, "ring");
-  EXPECT_TRUE(mentions(ds[0].proposal, "rhd probed again: 0.6 GB/s < 0.8 x its reference 1 GB/s "
-                                       "and <= ring's 0.9 GB/s: back to ring"));
+  EXPECT_TRUE(mentions(ds[0].proposal,
+                       "rhd probed again: 0.6 GB/s < 0.8 x its reference 1 GB/s "
+                       "and <= ring's 0.9 GB/s: back to ring"));
   ds = run(d, 39, 54, 0.9);
   ASSERT_EQ(ds.size(), 1u);
   EXPECT_EQ(ds[0].step, 54);
@@ -533,8 +547,9 @@ TEST(AlgorithmSelection, ReturnsFromAFailedProbationAndRebaselinesWhenAllAreWors
   ASSERT_EQ(ds.size(), 1u);
   EXPECT_EQ(ds[0].step, 17);
   EXPECT_EQ(ds[0].proposal.algorithm, "rhd");
-  EXPECT_TRUE(mentions(ds[0].proposal, "ring on probation: 0.5 GB/s <= rhd's 0.7 GB/s: back to "
-                                       "rhd (its reference 1 GB/s kept)"))
+  EXPECT_TRUE(mentions(ds[0].proposal,
+                       "ring on probation: 0.5 GB/s <= rhd's 0.7 GB/s: back to "
+                       "rhd (its reference 1 GB/s kept)"))
       << ds[0].proposal.to_json().dump();
   // rhd is still degraded: the next candidate, tree, gets its window, and loses too.
   ds = run(d, 18, 23, 0.7);
