@@ -125,6 +125,11 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "initial weights (rank 0's are used)")->capture_default_str();
   app.add_option("--limit", limit, "train on the first N images only (0: all)");
   app.add_flag("--no-overlap", no_overlap, "one allreduce after backward instead of buckets");
+  std::int64_t eval_every = 0;
+  app.add_option("--eval-every", eval_every,
+                 "also evaluate every N training samples; prints 'eval samples S step T "
+                 "train_time SECONDS test accuracy A batch B' (train_time leaves evaluations out)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   app.add_option("--stop-at", stop_at, "stop once the test accuracy reaches this (0: never)")
       ->check(CLI::Range(0.0, 1.0));
   try {
@@ -195,6 +200,30 @@ int main(int argc, char** argv) {
   const auto t_start = std::chrono::steady_clock::now();
   // After each membership change every worker prints the model it holds, so that a joiner's
   // state can be checked against the survivors' ("membership v4 step 120 params <hash>").
+  // Every worker evaluates its shard of the test set; one allreduce adds them up. The time it
+  // takes is kept out of train_seconds().
+  double eval_seconds = 0;
+  const auto evaluate = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    torch::NoGradGuard no_grad;
+    const std::size_t n = test.images.count;
+    const std::size_t lo = n * session->rank() / session->size();
+    const std::size_t hi = n * (session->rank() + 1) / session->size();
+    double counts[2] = {0, static_cast<double>(hi - lo)};
+    for (std::size_t at = lo; at < hi; at += 1000) {
+      std::vector<std::size_t> idx;
+      for (std::size_t i = at; i < std::min(hi, at + 1000); ++i) idx.push_back(i);
+      auto [x, y] = batch_of(test, idx);
+      counts[0] += forward(x).argmax(1).eq(y).sum().item<double>();
+    }
+    session->peer().allreduce("fmnist.eval", kf::buffer(counts, 2), kf::buffer(counts, 2)).wait();
+    eval_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return counts[0] / counts[1];
+  };
+  const auto train_seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count() -
+           eval_seconds;
+  };
   std::size_t changes_seen = 0;
   const auto print_changes = [&] {
     for (; changes_seen < session->changes().size(); ++changes_seen) {
@@ -236,23 +265,21 @@ int main(int argc, char** argv) {
         opt->step();
         sampler.advance(static_cast<std::size_t>(gbatch));
         position = static_cast<std::int64_t>(sampler.position());
-        if (sampler.epoch_done()) {
-          // Every worker evaluates its shard of the test set; one allreduce adds them up.
-          torch::NoGradGuard no_grad;
-          const std::size_t n = test.images.count;
-          const std::size_t lo = n * session->rank() / session->size();
-          const std::size_t hi = n * (session->rank() + 1) / session->size();
-          double counts[2] = {0, static_cast<double>(hi - lo)};
-          for (std::size_t at = lo; at < hi; at += 1000) {
-            std::vector<std::size_t> idx;
-            for (std::size_t i = at; i < std::min(hi, at + 1000); ++i) idx.push_back(i);
-            auto [x, y] = batch_of(test, idx);
-            counts[0] += forward(x).argmax(1).eq(y).sum().item<double>();
+        const std::int64_t trained =
+            epoch * static_cast<std::int64_t>(train_count) + position;  // samples so far
+        if (eval_every > 0 && trained / eval_every != (trained - static_cast<std::int64_t>(total)) /
+                                                           eval_every) {
+          const double acc = evaluate();
+          if (session->rank() == 0) {
+            std::printf("eval samples %lld step %lld train_time %.3f test accuracy %.4f batch %lld\n",
+                        static_cast<long long>(trained),
+                        static_cast<long long>(session->steps() + 1), train_seconds(), acc,
+                        static_cast<long long>(gbatch));
+            std::fflush(stdout);
           }
-          session->peer()
-              .allreduce("fmnist.eval", kf::buffer(counts, 2), kf::buffer(counts, 2))
-              .wait();
-          accuracy_ppm = std::llround(counts[0] / counts[1] * 1e6);
+        }
+        if (sampler.epoch_done()) {
+          accuracy_ppm = std::llround(evaluate() * 1e6);
           ++epoch;
           position = 0;
           if (session->rank() == 0) {
