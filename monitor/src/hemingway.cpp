@@ -136,7 +136,7 @@ double ConvergenceModel::iterations_to(double target, double machines) const noe
     }
   }
   if (!decreasing) return floor <= target ? 0.0 : kInf;  // g is constant
-  if (floor >= target) return kInf;                        // approached from above, never met
+  if (floor >= target) return kInf;                      // approached from above, never met
   if (terms == default_convergence_terms()) {
     // ε·i² − a·i − λ3 = 0, the positive root.
     const double a = lambda[0] + lambda[1] * machines;

@@ -40,7 +40,8 @@ void check_vector(std::span<const double> v, std::size_t expected, const char* w
   }
   for (double e : v) {
     if (!std::isfinite(e)) {
-      throw std::invalid_argument(std::string(who) + ": " + what + " has a value that is not finite");
+      throw std::invalid_argument(std::string(who) + ": " + what +
+                                  " has a value that is not finite");
     }
   }
 }

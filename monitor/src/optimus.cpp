@@ -323,8 +323,7 @@ int workers_by_marginal_gain(const SpeedModel& model, double global_batch, Worke
   require(remaining_steps >= 0.0, "workers_by_marginal_gain: remaining_steps must be >= 0");
   int w = range.min_workers;
   while (w < range.max_workers) {
-    const double saved =
-        model.step_time(global_batch, w) - model.step_time(global_batch, w + 1);
+    const double saved = model.step_time(global_batch, w) - model.step_time(global_batch, w + 1);
     // Q = +∞ with saved > 0 adds the worker; saved ≤ 0 never does (no ∞·0).
     if (!(saved > 0.0) || !(remaining_steps * saved >= min_gain_seconds)) break;
     ++w;

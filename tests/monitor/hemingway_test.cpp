@@ -55,8 +55,8 @@ std::vector<ConvergencePoint> hem2_points(const ConvergenceModel& g) {
 
 TEST(HemingwayKat, Hem1SystemModel) {
   const std::vector<double> ms{1, 2, 4, 8, 16, 32};
-  const std::vector<double> f{40.52, 20.747944154, 10.995888308, 6.283832463, 4.151776617,
-                              3.429720771};
+  const std::vector<double> f{40.52,       20.747944154, 10.995888308,
+                              6.283832463, 4.151776617,  3.429720771};
   std::vector<SystemPoint> pts;
   for (std::size_t i = 0; i < ms.size(); ++i) {
     EXPECT_NEAR(kTheta.iteration_time(ms[i]), f[i], 5e-10) << ms[i];
@@ -172,8 +172,8 @@ TEST(Hemingway, StartOffsetCountsOnlyTheIterationsLeft) {
   c.start_iterations = 30.0;
   const double i_left = c.convergence.iterations_to(0.1, 14) - 30.0;
   EXPECT_NEAR(c.time_to(0.1, 14), i_left * kTheta.iteration_time(14), 1e-9);
-  EXPECT_NEAR(c.loss_after(100.0, 8), c.convergence.loss(30.0 + 100.0 / kTheta.iteration_time(8), 8),
-              1e-15);
+  EXPECT_NEAR(c.loss_after(100.0, 8),
+              c.convergence.loss(30.0 + 100.0 / kTheta.iteration_time(8), 8), 1e-15);
   c.start_iterations = 1e6;  // already there: no time needed anywhere, the smallest m wins
   const MachineChoice done = best_machines_for_target(c, 0.1);
   EXPECT_EQ(done.machines, 1);
@@ -217,8 +217,7 @@ TEST(Hemingway, RejectsBadInputs) {
     EXPECT_THROW(fit_system_model(std::vector<SystemPoint>{{bad, 1, 1}}), std::invalid_argument);
     EXPECT_THROW(fit_system_model(std::vector<SystemPoint>{{1, bad, 1}}), std::invalid_argument);
     EXPECT_THROW(fit_system_model(std::vector<SystemPoint>{{1, 1, bad}}), std::invalid_argument);
-    EXPECT_THROW(fit_system_model(std::vector<SystemPoint>{{1, 1, 1, bad}}),
-                 std::invalid_argument);
+    EXPECT_THROW(fit_system_model(std::vector<SystemPoint>{{1, 1, 1, bad}}), std::invalid_argument);
     EXPECT_THROW(fit_convergence_model(std::vector<ConvergencePoint>{{bad, 1, 1}}),
                  std::invalid_argument);
     EXPECT_THROW(fit_convergence_model(std::vector<ConvergencePoint>{{1, bad, 1}}),
@@ -227,9 +226,9 @@ TEST(Hemingway, RejectsBadInputs) {
   EXPECT_THROW(fit_convergence_model(std::vector<ConvergencePoint>{{1, 1, kNaN}}),
                std::invalid_argument);
   EXPECT_THROW(fit_convergence_model({}, {.terms = {}}), std::invalid_argument);
-  EXPECT_THROW(fit_convergence_model(
-                   {}, {.terms = {ConvergenceTerm::inv_i, ConvergenceTerm::inv_i}}),
-               std::invalid_argument);
+  EXPECT_THROW(
+      fit_convergence_model({}, {.terms = {ConvergenceTerm::inv_i, ConvergenceTerm::inv_i}}),
+      std::invalid_argument);
   CombinedModel c = kat_combined();
   EXPECT_THROW(best_machines_for_time(c, 0.0), std::invalid_argument);
   EXPECT_THROW(best_machines_for_time(c, kInf), std::invalid_argument);

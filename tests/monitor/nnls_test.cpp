@@ -99,9 +99,9 @@ TEST(NnlsKat, OptS1RecoversTheParameterServerModel) {
       y.push_back(t);
     }
   }
-  EXPECT_NEAR(y[0], 0.607, 1e-12);                 // t(1, 1)
-  EXPECT_NEAR(y[5 + 2], 0.288, 1e-12);             // t(2, 4)
-  EXPECT_NEAR(y[10 + 4], 0.382, 1e-12);            // t(4, 16)
+  EXPECT_NEAR(y[0], 0.607, 1e-12);       // t(1, 1)
+  EXPECT_NEAR(y[5 + 2], 0.288, 1e-12);   // t(2, 4)
+  EXPECT_NEAR(y[10 + 4], 0.382, 1e-12);  // t(4, 16)
   const NnlsResult r = nnls(a, y);
   ASSERT_TRUE(r.converged);
   for (std::size_t j = 0; j < theta.size(); ++j) EXPECT_NEAR(r.x[j], theta[j], 1e-9) << j;
@@ -217,9 +217,9 @@ TEST(Nnls, RejectsBadShapesAndValues) {
   EXPECT_THROW(nnls({{1.0}, {std::numeric_limits<double>::infinity()}, {3.0}}, y3),
                std::invalid_argument);
   EXPECT_THROW(full_column_rank({}), std::invalid_argument);
-  EXPECT_THROW(sum_squared_residuals({{1.0}}, std::vector<double>{1.0, 2.0},
-                                     std::vector<double>{1.0}),
-               std::invalid_argument);
+  EXPECT_THROW(
+      sum_squared_residuals({{1.0}}, std::vector<double>{1.0, 2.0}, std::vector<double>{1.0}),
+      std::invalid_argument);
   try {
     nnls({{1.0, 2.0}, {1.0}}, std::vector<double>{1.0, 2.0});
     FAIL() << "no exception";

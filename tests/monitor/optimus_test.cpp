@@ -212,7 +212,7 @@ TEST(OptimusKat, S2AllreduceModelAndItsOptimum) {
   EXPECT_EQ(workers_by_speedup(m, 512, {1, 64}, 0.02), 17);
   EXPECT_EQ(workers_by_marginal_gain(m, 512, {1, 64}, 10000.0, 60.0), 15);
   EXPECT_EQ(workers_by_marginal_gain(m, 512, {1, 10}, 10000.0, 60.0), 10);
-  EXPECT_EQ(workers_by_marginal_gain(m, 512, {1, 64}, 0.0, 60.0), 1);   // nothing left to do
+  EXPECT_EQ(workers_by_marginal_gain(m, 512, {1, 64}, 0.0, 60.0), 1);    // nothing left to do
   EXPECT_EQ(workers_by_marginal_gain(m, 512, {1, 64}, kInf, 60.0), 26);  // up to the fastest
 }
 

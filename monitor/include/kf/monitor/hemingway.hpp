@@ -36,8 +36,8 @@ struct SystemModel {
 /// One measured configuration (Ernest: a run at m machines on a data scale `size`).
 struct SystemPoint {
   double machines = 0.0;
-  double size = 1.0;             ///< the data scale (the global batch for a training step)
-  double iteration_time = 0.0;   ///< seconds
+  double size = 1.0;            ///< the data scale (the global batch for a training step)
+  double iteration_time = 0.0;  ///< seconds
   double weight = 1.0;
 };
 
@@ -65,11 +65,11 @@ SystemFit fit_system_model(std::span<const SystemPoint> points,
 
 /// The basis functions of g; every one is non-increasing in i, so that g is.
 enum class ConvergenceTerm : std::uint8_t {
-  constant,         ///< 1 (a loss floor)
-  inv_i,            ///< 1/i
-  m_over_i,         ///< m/i
-  inv_i2,           ///< 1/i²
-  inv_sqrt_i,       ///< 1/√i
+  constant,    ///< 1 (a loss floor)
+  inv_i,       ///< 1/i
+  m_over_i,    ///< m/i
+  inv_i2,      ///< 1/i²
+  inv_sqrt_i,  ///< 1/√i
 };
 std::string_view to_string(ConvergenceTerm term) noexcept;
 

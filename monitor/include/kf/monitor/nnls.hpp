@@ -28,11 +28,11 @@ struct NnlsOptions {
 };
 
 struct NnlsResult {
-  std::vector<double> x;           ///< the solution, x ≥ 0
-  double residual_norm = 0.0;      ///< ‖Ax − y‖₂
-  std::vector<double> kkt;         ///< Aᵀ(y − Ax): 0 where x_j > 0, ≤ 0 (to tolerance) where 0
-  std::size_t iterations = 0;      ///< outer iterations (columns that entered the passive set)
-  bool converged = true;           ///< false when the iteration cap stopped it
+  std::vector<double> x;       ///< the solution, x ≥ 0
+  double residual_norm = 0.0;  ///< ‖Ax − y‖₂
+  std::vector<double> kkt;     ///< Aᵀ(y − Ax): 0 where x_j > 0, ≤ 0 (to tolerance) where 0
+  std::size_t iterations = 0;  ///< outer iterations (columns that entered the passive set)
+  bool converged = true;       ///< false when the iteration cap stopped it
   /// A column was refused for linear dependence on the passive ones (in exact arithmetic such a
   /// column has a zero gradient and never tries to enter; rounding can make it try).
   bool rank_deficient = false;

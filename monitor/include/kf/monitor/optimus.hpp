@@ -21,11 +21,11 @@ namespace kf::monitor {
 /// Why a fit cannot be used; `ok` when it can.
 enum class FitStatus : std::uint8_t {
   ok,
-  too_few_points,  ///< fewer distinct configurations (or x values) than parameters
-  rank_deficient,  ///< the design's columns are linearly dependent
-  no_trend,        ///< loss model: no decreasing trend (a = 0), so β1 would be infinite
-  saturated,       ///< loss model: the best c is at the top of its grid (β1 ≈ 0)
-  not_converged,   ///< NNLS hit its iteration cap
+  too_few_points,      ///< fewer distinct configurations (or x values) than parameters
+  rank_deficient,      ///< the design's columns are linearly dependent
+  no_trend,            ///< loss model: no decreasing trend (a = 0), so β1 would be infinite
+  saturated,           ///< loss model: the best c is at the top of its grid (β1 ≈ 0)
+  not_converged,       ///< NNLS hit its iteration cap
   residual_too_large,  ///< the relative RMS residual exceeds the bound given
 };
 std::string_view to_string(FitStatus status) noexcept;
@@ -50,12 +50,12 @@ struct LossModel {
 double remaining_epochs(double target_epoch, double k_now) noexcept;
 
 struct LossFitOptions {
-  double c_min = 1e-6;            ///< the log grid of c = β0/β1 (§5.1)
+  double c_min = 1e-6;  ///< the log grid of c = β0/β1 (§5.1)
   double c_max = 1e2;
   int grid_points = 401;
-  int golden_iterations = 200;    ///< golden-section refinement on log c
+  int golden_iterations = 200;  ///< golden-section refinement on log c
   double bracket_tolerance = 1e-12;
-  bool normalize = true;          ///< divide the losses by their largest |value| first
+  bool normalize = true;  ///< divide the losses by their largest |value| first
   /// Relative RMS residual bound √(SSE/n)/mean|l|; the fit's status is residual_too_large above
   /// it. +∞ (the default) disables the gate.
   double max_relative_rms = std::numeric_limits<double>::infinity();
@@ -63,10 +63,10 @@ struct LossFitOptions {
 
 struct LossFit {
   FitStatus status = FitStatus::too_few_points;
-  LossModel model;             ///< meaningful when status is ok or residual_too_large
-  double sse = 0.0;            ///< Σ w_k (l_k − l̂_k)² in the caller's loss units
-  double relative_rms = 0.0;   ///< √(SSE/Σw)/(weighted mean |l|)
-  double c = 0.0;              ///< β0/β1 at the optimum
+  LossModel model;            ///< meaningful when status is ok or residual_too_large
+  double sse = 0.0;           ///< Σ w_k (l_k − l̂_k)² in the caller's loss units
+  double relative_rms = 0.0;  ///< √(SSE/Σw)/(weighted mean |l|)
+  double c = 0.0;             ///< β0/β1 at the optimum
 };
 
 /// Fits (5.1) by profiling over c (log grid, then golden section) with a two-column NNLS in
@@ -97,10 +97,10 @@ struct SpeedModel {
 /// One measured configuration: the mean seconds per step over `steps` steps.
 struct SpeedPoint {
   double workers = 0.0;
-  double global_batch = 0.0;    ///< M, samples per step over all workers
-  double step_time = 0.0;       ///< seconds
-  double weight = 1.0;          ///< e.g. the number of steps measured (§5.2)
-  double servers = 1.0;         ///< p, for the PS form only
+  double global_batch = 0.0;  ///< M, samples per step over all workers
+  double step_time = 0.0;     ///< seconds
+  double weight = 1.0;        ///< e.g. the number of steps measured (§5.2)
+  double servers = 1.0;       ///< p, for the PS form only
 };
 
 struct SpeedFitOptions {
