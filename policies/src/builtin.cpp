@@ -9,6 +9,8 @@ void register_builtin_policies(PolicyRegistry& registry) {
   registry.add("gns-batch-size", detail::make_gns_batch_size_policy);
   registry.add("throughput-scaling", detail::make_throughput_scaling_policy);
   registry.add("algorithm-selection", detail::make_algorithm_selection_policy);
+  registry.add("optimus", detail::make_optimus_policy);
+  registry.add("hemingway", detail::make_hemingway_policy);
 }
 
 }  // namespace kf

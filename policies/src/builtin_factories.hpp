@@ -16,5 +16,7 @@ namespace kf::detail {
 std::unique_ptr<Policy> make_gns_batch_size_policy(const nlohmann::json& params);
 std::unique_ptr<Policy> make_throughput_scaling_policy(const nlohmann::json& params);
 std::unique_ptr<Policy> make_algorithm_selection_policy(const nlohmann::json& params);
+std::unique_ptr<Policy> make_optimus_policy(const nlohmann::json& params);
+std::unique_ptr<Policy> make_hemingway_policy(const nlohmann::json& params);
 
 }  // namespace kf::detail

@@ -13,7 +13,7 @@
 namespace kf {
 
 /// Registers every built-in policy by its job-file name: gns-batch-size, throughput-scaling,
-/// algorithm-selection (and the model-based ones as they arrive).
+/// algorithm-selection, optimus, hemingway.
 /// Throws: std::invalid_argument when one of those names is already registered.
 void register_builtin_policies(PolicyRegistry& registry);
 

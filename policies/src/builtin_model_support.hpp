@@ -1,0 +1,196 @@
+// SPDX-License-Identifier: Apache-2.0
+// What the two model-based built-ins (optimus, hemingway) share: the per-configuration step-time
+// log kept across resizes (adaptation-math.md §8 rule 5), the worker bounds, the exploration move
+// that collects the configurations a model needs before it can fit (§5.2: "Optimus runs a few
+// steps at several configurations"), and the loss points averaged over an interval.
+// Thread-safety: none; each policy owns its objects and is called from the training thread.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kf/policies/policy.hpp"
+
+namespace kf::detail {
+
+/// The search range when neither the parameters nor the settings bound the workers.
+inline constexpr std::int64_t kModelMaxWorkers = 1024;
+
+inline std::string model_num(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", x);
+  return buf;
+}
+
+/// [lo, hi]: each bound from the parameter, else the setting (max_workers ≤ 0 there means none),
+/// else 1 and kModelMaxWorkers.
+inline std::pair<int, int> model_worker_bounds(const std::optional<std::int64_t>& min_param,
+                                               const std::optional<std::int64_t>& max_param,
+                                               const nlohmann::json& settings) {
+  auto setting = [&](const char* key) -> std::optional<std::int64_t> {
+    if (settings.contains(key) && settings[key].is_number_integer()) {
+      return settings[key].get<std::int64_t>();
+    }
+    return std::nullopt;
+  };
+  std::int64_t lo = min_param ? *min_param : setting("min_workers").value_or(1);
+  std::int64_t hi = kModelMaxWorkers;
+  if (max_param) {
+    hi = *max_param;
+  } else if (const auto s = setting("max_workers"); s && *s > 0) {
+    hi = *s;
+  }
+  lo = std::clamp<std::int64_t>(lo, 1, kModelMaxWorkers);
+  hi = std::clamp<std::int64_t>(hi, lo, kModelMaxWorkers);
+  return {static_cast<int>(lo), static_cast<int>(hi)};
+}
+
+/// A move of at most `step` workers from `current` towards `target`.
+inline int model_step_towards(int current, int target, std::int64_t step) {
+  const auto delta = std::clamp<std::int64_t>(target - current, -step, step);
+  return current + static_cast<int>(delta);
+}
+
+/// Step times per configuration (worker count, global batch), after discarding `warmup` steps at
+/// every change of either; kept across resizes so that the models see every configuration tried.
+class ConfigLog {
+ public:
+  struct Stats {
+    std::int64_t steps = 0;
+    double seconds = 0.0;
+    double samples = 0.0;
+  };
+  using Key = std::pair<int, std::int64_t>;  // workers, batch_size setting (0 when unknown)
+
+  explicit ConfigLog(std::int64_t warmup) : warmup_(warmup) {}
+
+  /// Takes this step's step_time and samples; returns false when the step did not count (no or
+  /// invalid metrics, or a warm-up step).
+  bool observe(const PolicyContext& ctx) {
+    const Key key{ctx.workers(), batch_of(ctx)};
+    if (!current_ || *current_ != key) discard_ = warmup_;
+    current_ = key;
+    if (!ctx.has_metric("step_time") || !ctx.has_metric("samples")) return false;
+    const double t = ctx.metric("step_time");
+    const double m = ctx.metric("samples");
+    if (!std::isfinite(t) || t <= 0.0 || !std::isfinite(m) || m <= 0.0) return false;
+    if (discard_ > 0) {
+      --discard_;
+      return false;
+    }
+    Stats& s = log_[key];
+    ++s.steps;
+    s.seconds += t;
+    s.samples += m;
+    return true;
+  }
+
+  /// The configurations with at least `min_steps` counted steps.
+  std::vector<std::pair<Key, Stats>> measured(std::int64_t min_steps) const {
+    std::vector<std::pair<Key, Stats>> out;
+    for (const auto& [k, s] : log_) {
+      if (s.steps >= min_steps) out.emplace_back(k, s);
+    }
+    return out;
+  }
+
+  /// Whether `workers` was measured for min_steps steps at `batch`.
+  bool has(int workers, std::int64_t batch, std::int64_t min_steps) const {
+    const auto it = log_.find({workers, batch});
+    return it != log_.end() && it->second.steps >= min_steps;
+  }
+
+  static std::int64_t batch_of(const PolicyContext& ctx) {
+    const auto& s = ctx.settings();
+    if (s.contains("batch_size") && s["batch_size"].is_number_integer()) {
+      return s["batch_size"].get<std::int64_t>();
+    }
+    return 0;
+  }
+
+ private:
+  std::int64_t warmup_;
+  std::int64_t discard_ = 0;
+  std::optional<Key> current_;
+  std::map<Key, Stats> log_;
+};
+
+/// The worker count to measure next while a model lacks configurations: `step` above the current
+/// one, else `step` below, whichever is within [lo, hi] and not yet measured at this batch;
+/// nullopt when neither is.
+inline std::optional<int> model_exploration_target(const ConfigLog& log, int current,
+                                                   std::int64_t batch, std::int64_t step,
+                                                   std::int64_t min_steps, int lo, int hi) {
+  for (const std::int64_t direction : {1, -1}) {
+    const auto w = static_cast<int>(std::clamp<std::int64_t>(current + direction * step, lo, hi));
+    if (w != current && !log.has(w, batch, min_steps)) return w;
+  }
+  return std::nullopt;
+}
+
+/// The loss averaged over an interval at one worker count: its mean position (progress or step),
+/// mean loss and the number of steps averaged (the point's weight).
+class LossInterval {
+ public:
+  struct Point {
+    double x = 0.0;
+    double loss = 0.0;
+    double weight = 0.0;
+    int workers = 0;
+  };
+
+  void add(double x, double loss, int workers) {
+    if (count_ > 0 && workers != workers_) return;  // the caller flushes at a resize first
+    workers_ = workers;
+    sum_x_ += x;
+    sum_loss_ += loss;
+    ++count_;
+  }
+
+  /// The interval's point (nullopt when it is empty), and a fresh interval.
+  std::optional<Point> flush() {
+    if (count_ == 0) return std::nullopt;
+    const auto n = static_cast<double>(count_);
+    Point p{sum_x_ / n, sum_loss_ / n, n, workers_};
+    *this = LossInterval();
+    return p;
+  }
+
+  int workers() const { return count_ > 0 ? workers_ : 0; }
+
+ private:
+  double sum_x_ = 0.0;
+  double sum_loss_ = 0.0;
+  std::int64_t count_ = 0;
+  int workers_ = 0;
+};
+
+/// Keeps at most `cap` points by merging neighbours pairwise (weighted means) when full, so that
+/// a long job keeps its whole history at a coarser grain.
+inline void model_compact(std::vector<LossInterval::Point>& points, std::size_t cap) {
+  if (points.size() <= cap) return;
+  std::vector<LossInterval::Point> merged;
+  for (std::size_t i = 0; i < points.size(); i += 2) {
+    if (i + 1 == points.size() || points[i].workers != points[i + 1].workers) {
+      merged.push_back(points[i]);
+      if (i + 1 < points.size()) merged.push_back(points[i + 1]);
+      continue;
+    }
+    const auto& a = points[i];
+    const auto& b = points[i + 1];
+    const double w = a.weight + b.weight;
+    merged.push_back({(a.x * a.weight + b.x * b.weight) / w,
+                      (a.loss * a.weight + b.loss * b.weight) / w, w, a.workers});
+  }
+  points = std::move(merged);
+}
+
+}  // namespace kf::detail
