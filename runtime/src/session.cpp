@@ -990,15 +990,7 @@ void Session::allreduce_gradients(std::span<float> grads, double local_batch) {
   peer_->allreduce("kf.grads", buffer(grads.data(), grads.size()),
                    buffer(grads.data(), grads.size()))
       .wait();
-  const double comm = std::chrono::duration<double>(SteadyClock::now() - t0).count();
-  const float factor = 1.0f / static_cast<float>(peer_->size());
-  if (!monitor_) {
-    for (float& g : grads) g *= factor;
-    return;
-  }
-  const double global = scale_and_norm(grads, factor);
-  report_comm(comm, static_cast<double>(grads.size_bytes()));
-  report_gradients(local, global, local_batch, 1, std::isfinite(local));
+  average_gradients(grads, local, t0, local_batch);
 }
 
 void Session::allreduce_gradients(std::span<const float> local, std::span<float> mean,
@@ -1014,15 +1006,22 @@ void Session::allreduce_gradients(std::span<const float> local, std::span<float>
   // The I/O thread reduces while this thread reads the same input for its norm.
   const double own = monitor_ ? squared_norm(local) : 0.0;
   h.wait();
-  const double comm = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  average_gradients(mean, own, t0, local_batch);
+}
+
+// The allreduced sum → the mean, and the step's reports (|ḡ|² in the same pass).
+void Session::average_gradients(std::span<float> sum, double local_sqnorm,
+                                std::chrono::steady_clock::time_point started,
+                                double local_batch) {
+  const double comm = std::chrono::duration<double>(SteadyClock::now() - started).count();
   const float factor = 1.0f / static_cast<float>(peer_->size());
   if (!monitor_) {
-    for (float& g : mean) g *= factor;
+    for (float& g : sum) g *= factor;
     return;
   }
-  const double global = scale_and_norm(mean, factor);
-  report_comm(comm, static_cast<double>(local.size_bytes()));
-  report_gradients(own, global, local_batch, 1, std::isfinite(own));
+  const double global = scale_and_norm(sum, factor);
+  report_comm(comm, static_cast<double>(sum.size_bytes()));
+  report_gradients(local_sqnorm, global, local_batch, 1, std::isfinite(local_sqnorm));
 }
 
 void Session::report_gradients(double local_sqnorm, double global_sqnorm, double local_batch,

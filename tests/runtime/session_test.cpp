@@ -31,23 +31,9 @@
 namespace kf {
 namespace {
 
-struct Job {
-  std::vector<std::unique_ptr<Peer>> peers;  // handed to the sessions
-  Cluster cluster;
-};
+using Job = test::UnstartedJob;
 
-Job make_job(int n) {
-  Job j;
-  j.cluster.version = 1;
-  for (int i = 0; i < n; ++i) {
-    PeerOptions o;
-    o.job_token = "session-test";
-    o.listen = Endpoint{"127.0.0.1", 0};
-    j.peers.push_back(std::make_unique<Peer>(o));
-    j.cluster.workers.push_back(WorkerSpec{j.peers.back()->endpoint(), i});
-  }
-  return j;
-}
+Job make_job(int n) { return test::make_unstarted_job(n, "session-test"); }
 
 TEST(Session, StaticJobFormsFromRankZeroAndCommitsEveryStep) {
   constexpr int n = 3, steps = 25;

@@ -35,6 +35,26 @@ inline std::vector<std::unique_ptr<Peer>> make_local_cluster(int n) {
   return make_local_cluster(n, base);
 }
 
+/// N peers on 127.0.0.1 that are not started yet, and the cluster (version 1) they make: what a
+/// static job's kf::Session takes.
+struct UnstartedJob {
+  std::vector<std::unique_ptr<Peer>> peers;  // handed to the sessions
+  Cluster cluster;
+};
+
+inline UnstartedJob make_unstarted_job(int n, const std::string& token) {
+  UnstartedJob j;
+  j.cluster.version = 1;
+  for (int i = 0; i < n; ++i) {
+    PeerOptions o;
+    o.job_token = token;
+    o.listen = Endpoint{"127.0.0.1", 0};
+    j.peers.push_back(std::make_unique<Peer>(o));
+    j.cluster.workers.push_back(WorkerSpec{j.peers.back()->endpoint(), i});
+  }
+  return j;
+}
+
 /// Runs fn(rank) on one thread per peer and joins them.
 inline void run_all(int n, const std::function<void(int)>& fn) {
   std::vector<std::thread> ts;

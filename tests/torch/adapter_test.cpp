@@ -68,23 +68,9 @@ std::vector<torch::Tensor> train_plain(Opt which, int steps, const Data& d) {
   return params_of(net);
 }
 
-struct Job {
-  std::vector<std::unique_ptr<Peer>> peers;
-  Cluster cluster;
-};
+using Job = test::UnstartedJob;
 
-Job make_job(int n) {
-  Job j;
-  j.cluster.version = 1;
-  for (int i = 0; i < n; ++i) {
-    PeerOptions o;
-    o.job_token = "torch-test";
-    o.listen = Endpoint{"127.0.0.1", 0};
-    j.peers.push_back(std::make_unique<Peer>(o));
-    j.cluster.workers.push_back(WorkerSpec{j.peers.back()->endpoint(), i});
-  }
-  return j;
-}
+Job make_job(int n) { return test::make_unstarted_job(n, "torch-test"); }
 
 // `n` workers, worker r on rows [r·B/n, (r+1)·B/n) of the batch, initial values from seed 1 + r
 // (rank 0's win at join). Returns each worker's parameters and its last metrics.

@@ -241,6 +241,8 @@ class Session {
   void adopt_settings(const nlohmann::json& settings);
   void apply(const Proposal& proposal, const char* hook);
   void export_metrics();
+  void average_gradients(std::span<float> sum, double local_sqnorm,
+                         std::chrono::steady_clock::time_point started, double local_batch);
 
   std::unique_ptr<Peer> peer_;
   Cluster initial_;
