@@ -21,7 +21,7 @@
 
 namespace kf::detail {
 
-/// The search range when neither the parameters nor the settings bound the workers.
+/// The largest worker count searched when neither the parameters nor the settings bound it.
 inline constexpr std::int64_t kModelMaxWorkers = 1024;
 
 inline std::string model_num(double x) {
@@ -48,8 +48,9 @@ inline std::pair<int, int> model_worker_bounds(const std::optional<std::int64_t>
   } else if (const auto s = setting("max_workers"); s && *s > 0) {
     hi = *s;
   }
-  lo = std::clamp<std::int64_t>(lo, 1, kModelMaxWorkers);
-  hi = std::clamp<std::int64_t>(hi, lo, kModelMaxWorkers);
+  constexpr std::int64_t kLimit = 1'000'000;  // the parameters' range
+  lo = std::clamp<std::int64_t>(lo, 1, kLimit);
+  hi = std::clamp<std::int64_t>(hi, lo, kLimit);
   return {static_cast<int>(lo), static_cast<int>(hi)};
 }
 
@@ -124,13 +125,16 @@ class ConfigLog {
 };
 
 /// The worker count to measure next while a model lacks configurations: `step` above the current
-/// one, else `step` below, whichever is within [lo, hi] and not yet measured at this batch;
-/// nullopt when neither is.
+/// one, else `step` below (clamped to [lo, hi], and at most `step` away), whichever is not yet
+/// measured at this batch; nullopt when neither is.
 inline std::optional<int> model_exploration_target(const ConfigLog& log, int current,
                                                    std::int64_t batch, std::int64_t step,
                                                    std::int64_t min_steps, int lo, int hi) {
   for (const std::int64_t direction : {1, -1}) {
-    const auto w = static_cast<int>(std::clamp<std::int64_t>(current + direction * step, lo, hi));
+    // Into the range first when outside it, never more than `step` at a time.
+    const int w = model_step_towards(
+        current, static_cast<int>(std::clamp<std::int64_t>(current + direction * step, lo, hi)),
+        step);
     if (w != current && !log.has(w, batch, min_steps)) return w;
   }
   return std::nullopt;

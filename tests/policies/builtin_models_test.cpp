@@ -191,6 +191,12 @@ TEST(OptimusPolicy, RespectsTheBounds) {
   p["min_workers"] = 2;
   job.settings["max_workers"] = 8;
   EXPECT_EQ(sizes(run("optimus", p, job, 1, 150)), "10:1->2 20:2->3");
+  // Started above the bound: back into the range one step at a time; the three configurations
+  // measured on the way (6, 5, 4) fit the model, whose w* = 4 is the bound.
+  job = optimus_job();
+  job.workers = 6;
+  job.settings["max_workers"] = 4;
+  EXPECT_EQ(sizes(run("optimus", optimus_params(), job, 1, 150)), "10:6->5 20:5->4");
 }
 
 TEST(OptimusPolicy, DoesNothingWithoutALossMetric) {
