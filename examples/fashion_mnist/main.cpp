@@ -198,8 +198,10 @@ int main(int argc, char** argv) {
   const auto test_accuracy = [&] { return static_cast<double>(accuracy_ppm) / 1e6; };
   std::vector<std::pair<std::int64_t, std::int64_t>> batches;  // (step, global batch) changes
   const auto t_start = std::chrono::steady_clock::now();
-  // After each membership change every worker prints the model it holds, so that a joiner's
-  // state can be checked against the survivors' ("membership v4 step 120 params <hash>").
+  // After the first step of each membership change every worker prints the model it holds, so
+  // that a joiner's state can be checked against the survivors' ("membership v4 step 120 params
+  // <hash>"): had the joiner started from another state, its model would differ after the step.
+  // (A change is recorded once its first step has committed; a joiner's join once it joined.)
   // Every worker evaluates its shard of the test set; one allreduce adds them up. The time it
   // takes is kept out of train_seconds().
   double eval_seconds = 0;
@@ -234,7 +236,6 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   };
-  print_changes();
   try {
     // The job's length may be changed while it runs (cluster settings "epochs").
     while (epoch < session->settings().value("epochs", static_cast<std::int64_t>(epochs)) &&

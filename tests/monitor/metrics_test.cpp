@@ -234,9 +234,11 @@ TEST(MetricsRegistry, ConcurrentRegistrationUpdatesAndSnapshotsKeepExactTotals) 
   };
   registry.counter("kf_total", "All updates.");  // so that the gauge attempts below all fail
   std::atomic<int> writers_left{kWriters};
+  std::atomic<bool> reading{false};  // the writers start with the reader's first snapshot
   std::vector<std::thread> threads;
   for (int w = 0; w < kWriters; ++w) {
     threads.emplace_back(guarded([&, w] {
+      while (!reading.load()) std::this_thread::yield();
       Counter& total = registry.counter("kf_total", "All updates.");
       Counter& mine = registry.counter("kf_by_parity", "", {{"parity", std::to_string(w % 2)}});
       Gauge& gauge = registry.gauge("kf_gauge", "");
@@ -252,7 +254,8 @@ TEST(MetricsRegistry, ConcurrentRegistrationUpdatesAndSnapshotsKeepExactTotals) 
   }
   std::atomic<int> snapshots{0};
   threads.emplace_back(guarded([&] {
-    while (writers_left.load() > 0) {
+    do {
+      reading.store(true);
       for (const auto& family : registry.snapshot()) {
         for (const auto& s : family.samples) {
           if (family.name == "kf_summary" && s.sum != static_cast<double>(s.count)) {
@@ -261,7 +264,7 @@ TEST(MetricsRegistry, ConcurrentRegistrationUpdatesAndSnapshotsKeepExactTotals) 
         }
       }
       snapshots.fetch_add(1);
-    }
+    } while (writers_left.load() > 0);
   }));
   std::atomic<int> rejected{0};
   threads.emplace_back(guarded([&] {

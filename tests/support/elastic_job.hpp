@@ -121,9 +121,11 @@ class ElasticJob {
     return false;
   }
 
-  /// Waits until a change to `workers` workers has taken effect in the job.
+  /// Waits until a change to `workers` workers has taken effect in the job: rank 0's record of
+  /// the switch ("v1 -> v2 (2 -> 4 workers, resize): ..."), not kf-member's note of the request
+  /// ("2 -> 4 workers"), which comes before any worker switched.
   bool wait_size(int workers, std::chrono::milliseconds timeout = 60s) const {
-    const std::string needle = "-> " + std::to_string(workers) + " workers";
+    const std::string needle = "-> " + std::to_string(workers) + " workers, ";
     return eventually(
         [&] {
           return has_event([&](const ConfigEvent& e) {
