@@ -125,6 +125,10 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "initial weights (rank 0's are used)")->capture_default_str();
   app.add_option("--limit", limit, "train on the first N images only (0: all)");
   app.add_flag("--no-overlap", no_overlap, "one allreduce after backward instead of buckets");
+  std::size_t bucket_kb = 4096;
+  app.add_option("--bucket-kb", bucket_kb, "gradient bucket size in KiB")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   std::int64_t eval_every = 0;
   app.add_option("--eval-every", eval_every,
                  "also evaluate every N training samples; prints 'eval samples S step T "
@@ -184,6 +188,7 @@ int main(int argc, char** argv) {
     session = kf::Session::from_environment(state);
     kf::DistributedOptimizerOptions o;
     o.overlap = !no_overlap;
+    o.bucket_bytes = bucket_kb << 10;
     opt = std::make_unique<kf::DistributedOptimizer>(*session, sgd, o);
     opt->register_state(state, *model);
     loss_slot = session->add_metric("loss");
