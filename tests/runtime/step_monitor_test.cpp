@@ -55,6 +55,20 @@ TEST(StepMonitor, FormsTheDataParallelEstimateFromTheWorkersReports) {
   EXPECT_DOUBLE_EQ(metrics.at("step_time"), 0.1);
 }
 
+TEST(StepMonitor, CountsAccumulatedMicroBatchesAsGradients) {
+  // 2 workers × 2 accumulated micro-batches: n = 4 gradients of b = 16 samples.
+  StepMonitor m(StepMonitorOptions{.base_batch = 64});
+  std::map<std::string, double> metrics;
+  StepReport a = report(9.0 + 8.0, 3.0), b = report(7.0 + 6.0, 3.0);
+  a.micro_batches = b.micro_batches = 2;
+  a.samples = b.samples = 32;
+  m.update(records({a, b}), StepMonitor::kWords, 0, 2, metrics);
+  const monitor::GnsPoint want = monitor::data_parallel_estimate((17.0 + 13.0) / 4, 3.0, 4, 16);
+  EXPECT_DOUBLE_EQ(metrics.at("gns.step_sqr"), want.sqr);
+  EXPECT_DOUBLE_EQ(metrics.at("gns.step_tr_sigma"), want.tr_sigma);
+  EXPECT_DOUBLE_EQ(metrics.at("samples"), 64.0);
+}
+
 TEST(StepMonitor, SkipsAStepWhoseGradientWasNotFiniteOnAnyWorker) {
   StepMonitor m(StepMonitorOptions{.base_batch = 32});
   std::map<std::string, double> metrics;
