@@ -355,6 +355,15 @@ std::unique_ptr<Session> Session::from_environment(State& state) {
     o.checkpoint_every = *n;
   }
   if (auto n = env_integer(env::kMonitors, 0, 1)) o.monitors = *n == 1;
+  if (const char* theta = std::getenv(env::kGnsTheta); theta && *theta) {
+    char* end = nullptr;
+    const double t = std::strtod(theta, &end);
+    if (end == theta || *end != '\0' || !(t > 0.0 && t < 1.0)) {
+      throw std::invalid_argument(std::string(env::kGnsTheta) + "='" + theta +
+                                  "' must be a number in (0, 1)");
+    }
+    o.monitor.gns_theta = t;
+  }
   if (auto n = env_integer(env::kMetricsPort, 0, 65535)) {
     o.metrics_port = static_cast<std::uint16_t>(*n);
   }

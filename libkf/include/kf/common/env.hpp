@@ -26,6 +26,7 @@ inline constexpr const char* kLogLevel = "KF_LOG_LEVEL";         ///< trace|debu
 inline constexpr const char* kCheckpoint = "KF_CHECKPOINT";      ///< kf::Session checkpoint file
 inline constexpr const char* kCheckpointEvery = "KF_CHECKPOINT_EVERY";  ///< commits between saves
 inline constexpr const char* kJobFile = "KF_JOB_FILE";  ///< the job file (docs/job-file.md)
+inline constexpr const char* kGnsTheta = "KF_GNS_THETA";  ///< θ0 of the GNS averages
 inline constexpr const char* kMonitors = "KF_MONITORS";        ///< 0: no built-in monitors
 inline constexpr const char* kMetricsPort = "KF_METRICS_PORT";  ///< Prometheus endpoint port
 inline constexpr const char* kMetricsHost = "KF_METRICS_HOST";  ///< ... and address

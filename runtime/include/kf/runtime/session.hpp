@@ -70,7 +70,7 @@ struct SessionOptions {
   int max_recovery_attempts = 50;
   /// The built-in monitors (StepMonitor: step time, throughput, communication, gradient noise
   /// scale; docs/monitoring.md). Their StepMonitor::kWords words ride in every step's control
-  /// collective. KF_MONITORS=0 turns them off.
+  /// collective. KF_MONITORS=0 turns them off; KF_GNS_THETA sets monitor.gns_theta.
   bool monitors = true;
   StepMonitorOptions monitor;
   /// When set, each worker serves its metrics for Prometheus on this port (0: the kernel picks
