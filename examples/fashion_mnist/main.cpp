@@ -25,6 +25,7 @@
 #include "idx.hpp"
 #include "kf/runtime/elastic_sampler.hpp"
 #include "kf/runtime/session.hpp"
+#include "kf/torch/data.hpp"
 #include "kf/torch/distributed_optimizer.hpp"
 
 namespace {
@@ -62,23 +63,25 @@ struct CnnImpl : torch::nn::Module {
 };
 TORCH_MODULE(Cnn);
 
-// Images `index` of `split` as a normalized [n, 784] float tensor, and their labels.
-std::pair<torch::Tensor, torch::Tensor> batch_of(const fmnist::Split& split,
-                                                 const std::vector<std::size_t>& index) {
-  const auto n = static_cast<std::int64_t>(index.size());
-  torch::Tensor x = torch::empty({n, 784});
-  torch::Tensor y = torch::empty({n}, torch::kLong);
-  float* px = x.data_ptr<float>();
-  auto* py = y.data_ptr<std::int64_t>();
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::uint8_t* img = split.images.pixels.data() + index[i] * 784;
-    for (int k = 0; k < 784; ++k) {
-      px[i * 784 + k] = static_cast<float>((img[k] / 255.0 - kMean) / kStd);
-    }
-    py[i] = split.labels[index[i]];
+// One split of Fashion-MNIST as a torch::data dataset: normalized [784] float images and their
+// labels, read from the IDX bytes on demand.
+class FashionMnist : public torch::data::datasets::Dataset<FashionMnist> {
+ public:
+  FashionMnist(const fmnist::Split& split, std::size_t limit)
+      : split_(split), size_(limit > 0 ? std::min(limit, split.images.count) : split.images.count) {}
+  torch::data::Example<> get(std::size_t i) override {
+    torch::Tensor x = torch::empty({784});
+    float* px = x.data_ptr<float>();
+    const std::uint8_t* img = split_.images.pixels.data() + i * 784;
+    for (int k = 0; k < 784; ++k) px[k] = static_cast<float>((img[k] / 255.0 - kMean) / kStd);
+    return {x, torch::tensor(static_cast<std::int64_t>(split_.labels[i]), torch::kLong)};
   }
-  return {x, y};
-}
+  torch::optional<std::size_t> size() const override { return size_; }
+
+ private:
+  const fmnist::Split& split_;
+  std::size_t size_;
+};
 
 // FNV-1a over the parameters' bytes: equal on two workers iff they hold the same model.
 std::uint64_t parameters_hash(torch::nn::Module& model) {
@@ -158,8 +161,8 @@ int main(int argc, char** argv) {
               << train.images.cols << ", expected 28x28\n";
     return 1;
   }
-  const std::size_t train_count =
-      limit > 0 ? std::min(limit, train.images.count) : train.images.count;
+  FashionMnist train_set(train, limit), test_set(test, 0);
+  const std::size_t train_count = *train_set.size();
 
   torch::set_num_threads(threads);
   torch::manual_seed(seed);
@@ -220,8 +223,8 @@ int main(int argc, char** argv) {
     for (std::size_t at = lo; at < hi; at += 1000) {
       std::vector<std::size_t> idx;
       for (std::size_t i = at; i < std::min(hi, at + 1000); ++i) idx.push_back(i);
-      auto [x, y] = batch_of(test, idx);
-      counts[0] += forward(x).argmax(1).eq(y).sum().item<double>();
+      const torch::data::Example<> b = kf::elastic_batch(test_set, idx);
+      counts[0] += forward(b.data).argmax(1).eq(b.target).sum().item<double>();
     }
     session->peer().allreduce("fmnist.eval", kf::buffer(counts, 2), kf::buffer(counts, 2)).wait();
     eval_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -260,7 +263,9 @@ int main(int argc, char** argv) {
         opt->zero_grad();
         opt->begin_step(static_cast<std::int64_t>(mine.size()), static_cast<std::int64_t>(total));
         if (!mine.empty()) {
-          auto [x, y] = batch_of(train, mine);
+          const torch::data::Example<> b = kf::elastic_batch(train_set, mine);
+          const torch::Tensor& x = b.data;
+          const torch::Tensor& y = b.target;
           const torch::Tensor out = forward(x);
           const torch::Tensor loss = torch::nn::functional::cross_entropy(out, y);
           loss.backward();

@@ -5,9 +5,11 @@
 // rank 0's exact state; bucketed overlapped and single-allreduce exchanges agree bit for bit;
 // and the gradient noise scale is fed from the exchange.
 #include "kf/torch/distributed_optimizer.hpp"
+#include "kf/torch/data.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -183,6 +185,36 @@ TEST(TorchAdapterMonitors, TheExchangeFeedsTheNoiseScaleAndCommunication) {
     EXPECT_GT(m.at("comm_bytes"), 0.0);
     EXPECT_EQ(m, t.metrics[0]) << "every worker sees the same metrics";
   }
+}
+
+// A torch::data dataset whose example i is ([i, 2i], i % 3).
+class Counting : public torch::data::datasets::Dataset<Counting> {
+ public:
+  torch::data::Example<> get(std::size_t i) override {
+    const auto v = static_cast<float>(i);
+    return {torch::tensor({v, 2 * v}), torch::tensor(static_cast<std::int64_t>(i % 3))};
+  }
+  torch::optional<std::size_t> size() const override { return 10; }
+};
+
+TEST(TorchData, TheSamplersShareOfADatasetIsStackedInItsOrder) {
+  Counting data;
+  ElasticSampler sampler(*data.size(), /*seed=*/3);
+  sampler.start_epoch(0);
+  std::vector<std::size_t> all;
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto mine = sampler.batch(rank, 2, 4);
+    const torch::data::Example<> b = elastic_batch(data, mine);
+    ASSERT_EQ(b.data.sizes(), (std::vector<std::int64_t>{2, 2}));
+    for (std::size_t k = 0; k < mine.size(); ++k) {
+      EXPECT_EQ(b.data[k][0].item<float>(), static_cast<float>(mine[k]));
+      EXPECT_EQ(b.target[k].item<std::int64_t>(), static_cast<std::int64_t>(mine[k] % 3));
+      all.push_back(mine[k]);
+    }
+  }
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end()) << "no example twice";
+  EXPECT_FALSE(elastic_batch(data, {}).data.defined());
 }
 
 }  // namespace
