@@ -264,6 +264,27 @@ TEST(ElasticPolicies, ReplayReproducesTheDecisionsOfALiveRun) {
   EXPECT_EQ(replayed, 2) << "one recording per worker";
 }
 
+// A built-in policy live: throughput-scaling measures 2 workers, adds one (its rule with a single
+// worker count), and the job takes the change on every worker at one step and finishes cleanly.
+TEST(ElasticPolicies, ThroughputScalingGrowsTheJobItself) {
+  ElasticJob job("scaling");
+  const auto yaml = job.dir() / "job.yaml";
+  std::ofstream(yaml) << "job: {name: scaling}\n"
+                      << "policies:\n"
+                      << "  - name: throughput-scaling\n"
+                      << "    params: {spawn_size: 1, min_steps: 20, every: 20, max_workers: 3,"
+                      << " cooldown: 1000000}\n";
+  job.start(2, kArgs + " --gns --job " + yaml.string());
+  ASSERT_TRUE(job.wait_size(3)) << job.err();
+  EXPECT_TRUE(job.has_event([](const ConfigEvent& e) {
+    return e.type == "resized" && e.detail.find("throughput-scaling") != std::string::npos;
+  })) << "the audit trail names the policy";
+  const long at3 = job.progress();
+  ASSERT_TRUE(job.wait_progress(at3 + 20));
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 3);
+}
+
 // kfrun --job: the workers get the job file as KF_JOB_FILE, and Session::from_environment loads
 // its policies (here the example plugin's) and runs them with no code in the program.
 TEST(ElasticPolicies, JobFilePoliciesRunWithoutCodeInTheProgram) {
