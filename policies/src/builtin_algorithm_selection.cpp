@@ -24,7 +24,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
@@ -75,13 +74,7 @@ Options read_options(const nlohmann::json& params) {
   return o;
 }
 
-std::string num(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", x);
-  return buf;
-}
-
-std::string rate(double bytes_per_second) { return num(bytes_per_second / 1e9) + " GB/s"; }
+std::string rate(double bytes_per_second) { return short_number(bytes_per_second / 1e9) + " GB/s"; }
 
 class AlgorithmSelection final : public Policy {
  public:
@@ -155,10 +148,10 @@ class AlgorithmSelection final : public Policy {
                      [](const auto& x, const auto& y) { return x.first < y.first; });
     ranking_.clear();
     std::string why =
-        "prior for " + std::to_string(ctx.workers()) + " workers, " + num(bytes) + " B:";
+        "prior for " + std::to_string(ctx.workers()) + " workers, " + short_number(bytes) + " B:";
     for (const auto& [t, name] : ranked) {
       ranking_.push_back(name);
-      why += " " + name + " " + num(t * 1e6) + " us";
+      why += " " + name + " " + short_number(t * 1e6) + " us";
     }
     preferred_ = ranking_.front();
     mode_ = Mode::steady;
@@ -222,9 +215,9 @@ class AlgorithmSelection final : public Policy {
         return;
       }
       propose(ctx, back_to_,
-              active_ + " probed again: " + rate(w) + " < " + num(o_.threshold) + " x its " +
-                  "reference " + (ref ? rate(*ref) : "(none)") + " and <= " + back_to_ + "'s " +
-                  rate(back_level_) + ": back to " + back_to_);
+              active_ + " probed again: " + rate(w) + " < " + short_number(o_.threshold) +
+                  " x its " + "reference " + (ref ? rate(*ref) : "(none)") + " and <= " + back_to_ +
+                  "'s " + rate(back_level_) + ": back to " + back_to_);
       return;
     }
     if (ref == nullptr) ref = &(references_[{*config_, active_}] = w);
@@ -255,7 +248,7 @@ class AlgorithmSelection final : public Policy {
     }
     if (bad_windows_ >= o_.patience) {
       tried_.insert(active_);
-      const std::string why = active_ + ": algbw " + rate(w) + " < " + num(o_.threshold) +
+      const std::string why = active_ + ": algbw " + rate(w) + " < " + short_number(o_.threshold) +
                               " x reference " + rate(ref) + " for " + std::to_string(bad_windows_) +
                               " windows";
       bad_windows_ = 0;

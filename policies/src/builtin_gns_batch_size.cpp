@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -76,17 +75,8 @@ Options read_options(const nlohmann::json& params) {
   o.patience = r.integer("patience", o.patience, 1, 1'000'000);
   o.cooldown = r.integer("cooldown", o.cooldown, 0, kMaxSteps);
   r.reject_unknown();
-  if (o.min_batch && o.max_batch && *o.min_batch > *o.max_batch) {
-    r.fail("min_batch", "must not exceed max_batch (" + std::to_string(*o.min_batch) + " > " +
-                            std::to_string(*o.max_batch) + ")");
-  }
+  r.require_ordered("min_batch", o.min_batch, "max_batch", o.max_batch);
   return o;
-}
-
-std::string num(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", x);
-  return buf;
 }
 
 double lr_factor(LrRule rule, double scale, double gain) {
@@ -209,20 +199,22 @@ class GnsBatchSize final : public Policy {
     const auto m0 = static_cast<double>(base_batch_);
     const double eff = monitor::efficiency(phi, m0, static_cast<double>(target));
     std::string why =
-        "B_simple=" + (std::isfinite(phi) ? num(phi) : "inf (noise-dominated)") +
+        "B_simple=" + (std::isfinite(phi) ? short_number(phi) : "inf (noise-dominated)") +
         ", M0=" + std::to_string(base_batch_) + ": target " + std::to_string(target) +
-        " (E=" + num(eff) + ", min_efficiency " + num(o_.min_efficiency) + ", bounds [" +
-        std::to_string(min_batch_) + ", " + std::to_string(max_batch_) + "], multiple of " +
-        std::to_string(o_.multiple_of) + ") is " + (change > 0 ? "+" : "") + num(100.0 * change) +
-        "% from " + std::to_string(current) + " for " + std::to_string(streak_) + " evaluations";
+        " (E=" + short_number(eff) + ", min_efficiency " + short_number(o_.min_efficiency) +
+        ", bounds [" + std::to_string(min_batch_) + ", " + std::to_string(max_batch_) +
+        "], multiple of " + std::to_string(o_.multiple_of) + ") is " + (change > 0 ? "+" : "") +
+        short_number(100.0 * change) + "% from " + std::to_string(current) + " for " +
+        std::to_string(streak_) + " evaluations";
     ctx.set_batch_size(target, why);
     if (o_.lr_rule != LrRule::none) {
       const double scale = static_cast<double>(target) / m0;
       const double gain = scale * eff;  // r(S) = S·E(M), §3.2
       const double factor = lr_factor(o_.lr_rule, scale, gain);
-      ctx.set_learning_rate(base_lr_ * factor, o_.lr_rule_name + ": S=" + num(scale) +
-                                                   ", r(S)=" + num(gain) + ", lr=" + num(base_lr_) +
-                                                   " x " + num(factor));
+      ctx.set_learning_rate(base_lr_ * factor, o_.lr_rule_name + ": S=" + short_number(scale) +
+                                                   ", r(S)=" + short_number(gain) +
+                                                   ", lr=" + short_number(base_lr_) + " x " +
+                                                   short_number(factor));
     }
     quiet_until_ = ctx.step() + o_.cooldown;
     streak_ = 0;

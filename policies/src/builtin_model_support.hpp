@@ -2,33 +2,32 @@
 // What the two model-based built-ins (optimus, hemingway) share: the per-configuration step-time
 // log kept across resizes (adaptation-math.md §8 rule 5), the worker bounds, the exploration move
 // that collects the configurations a model needs before it can fit (§5.2: "Optimus runs a few
-// steps at several configurations"), and the loss points averaged over an interval.
+// steps at several configurations"), the loss points averaged over an interval, the parameters
+// both read, and ModelPolicy, their common control loop (observe every step; every `every`
+// steps outside the cool-down, gate on a reported loss and let the policy fit and decide).
 // Thread-safety: none; each policy owns its objects and is called from the training thread.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "builtin_params.hpp"
+#include "kf/monitor/optimus.hpp"
 #include "kf/policies/policy.hpp"
 
 namespace kf::detail {
 
 /// The largest worker count searched when neither the parameters nor the settings bound it.
 inline constexpr std::int64_t kModelMaxWorkers = 1024;
-
-inline std::string model_num(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", x);
-  return buf;
-}
 
 /// [lo, hi]: each bound from the parameter, else the setting (max_workers ≤ 0 there means none),
 /// else 1 and kModelMaxWorkers.
@@ -196,5 +195,113 @@ inline void model_compact(std::vector<LossInterval::Point>& points, std::size_t 
   }
   points = std::move(merged);
 }
+
+/// The parameters both model-based policies read, with their common defaults.
+struct ModelOptions {
+  std::int64_t every = 50;
+  std::int64_t min_steps = 20;
+  std::int64_t warmup_steps = 2;
+  std::int64_t cooldown = 100;
+  std::int64_t step = 2;
+  double margin = 0.05;
+  double max_residual = 0.1;
+  std::optional<double> target_loss;
+  std::int64_t min_loss_points = 5;
+  bool explore = true;
+  std::optional<std::int64_t> min_workers;
+  std::optional<std::int64_t> max_workers;
+};
+
+// The shared parameters in three groups, so that each policy reads its own ones in between and
+// every parameter keeps its place in the order of reading (the first bad one is reported):
+/// every, min_steps, warmup_steps, cooldown, step, margin.
+void read_model_schedule(ParamReader& r, ModelOptions& o);
+/// max_residual, target_loss.
+void read_model_fit(ParamReader& r, ModelOptions& o);
+/// min_loss_points, explore, min_workers, max_workers; then rejects unknown parameters.
+void read_model_search(ParamReader& r, ModelOptions& o);
+/// Fails when min_workers exceeds max_workers (the policy's last check).
+void check_model_bounds(const ParamReader& r, const ModelOptions& o);
+
+/// The control loop of a model-based policy. Every step: the step time goes to the
+/// configuration log and record() takes the policy's observations (the loss through
+/// record_loss()). Every `every` steps, unless in the cool-down: the interval's loss point is
+/// kept, ready() may decline (with its own warning), a policy without a finite `loss` yet warns
+/// once, and evaluate() fits and decides. A membership change closes the loss interval.
+class ModelPolicy : public Policy {
+ public:
+  std::string name() const final { return name_; }
+  void after_step(PolicyContext& ctx) final;
+  void on_membership_change(PolicyContext&) final { flush_loss(); }
+
+ protected:
+  /// `loss_model` names the model that needs the loss, in the warning without one.
+  ModelPolicy(const char* name, const char* loss_model, const ModelOptions& o);
+
+  virtual void record(const PolicyContext& ctx) = 0;
+  /// Whether the policy has something to decide (false: it warned why not).
+  virtual bool ready() { return true; }
+  virtual void evaluate(PolicyContext& ctx) = 0;
+
+  /// Adds this step's finite `loss` minus `offset` at position `x` to the interval (a resize
+  /// closes the previous one first); nothing without a finite loss.
+  void record_loss(const PolicyContext& ctx, double x, double offset);
+
+  /// Logs "<name>: <what>" at warn level the first time `flag` is seen false, then sets it.
+  void warn_once(bool& flag, const std::string& what) const;
+
+  /// [min_workers, max_workers] for this step (model_worker_bounds).
+  std::pair<int, int> worker_bounds(const PolicyContext& ctx) const;
+
+  /// The step-time model that `fit` makes of the configurations measured for min_steps steps
+  /// (each a Point {workers, samples per step, seconds per step, steps}), with the current
+  /// configuration's samples per step in `size`. nullopt when the current configuration is not
+  /// measured yet, or when the model does not fit: then, when `explore` is on, the next
+  /// unmeasured worker count is proposed for the `model` that needs `needs` configurations.
+  template <class Point, class FitFn>
+  auto fit_step_times(PolicyContext& ctx, std::string_view model, int needs, int lo, int hi,
+                      double& size, FitFn fit)
+      -> std::optional<std::invoke_result_t<FitFn&, const std::vector<Point>&>> {
+    const ConfigLog::Key here{ctx.workers(), ConfigLog::batch_of(ctx)};
+    std::vector<Point> points;
+    size = 0.0;
+    for (const auto& [key, s] : log_.measured(common_.min_steps)) {
+      const double n = static_cast<double>(s.steps);
+      points.push_back({static_cast<double>(key.first), s.samples / n, s.seconds / n, n});
+      if (key == here) size = s.samples / n;
+    }
+    if (size == 0.0) return std::nullopt;
+    auto result = fit(points);
+    if (result.status == monitor::FitStatus::ok) return result;
+    explore(ctx, model, result.configurations, monitor::to_string(result.status), needs, lo, hi);
+    return std::nullopt;
+  }
+
+  /// Proposes `target` workers for `why`, then cools down.
+  void propose(PolicyContext& ctx, int target, const std::string& why);
+
+  /// The loss points kept so far, across resizes; enough once there are min_loss_points.
+  const std::vector<LossInterval::Point>& loss_points() const { return points_; }
+  bool enough_loss_points() const {
+    return static_cast<std::int64_t>(points_.size()) >= common_.min_loss_points;
+  }
+
+ private:
+  /// When `explore` is on, proposes the next unmeasured worker count for the `model` that did not
+  /// fit (with `configurations` measured, `status`, `needs` required), then cools down.
+  void explore(PolicyContext& ctx, std::string_view model, std::size_t configurations,
+               std::string_view status, int needs, int lo, int hi);
+  void flush_loss();
+
+  const char* name_;
+  const char* loss_model_;
+  ModelOptions common_;
+  ConfigLog log_;
+  LossInterval interval_;
+  std::vector<LossInterval::Point> points_;  // (x, mean loss − offset, steps, workers)
+  bool loss_seen_ = false;
+  bool no_loss_warned_ = false;
+  std::int64_t quiet_until_ = 0;  // no evaluation before this step (the cool-down)
+};
 
 }  // namespace kf::detail

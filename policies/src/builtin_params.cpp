@@ -39,6 +39,12 @@ std::string format_number(double value) {
   return buf;
 }
 
+std::string short_number(double value) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", value);
+  return buf;
+}
+
 ParamReader::ParamReader(std::string policy, const nlohmann::json& params)
     : policy_(std::move(policy)), params_(params.is_null() ? nlohmann::json::object() : params) {
   if (!params_.is_object()) {
@@ -139,6 +145,15 @@ void ParamReader::reject_unknown() const {
     for (const auto& k : known_) known += (known.empty() ? "" : ", ") + k;
     throw std::invalid_argument(policy_ + ": unknown parameter '" + key + "' (known: " + known +
                                 ")");
+  }
+}
+
+void ParamReader::require_ordered(const char* low_name, const std::optional<std::int64_t>& low,
+                                  const char* high_name,
+                                  const std::optional<std::int64_t>& high) const {
+  if (low && high && *low > *high) {
+    fail(low_name, "must not exceed " + std::string(high_name) + " (" + std::to_string(*low) +
+                       " > " + std::to_string(*high) + ")");
   }
 }
 

@@ -10,13 +10,12 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace kf::detail {
 
@@ -58,6 +57,11 @@ class ParamReader {
   /// Throws: std::invalid_argument naming the unknown parameter and the known ones.
   void reject_unknown() const;
 
+  /// Fails on `low_name` when both bounds were given and `low` exceeds `high`: "must not exceed
+  /// <high_name> (<low> > <high>)" (called after reject_unknown).
+  void require_ordered(const char* low_name, const std::optional<std::int64_t>& low,
+                       const char* high_name, const std::optional<std::int64_t>& high) const;
+
   /// "<policy>: parameter '<name>' <what>", the message of every error above.
   [[noreturn]] void fail(std::string_view name, std::string_view what) const;
 
@@ -71,5 +75,8 @@ class ParamReader {
 
 /// "1234", "0.5", "1e+20": the shortest text that reads back as the same double, for messages.
 std::string format_number(double value);
+
+/// "0.333333", "1.5e+06": six significant digits, for the reasons a policy logs.
+std::string short_number(double value);
 
 }  // namespace kf::detail

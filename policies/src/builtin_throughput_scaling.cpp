@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <limits>
 #include <map>
 #include <memory>
@@ -64,17 +63,8 @@ Options read_options(const nlohmann::json& params) {
   o.min_workers = r.optional_integer("min_workers", 1, kMaxWorkers);
   o.max_workers = r.optional_integer("max_workers", 1, kMaxWorkers);
   r.reject_unknown();
-  if (o.min_workers && o.max_workers && *o.min_workers > *o.max_workers) {
-    r.fail("min_workers", "must not exceed max_workers (" + std::to_string(*o.min_workers) + " > " +
-                              std::to_string(*o.max_workers) + ")");
-  }
+  r.require_ordered("min_workers", o.min_workers, "max_workers", o.max_workers);
   return o;
-}
-
-std::string num(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", x);
-  return buf;
 }
 
 /// A worker-count bound: the parameter, else the setting, else `fallback`. A setting below 1
@@ -184,14 +174,14 @@ class ThroughputScaling final : public Policy {
                        const std::map<int, double>& rates) const {
     std::string s;
     for (const auto& [k, r] : rates) {
-      s += (s.empty() ? "R={" : ", ") + std::to_string(k) + ": " + num(r);
+      s += (s.empty() ? "R={" : ", ") + std::to_string(k) + ": " + short_number(r);
     }
     s += "} samples/s";
     for (const auto& p : d.pairs) {
       s += ", s(" + std::to_string(p.from_workers) + "->" + std::to_string(p.to_workers) +
-           ")=" + num(p.efficiency);
+           ")=" + short_number(p.efficiency);
       if (!p.pass) {
-        return s + " <= threshold " + num(o_.threshold) + ": settle at " +
+        return s + " <= threshold " + short_number(o_.threshold) + ": settle at " +
                std::to_string(p.from_workers);
       }
     }
