@@ -40,9 +40,19 @@ std::string Handle::message() const {
   return state_->what;
 }
 
+std::optional<Transport> parse_transport(std::string_view text) noexcept {
+  if (text == "auto") return Transport::automatic;
+  if (text == "tcp") return Transport::tcp;
+  return std::nullopt;
+}
+
 // ---- PeerImpl setup -------------------------------------------------------------------------
 
 namespace detail {
+
+std::string local_socket_name(const Endpoint& ep) {
+  return std::string(1, '\0') + "kf/" + ep.str();
+}
 
 namespace {
 
@@ -62,7 +72,10 @@ tcp::endpoint resolve_listen(asio::io_context& ioc, const Endpoint& ep) {
 }  // namespace
 
 PeerImpl::PeerImpl(PeerOptions opts)
-    : opts_(std::move(opts)), default_algorithm_(opts_.default_algorithm), acceptor_(ioc_) {
+    : opts_(std::move(opts)),
+      default_algorithm_(opts_.default_algorithm),
+      acceptor_(ioc_),
+      local_acceptor_(ioc_) {
   if (opts_.job_token.empty()) throw std::invalid_argument("PeerOptions.job_token is empty");
   const tcp::endpoint ep = resolve_listen(ioc_, opts_.listen);
   boost::system::error_code ec;
@@ -76,7 +89,22 @@ PeerImpl::PeerImpl(PeerOptions opts)
   }
   self_ = Endpoint{opts_.listen.host, acceptor_.local_endpoint().port()};
   identity_ = self_.str();
-  asio::co_spawn(ioc_, accept_loop(), asio::detached);
+  asio::co_spawn(ioc_, accept_loop(acceptor_), asio::detached);
+  if (opts_.transport == Transport::automatic) {
+    // The same-host listener is an optimisation: without it, peers on this host use TCP.
+    const std::string name = local_socket_name(self_);
+    local_acceptor_.open(local_stream(), ec);
+    if (!ec) local_acceptor_.bind(local_stream::endpoint(name), ec);
+    if (!ec) local_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      KF_LOG(info, "transport", "{}: no same-host socket ({}); peers on this host use TCP",
+             identity_, ec.message());
+      boost::system::error_code ignored;
+      local_acceptor_.close(ignored);
+    } else {
+      asio::co_spawn(ioc_, accept_loop(local_acceptor_), asio::detached);
+    }
+  }
   asio::co_spawn(ioc_, watchdog(), asio::detached);
   io_thread_ = std::thread([this] { io_loop(); });
 }
@@ -338,6 +366,14 @@ PeerOptions Peer::options_from(const Env& e) {
                                   "' is not one of auto, star, ring, tree, clique, rhd");
     }
     o.default_algorithm = *a;
+  }
+  if (e.transport) {
+    auto t = parse_transport(*e.transport);
+    if (!t) {
+      throw std::invalid_argument(std::string(env::kTransport) + "='" + *e.transport +
+                                  "' is not one of auto, tcp");
+    }
+    o.transport = *t;
   }
   return o;
 }

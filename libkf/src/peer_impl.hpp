@@ -28,6 +28,9 @@ namespace kf::detail {
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
+using local_stream = asio::local::stream_protocol;
+/// A connection's socket: TCP, or a Unix-domain socket to a worker on this host.
+using Stream = asio::generic::stream_protocol::socket;
 using Clock = std::chrono::steady_clock;
 template <typename T>
 using awaitable = asio::awaitable<T>;
@@ -173,19 +176,20 @@ struct Slot {
 
 struct Outgoing {
   Outgoing(const asio::any_io_executor& ex, int p) : sock(ex), signal(ex), peer(p) {}
-  tcp::socket sock;
+  Stream sock;
   asio::steady_timer signal;  // cancelled when the queue gains an entry
   std::deque<std::shared_ptr<SendReq>> queue;
   int peer;
   bool closed = false;
+  bool local = false;  // connected over the same-host (Unix-domain) socket
 };
 
 struct Incoming {
-  explicit Incoming(tcp::socket s) : sock(std::move(s)), buf(kBufBytes) {}
+  explicit Incoming(Stream s) : sock(std::move(s)), buf(kBufBytes) {}
   static constexpr std::size_t kBufBytes = 64 * 1024;
   static constexpr std::size_t kReduceChunk = 256 * 1024;  // streamed reductions, cache-sized
   std::vector<std::byte> chunk;  // allocated on the first streamed reduction
-  tcp::socket sock;
+  Stream sock;
   int peer = -1;
   // Read-ahead buffer: small frames (header, name, payload) usually arrive in one segment and
   // are parsed from here with one system call; large payloads bypass it.
@@ -203,6 +207,7 @@ struct PeerState {
   std::vector<std::shared_ptr<Incoming>> in;
   bool lost = false;
   bool departed = false;
+  bool no_local = false;  // its same-host socket failed the handshake: use TCP
   // The newest cluster version this peer's frames carried. Frames on a connection arrive in
   // order, so once a peer speaks version W it will never send anything of an older version: a
   // receive from it of an older version can never complete.
@@ -258,6 +263,10 @@ struct CollCtx {
   std::shared_ptr<OpState> state;
 };
 
+/// The abstract Unix-domain socket name of the worker at `ep` ("\0kf/HOST:PORT"): unique on a
+/// host because the TCP port is, and gone when the process is.
+std::string local_socket_name(const Endpoint& ep);
+
 class PeerImpl {
  public:
   explicit PeerImpl(PeerOptions opts);
@@ -283,8 +292,15 @@ class PeerImpl {
   int io_rank_ = 0;
   asio::any_io_executor ex() { return ioc_.get_executor(); }
   int peer_index(const Endpoint& ep);
-  awaitable<void> accept_loop();
-  awaitable<void> serve_incoming(std::shared_ptr<Incoming> in);
+  /// Accepts connections on `acceptor` (TCP or Unix-domain) and serves each.
+  template <typename Acceptor>
+  awaitable<void> accept_loop(Acceptor& acceptor);
+  /// `from` names the remote end in logs until the handshake tells who it is.
+  awaitable<void> serve_incoming(std::shared_ptr<Incoming> in, std::string from);
+  /// Whether connections to `ep` try the Unix-domain socket first (Transport::automatic).
+  bool same_host(const Endpoint& ep) const;
+  /// Connects out.sock to the peer: its Unix-domain socket when it is on this host, else TCP.
+  awaitable<boost::system::error_code> connect(Outgoing& out, const Endpoint& ep);
   awaitable<void> run_outgoing(std::shared_ptr<Outgoing> out);
   awaitable<std::error_code> dial(Outgoing& out);
   awaitable<std::error_code> read_exact(Incoming& in, std::byte* dst, std::size_t n);
@@ -346,6 +362,9 @@ class PeerImpl {
   std::atomic<Algorithm> default_algorithm_;  // the job's default, changeable at run time
   asio::io_context ioc_{1};
   tcp::acceptor acceptor_;
+  // Unix-domain listener of the same-host transport, in the abstract namespace (nothing on
+  // disk to clean up), named after the TCP endpoint: local_socket_name(self_).
+  local_stream::acceptor local_acceptor_;
   Endpoint self_;
   std::string identity_;
   std::thread io_thread_;

@@ -24,6 +24,17 @@
 
 namespace kf {
 
+/// How a peer reaches the others.
+enum class Transport : std::uint8_t {
+  /// Unix-domain stream sockets to workers on this host (same host string, or both on the
+  /// loopback network), TCP to the others; TCP too when a peer has no local socket.
+  automatic,
+  tcp,  ///< TCP to every peer
+};
+
+/// "auto" or "tcp"; std::nullopt for anything else.
+std::optional<Transport> parse_transport(std::string_view text) noexcept;
+
 struct PeerOptions {
   Endpoint listen{"127.0.0.1", 0};  ///< port 0 picks a free port (see Peer::endpoint())
   std::string job_id = "kf";
@@ -40,6 +51,7 @@ struct PeerOptions {
   /// After a burst of work the I/O thread keeps polling this long before it sleeps, so that the
   /// next message or submission finds it awake (zero: always sleep at once).
   std::chrono::microseconds spin{0};
+  Transport transport = Transport::automatic;
   std::size_t max_frame_bytes = std::size_t{64} << 20;       ///< larger transfers are split
   std::size_t max_unexpected_bytes = std::size_t{2} << 30;   ///< early-arrival buffer limit
 };

@@ -71,6 +71,7 @@ Env Env::from_environment() {
   }
   e.config_server = get(env::kConfigServer);
   e.algorithm = get(env::kAlgorithm);
+  e.transport = get(env::kTransport);
   if (auto v = get_integer(env::kTimeoutMs, 1, 86'400'000, "a positive number of milliseconds")) {
     e.timeout = std::chrono::milliseconds(*v);
   }

@@ -22,6 +22,7 @@ inline constexpr const char* kAlgorithm = "KF_ALGORITHM";        ///< job defaul
 inline constexpr const char* kTimeoutMs = "KF_TIMEOUT_MS";       ///< collective deadline, ms
 inline constexpr const char* kHeartbeatMs = "KF_HEARTBEAT_MS";   ///< silent-peer timeout, ms
 inline constexpr const char* kSpinUs = "KF_SPIN_US";             ///< I/O thread poll window, us
+inline constexpr const char* kTransport = "KF_TRANSPORT";        ///< auto (same-host sockets) | tcp
 inline constexpr const char* kLogLevel = "KF_LOG_LEVEL";         ///< trace|debug|info|warn|error
 inline constexpr const char* kCheckpoint = "KF_CHECKPOINT";      ///< kf::Session checkpoint file
 inline constexpr const char* kCheckpointEvery = "KF_CHECKPOINT_EVERY";  ///< commits between saves
@@ -44,6 +45,7 @@ struct Env {
   std::string job_token;
   std::optional<std::string> config_server;
   std::optional<std::string> algorithm;
+  std::optional<std::string> transport;
   std::optional<std::chrono::milliseconds> timeout;
   std::optional<std::chrono::microseconds> spin;
   std::optional<std::chrono::milliseconds> heartbeat_timeout;

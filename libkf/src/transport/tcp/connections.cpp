@@ -31,6 +31,20 @@ void set_socket_options(tcp::socket& s) {
   s.set_option(tcp::no_delay(true), ignored);
 }
 
+// Unix-domain sockets have small default buffers (about 200 KiB): with larger ones a big frame
+// moves in fewer, larger copies and the writer blocks less often on the reader.
+void set_socket_options(local_stream::socket& s) {
+  constexpr int kBufferBytes = 4 << 20;
+  boost::system::error_code ignored;
+  s.set_option(asio::socket_base::send_buffer_size(kBufferBytes), ignored);
+  s.set_option(asio::socket_base::receive_buffer_size(kBufferBytes), ignored);
+}
+
+std::string describe(const tcp::endpoint& ep) {
+  return ep.address().to_string() + ":" + std::to_string(ep.port());
+}
+std::string describe(const local_stream::endpoint&) { return "a same-host socket"; }
+
 }  // namespace
 
 // ---- reading --------------------------------------------------------------------------------
@@ -89,7 +103,7 @@ awaitable<std::error_code> read_control(Self& self, Incoming& in, FrameType want
   co_return co_await self.read_exact(in, payload.data(), payload.size());
 }
 
-awaitable<std::error_code> write_control(tcp::socket& s, FrameType t,
+awaitable<std::error_code> write_control(Stream& s, FrameType t,
                                          const std::vector<std::byte>& payload) {
   FrameHeader h;
   h.type = t;
@@ -102,24 +116,28 @@ awaitable<std::error_code> write_control(tcp::socket& s, FrameType t,
 
 }  // namespace
 
-awaitable<void> PeerImpl::accept_loop() {
+template <typename Acceptor>
+awaitable<void> PeerImpl::accept_loop(Acceptor& acceptor) {
   while (!stopping_) {
-    auto [ec, sock] = co_await acceptor_.async_accept(kTuple);
+    auto [ec, sock] = co_await acceptor.async_accept(kTuple);
     if (ec) {
       if (stopping_ || ec == asio::error::operation_aborted) co_return;
       KF_LOG(warn, "transport", "{}: accept failed: {}", identity_, ec.message());
       continue;
     }
     set_socket_options(sock);
-    auto in = std::make_shared<Incoming>(std::move(sock));
-    asio::co_spawn(ex(), serve_incoming(in), asio::detached);
+    boost::system::error_code rec;
+    std::string from = describe(sock.remote_endpoint(rec));
+    auto in = std::make_shared<Incoming>(Stream(std::move(sock)));
+    asio::co_spawn(ex(), serve_incoming(in, std::move(from)), asio::detached);
   }
 }
 
-awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in) {
+template awaitable<void> PeerImpl::accept_loop(tcp::acceptor&);
+template awaitable<void> PeerImpl::accept_loop(local_stream::acceptor&);
+
+awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in, std::string from) {
   boost::system::error_code ignored;
-  auto remote = in->sock.remote_endpoint(ignored);
-  const std::string from = remote.address().to_string() + ":" + std::to_string(remote.port());
   std::string why;
   // Handshake, raced against the connect deadline so a silent client cannot hold a socket.
   auto handshake = [&]() -> awaitable<std::error_code> {
@@ -309,18 +327,48 @@ awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in) {
 
 // ---- writing --------------------------------------------------------------------------------
 
+bool PeerImpl::same_host(const Endpoint& ep) const {
+  if (opts_.transport != Transport::automatic || !local_acceptor_.is_open()) return false;
+  if (ep.host == self_.host) return true;
+  boost::system::error_code e1, e2;
+  const auto a = asio::ip::make_address(ep.host, e1);
+  const auto b = asio::ip::make_address(self_.host, e2);
+  return !e1 && !e2 && a.is_loopback() && b.is_loopback();
+}
+
+awaitable<boost::system::error_code> PeerImpl::connect(Outgoing& out, const Endpoint& ep) {
+  out.local = false;
+  if (same_host(ep) && !peers_[static_cast<std::size_t>(out.peer)].no_local) {
+    local_stream::socket s(ex());
+    auto [ec] = co_await s.async_connect(local_stream::endpoint(local_socket_name(ep)), kTuple);
+    if (!ec) {
+      set_socket_options(s);
+      out.sock = Stream(std::move(s));
+      out.local = true;
+      co_return ec;
+    }
+    // Not listening on a same-host socket (yet, or at all: KF_TRANSPORT=tcp there): TCP.
+    KF_LOG(debug, "transport", "{}: no same-host socket for {} ({}), using TCP", identity_,
+           ep.str(), ec.message());
+  }
+  tcp::resolver resolver(ex());
+  auto [rec, results] = co_await resolver.async_resolve(ep.host, std::to_string(ep.port), kTuple);
+  if (rec) co_return rec;
+  tcp::socket s(ex());
+  auto [ec, connected] = co_await asio::async_connect(s, results, kTuple);
+  if (!ec) {
+    set_socket_options(s);
+    out.sock = Stream(std::move(s));
+  }
+  co_return ec;
+}
+
 awaitable<std::error_code> PeerImpl::dial(Outgoing& out) {
   const Endpoint ep = peers_[static_cast<std::size_t>(out.peer)].ep;
   const auto give_up = Clock::now() + opts_.connect_timeout;
   std::chrono::milliseconds backoff{2};
-  tcp::resolver resolver(ex());
   for (;;) {
-    auto [rec, results] = co_await resolver.async_resolve(ep.host, std::to_string(ep.port), kTuple);
-    boost::system::error_code cec = rec;
-    if (!rec) {
-      auto [ec2, connected] = co_await asio::async_connect(out.sock, results, kTuple);
-      cec = ec2;
-    }
+    const boost::system::error_code cec = co_await connect(out, ep);
     if (!cec) break;
     if (stopping_ || out.closed) co_return make_error_code(errc::cancelled);
     if (Clock::now() + backoff >= give_up) {
@@ -333,7 +381,6 @@ awaitable<std::error_code> PeerImpl::dial(Outgoing& out) {
     co_await t.async_wait(kTuple);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
   }
-  set_socket_options(out.sock);
   // Dialer side of the handshake.
   Incoming reader(std::move(out.sock));
   std::string why;
@@ -373,6 +420,16 @@ awaitable<std::error_code> PeerImpl::dial(Outgoing& out) {
   auto outcome = co_await (handshake() || deadline.async_wait(kTuple));
   std::error_code ec = outcome.index() == 0 ? std::get<0>(outcome) : make_error_code(errc::timeout);
   out.sock = std::move(reader.sock);
+  if (ec && out.local && !stopping_ && !out.closed) {
+    // Whoever answers on the peer's same-host socket name is not the peer (another process
+    // took the name first): TCP still reaches the peer itself.
+    KF_LOG(warn, "transport", "{}: handshake over the same-host socket of {} failed ({}); "
+           "using TCP", identity_, ep.str(), why.empty() ? ec.message() : why);
+    peers_[static_cast<std::size_t>(out.peer)].no_local = true;
+    boost::system::error_code ignored;
+    out.sock.close(ignored);
+    co_return co_await dial(out);
+  }
   if (ec) {
     KF_LOG(warn, "transport", "{}: handshake with {} failed: {}", identity_, ep.str(),
            why.empty() ? ec.message() : why);
@@ -632,6 +689,7 @@ void PeerImpl::break_version(std::error_code ec, const std::string& why) {
   }
   for (std::size_t i = 0; i < peers_.size(); ++i) {
     if (peers_[i].lost || peers_[i].departed || !io_cluster_.rank_of(peers_[i].ep)) continue;
+    if (peers_[i].key == identity_) continue;  // this worker knows already
     for (const auto& who : lost) {
       std::vector<std::byte> payload(reinterpret_cast<const std::byte*>(who.data()),
                                      reinterpret_cast<const std::byte*>(who.data()) + who.size());
@@ -687,6 +745,7 @@ awaitable<void> PeerImpl::shutdown() {
   stopping_ = true;
   boost::system::error_code ignored;
   acceptor_.close(ignored);
+  local_acceptor_.close(ignored);
   for (std::size_t i = 0; i < peers_.size(); ++i) force_close(static_cast<int>(i));
 }
 
