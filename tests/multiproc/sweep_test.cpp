@@ -19,7 +19,12 @@ TEST_P(KfrunSweep, EveryWorkerVerifiesEveryCollective) {
   ASSERT_NE(kfrun, nullptr);
   ASSERT_NE(worker, nullptr);
   const int np = GetParam();
-  auto child = test::spawn({kfrun, "-np", std::to_string(np), "--", worker, "sweep"}, {});
+  // This checks results, not failure detection (multiproc_peer_loss does that). Eight workers
+  // with 32 MiB reduce-scatters oversubscribe two cores fourfold, and a worker that waits for a
+  // core longer than the default heartbeat timeout (750 ms) would be declared lost.
+  auto child = test::spawn(
+      {kfrun, "-np", std::to_string(np), "--timeout-ms", "30000", "--", worker, "sweep"},
+      {"KF_HEARTBEAT_MS=10000"});
   ASSERT_GT(child.pid, 0);
   auto status = test::wait_exit(child, std::chrono::steady_clock::now() + std::chrono::minutes(4));
   ASSERT_TRUE(status.has_value()) << "kfrun did not finish: " << child.pending;
