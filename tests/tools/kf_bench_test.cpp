@@ -2,12 +2,16 @@
 // kf-bench end to end: kfrun (path in $KFRUN) starts real kf-bench workers (path in $KF_BENCH)
 // that measure collectives over TCP on 127.0.0.1; the tests parse rank 0's JSON rows and check
 // that every row is complete and correct, and that bad arguments are usage errors (exit 2).
+// kf-bench compare starts kfrun itself (found beside kf-bench in the build tree), for kf only, so
+// that the test needs neither OpenMPI nor Gloo.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -178,6 +182,50 @@ TEST_F(KfBench, BadArgumentsAreUsageErrors) {
   const Captured bad_root = run_bench(2, {"broadcast", "--root", "2", "--sizes", "4"});
   EXPECT_EQ(bad_root.exit_code, 2) << bad_root.out << bad_root.err;
   EXPECT_NE(bad_root.err.find("--root 2"), std::string::npos) << bad_root.err;
+}
+
+TEST_F(KfBench, CompareRunsKfOverBothTransportsAndWritesRowsAndPlot) {
+  std::string dir = (std::filesystem::temp_directory_path() / "kf_bench_compare.XXXXXX").string();
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const Captured r =
+      run({env_path("KF_BENCH"), "compare", "--impl", "kf,kf-tcp", "--np", "2", "--sizes", "4,64K",
+           "--rounds", "1", "--iters", "5", "--warmup", "1", "--out", dir, "--timeout-s", "60"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("kf-tcp / best tcp"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(dir + "/compare-np2.svg"), std::string::npos) << r.out;
+
+  std::ifstream jsonl(dir + "/compare.jsonl");
+  std::set<std::string> seen;
+  for (std::string line; std::getline(jsonl, line);) {
+    const auto row = nlohmann::json::parse(line);
+    expect_complete_and_correct(row);
+    const std::string impl = row.value("impl", "");
+    EXPECT_EQ(row.value("class", ""), impl == "kf" ? "local" : "tcp") << line;
+    EXPECT_EQ(row.value("round", 0), 1) << line;
+    EXPECT_EQ(row.value("np", 0), 2) << line;
+    seen.insert(impl + "/" + std::to_string(row.value("bytes", 0)));
+  }
+  EXPECT_EQ(seen, (std::set<std::string>{"kf/4", "kf/65536", "kf-tcp/4", "kf-tcp/65536"}));
+
+  std::ifstream svg_file(dir + "/compare-np2.svg");
+  const std::string svg{std::istreambuf_iterator<char>(svg_file), {}};
+  EXPECT_NE(svg.find("<svg "), std::string::npos);
+  std::size_t polylines = 0;
+  for (auto at = svg.find("<polyline"); at != std::string::npos;
+       at = svg.find("<polyline", at + 1)) {
+    ++polylines;
+  }
+  EXPECT_EQ(polylines, 2u) << svg;
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(KfBench, CompareNamesTheOptionOfABadValue) {
+  for (const auto& [option, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--np", "1"}, {"--impl", "nccl"}, {"--timeout-s", "0"}}) {
+    const Captured c = run({env_path("KF_BENCH"), "compare", option, value});
+    EXPECT_EQ(c.exit_code, 2) << option << ": " << c.out << c.err;
+    EXPECT_NE(c.err.find(option), std::string::npos) << c.err;
+  }
 }
 
 }  // namespace

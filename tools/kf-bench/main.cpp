@@ -3,16 +3,21 @@
 //   kfrun -np N kf-bench allreduce|broadcast|allgather|reduce-scatter|gather|barrier
 //         [--algo A[,A...]|all] [--dtype T] [--sizes S,S,...] [--op R] [--root R]
 //         [--iters K] [--warmup W] [--json]
-// Exit codes: 0 when every row is correct; 1 when one is not or a collective fails; 2 for a
-// usage error.
+// or compares kf's allreduce with OpenMPI's and Gloo's, starting the jobs itself
+// (lib/compare.hpp):
+//   kf-bench compare [--impl I,...] [--np N,...] [--sizes S,...] [--rounds K] [--iters K]
+//         [--warmup W] [--out DIR] [--timeout-s T]
+// Exit codes: 0 when every row is correct; 1 when one is not or a collective (compare: a run)
+// fails; 2 for a usage error.
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <iostream>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "kf-bench/lib/cli_check.hpp"
+#include "kf-bench/lib/compare_cli.hpp"
 #include "kf-bench/lib/parse.hpp"
 #include "kf-bench/lib/report.hpp"
 #include "kf-bench/lib/runner.hpp"
@@ -24,21 +29,8 @@ using kf::CollOp;
 namespace bench = kf::tools::bench;
 
 constexpr int kUsageError = 2;
-constexpr int kMaxIterations = 1000000;
-
-// A CLI11 validator from a parse function that throws std::invalid_argument or returns empty.
-template <typename Parse>
-CLI::Validator checked_by(Parse parse, const std::string& what) {
-  return CLI::Validator(
-      [parse, what](std::string& text) -> std::string {
-        try {
-          return parse(text) ? std::string() : "'" + text + "' is not " + what;
-        } catch (const std::invalid_argument& e) {
-          return e.what();
-        }
-      },
-      "", what);
-}
+using bench::checked_by;
+using bench::kMaxIterations;
 
 const char* const kTiming =
     "Per iteration: a barrier, then each worker times the collective from submit to the return "
@@ -121,6 +113,9 @@ int main(int argc, char** argv) {
     sub->add_flag("--json", options.json, "print one JSON object per row instead of a table");
   }
 
+  bench::CompareCommand compare;
+  bench::add_compare_command(app, compare);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -130,6 +125,9 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
 
+  if (app.got_subcommand("compare")) {
+    return bench::run_compare(bench::compare_options(compare), std::cout, std::cerr);
+  }
   options.algorithms.clear();
   for (const std::string& a : algos) {
     for (const kf::Algorithm x : bench::parse_algorithms(a)) options.algorithms.push_back(x);

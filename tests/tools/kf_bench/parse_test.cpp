@@ -33,6 +33,19 @@ TEST(ParseBytes, MessageNamesTheText) {
   }
 }
 
+TEST(FormatBytes, WritesTheShortestFormParseBytesReadsBack) {
+  EXPECT_EQ(format_bytes(4), "4");
+  EXPECT_EQ(format_bytes(1000), "1000");
+  EXPECT_EQ(format_bytes(4096), "4K");
+  EXPECT_EQ(format_bytes(1536 * 1024), "1536K");
+  EXPECT_EQ(format_bytes(64u << 20), "64M");
+  EXPECT_EQ(format_bytes(std::size_t{2048} << 30), "2048G");
+  EXPECT_EQ(format_bytes(0), "0");
+  for (const std::size_t bytes : {std::size_t{1}, std::size_t{3072}, std::size_t{1} << 40}) {
+    EXPECT_EQ(parse_bytes(format_bytes(bytes)), bytes);
+  }
+}
+
 TEST(ElementCount, RoundsDownButKeepsOneElement) {
   EXPECT_EQ(element_count(65537, DType::f32), 16384u);
   EXPECT_EQ(element_count(4, DType::f64), 1u);

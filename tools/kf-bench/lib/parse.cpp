@@ -44,6 +44,15 @@ std::size_t parse_bytes(std::string_view text) {
   return static_cast<std::size_t>(value << shift);
 }
 
+std::string format_bytes(std::size_t bytes) {
+  int suffix = 0;
+  while (suffix < 3 && bytes != 0 && bytes % 1024 == 0) {
+    bytes /= 1024;
+    ++suffix;
+  }
+  return std::to_string(bytes) + (suffix == 0 ? "" : std::string(1, "KMG"[suffix - 1]));
+}
+
 std::size_t element_count(std::size_t bytes, DType dtype) noexcept {
   return std::max<std::size_t>(1, bytes / dtype_bytes(dtype));
 }

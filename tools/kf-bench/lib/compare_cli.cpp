@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kf-bench/lib/compare_cli.hpp"
+
+#include "kf-bench/lib/cli_check.hpp"
+#include "kf-bench/lib/parse.hpp"
+
+namespace kf::tools::bench {
+
+namespace {
+
+// More processes than this on one host measure the scheduler rather than the collective.
+constexpr int kMaxProcesses = 64;
+constexpr int kMaxRounds = 1000;
+constexpr int kMaxTimeoutS = 24 * 3600;
+
+}  // namespace
+
+CLI::App* add_compare_command(CLI::App& app, CompareCommand& command) {
+  CompareOptions& o = command.options;
+  CLI::App* sub = app.add_subcommand(
+      "compare",
+      "run kf's allreduce and baselines (OpenMPI, Gloo) interleaved, round by round, on this "
+      "host; print tables; write the raw rows (compare.jsonl) and busbw plots (compare-npN.svg)");
+  sub->footer(
+      "Implementations (transport class): kf (local: kf's default, same-host sockets), kf-tcp "
+      "(tcp: KF_TRANSPORT=tcp), mpi-tcp (tcp), mpi-shm (local), gloo-ring, gloo-ring_chunked, "
+      "gloo-halving_doubling (tcp). A baseline whose executables are missing is skipped.\n"
+      "Exit code: 0 when every run completed and every row was correct, 1 otherwise, 2 for a "
+      "usage error.");
+  std::string names;
+  for (const ImplSpec& s : known_impls())
+    names += (names.empty() ? "" : ", ") + std::string(s.name);
+  sub->add_option("--impl", o.impls, "implementations to run, comma-separated (default: all)")
+      ->delimiter(',')
+      ->check(checked_by([](const std::string& s) { return find_impl(s) != nullptr; },
+                         "an implementation (" + names + ")"));
+  sub->add_option("--np", o.nps, "numbers of processes, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(2, kMaxProcesses))
+      ->capture_default_str();
+  sub->add_option("--sizes", command.sizes,
+                  "message bytes per worker, comma-separated, suffixes K, M, G (powers of 1024)")
+      ->delimiter(',')
+      ->check(checked_by([](const std::string& s) { return parse_bytes(s) > 0; }, "a size"))
+      ->capture_default_str();
+  sub->add_option("--rounds", o.rounds, "runs of every implementation per np, interleaved")
+      ->check(CLI::Range(1, kMaxRounds))
+      ->capture_default_str();
+  sub->add_option("--iters", o.iters, "timed iterations per size (default: kf-bench's)")
+      ->check(CLI::Range(1, kMaxIterations));
+  sub->add_option("--warmup", o.warmup, "untimed iterations before each size")
+      ->check(CLI::Range(0, kMaxIterations))
+      ->capture_default_str();
+  sub->add_option("--out", o.out_dir, "output directory (default: a new one under /tmp)");
+  sub->add_option("--timeout-s", o.timeout_s,
+                  "limit per run in seconds; then its processes are stopped and it fails")
+      ->check(CLI::Range(1, kMaxTimeoutS))
+      ->capture_default_str();
+  return sub;
+}
+
+CompareOptions compare_options(const CompareCommand& command) {
+  CompareOptions o = command.options;
+  o.sizes.clear();
+  for (const std::string& s : command.sizes) o.sizes.push_back(parse_bytes(s));
+  return o;
+}
+
+}  // namespace kf::tools::bench
