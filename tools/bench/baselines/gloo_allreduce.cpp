@@ -1,0 +1,241 @@
+// SPDX-License-Identifier: Apache-2.0
+// kf-bench-gloo: Gloo's CPU allreduce algorithms (f32, sum) over its TCP transport on
+// 127.0.0.1, measured exactly as kf-bench measures kf's allreduce
+// (tools/kf-bench/lib/runner.hpp), so that the rows can be compared. One process per rank:
+//   kf-bench-gloo --rank R --size N --store DIR --algo ring|ring_chunked|halving_doubling
+//                 [--sizes S,S,...] [--iters K] [--warmup W] [--json]
+// The ranks meet through files in DIR (gloo's FileStore), which must be empty: keys left by an
+// earlier run would point the ranks at dead addresses. For example, with N = 4:
+//   d=$(mktemp -d); for r in 0 1 2 3; do
+//     kf-bench-gloo --rank $r --size 4 --store $d --algo ring --json & done; wait; rm -r $d
+// Gloo's algorithms work in place, so there is no separate receive buffer to poison. A Gloo
+// algorithm object is bound to its buffer when constructed, so each size builds one object per
+// rotated buffer (see kf-bench's runner) before the first iteration, and each iteration calls
+// run() on the object of its buffer.
+// Exit codes: 0 when every row is correct; 1 when one is not or Gloo fails; 2 for a usage error.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <gloo/allreduce_halving_doubling.h>
+#include <gloo/allreduce_ring.h>
+#include <gloo/allreduce_ring_chunked.h>
+#include <gloo/barrier_all_to_one.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <iostream>
+#include <memory>
+#include <new>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kf-bench/lib/parse.hpp"
+#include "kf-bench/lib/pattern.hpp"
+#include "kf-bench/lib/report.hpp"
+#include "kf-bench/lib/stats.hpp"
+
+namespace {
+
+namespace bench = kf::tools::bench;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kIncorrect = 1;
+constexpr int kUsageError = 2;
+constexpr int kMaxIterations = 1000000;
+constexpr int kMaxRanks = 4096;
+// As in kf-bench's runner: the buffers rotated through total at least this much, so that an
+// iteration's buffer was last touched that many bytes of traffic earlier.
+constexpr std::size_t kRotationBytes = std::size_t{64} << 20;
+constexpr std::size_t kPageBytes = 4096;
+
+struct Options {
+  int rank = 0;
+  int size = 1;
+  std::string store;
+  std::string algo = "ring";
+  std::vector<std::string> sizes{"4", "1K", "64K", "1M", "16M", "64M"};
+  std::optional<int> iters;
+  int warmup = 5;
+  bool json = false;
+};
+
+struct Free {
+  void operator()(std::byte* p) const noexcept { std::free(p); }
+};
+
+std::unique_ptr<gloo::Algorithm> make_allreduce(const Options& o,
+                                                const std::shared_ptr<gloo::Context>& context,
+                                                float* data, int count) {
+  const std::vector<float*> ptrs{data};
+  if (o.algo == "ring_chunked") {
+    return std::make_unique<gloo::AllreduceRingChunked<float>>(context, ptrs, count);
+  }
+  if (o.algo == "halving_doubling") {
+    return std::make_unique<gloo::AllreduceHalvingDoubling<float>>(context, ptrs, count);
+  }
+  return std::make_unique<gloo::AllreduceRing<float>>(context, ptrs, count);
+}
+
+// Measures one message size; every rank calls it with the same arguments.
+// Throws: gloo::Exception (a std::runtime_error) when a transfer fails; std::bad_alloc.
+bench::Row run_size(const Options& o, const std::shared_ptr<gloo::Context>& context,
+                    gloo::BarrierAllToOne& barrier, const bench::Pattern& pattern,
+                    std::size_t bytes) {
+  bench::Row row;
+  row.algo = "gloo-" + o.algo;
+  row.count = bench::element_count(bytes, kf::DType::f32);
+  row.bytes = row.count * sizeof(float);
+  row.iters = o.iters.value_or(bench::default_iterations(row.bytes));
+  const int total = o.warmup + row.iters;
+
+  const std::size_t stride = (row.bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
+  const std::size_t rotation =
+      std::clamp<std::size_t>((kRotationBytes + stride - 1) / stride, 2, std::max(2, total));
+  const std::unique_ptr<std::byte, Free> memory(
+      static_cast<std::byte*>(std::aligned_alloc(kPageBytes, rotation * stride)));
+  if (!memory) throw std::bad_alloc();
+  const auto data = [&](std::uint64_t i) {
+    return reinterpret_cast<float*>(memory.get() + i % rotation * stride);
+  };
+  std::vector<std::unique_ptr<gloo::Algorithm>> allreduce;
+  for (std::size_t s = 0; s < rotation; ++s) {
+    allreduce.push_back(make_allreduce(o, context, data(s), static_cast<int>(row.count)));
+  }
+  // Each object allocates its scratch buffers when constructed and first touches them in run().
+  // A gloo user pays those page faults once per buffer, not per call, so each object runs once
+  // here (on garbage; the fill below overwrites it): otherwise, when there are as many objects
+  // as iterations, every timed call would include them.
+  for (const auto& a : allreduce) a->run();
+  for (std::size_t s = 0; s < rotation && s < static_cast<std::size_t>(total); ++s) {
+    pattern.fill(data(s), row.count, o.rank, 0, s);
+  }
+
+  // One extra element after the times: 1 where this rank saw a wrong result, so that a single
+  // max allreduce yields both the per-iteration maxima and whether any rank failed.
+  std::vector<double> times_us(static_cast<std::size_t>(row.iters) + 1, 0.0);
+  bool correct = true;
+  for (int t = 0; t < total; ++t) {
+    const auto iter = static_cast<std::uint64_t>(t);
+    barrier.run();
+    const auto start = Clock::now();
+    allreduce[iter % rotation]->run();
+    const std::chrono::duration<double, std::micro> elapsed = Clock::now() - start;
+    // Warmup results are checked too: a wrong result is a bug whenever it happens.
+    correct = pattern.matches_reduced(data(iter), row.count, 0, iter) && correct;
+    if (t >= o.warmup) times_us[static_cast<std::size_t>(t - o.warmup)] = elapsed.count();
+    if (iter + rotation < static_cast<std::uint64_t>(total)) {
+      pattern.fill(data(iter), row.count, o.rank, 0, iter + rotation);
+    }
+  }
+  times_us.back() = correct ? 0.0 : 1.0;
+  gloo::AllreduceRing<double>(context, {times_us.data()}, static_cast<int>(times_us.size()),
+                              gloo::ReductionFunction<double>::max)
+      .run();
+  row.correct = times_us.back() == 0.0;
+  times_us.pop_back();
+  row.median_us = bench::quantile(times_us, 0.5);
+  row.p90_us = bench::quantile(times_us, 0.9);
+  if (row.median_us > 0) {
+    const auto moved =
+        static_cast<double>(bench::algbw_bytes(kf::CollOp::allreduce, row.bytes, o.size));
+    row.algbw_gbps = moved / (row.median_us * 1e-6) / 1e9;
+    row.busbw_gbps = row.algbw_gbps * bench::bus_factor(kf::CollOp::allreduce, o.size);
+  }
+  return row;
+}
+
+// Connects the ranks, runs every size and prints the rows on rank 0. Returns whether every row
+// was correct. Throws: gloo::Exception when the rendezvous or a transfer fails.
+bool run(const Options& o) {
+  gloo::transport::tcp::attr attr;
+  attr.hostname = "127.0.0.1";
+  auto device = gloo::transport::tcp::CreateDevice(attr);
+  gloo::rendezvous::FileStore store(o.store);
+  const auto context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.size);
+  context->connectFullMesh(store, device);
+
+  const bench::RunInfo info{kf::CollOp::allreduce, o.size, kf::DType::f32, kf::ReduceOp::sum, 0,
+                            o.warmup};
+  if (o.rank == 0 && !o.json) {
+    std::cout << "# kf-bench-gloo: gloo allreduce " << o.algo << " over tcp on 127.0.0.1\n";
+    bench::print_header(std::cout, info);
+  }
+  gloo::BarrierAllToOne barrier(context);
+  const bench::Pattern pattern(kf::DType::f32, kf::ReduceOp::sum, o.size);
+  bool all_correct = true;
+  for (const std::string& s : o.sizes) {
+    const bench::Row row = run_size(o, context, barrier, pattern, bench::parse_bytes(s));
+    if (o.rank == 0) bench::print_row(std::cout, info, row, o.json);
+    all_correct = all_correct && row.correct;
+  }
+  return all_correct;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Measures Gloo's allreduce (f32, sum, tcp on 127.0.0.1) the way kf-bench "
+               "measures kf's allreduce. Start one process per rank.",
+               "kf-bench-gloo"};
+  Options o;
+  const CLI::Validator size_check(
+      [](std::string& text) -> std::string {
+        try {
+          const std::size_t count = bench::element_count(bench::parse_bytes(text),
+                                                         kf::DType::f32);
+          return count <= INT_MAX ? "" : "'" + text + "' is more than 2^31 - 1 floats";
+        } catch (const std::invalid_argument& e) {
+          return e.what();
+        }
+      },
+      "SIZE", "size");
+  CLI::Option* rank = app.add_option("--rank", o.rank, "this process's rank, 0 to --size - 1")
+                          ->required()
+                          ->check(CLI::Range(0, kMaxRanks - 1));
+  app.add_option("--size", o.size, "number of ranks")->required()->check(CLI::Range(1, kMaxRanks));
+  app.add_option("--store", o.store, "an empty directory shared by the ranks (rendezvous)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  app.add_option("--algo", o.algo, "ring, ring_chunked or halving_doubling")
+      ->check(CLI::IsMember({"ring", "ring_chunked", "halving_doubling"}))
+      ->capture_default_str();
+  app.add_option("--sizes", o.sizes,
+                 "message bytes per rank, comma-separated, suffixes K, M, G (powers of 1024), "
+                 "rounded down to whole floats (at least one)")
+      ->delimiter(',')
+      ->check(size_check)
+      ->capture_default_str();
+  app.add_option("--iters", o.iters,
+                 "timed iterations per size (default: 200 up to 64K, 50 up to 1M, 20 up to "
+                 "16M, 10 above)")
+      ->check(CLI::Range(1, kMaxIterations));
+  app.add_option("--warmup", o.warmup, "untimed iterations before each size")
+      ->check(CLI::Range(0, kMaxIterations))
+      ->capture_default_str();
+  app.add_flag("--json", o.json, "print one JSON object per size instead of a table");
+
+  try {
+    app.parse(argc, argv);
+    if (o.rank >= o.size) {
+      throw CLI::ValidationError(rank->get_name(), std::to_string(o.rank) +
+                                                       " is not below --size " +
+                                                       std::to_string(o.size));
+    }
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : kUsageError;
+  }
+
+  try {
+    return run(o) ? 0 : kIncorrect;
+  } catch (const std::exception& e) {
+    std::cerr << "kf-bench-gloo: rank " << o.rank << ": " << e.what() << std::endl;
+    return kIncorrect;
+  }
+}
