@@ -38,6 +38,7 @@
 #include "kf-bench/lib/parse.hpp"
 #include "kf-bench/lib/pattern.hpp"
 #include "kf-bench/lib/report.hpp"
+#include "kf-bench/lib/slots.hpp"
 #include "kf-bench/lib/stats.hpp"
 
 namespace {
@@ -49,11 +50,6 @@ constexpr int kIncorrect = 1;
 constexpr int kUsageError = 2;
 constexpr int kMaxIterations = 1000000;
 constexpr int kMaxRanks = 4096;
-// As in kf-bench's runner: the buffers rotated through total at least this much, so that an
-// iteration's buffer was last touched that many bytes of traffic earlier.
-constexpr std::size_t kRotationBytes = std::size_t{64} << 20;
-constexpr std::size_t kPageBytes = 4096;
-
 struct Options {
   int rank = 0;
   int size = 1;
@@ -65,9 +61,6 @@ struct Options {
   bool json = false;
 };
 
-struct Free {
-  void operator()(std::byte* p) const noexcept { std::free(p); }
-};
 
 std::unique_ptr<gloo::Algorithm> make_allreduce(const Options& o,
                                                 const std::shared_ptr<gloo::Context>& context,
@@ -94,15 +87,10 @@ bench::Row run_size(const Options& o, const std::shared_ptr<gloo::Context>& cont
   row.iters = o.iters.value_or(bench::default_iterations(row.bytes));
   const int total = o.warmup + row.iters;
 
-  const std::size_t stride = (row.bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
-  const std::size_t rotation =
-      std::clamp<std::size_t>((kRotationBytes + stride - 1) / stride, 2, std::max(2, total));
-  const std::unique_ptr<std::byte, Free> memory(
-      static_cast<std::byte*>(std::aligned_alloc(kPageBytes, rotation * stride)));
-  if (!memory) throw std::bad_alloc();
-  const auto data = [&](std::uint64_t i) {
-    return reinterpret_cast<float*>(memory.get() + i % rotation * stride);
-  };
+  // Gloo works in place: one buffer per slot.
+  const bench::Slots slots(row.bytes, 0, total);
+  const std::size_t rotation = slots.count();
+  const auto data = [&](std::uint64_t i) { return reinterpret_cast<float*>(slots.send(i)); };
   std::vector<std::unique_ptr<gloo::Algorithm>> allreduce;
   for (std::size_t s = 0; s < rotation; ++s) {
     allreduce.push_back(make_allreduce(o, context, data(s), static_cast<int>(row.count)));

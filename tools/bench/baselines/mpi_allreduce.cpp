@@ -44,6 +44,7 @@
 #include "kf-bench/lib/parse.hpp"
 #include "kf-bench/lib/pattern.hpp"
 #include "kf-bench/lib/report.hpp"
+#include "kf-bench/lib/slots.hpp"
 #include "kf-bench/lib/stats.hpp"
 
 namespace {
@@ -54,11 +55,6 @@ using Clock = std::chrono::steady_clock;
 constexpr int kIncorrect = 1;
 constexpr int kUsageError = 2;
 constexpr int kMaxIterations = 1000000;
-// As in kf-bench's runner: the buffers rotated through total at least this much, so that an
-// iteration's buffers were last touched that many bytes of traffic earlier.
-constexpr std::size_t kRotationBytes = std::size_t{64} << 20;
-constexpr std::size_t kPageBytes = 4096;
-
 struct Options {
   std::vector<std::string> sizes{"4", "1K", "64K", "1M", "16M", "64M"};
   std::optional<int> iters;
@@ -77,14 +73,6 @@ void check(int code, const char* call) {
   throw std::runtime_error(std::string(call) + ": " + std::string(text, length));
 }
 
-std::size_t round_to_page(std::size_t bytes) {
-  return (bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
-}
-
-struct Free {
-  void operator()(std::byte* p) const noexcept { std::free(p); }
-};
-
 // Measures one message size; every rank calls it with the same arguments.
 // Throws: std::runtime_error when an MPI call fails; std::bad_alloc.
 bench::Row run_size(const Options& o, const bench::Pattern& pattern, int rank, int workers,
@@ -97,16 +85,10 @@ bench::Row run_size(const Options& o, const bench::Pattern& pattern, int rank, i
   const int total = o.warmup + row.iters;
   const auto count = static_cast<int>(row.count);
 
-  // Each slot holds one iteration's send buffer and then its receive buffer, page-aligned.
-  const std::size_t half = round_to_page(row.bytes);
-  const std::size_t stride = 2 * half;
-  const std::size_t rotation =
-      std::clamp<std::size_t>((kRotationBytes + stride - 1) / stride, 2, std::max(2, total));
-  const std::unique_ptr<std::byte, Free> memory(
-      static_cast<std::byte*>(std::aligned_alloc(kPageBytes, rotation * stride)));
-  if (!memory) throw std::bad_alloc();
-  const auto send = [&](std::uint64_t i) { return memory.get() + i % rotation * stride; };
-  const auto recv = [&](std::uint64_t i) { return send(i) + half; };
+  const bench::Slots slots(row.bytes, row.bytes, total);
+  const std::size_t rotation = slots.count();
+  const auto send = [&](std::uint64_t i) { return slots.send(i); };
+  const auto recv = [&](std::uint64_t i) { return slots.recv(i); };
   const auto prepare = [&](std::uint64_t i, std::uint64_t iter) {
     pattern.fill(send(i), row.count, rank, 0, iter);
     pattern.poison(recv(i), row.count);

@@ -13,6 +13,7 @@
 #include "kf-bench/lib/parse.hpp"
 #include "kf-bench/lib/pattern.hpp"
 #include "kf-bench/lib/report.hpp"
+#include "kf-bench/lib/slots.hpp"
 #include "kf-bench/lib/stats.hpp"
 #include "kf/common/error.hpp"
 
@@ -21,15 +22,6 @@ namespace kf::tools::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// The buffers rotated through total at least this much, so that an iteration's buffers were
-// last touched (refilled) that many bytes of traffic earlier: out of every cache level.
-constexpr std::size_t kRotationBytes = std::size_t{64} << 20;
-constexpr std::size_t kPageBytes = 4096;
-
-std::size_t round_to_page(std::size_t bytes) {
-  return (bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
-}
 
 // Elements of one iteration's send and receive buffers on this worker. Broadcast works in
 // place on the receive buffer.
@@ -55,38 +47,6 @@ Layout layout_of(CollOp op, std::size_t count, int rank, int workers, int root) 
       return {};
   }
 }
-
-// The buffers of count() iterations, used in rotation; each buffer starts on its own page.
-// Not thread-safe.
-class Slots {
- public:
-  Slots(Layout layout, std::size_t element_bytes, int iterations)
-      : send_stride_(round_to_page(layout.send * element_bytes)),
-        stride_(send_stride_ + round_to_page(layout.recv * element_bytes)) {
-    if (stride_ == 0) return;  // barrier: nothing to rotate
-    const std::size_t wanted = (kRotationBytes + stride_ - 1) / stride_;
-    count_ = std::clamp<std::size_t>(wanted, 2, std::max(2, iterations));
-    memory_.reset(static_cast<std::byte*>(std::aligned_alloc(kPageBytes, count_ * stride_)));
-    if (!memory_) throw std::bad_alloc();
-  }
-
-  std::size_t count() const noexcept { return count_; }
-  std::byte* send(std::size_t slot) const noexcept { return at(slot); }
-  std::byte* recv(std::size_t slot) const noexcept { return at(slot) + send_stride_; }
-
- private:
-  struct Free {
-    void operator()(std::byte* p) const noexcept { std::free(p); }
-  };
-  std::byte* at(std::size_t slot) const noexcept {
-    return memory_ ? memory_.get() + slot % count_ * stride_ : nullptr;
-  }
-
-  std::size_t send_stride_;
-  std::size_t stride_;
-  std::size_t count_ = 1;
-  std::unique_ptr<std::byte, Free> memory_;
-};
 
 // One worker's benchmark state: the options, the value tables, the collective names.
 class Bench {
@@ -186,7 +146,7 @@ Row Bench::run_case(Algorithm algorithm, std::size_t bytes) {
   row.bytes = count_ * element_bytes;
   row.iters = o_.iters.value_or(default_iterations(row.bytes));
   const int total = o_.warmup + row.iters;
-  const Slots slots(layout_, element_bytes, total);
+  const Slots slots(layout_.send * element_bytes, layout_.recv * element_bytes, total);
   const std::size_t rotation = slots.count();
   for (std::size_t s = 0; s < rotation && s < static_cast<std::size_t>(total); ++s) {
     prepare(slots.send(s), slots.recv(s), s);

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: Apache-2.0
+// The buffers of a benchmark's iterations, used in rotation so that each iteration's buffers
+// were last touched (refilled) tens of MiB of traffic earlier: out of every cache level, as a
+// training step's gradients are. Shared by kf-bench and its baselines (tools/bench/baselines),
+// so that all of them measure with equally cold buffers. Not thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdlib>
+#include <memory>
+
+namespace kf::tools::bench {
+
+class Slots {
+ public:
+  /// Room for `iterations` pairs of a send buffer of `send_bytes` and a receive buffer of
+  /// `recv_bytes` (either may be 0), each page-aligned; at most as many pairs as make 64 MiB,
+  /// at least 2. Throws: std::bad_alloc.
+  Slots(std::size_t send_bytes, std::size_t recv_bytes, int iterations);
+
+  /// How many pairs there are; iteration i uses pair i % count().
+  std::size_t count() const noexcept { return count_; }
+  std::byte* send(std::size_t iteration) const noexcept { return at(iteration); }
+  std::byte* recv(std::size_t iteration) const noexcept { return at(iteration) + send_stride_; }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const noexcept { std::free(p); }
+  };
+  std::byte* at(std::size_t iteration) const noexcept {
+    return memory_ ? memory_.get() + iteration % count_ * stride_ : nullptr;
+  }
+
+  std::size_t send_stride_;
+  std::size_t stride_;
+  std::size_t count_ = 1;
+  std::unique_ptr<std::byte, Free> memory_;
+};
+
+}  // namespace kf::tools::bench
