@@ -131,7 +131,7 @@ TEST(JobFile, DefaultsFillEveryKeyLeftOut) {
   EXPECT_EQ(j.timeouts.heartbeat, std::chrono::milliseconds(750));
   EXPECT_EQ(j.timeouts.connect, std::chrono::milliseconds(20000));
   EXPECT_EQ(j.ports.first, 10000);
-  EXPECT_EQ(j.ports.last, 60000);
+  EXPECT_EQ(j.ports.last, 32767);
   EXPECT_EQ(j.commit_every, 1);
   EXPECT_FALSE(j.checkpoint);
   EXPECT_FALSE(j.metrics);

@@ -14,8 +14,10 @@ namespace kf::tools {
 
 /// An inclusive range of TCP ports, first <= last, both in 1..65535.
 struct PortRange {
+  // Below Linux's ephemeral range (32768-60999 by default): a port in it can be taken by an
+  // outgoing connection between the pick and the worker's bind, and listen() then fails.
   std::uint16_t first = 10000;
-  std::uint16_t last = 60000;
+  std::uint16_t last = 32767;
 
   std::size_t count_ports() const noexcept { return std::size_t{last} - first + 1; }
   std::string str() const { return std::to_string(first) + "-" + std::to_string(last); }

@@ -60,7 +60,7 @@ struct JobFile {
   /// Inclusive TCP port range for the workers of a static job, 1 <= first <= last <= 65535.
   struct Ports {
     std::uint16_t first = 10000;
-    std::uint16_t last = 60000;
+    std::uint16_t last = 32767;  // below the ephemeral range (kfrun ports.hpp)
   };
   struct Checkpoint {
     std::string path;
