@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "kf-bench/lib/cli_check.hpp"
 #include "kf-bench/lib/parse.hpp"
 #include "kf-bench/lib/pattern.hpp"
 #include "kf-bench/lib/report.hpp"
@@ -48,7 +49,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kIncorrect = 1;
 constexpr int kUsageError = 2;
-constexpr int kMaxIterations = 1000000;
 constexpr int kMaxRanks = 4096;
 struct Options {
   int rank = 0;
@@ -172,17 +172,7 @@ int main(int argc, char** argv) {
                "measures kf's allreduce. Start one process per rank.",
                "kf-bench-gloo"};
   Options o;
-  const CLI::Validator size_check(
-      [](std::string& text) -> std::string {
-        try {
-          const std::size_t count = bench::element_count(bench::parse_bytes(text),
-                                                         kf::DType::f32);
-          return count <= INT_MAX ? "" : "'" + text + "' is more than 2^31 - 1 floats";
-        } catch (const std::invalid_argument& e) {
-          return e.what();
-        }
-      },
-      "SIZE", "size");
+  const CLI::Validator size_check = bench::float_size_check();
   CLI::Option* rank = app.add_option("--rank", o.rank, "this process's rank, 0 to --size - 1")
                           ->required()
                           ->check(CLI::Range(0, kMaxRanks - 1));
@@ -202,9 +192,9 @@ int main(int argc, char** argv) {
   app.add_option("--iters", o.iters,
                  "timed iterations per size (default: 200 up to 64K, 50 up to 1M, 20 up to "
                  "16M, 10 above)")
-      ->check(CLI::Range(1, kMaxIterations));
+      ->check(CLI::Range(1, bench::kMaxIterations));
   app.add_option("--warmup", o.warmup, "untimed iterations before each size")
-      ->check(CLI::Range(0, kMaxIterations))
+      ->check(CLI::Range(0, bench::kMaxIterations))
       ->capture_default_str();
   app.add_flag("--json", o.json, "print one JSON object per size instead of a table");
 

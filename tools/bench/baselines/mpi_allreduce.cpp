@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "kf-bench/lib/cli_check.hpp"
 #include "kf-bench/lib/parse.hpp"
 #include "kf-bench/lib/pattern.hpp"
 #include "kf-bench/lib/report.hpp"
@@ -54,7 +55,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kIncorrect = 1;
 constexpr int kUsageError = 2;
-constexpr int kMaxIterations = 1000000;
 struct Options {
   std::vector<std::string> sizes{"4", "1K", "64K", "1M", "16M", "64M"};
   std::optional<int> iters;
@@ -162,17 +162,7 @@ int main(int argc, char** argv) {
                "Run it under mpirun.",
                "kf-bench-mpi"};
   Options o;
-  const CLI::Validator size_check(
-      [](std::string& text) -> std::string {
-        try {
-          const std::size_t count = bench::element_count(bench::parse_bytes(text),
-                                                         kf::DType::f32);
-          return count <= INT_MAX ? "" : "'" + text + "' is more than 2^31 - 1 floats";
-        } catch (const std::invalid_argument& e) {
-          return e.what();
-        }
-      },
-      "SIZE", "size");
+  const CLI::Validator size_check = bench::float_size_check();
   app.add_option("--sizes", o.sizes,
                  "message bytes per rank, comma-separated, suffixes K, M, G (powers of 1024), "
                  "rounded down to whole floats (at least one)")
@@ -182,9 +172,9 @@ int main(int argc, char** argv) {
   app.add_option("--iters", o.iters,
                  "timed iterations per size (default: 200 up to 64K, 50 up to 1M, 20 up to "
                  "16M, 10 above)")
-      ->check(CLI::Range(1, kMaxIterations));
+      ->check(CLI::Range(1, bench::kMaxIterations));
   app.add_option("--warmup", o.warmup, "untimed iterations before each size")
-      ->check(CLI::Range(0, kMaxIterations))
+      ->check(CLI::Range(0, bench::kMaxIterations))
       ->capture_default_str();
   app.add_option("--label", o.label, "the rows' algo field, e.g. mpi-tcp or mpi-shm")
       ->capture_default_str();

@@ -5,8 +5,11 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <climits>
 #include <stdexcept>
 #include <string>
+
+#include "kf-bench/lib/parse.hpp"
 
 namespace kf::tools::bench {
 
@@ -26,6 +29,21 @@ CLI::Validator checked_by(Parse parse, const std::string& what) {
         }
       },
       "", what);
+}
+
+/// A size on the command line of the baselines (tools/bench/baselines): bytes with K/M/G
+/// suffixes, at most 2^31 - 1 floats (MPI and Gloo count elements in an int).
+inline CLI::Validator float_size_check() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          const std::size_t count = element_count(parse_bytes(text), DType::f32);
+          return count <= INT_MAX ? "" : "'" + text + "' is more than 2^31 - 1 floats";
+        } catch (const std::invalid_argument& e) {
+          return e.what();
+        }
+      },
+      "SIZE", "size");
 }
 
 }  // namespace kf::tools::bench
