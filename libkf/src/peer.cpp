@@ -42,6 +42,7 @@ std::string Handle::message() const {
 
 std::optional<Transport> parse_transport(std::string_view text) noexcept {
   if (text == "auto") return Transport::automatic;
+  if (text == "unix") return Transport::unix_socket;
   if (text == "tcp") return Transport::tcp;
   return std::nullopt;
 }
@@ -90,7 +91,7 @@ PeerImpl::PeerImpl(PeerOptions opts)
   self_ = Endpoint{opts_.listen.host, acceptor_.local_endpoint().port()};
   identity_ = self_.str();
   asio::co_spawn(ioc_, accept_loop(acceptor_), asio::detached);
-  if (opts_.transport == Transport::automatic) {
+  if (opts_.transport != Transport::tcp) {
     // The same-host listener is an optimisation: without it, peers on this host use TCP.
     const std::string name = local_socket_name(self_);
     local_acceptor_.open(local_stream(), ec);
@@ -371,7 +372,7 @@ PeerOptions Peer::options_from(const Env& e) {
     auto t = parse_transport(*e.transport);
     if (!t) {
       throw std::invalid_argument(std::string(env::kTransport) + "='" + *e.transport +
-                                  "' is not one of auto, tcp");
+                                  "' is not one of auto, unix, tcp");
     }
     o.transport = *t;
   }
@@ -392,6 +393,16 @@ Handle Peer::invite(const Endpoint& to, std::string payload) {
 std::optional<Invitation> Peer::wait_invitation(std::chrono::milliseconds timeout) {
   return impl_->wait_invitation(timeout);
 }
+TransportStats Peer::transport_stats() const noexcept {
+  const auto& c = impl_->counters_;
+  TransportStats t;
+  t.tcp_bytes = c.tcp_bytes.load(std::memory_order_relaxed);
+  t.socket_bytes = c.socket_bytes.load(std::memory_order_relaxed);
+  t.single_copy_bytes = c.single_copy_bytes.load(std::memory_order_relaxed);
+  t.single_copy_refused = c.single_copy_refused.load(std::memory_order_relaxed);
+  return t;
+}
+
 int Peer::rank() const noexcept { return impl_->rank_; }
 int Peer::size() const noexcept { return impl_->cluster_.size(); }
 std::uint64_t Peer::version() const noexcept { return impl_->cluster_.version; }

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <sys/types.h>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -182,6 +183,9 @@ struct Outgoing {
   int peer;
   bool closed = false;
   bool local = false;  // connected over the same-host (Unix-domain) socket
+  // Large payloads are left in place for the receiver to copy (transport::kFlagRemote); off
+  // once the receiver has answered that it cannot.
+  bool single_copy = false;
 };
 
 struct Incoming {
@@ -195,6 +199,18 @@ struct Incoming {
   // are parsed from here with one system call; large payloads bypass it.
   std::vector<std::byte> buf;
   std::size_t begin = 0, end = 0;
+  // The dialer's process on a same-host connection (SO_PEERCRED), whose memory single-copy
+  // frames are read from; 0 over TCP.
+  pid_t pid = 0;
+  bool single_copy = true;  // false once the kernel refused to copy from `pid`
+};
+
+/// Where a data frame's payload comes from: the connection, or (single-copy) the sender's
+/// memory at `remote_addr`, of which `at` bytes were taken already.
+struct PayloadSource {
+  bool remote = false;
+  std::uint64_t remote_addr = 0;
+  std::size_t at = 0;
 };
 
 /// What this process knows of one remote worker, by endpoint; never removed, so indices are
@@ -304,6 +320,15 @@ class PeerImpl {
   awaitable<void> run_outgoing(std::shared_ptr<Outgoing> out);
   awaitable<std::error_code> dial(Outgoing& out);
   awaitable<std::error_code> read_exact(Incoming& in, std::byte* dst, std::size_t n);
+  /// The next n payload bytes of the frame being read, into dst (from the socket, or copied
+  /// from the sender's memory for a single-copy frame).
+  awaitable<std::error_code> read_payload(Incoming& in, PayloadSource& src, std::byte* dst,
+                                          std::size_t n, std::string& why);
+  /// Reads the frame's payload into a posted receive or, when none is posted, into the
+  /// unexpected-message buffer. Returns an error that ends the connection.
+  awaitable<std::error_code> receive_data(Incoming& in, int peer, const transport::FrameHeader& h,
+                                          const std::string& name, PayloadSource& src,
+                                          std::string& why);
   awaitable<std::error_code> write_frame(Outgoing& out, SendReq& req);
 
   std::shared_ptr<SendReq> post_send(int peer, const transport::FrameHeader& h, std::string name,
@@ -377,6 +402,14 @@ class PeerImpl {
   std::string broken_why_;
   bool stopping_ = false;
   ScratchPool scratch_;
+  // Written by the I/O thread, read by Peer::transport_stats from any thread.
+  struct Counters {
+    std::atomic<std::uint64_t> tcp_bytes{0}, socket_bytes{0}, single_copy_bytes{0},
+        single_copy_refused{0};
+    static void add(std::atomic<std::uint64_t>& c, std::uint64_t n) {
+      c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+    }
+  } counters_;
 
   // Invitations received (I/O thread pushes, a user thread takes).
   std::mutex invite_mu_;

@@ -77,6 +77,15 @@ bool decode(const HeaderBytes& b, std::uint64_t max_payload, FrameHeader& out, s
           std::to_string(limit);
     return false;
   }
+  if ((out.flags & ~kFlagRemote) != 0) {
+    std::snprintf(text, sizeof text, "unknown flags 0x%02x", out.flags);
+    why = text;
+    return false;
+  }
+  if (out.flags != 0 && out.type != FrameType::data) {
+    why = "control frame carries flags";
+    return false;
+  }
   if (out.type != FrameType::data && out.name_bytes != 0) {
     why = "control frame carries a name";
     return false;

@@ -30,6 +30,18 @@ enum class FrameType : std::uint8_t {
   invite = 8,     ///< "join the job": payload is the session's invitation (JSON), sent to joiners
 };
 
+/// Header flag of a data frame sent over a same-host connection: the payload stays in the
+/// sender's memory. What follows the name is the payload's 8-byte address in the sender instead
+/// of the payload; the receiver copies it from there (process_vm_readv) and answers with one
+/// RemoteReply byte on the same connection. The sender's buffer stays untouched until then.
+inline constexpr std::uint8_t kFlagRemote = 0x01;
+inline constexpr std::size_t kRemoteAddressBytes = 8;
+
+enum class RemoteReply : std::uint8_t {
+  copied = 1,       ///< the receiver has the payload; the sender may reuse its buffer
+  send_inline = 2,  ///< the kernel refused the copy: the sender now writes the payload inline
+};
+
 struct FrameHeader {
   FrameType type = FrameType::data;
   std::uint8_t flags = 0;

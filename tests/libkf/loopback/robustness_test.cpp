@@ -9,14 +9,18 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <spdlog/sinks/ostream_sink.h>
 
+#include <cstddef>
+#include <cstring>
 #include <sstream>
 
 #include "kf/common/log.hpp"
 #include "support/local_cluster.hpp"
+#include "transport/auth.hpp"
 #include "transport/frame.hpp"
 
 namespace kf {
@@ -62,6 +66,79 @@ bool closed_by_peer(int s) {
     if (n == 0) return true;
     if (n < 0) return errno == ECONNRESET;
   }
+}
+
+// The worker's same-host socket ("\0kf/HOST:PORT").
+int connect_local(const Endpoint& ep) {
+  const std::string name = std::string(1, '\0') + "kf/" + ep.str();
+  const int s = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path, name.data(), name.size());
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size());
+  if (connect(s, reinterpret_cast<sockaddr*>(&a), len) != 0) {
+    close(s);
+    return -1;
+  }
+  return s;
+}
+
+bool read_all(int s, void* p, std::size_t n) {
+  auto* b = static_cast<char*>(p);
+  while (n > 0) {
+    const ssize_t got = recv(s, b, n, 0);
+    if (got <= 0) return false;
+    b += got;
+    n -= static_cast<std::size_t>(got);
+  }
+  return true;
+}
+
+// Reads one frame's header and payload (the handshake's frames).
+bool read_frame(int s, transport::FrameHeader& h, std::vector<std::byte>& payload) {
+  transport::HeaderBytes hb;
+  std::string why;
+  if (!read_all(s, hb.data(), hb.size()) || !transport::decode(hb, 1 << 20, h, why)) return false;
+  payload.resize(h.payload_bytes);
+  return read_all(s, payload.data(), payload.size());
+}
+
+void send_frame(int s, transport::FrameType t, const std::vector<std::byte>& payload) {
+  transport::FrameHeader h;
+  h.type = t;
+  h.payload_bytes = payload.size();
+  const auto hb = transport::encode(h);
+  ASSERT_EQ(send(s, hb.data(), hb.size(), 0), static_cast<ssize_t>(hb.size()));
+  ASSERT_EQ(send(s, payload.data(), payload.size(), 0), static_cast<ssize_t>(payload.size()));
+}
+
+// The dialer's side of the handshake, as `identity`, with the test cluster's job and token.
+bool authenticate(int s, const std::string& identity) {
+  transport::FrameHeader h;
+  std::vector<std::byte> payload;
+  if (!read_frame(s, h, payload) || h.type != transport::FrameType::challenge) return false;
+  transport::Nonce theirs;
+  std::memcpy(theirs.data(), payload.data(), theirs.size());
+  transport::Hello hello{"kf", identity, transport::random_nonce(), {}};
+  hello.mac = transport::handshake_mac("test-token", "hello", "kf", identity, theirs);
+  send_frame(s, transport::FrameType::hello, transport::encode(hello));
+  return read_frame(s, h, payload) && h.type == transport::FrameType::welcome;
+}
+
+// A data frame that claims its payload waits in the sender's memory at `addr`.
+void send_single_copy_frame(int s, std::uint64_t addr) {
+  transport::FrameHeader d;
+  d.type = transport::FrameType::data;
+  d.flags = transport::kFlagRemote;
+  d.cluster_version = 1;
+  d.name_bytes = 1;
+  d.payload_bytes = 1 << 20;
+  const auto db = transport::encode(d);
+  std::vector<char> frame(db.size() + 1 + 8);
+  std::memcpy(frame.data(), db.data(), db.size());
+  frame[db.size()] = 'x';
+  std::memcpy(frame.data() + db.size() + 1, &addr, 8);
+  ASSERT_EQ(send(s, frame.data(), frame.size(), 0), static_cast<ssize_t>(frame.size()));
 }
 
 void allreduce_works(std::vector<std::unique_ptr<Peer>>& peers, const std::string& name) {
@@ -111,6 +188,37 @@ TEST(Robustness, MalformedFramesAreDroppedAndTheWorkerGoesOn) {
   EXPECT_NE(text.find("bad magic"), std::string::npos) << text;
   EXPECT_NE(text.find("exceeds the limit"), std::string::npos) << text;
   EXPECT_NE(text.find("expected frame type 2, got 4"), std::string::npos) << text;
+}
+
+// An authenticated client may still lie in a single-copy frame: over TCP (the receiver cannot
+// reach a process on another host) and over the same-host socket with an address that is not
+// mapped in the sender. Both close the connection with the reason; no crash, no delivery.
+TEST(Robustness, BadSingleCopyFramesCloseTheConnection) {
+  LogCapture log;
+  auto peers = test::make_local_cluster(2);
+  allreduce_works(peers, "before");
+
+  int s = connect_to(peers[0]->endpoint());
+  ASSERT_GE(s, 0);
+  ASSERT_TRUE(authenticate(s, "127.0.0.1:1"));
+  static const std::vector<std::byte> payload(1 << 20);
+  send_single_copy_frame(s, reinterpret_cast<std::uintptr_t>(payload.data()));
+  EXPECT_TRUE(closed_by_peer(s));
+  close(s);
+
+  s = connect_local(peers[1]->endpoint());
+  ASSERT_GE(s, 0);
+  ASSERT_TRUE(authenticate(s, "127.0.0.1:2"));
+  send_single_copy_frame(s, 8);  // page 0 is never mapped
+  EXPECT_TRUE(closed_by_peer(s));
+  close(s);
+
+  allreduce_works(peers, "after");
+  const std::string text = log.text();
+  EXPECT_NE(text.find("single-copy frame over a connection from another host"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("single-copy frame names memory its sender does not have"),
+            std::string::npos) << text;
 }
 
 TEST(Robustness, SilentClientIsDroppedAfterTheConnectDeadline) {

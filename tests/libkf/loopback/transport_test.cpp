@@ -6,11 +6,16 @@
 
 #include <gtest/gtest.h>
 
+#include <linux/capability.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -23,7 +28,9 @@ namespace kf {
 namespace {
 
 // Peers on 127.0.0.1, the i-th with transports[i], started on one cluster.
-std::vector<std::unique_ptr<Peer>> make_cluster(const std::vector<Transport>& transports) {
+std::vector<std::unique_ptr<Peer>> make_cluster(
+    const std::vector<Transport>& transports,
+    std::size_t single_copy_bytes = PeerOptions{}.single_copy_bytes) {
   std::vector<std::unique_ptr<Peer>> peers;
   Cluster c;
   c.version = 1;
@@ -31,6 +38,7 @@ std::vector<std::unique_ptr<Peer>> make_cluster(const std::vector<Transport>& tr
     PeerOptions o;
     o.job_token = "test-token";
     o.transport = transports[i];
+    o.single_copy_bytes = single_copy_bytes;
     peers.push_back(std::make_unique<Peer>(o));
     c.workers.push_back(WorkerSpec{peers.back()->endpoint(), static_cast<int>(i)});
   }
@@ -79,10 +87,27 @@ class TransportMix : public ::testing::TestWithParam<Algorithm> {};
 TEST_P(TransportMix, SameHostTcpAndMixedJobsGiveTheSameResults) {
   using T = Transport;
   for (const auto& mix : {std::vector<T>{T::automatic, T::automatic, T::automatic},
+                          std::vector<T>{T::unix_socket, T::unix_socket, T::unix_socket},
                           std::vector<T>{T::tcp, T::tcp, T::tcp},
-                          std::vector<T>{T::automatic, T::tcp, T::automatic}}) {
+                          std::vector<T>{T::automatic, T::tcp, T::automatic},
+                          std::vector<T>{T::automatic, T::unix_socket, T::tcp}}) {
     auto peers = make_cluster(mix);
     expect_allreduce_works(peers, GetParam());
+  }
+}
+
+// Every data frame single-copy, the 4-byte ones included: the reply protocol, reduce-on-arrival
+// and frames that arrive before their receive is posted all work on that path too.
+TEST_P(TransportMix, EveryFrameSingleCopyGivesTheSameResults) {
+  auto peers = make_cluster({Transport::automatic, Transport::automatic, Transport::automatic},
+                            1);
+  expect_allreduce_works(peers, GetParam());
+  for (auto& p : peers) {
+    const TransportStats t = p->transport_stats();
+    EXPECT_GT(t.single_copy_bytes, 0u);
+    EXPECT_EQ(t.socket_bytes, 0u) << "every data frame should have gone single-copy";
+    EXPECT_EQ(t.tcp_bytes, 0u);
+    EXPECT_EQ(t.single_copy_refused, 0u);
   }
 }
 
@@ -96,10 +121,34 @@ TEST(Transport, OnlyTheDefaultListensOnASameHostSocket) {
   EXPECT_FALSE(has_same_host_listener(peers[1]->endpoint()));
 }
 
+// Which path each kind of payload takes, by transport: small ones through the socket, large
+// ones single-copy by default; everything through the socket with "unix"; TCP with "tcp".
+TEST(Transport, LargePayloadsGoSingleCopyOnlyByDefault) {
+  struct Case {
+    Transport t;
+    bool socket, single_copy, tcp;
+  };
+  for (const Case c : {Case{Transport::automatic, true, true, false},
+                       Case{Transport::unix_socket, true, false, false},
+                       Case{Transport::tcp, false, false, true}}) {
+    auto peers = make_cluster({c.t, c.t});
+    expect_allreduce_works(peers, Algorithm::ring);
+    for (auto& p : peers) {
+      const TransportStats s = p->transport_stats();
+      SCOPED_TRACE(static_cast<int>(c.t));
+      EXPECT_EQ(s.socket_bytes > 0, c.socket);
+      EXPECT_EQ(s.single_copy_bytes > 0, c.single_copy);
+      EXPECT_EQ(s.tcp_bytes > 0, c.tcp);
+      EXPECT_EQ(s.single_copy_refused, 0u);
+    }
+  }
+}
+
 TEST(Transport, ParsesItsNamesAndNothingElse) {
   EXPECT_EQ(parse_transport("auto"), Transport::automatic);
+  EXPECT_EQ(parse_transport("unix"), Transport::unix_socket);
   EXPECT_EQ(parse_transport("tcp"), Transport::tcp);
-  EXPECT_FALSE(parse_transport("unix").has_value());
+  EXPECT_FALSE(parse_transport("shm").has_value());
   EXPECT_FALSE(parse_transport("").has_value());
 }
 
@@ -110,6 +159,8 @@ TEST(Transport, KfTransportSetsTheOptionAndABadValueIsNamed) {
   EXPECT_EQ(Peer::options_from(e).transport, Transport::automatic);
   e.transport = "tcp";
   EXPECT_EQ(Peer::options_from(e).transport, Transport::tcp);
+  e.transport = "unix";
+  EXPECT_EQ(Peer::options_from(e).transport, Transport::unix_socket);
   e.transport = "shm";
   try {
     Peer::options_from(e);
@@ -147,6 +198,91 @@ TEST(Transport, ASquattedSameHostNameFallsBackToTcp) {
   shutdown(squatter, SHUT_RDWR);
   answer.join();
   close(squatter);
+}
+
+// A child process's half of the refusal test: makes the kernel refuse to let anyone read this
+// process's memory (not dumpable, and no CAP_SYS_PTRACE to override that), reports its port on
+// `to_parent`, reads the peer's port from `from_parent`, runs a 4 MiB allreduce with the other
+// child and checks that it went through the socket after a refused single-copy attempt.
+// Returns the exit status (0: all as expected), having said what failed on stderr.
+int refusing_child(int to_parent, int from_parent, int rank) {
+  alarm(60);  // a hang fails the test instead of stalling it
+  prctl(PR_SET_DUMPABLE, 0);
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct caps[2]{};
+  if (syscall(SYS_capget, &hdr, caps) != 0) return 10;
+  caps[0].effective &= ~(1u << CAP_SYS_PTRACE);
+  caps[0].permitted &= ~(1u << CAP_SYS_PTRACE);
+  if (syscall(SYS_capset, &hdr, caps) != 0) return 11;
+  try {
+    PeerOptions o;
+    o.job_token = "test-token";
+    Peer peer(o);
+    const std::uint16_t mine = peer.endpoint().port;
+    std::uint16_t theirs = 0;
+    if (write(to_parent, &mine, sizeof mine) != sizeof mine) return 12;
+    if (read(from_parent, &theirs, sizeof theirs) != sizeof theirs) return 13;
+    Cluster c;
+    c.version = 1;
+    const Endpoint me = peer.endpoint(), other{"127.0.0.1", theirs};
+    c.workers = {WorkerSpec{rank == 0 ? me : other, 0}, WorkerSpec{rank == 0 ? other : me, 1}};
+    peer.start(c);
+    const std::size_t n = std::size_t{1} << 20;  // 4 MiB: frames well over single_copy_bytes
+    std::vector<float> v(n, static_cast<float>(rank + 1));
+    CollOptions co;
+    co.algorithm = Algorithm::ring;
+    peer.allreduce("refused", buffer(v.data(), n), buffer(v.data(), n), co).wait();
+    for (float x : v) {
+      if (x != 3.0f) {
+        std::fprintf(stderr, "rank %d: wrong sum %g\n", rank, static_cast<double>(x));
+        return 2;
+      }
+    }
+    const TransportStats t = peer.transport_stats();
+    if (t.single_copy_refused != 1 || t.single_copy_bytes != 0 || t.socket_bytes == 0) {
+      std::fprintf(stderr, "rank %d: refused %llu, single-copy bytes %llu, socket bytes %llu\n",
+                   rank, static_cast<unsigned long long>(t.single_copy_refused),
+                   static_cast<unsigned long long>(t.single_copy_bytes),
+                   static_cast<unsigned long long>(t.socket_bytes));
+      return 3;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    return 4;
+  }
+  return 0;
+}
+
+// Where the kernel will not let workers read each other's memory (another user, Yama's ptrace
+// rules, a seccomp profile), large payloads still arrive: through the socket, after one refused
+// attempt per connection. Two processes, because a process may always read its own memory.
+TEST(Transport, ARefusedSingleCopyFallsBackToTheSocket) {
+  int up[2][2], down[2][2];
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(pipe(up[r]), 0);
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(pipe(down[r]), 0);
+  pid_t pids[2];
+  for (int r = 0; r < 2; ++r) {
+    pids[r] = fork();
+    ASSERT_GE(pids[r], 0);
+    if (pids[r] == 0) _exit(refusing_child(up[r][1], down[r][0], r));
+  }
+  std::uint16_t ports[2] = {0, 0};
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(read(up[r][0], &ports[r], sizeof ports[r]), static_cast<ssize_t>(sizeof ports[r]));
+  }
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(write(down[r][1], &ports[1 - r], sizeof ports[0]),
+              static_cast<ssize_t>(sizeof ports[0]));
+  }
+  for (int r = 0; r < 2; ++r) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pids[r], &status, 0), pids[r]);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "rank " << r << ": " << (WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
+                                                      : "signal " + std::to_string(WTERMSIG(status)));
+  }
+  for (auto& p : up) close(p[0]), close(p[1]);
+  for (auto& p : down) close(p[0]), close(p[1]);
 }
 
 }  // namespace

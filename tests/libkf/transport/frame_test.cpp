@@ -11,7 +11,7 @@ namespace {
 TEST(Frame, HeaderRoundTripsEveryField) {
   FrameHeader h;
   h.type = FrameType::data;
-  h.flags = 3;
+  h.flags = kFlagRemote;
   h.cluster_version = 0x0102030405060708ull;
   h.tag = 77;
   h.name_bytes = 12;
@@ -75,6 +75,23 @@ TEST(Frame, RejectsBadMagicVersionTypeAndLengthsWithAReason) {
   inv.payload_bytes = kMaxInvitePayload + 1;
   EXPECT_FALSE(decode(encode(inv), 1u << 30, out, why));
   EXPECT_NE(why.find("exceeds the limit"), std::string::npos);
+}
+
+TEST(Frame, RejectsUnknownFlagsAndFlagsOnControlFrames) {
+  FrameHeader out;
+  std::string why;
+  FrameHeader d;
+  d.flags = 0x02;
+  EXPECT_FALSE(decode(encode(d), 1024, out, why));
+  EXPECT_NE(why.find("unknown flags 0x02"), std::string::npos) << why;
+  d.flags = kFlagRemote | 0x80;
+  EXPECT_FALSE(decode(encode(d), 1024, out, why));
+  EXPECT_NE(why.find("unknown flags 0x81"), std::string::npos) << why;
+  FrameHeader c;
+  c.type = FrameType::heartbeat;
+  c.flags = kFlagRemote;
+  EXPECT_FALSE(decode(encode(c), 1024, out, why));
+  EXPECT_NE(why.find("control frame carries flags"), std::string::npos) << why;
 }
 
 TEST(Auth, MacDependsOnEveryInputAndVerifies) {

@@ -123,6 +123,16 @@ TEST(CompareBestBaseline, PicksTheFastestCorrectBaselineOfTheClass) {
   EXPECT_FALSE(best_baseline(points, 2, 4, TransportClass::tcp).has_value());
 }
 
+TEST(CompareBestBaseline, KfUnixIsKfNotABaseline) {
+  const auto points = aggregate({run("kf", 2, 1, {row(64, 20)}), run("kf-unix", 2, 1, {row(64, 5)}),
+                                 run("mpi-shm", 2, 1, {row(64, 10)})});
+  const auto local = best_baseline(points, 2, 64, TransportClass::local);
+  ASSERT_TRUE(local.has_value());
+  EXPECT_EQ(local->impl, "mpi-shm");
+  EXPECT_TRUE(is_kf("kf-unix"));
+  EXPECT_FALSE(is_kf("mpi-shm"));
+}
+
 TEST(CompareBestBaseline, NeedsKfAndABaseline) {
   const auto only_kf = aggregate({run("kf", 2, 1, {row(4, 2)}), run("kf-tcp", 2, 1, {row(4, 3)})});
   EXPECT_FALSE(best_baseline(only_kf, 2, 4, TransportClass::tcp).has_value());
@@ -168,6 +178,9 @@ TEST(CompareCommands, KfRunsUnderKfrunWithItsTransportChosen) {
   ASSERT_EQ(tcp[0].env.size(), 1u);
   EXPECT_EQ(tcp[0].env[0].value, "tcp");
   EXPECT_EQ(std::find(tcp[0].argv.begin(), tcp[0].argv.end(), "--iters"), tcp[0].argv.end());
+  const auto unix_socket = commands_for(RunRequest{"kf-unix", 2, {4}, {}, 1, {}}, bin);
+  ASSERT_EQ(unix_socket[0].env.size(), 1u);
+  EXPECT_EQ(unix_socket[0].env[0].value, "unix");
 }
 
 TEST(CompareCommands, BaselinesUseTheirTransports) {

@@ -55,7 +55,13 @@ void add_common(std::vector<std::string>& argv, const RunRequest& r) {
   if (r.iters) argv.insert(argv.end(), {"--iters", std::to_string(*r.iters)});
 }
 
-bool is_kf(std::string_view impl) { return impl == "kf" || impl == "kf-tcp"; }
+}  // namespace
+
+bool is_kf(std::string_view impl) noexcept {
+  return impl == "kf" || impl == "kf-unix" || impl == "kf-tcp";
+}
+
+namespace {
 
 std::size_t impl_order(const std::string& impl) {
   const auto& known = known_impls();
@@ -73,6 +79,7 @@ std::string_view to_string(TransportClass c) noexcept {
 const std::vector<ImplSpec>& known_impls() {
   static const std::vector<ImplSpec> impls{
       {"kf", "kf", TransportClass::local},
+      {"kf-unix", "kf-unix", TransportClass::local},
       {"kf-tcp", "kf-tcp", TransportClass::tcp},
       {"mpi-tcp", "mpi-tcp", TransportClass::tcp},
       {"mpi-shm", "mpi-shm", TransportClass::local},
@@ -124,9 +131,10 @@ std::vector<Command> commands_for(const RunRequest& r, const Binaries& bin) {
     c.argv = {bin.kfrun, "-np", np, "--", bin.kf_bench, "allreduce"};
     c.argv.insert(c.argv.end(), {"--algo", "auto", "--dtype", "f32", "--op", "sum"});
     add_common(c.argv, r);
-    // kf's default (same-host sockets between peers on one host) unless told to use TCP.
-    c.env.push_back(
-        {env::kTransport, r.impl == "kf-tcp" ? std::optional<std::string>("tcp") : std::nullopt});
+    // kf's default (same-host sockets, large payloads single-copy) unless told otherwise.
+    c.env.push_back({env::kTransport, r.impl == "kf-tcp"    ? std::optional<std::string>("tcp")
+                                      : r.impl == "kf-unix" ? std::optional<std::string>("unix")
+                                                            : std::nullopt});
     return {c};
   }
   if (r.impl.starts_with("mpi-")) {

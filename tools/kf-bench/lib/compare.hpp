@@ -39,11 +39,14 @@ struct ImplSpec {
   TransportClass transport;
 };
 
-/// Every implementation compare knows, in the order they run and are shown: kf, kf-tcp,
-/// mpi-tcp, mpi-shm, gloo-ring, gloo-ring_chunked, gloo-halving_doubling.
+/// Every implementation compare knows, in the order they run and are shown: kf, kf-unix,
+/// kf-tcp, mpi-tcp, mpi-shm, gloo-ring, gloo-ring_chunked, gloo-halving_doubling.
 const std::vector<ImplSpec>& known_impls();
 /// The spec of `name`, or nullptr when compare does not know it.
 const ImplSpec* find_impl(std::string_view name) noexcept;
+
+/// Whether `impl` is one of kf's own (kf, kf-unix, kf-tcp) rather than a baseline.
+bool is_kf(std::string_view impl) noexcept;
 
 /// kf's implementation in `transport`'s class: kf-tcp for tcp, kf for local.
 std::string_view kf_impl_of(TransportClass transport) noexcept;

@@ -22,8 +22,9 @@ CLI::App* add_compare_command(CLI::App& app, CompareCommand& command) {
       "run kf's allreduce and baselines (OpenMPI, Gloo) interleaved, round by round, on this "
       "host; print tables; write the raw rows (compare.jsonl) and busbw plots (compare-npN.svg)");
   sub->footer(
-      "Implementations (transport class): kf (local: kf's default, same-host sockets), kf-tcp "
-      "(tcp: KF_TRANSPORT=tcp), mpi-tcp (tcp), mpi-shm (local), gloo-ring, gloo-ring_chunked, "
+      "Implementations (transport class): kf (local: kf's default, same-host sockets with "
+      "large payloads single-copy), kf-unix (local: KF_TRANSPORT=unix, every payload through "
+      "the socket), kf-tcp (tcp: KF_TRANSPORT=tcp), mpi-tcp (tcp), mpi-shm (local), gloo-ring, gloo-ring_chunked, "
       "gloo-halving_doubling (tcp). A baseline whose executables are missing is skipped.\n"
       "Exit code: 0 when every run completed and every row was correct, 1 otherwise, 2 for a "
       "usage error.");

@@ -94,7 +94,7 @@ class Compare {
       const std::string missing = missing_executable(impl, bin_);
       if (missing.empty()) {
         impls_.push_back(impl);
-      } else if (impl == "kf" || impl == "kf-tcp") {
+      } else if (is_kf(impl)) {
         err_ << "kf-bench compare: cannot run " << impl << ": " << missing << " not found beside "
              << bin_.kf_bench << " or on PATH\n";
         return false;

@@ -4,6 +4,11 @@
 // coroutine (draining a queue) and one reader coroutine. Every connection starts with the
 // HMAC handshake of transport/auth.hpp; a frame that fails validation closes the connection
 // with a logged reason and never takes the process down.
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <cerrno>
+
 #include <boost/asio/experimental/awaitable_operators.hpp>
 
 #include "kf/common/log.hpp"
@@ -45,6 +50,43 @@ std::string describe(const tcp::endpoint& ep) {
 }
 std::string describe(const local_stream::endpoint&) { return "a same-host socket"; }
 
+pid_t peer_pid(tcp::socket&) { return 0; }
+pid_t peer_pid(local_stream::socket& s) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(s.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return 0;
+  return cred.pid;
+}
+
+// Copies n bytes at `addr` in process `pid` into dst: one copy, kernel to kernel.
+std::error_code copy_from_process(pid_t pid, std::uint64_t addr, std::byte* dst, std::size_t n) {
+  while (n > 0) {
+    iovec local{dst, n};
+    iovec remote{reinterpret_cast<void*>(static_cast<std::uintptr_t>(addr)), n};
+    const ssize_t got = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return {errno, std::system_category()};
+    if (got == 0) return std::make_error_code(std::errc::bad_address);
+    dst += got;
+    addr += static_cast<std::uint64_t>(got);
+    n -= static_cast<std::size_t>(got);
+  }
+  return {};
+}
+
+// Errors of process_vm_readv that mean "not allowed here", as opposed to a peer that is gone
+// (ESRCH) or an address that is not the peer's (EFAULT).
+bool copy_refused(const std::error_code& ec) {
+  return ec == std::errc::operation_not_permitted || ec == std::errc::permission_denied ||
+         ec == std::errc::function_not_supported;
+}
+
+awaitable<std::error_code> write_reply(Stream& s, transport::RemoteReply r) {
+  const auto b = static_cast<std::uint8_t>(r);
+  auto [ec, n] = co_await asio::async_write(s, asio::buffer(&b, 1), kTuple);
+  co_return to_std(ec);
+}
+
 }  // namespace
 
 // ---- reading --------------------------------------------------------------------------------
@@ -78,6 +120,31 @@ awaitable<std::error_code> PeerImpl::read_exact(Incoming& in, std::byte* dst, st
       n -= take;
     }
     if (in.peer >= 0) peers_[static_cast<std::size_t>(in.peer)].last_rx = Clock::now();
+  }
+  co_return std::error_code{};
+}
+
+awaitable<std::error_code> PeerImpl::read_payload(Incoming& in, PayloadSource& src,
+                                                  std::byte* dst, std::size_t n,
+                                                  std::string& why) {
+  if (!src.remote) co_return co_await read_exact(in, dst, n);
+  // From the sender's memory, in cache-sized pieces. The copy never waits, so before each piece
+  // this coroutine steps aside for everything else that is ready: above all the sends this
+  // worker's plan has queued meanwhile. Otherwise a peer waiting for this worker's next frame
+  // would wait for the whole copy (the steps of a ring would run one worker after the other).
+  for (std::size_t done = 0; done < n;) {
+    const std::size_t len = std::min(n - done, Incoming::kReduceChunk);
+    co_await asio::post(ex(), asio::use_awaitable);
+    if (auto ec = copy_from_process(in.pid, src.remote_addr + src.at, dst + done, len)) {
+      if (ec == std::errc::bad_address) {
+        why = "single-copy frame names memory its sender does not have";
+        co_return make_error_code(errc::protocol_error);
+      }
+      co_return ec;
+    }
+    src.at += len;
+    done += len;
+    peers_[static_cast<std::size_t>(in.peer)].last_rx = Clock::now();
   }
   co_return std::error_code{};
 }
@@ -128,7 +195,9 @@ awaitable<void> PeerImpl::accept_loop(Acceptor& acceptor) {
     set_socket_options(sock);
     boost::system::error_code rec;
     std::string from = describe(sock.remote_endpoint(rec));
+    const pid_t pid = peer_pid(sock);
     auto in = std::make_shared<Incoming>(Stream(std::move(sock)));
+    in->pid = pid;
     asio::co_spawn(ex(), serve_incoming(in, std::move(from)), asio::detached);
   }
 }
@@ -211,72 +280,46 @@ awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in, std::stri
       if ((ec = co_await read_exact(*in, reinterpret_cast<std::byte*>(name.data()), name.size()))) {
         break;
       }
-      MailKey key{peer, h.cluster_version, h.tag, name};
-      KF_LOG(trace, "transport", "{}: frame '{}' tag {} from {} ({} bytes)", identity_, name, h.tag,
-             peers_[peer].key, h.payload_bytes);
-      auto it = mailbox_.find(key);
-      if (it != mailbox_.end() && !it->second.posted.empty()) {
-        auto req = it->second.posted.front();
-        if (req->bytes != h.payload_bytes) {
-          why = "frame for '" + name + "' carries " + std::to_string(h.payload_bytes) +
-                " bytes, the receiver expects " + std::to_string(req->bytes);
+      PayloadSource src;
+      if ((h.flags & transport::kFlagRemote) != 0) {
+        if (in->pid <= 0) {
+          why = "single-copy frame over a connection from another host";
           ec = make_error_code(errc::protocol_error);
           break;
         }
-        req->in_progress = true;
-        if (req->reduce) {
-          if (in->chunk.empty()) in->chunk.resize(Incoming::kReduceChunk);
-          for (std::size_t done = 0; done < req->bytes && !ec;) {
-            const std::size_t n = std::min(req->bytes - done, Incoming::kReduceChunk);
-            ec = co_await read_exact(*in, in->chunk.data(), n);
-            if (!ec) deliver(*req, in->chunk.data(), done, n);
-            done += n;
-          }
-        } else {
-          ec = co_await read_exact(*in, req->dst, req->bytes);
+        std::array<std::byte, transport::kRemoteAddressBytes> a;
+        if ((ec = co_await read_exact(*in, a.data(), a.size()))) break;
+        for (std::size_t i = 0; i < a.size(); ++i) {
+          src.remote_addr |= static_cast<std::uint64_t>(a[i]) << (8 * i);
         }
-        req->in_progress = false;
-        auto it2 = mailbox_.find(key);
-        if (it2 != mailbox_.end() && !it2->second.posted.empty() &&
-            it2->second.posted.front() == req) {
-          it2->second.posted.pop_front();
-          if (it2->second.posted.empty() && it2->second.unexpected.empty()) mailbox_.erase(it2);
-        }
-        req->ev.set(ec ? make_error_code(errc::peer_lost) : std::error_code{});
-        if (ec) break;
-      } else {
-        if (unexpected_bytes_ + h.payload_bytes > opts_.max_unexpected_bytes) {
-          why = "peer sent more unrequested data than the limit of " +
-                std::to_string(opts_.max_unexpected_bytes) + " bytes";
-          ec = make_error_code(errc::protocol_error);
-          break;
-        }
-        std::vector<std::byte> data(h.payload_bytes);
-        if ((ec = co_await read_exact(*in, data.data(), data.size()))) break;
-        if (h.cluster_version < io_cluster_.version) {
-          KF_LOG(debug, "transport", "{}: dropped '{}' of stale version {}", identity_, name,
-                 h.cluster_version);
-          continue;
-        }
-        // The receive may have been posted while this payload was being read.
-        auto& slot = mailbox_[key];
-        if (!slot.posted.empty()) {
-          auto req = slot.posted.front();
-          slot.posted.pop_front();
-          if (slot.posted.empty() && slot.unexpected.empty()) mailbox_.erase(key);
-          if (req->bytes != data.size()) {
-            why = "frame for '" + name + "' carries " + std::to_string(data.size()) +
-                  " bytes, the receiver expects " + std::to_string(req->bytes);
-            req->ev.set(make_error_code(errc::protocol_error));
+        src.remote = in->single_copy;
+        if (src.remote && h.payload_bytes > 0) {
+          // One byte first: a refusal (another user, Yama's ptrace rules) is then known before
+          // anything is delivered, and the sender writes the payload into the socket instead.
+          std::byte probe;
+          const std::error_code pec = copy_from_process(in->pid, src.remote_addr, &probe, 1);
+          if (pec && copy_refused(pec)) {
+            KF_LOG(info, "transport", "{}: cannot copy from {}'s memory ({}); its payloads come "
+                   "through the socket", identity_, peers_[peer].key, pec.message());
+            in->single_copy = false;
+            src.remote = false;
+          } else if (pec == std::errc::bad_address) {
+            why = "single-copy frame names memory its sender does not have";
             ec = make_error_code(errc::protocol_error);
             break;
+          } else if (pec) {
+            ec = pec;
+            break;
           }
-          deliver(*req, data.data(), 0, data.size());
-          req->ev.set({});
-          continue;
         }
-        unexpected_bytes_ += data.size();
-        slot.unexpected.push_back(std::move(data));
+        if (!src.remote &&
+            (ec = co_await write_reply(in->sock, transport::RemoteReply::send_inline))) {
+          break;
+        }
+      }
+      if ((ec = co_await receive_data(*in, peer, h, name, src, why))) break;
+      if (src.remote && (ec = co_await write_reply(in->sock, transport::RemoteReply::copied))) {
+        break;
       }
     } else if (h.type == FrameType::notice_lost || h.type == FrameType::heartbeat) {
       control.resize(h.payload_bytes);
@@ -325,10 +368,80 @@ awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in, std::stri
                 (why.empty() ? ec.message() : why));
 }
 
+awaitable<std::error_code> PeerImpl::receive_data(Incoming& in, int peer, const FrameHeader& h,
+                                                  const std::string& name, PayloadSource& src,
+                                                  std::string& why) {
+  MailKey key{peer, h.cluster_version, h.tag, name};
+  KF_LOG(trace, "transport", "{}: frame '{}' tag {} from {} ({} bytes{})", identity_, name, h.tag,
+         peers_[peer].key, h.payload_bytes, src.remote ? ", single copy" : "");
+  auto it = mailbox_.find(key);
+  if (it != mailbox_.end() && !it->second.posted.empty()) {
+    auto req = it->second.posted.front();
+    if (req->bytes != h.payload_bytes) {
+      why = "frame for '" + name + "' carries " + std::to_string(h.payload_bytes) +
+            " bytes, the receiver expects " + std::to_string(req->bytes);
+      co_return make_error_code(errc::protocol_error);
+    }
+    req->in_progress = true;
+    std::error_code ec;
+    if (req->reduce) {
+      if (in.chunk.empty()) in.chunk.resize(Incoming::kReduceChunk);
+      for (std::size_t done = 0; done < req->bytes && !ec;) {
+        const std::size_t n = std::min(req->bytes - done, Incoming::kReduceChunk);
+        ec = co_await read_payload(in, src, in.chunk.data(), n, why);
+        if (!ec) deliver(*req, in.chunk.data(), done, n);
+        done += n;
+      }
+    } else {
+      ec = co_await read_payload(in, src, req->dst, req->bytes, why);
+    }
+    req->in_progress = false;
+    auto it2 = mailbox_.find(key);
+    if (it2 != mailbox_.end() && !it2->second.posted.empty() &&
+        it2->second.posted.front() == req) {
+      it2->second.posted.pop_front();
+      if (it2->second.posted.empty() && it2->second.unexpected.empty()) mailbox_.erase(it2);
+    }
+    req->ev.set(ec ? make_error_code(errc::peer_lost) : std::error_code{});
+    co_return ec;
+  }
+  if (unexpected_bytes_ + h.payload_bytes > opts_.max_unexpected_bytes) {
+    why = "peer sent more unrequested data than the limit of " +
+          std::to_string(opts_.max_unexpected_bytes) + " bytes";
+    co_return make_error_code(errc::protocol_error);
+  }
+  std::vector<std::byte> data(h.payload_bytes);
+  if (auto ec = co_await read_payload(in, src, data.data(), data.size(), why)) co_return ec;
+  if (h.cluster_version < io_cluster_.version) {
+    KF_LOG(debug, "transport", "{}: dropped '{}' of stale version {}", identity_, name,
+           h.cluster_version);
+    co_return std::error_code{};
+  }
+  // The receive may have been posted while this payload was being read.
+  auto& slot = mailbox_[key];
+  if (!slot.posted.empty()) {
+    auto req = slot.posted.front();
+    slot.posted.pop_front();
+    if (slot.posted.empty() && slot.unexpected.empty()) mailbox_.erase(key);
+    if (req->bytes != data.size()) {
+      why = "frame for '" + name + "' carries " + std::to_string(data.size()) +
+            " bytes, the receiver expects " + std::to_string(req->bytes);
+      req->ev.set(make_error_code(errc::protocol_error));
+      co_return make_error_code(errc::protocol_error);
+    }
+    deliver(*req, data.data(), 0, data.size());
+    req->ev.set({});
+    co_return std::error_code{};
+  }
+  unexpected_bytes_ += data.size();
+  slot.unexpected.push_back(std::move(data));
+  co_return std::error_code{};
+}
+
 // ---- writing --------------------------------------------------------------------------------
 
 bool PeerImpl::same_host(const Endpoint& ep) const {
-  if (opts_.transport != Transport::automatic || !local_acceptor_.is_open()) return false;
+  if (opts_.transport == Transport::tcp || !local_acceptor_.is_open()) return false;
   if (ep.host == self_.host) return true;
   boost::system::error_code e1, e2;
   const auto a = asio::ip::make_address(ep.host, e1);
@@ -338,6 +451,7 @@ bool PeerImpl::same_host(const Endpoint& ep) const {
 
 awaitable<boost::system::error_code> PeerImpl::connect(Outgoing& out, const Endpoint& ep) {
   out.local = false;
+  out.single_copy = false;
   if (same_host(ep) && !peers_[static_cast<std::size_t>(out.peer)].no_local) {
     local_stream::socket s(ex());
     auto [ec] = co_await s.async_connect(local_stream::endpoint(local_socket_name(ep)), kTuple);
@@ -345,6 +459,7 @@ awaitable<boost::system::error_code> PeerImpl::connect(Outgoing& out, const Endp
       set_socket_options(s);
       out.sock = Stream(std::move(s));
       out.local = true;
+      out.single_copy = opts_.transport == Transport::automatic;
       co_return ec;
     }
     // Not listening on a same-host socket (yet, or at all: KF_TRANSPORT=tcp there): TCP.
@@ -440,19 +555,65 @@ awaitable<std::error_code> PeerImpl::dial(Outgoing& out) {
 
 awaitable<std::error_code> PeerImpl::write_frame(Outgoing& out, SendReq& req) {
   const std::byte* data = req.owned.empty() ? req.data : req.owned.data();
+  // peers_ may grow while this waits: index it afresh after every co_await.
+  auto touch = [&] { peers_[static_cast<std::size_t>(out.peer)].last_tx = Clock::now(); };
+  if (out.single_copy && req.owned.empty() && req.bytes >= opts_.single_copy_bytes &&
+      req.header[6] == static_cast<std::byte>(FrameType::data)) {
+    // Single copy: the header and the payload's address; the receiver copies the payload out
+    // of this process and answers. Until then `data` must stay as it is, which it does: the
+    // request completes only after this returns.
+    transport::HeaderBytes hb = req.header;
+    hb[7] |= static_cast<std::byte>(transport::kFlagRemote);
+    std::array<std::byte, transport::kRemoteAddressBytes> addr;
+    const auto a = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(data));
+    for (std::size_t i = 0; i < addr.size(); ++i) addr[i] = static_cast<std::byte>(a >> (8 * i));
+    std::array<asio::const_buffer, 3> bufs{asio::buffer(hb), asio::buffer(req.name),
+                                           asio::buffer(addr)};
+    auto [ec, n] = co_await asio::async_write(out.sock, bufs, kTuple);
+    touch();
+    if (ec) co_return to_std(ec);
+    std::uint8_t reply = 0;
+    auto [rec, rn] = co_await asio::async_read(out.sock, asio::buffer(&reply, 1), kTuple);
+    if (rec) co_return to_std(rec);
+    touch();
+    if (reply == static_cast<std::uint8_t>(transport::RemoteReply::copied)) {
+      Counters::add(counters_.single_copy_bytes, req.bytes);
+      co_return std::error_code{};
+    }
+    if (reply != static_cast<std::uint8_t>(transport::RemoteReply::send_inline)) {
+      KF_LOG(warn, "transport", "{}: {} answered a single-copy frame with {}; closing", identity_,
+             peers_[static_cast<std::size_t>(out.peer)].key, static_cast<int>(reply));
+      co_return make_error_code(errc::protocol_error);
+    }
+    KF_LOG(info, "transport", "{}: {} cannot copy from this process; sending payloads through "
+           "the socket", identity_, peers_[static_cast<std::size_t>(out.peer)].key);
+    out.single_copy = false;
+    Counters::add(counters_.single_copy_refused, 1);
+    for (std::size_t done = 0; done < req.bytes;) {
+      const std::size_t len = std::min(req.bytes - done, kProgressChunk);
+      auto [ec2, n2] = co_await asio::async_write(out.sock, asio::buffer(data + done, len), kTuple);
+      if (ec2) co_return to_std(ec2);
+      done += len;
+      touch();
+    }
+    Counters::add(counters_.socket_bytes, req.bytes);
+    co_return std::error_code{};
+  }
   const std::size_t first = std::min(req.bytes, kProgressChunk);
   std::array<asio::const_buffer, 3> bufs{asio::buffer(req.header), asio::buffer(req.name),
                                          asio::buffer(data, first)};
   auto [ec, n] = co_await asio::async_write(out.sock, bufs, kTuple);
-  auto& ps = peers_[static_cast<std::size_t>(out.peer)];
-  ps.last_tx = Clock::now();
+  touch();
   std::size_t done = first;
   while (!ec && done < req.bytes) {
     const std::size_t len = std::min(req.bytes - done, kProgressChunk);
     auto [ec2, n2] = co_await asio::async_write(out.sock, asio::buffer(data + done, len), kTuple);
     ec = ec2;
     done += len;
-    peers_[static_cast<std::size_t>(out.peer)].last_tx = Clock::now();
+    touch();
+  }
+  if (!ec && req.header[6] == static_cast<std::byte>(FrameType::data)) {
+    Counters::add(out.local ? counters_.socket_bytes : counters_.tcp_bytes, req.bytes);
   }
   co_return to_std(ec);
 }
