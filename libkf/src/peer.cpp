@@ -22,8 +22,9 @@ bool Handle::ready() const noexcept {
 
 std::error_code Handle::wait_status() const noexcept {
   if (!state_) return {};
-  // No spinning: on a machine with as many busy threads as cores, a spinning waiter takes the
-  // core the I/O threads need to finish the collective.
+  // Run the I/O on this thread while waiting (detail::Driver); then, or if that could not be
+  // arranged, sleep until the collective completes.
+  if (state_->driver) state_->driver->drive_until(*state_);
   std::unique_lock<std::mutex> lk(state_->mu);
   state_->cv.wait(lk, [&] { return state_->done_; });
   return state_->ec;
@@ -57,6 +58,55 @@ std::string local_socket_name(const Endpoint& ep) {
 
 namespace {
 
+void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+}  // namespace
+
+// The hand-over: announce the wish (`wanted`), nudge the I/O thread out of epoll with an empty
+// handler, and take `mu` once the I/O thread has parked. While it waits for the hand-over the
+// caller yields its core rather than spin on it: on a machine with as many busy threads as cores,
+// the I/O thread may need that very core to get to the point where it parks.
+void Driver::drive_until(const OpState& s) {
+  if (s.ready.load(std::memory_order_acquire)) return;
+  const auto spin = this->spin();
+  // Without polling, handing the I/O over and back costs more wake-ups than it saves.
+  if (spin.count() == 0) return;
+  // How long to wait for the I/O thread to park before sleeping on the collective instead (it
+  // parks between two handlers; one handler rarely runs longer than this).
+  constexpr auto kHandOver = std::chrono::microseconds(500);
+  wanted.fetch_add(1);
+  if (!closed.load()) {
+    asio::post(*ioc, [] {});
+    const auto give_up = Clock::now() + kHandOver;
+    while (!s.ready.load(std::memory_order_acquire)) {
+      if (mu.try_lock()) {
+        std::lock_guard<std::mutex> held(mu, std::adopt_lock);
+        auto last_work = Clock::now();
+        while (!s.ready.load(std::memory_order_acquire) && !ioc->stopped()) {
+          if (ioc->poll() > 0) {
+            last_work = Clock::now();
+          } else if (Clock::now() - last_work < spin) {
+            cpu_relax();
+          } else {
+            ioc->run_one();
+            last_work = Clock::now();
+          }
+        }
+        break;
+      }
+      if (Clock::now() >= give_up) break;
+      std::this_thread::yield();
+    }
+  }
+  if (wanted.fetch_sub(1) == 1) wanted.notify_all();
+}
+
+namespace {
+
 tcp::endpoint resolve_listen(asio::io_context& ioc, const Endpoint& ep) {
   boost::system::error_code ec;
   auto addr = asio::ip::make_address(ep.host, ec);
@@ -75,6 +125,7 @@ tcp::endpoint resolve_listen(asio::io_context& ioc, const Endpoint& ep) {
 PeerImpl::PeerImpl(PeerOptions opts)
     : opts_(std::move(opts)),
       default_algorithm_(opts_.default_algorithm),
+      driver_(std::make_shared<Driver>(ioc_)),
       acceptor_(ioc_),
       local_acceptor_(ioc_) {
   if (opts_.job_token.empty()) throw std::invalid_argument("PeerOptions.job_token is empty");
@@ -120,25 +171,38 @@ PeerImpl::~PeerImpl() {
     KF_LOG(warn, "peer", "{}: shutdown failed: {}", identity_, e.what());
   }
   ioc_.stop();
+  // From here on no user thread may run the context; wait for those inside drive_until to
+  // leave it (a stopped context makes them return at once).
+  driver_->closed.store(true);
+  for (int w; (w = driver_->wanted.load()) > 0;) driver_->wanted.wait(w);
   if (io_thread_.joinable()) io_thread_.join();
 }
 
 // The I/O thread polls for a short window after each burst of work before it blocks in epoll:
 // collectives come in bursts, and a thread that is already awake picks up the next submission or
 // the next frame without the wake-up (eventfd + scheduler) that costs as much as a loopback hop.
+// It runs one handler at a time so that it notices promptly when a waiting user thread wants to
+// run the I/O itself (Driver), and parks until that thread is done.
 void PeerImpl::io_loop() {
   pthread_setname_np(pthread_self(), "kf-io");
   auto guard = asio::make_work_guard(ioc_);
+  Driver& d = *driver_;
+  std::unique_lock<std::mutex> lk(d.mu);
   auto last_work = Clock::now();
   while (!ioc_.stopped()) {
-    if (ioc_.poll() > 0) {
+    if (d.wanted.load(std::memory_order_acquire) > 0) {
+      lk.unlock();
+      for (int w; (w = d.wanted.load(std::memory_order_acquire)) > 0;) d.wanted.wait(w);
+      lk.lock();
       last_work = Clock::now();
       continue;
     }
-    if (Clock::now() - last_work < opts_.spin) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
+    if (ioc_.poll_one() > 0) {
+      last_work = Clock::now();
+      continue;
+    }
+    if (Clock::now() - last_work < d.spin()) {
+      cpu_relax();
       continue;
     }
     ioc_.run_one();
@@ -189,6 +253,15 @@ void PeerImpl::update(const Cluster& c) {
   rank_to_peer_ = done.get();
   cluster_ = c;
   rank_ = *r;
+  // Polling pays while every worker on this host can have a core; beyond that a polling thread
+  // takes the core that another worker needs to make progress.
+  constexpr auto kSpin = std::chrono::microseconds(200);
+  std::size_t local = 0;
+  for (const auto& w : c.workers) local += on_this_host(w.endpoint) ? 1 : 0;
+  const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const auto spin = opts_.spin ? *opts_.spin
+                               : (local <= cores ? kSpin : std::chrono::microseconds(0));
+  driver_->spin_us.store(spin.count(), std::memory_order_relaxed);
 }
 
 std::vector<Endpoint> PeerImpl::lost_peers() {
@@ -230,6 +303,7 @@ Algorithm PeerImpl::resolve(CollOp op, Algorithm a, std::size_t bytes) const noe
 
 Handle PeerImpl::submit(std::shared_ptr<CollCtx> ctx) {
   ctx->state = std::make_shared<OpState>();
+  ctx->state->driver = driver_;
   Handle h(ctx->state);
   auto fail = [&](const std::string& why) {
     ctx->state->complete(make_error_code(errc::invalid_argument),

@@ -36,6 +36,32 @@ using Clock = std::chrono::steady_clock;
 template <typename T>
 using awaitable = asio::awaitable<T>;
 
+struct OpState;
+
+/// Who runs the I/O context. Normally the I/O thread (kf-io); but a user thread that waits on a
+/// collective takes over and runs it itself until its collective is done, so the reply that
+/// completes it is read by the thread that needs it, with no hand-off (a thread wake-up costs
+/// about as much as a loopback hop). Exactly one thread runs the context at a time: the one
+/// holding `mu`, so handlers still need no locks of their own.
+struct Driver {
+  explicit Driver(asio::io_context& c) : ioc(&c) {}
+  std::mutex mu;                  // held by whichever thread runs the context
+  std::atomic<int> wanted{0};     // user threads in drive_until(); the I/O thread parks meanwhile
+  std::atomic<bool> closed{false};  // the peer is shutting down: nobody else may drive
+  asio::io_context* ioc;
+  // How long a thread running the context polls before it blocks in epoll, in microseconds
+  // (PeerOptions::spin, resolved for the current cluster). Zero also turns drive_until off.
+  std::atomic<std::int64_t> spin_us{0};
+  std::chrono::microseconds spin() const noexcept {
+    return std::chrono::microseconds(spin_us.load(std::memory_order_relaxed));
+  }
+
+  /// Runs the context on the calling thread until `s` is ready, or returns early when the I/O
+  /// thread cannot hand it over promptly (another user thread drives) or the peer is closing;
+  /// the caller then waits on `s` as usual.
+  void drive_until(const OpState& s);
+};
+
 /// Completion state shared by a Handle (any thread) and the I/O thread.
 struct OpState {
   std::mutex mu;  // guards done_, ec, what
@@ -44,6 +70,7 @@ struct OpState {
   std::error_code ec;
   std::string what;
   std::atomic<bool> ready{false};
+  std::shared_ptr<Driver> driver;  // set for collectives: a waiter may run the I/O itself
 
   void complete(std::error_code e, std::string w) {
     {
@@ -277,6 +304,20 @@ struct CollCtx {
   int rank = 0, size = 1;
   std::chrono::milliseconds timeout{};
   std::shared_ptr<OpState> state;
+
+  CollCtx() = default;
+  CollCtx(const CollCtx&) = delete;
+  CollCtx& operator=(const CollCtx&) = delete;
+  /// The last owner is the collective's coroutine. If that is destroyed unfinished (the peer was
+  /// destroyed with the collective in flight, and its context with it), the waiter still learns
+  /// that the buffers are free again.
+  ~CollCtx() {
+    if (state && !state->ready.load(std::memory_order_acquire)) {
+      state->complete(make_error_code(errc::closed),
+                      std::string(to_string(op)) + " '" + name +
+                          "': the peer was destroyed before the collective finished");
+    }
+  }
 };
 
 /// The abstract Unix-domain socket name of the worker at `ep` ("\0kf/HOST:PORT"): unique on a
@@ -313,8 +354,10 @@ class PeerImpl {
   awaitable<void> accept_loop(Acceptor& acceptor);
   /// `from` names the remote end in logs until the handshake tells who it is.
   awaitable<void> serve_incoming(std::shared_ptr<Incoming> in, std::string from);
-  /// Whether connections to `ep` try the Unix-domain socket first (Transport::automatic).
+  /// Whether connections to `ep` try the Unix-domain socket first (not Transport::tcp).
   bool same_host(const Endpoint& ep) const;
+  /// Whether `ep` is on this host: the same host string, or both loopback addresses. Any thread.
+  bool on_this_host(const Endpoint& ep) const;
   /// Connects out.sock to the peer: its Unix-domain socket when it is on this host, else TCP.
   awaitable<boost::system::error_code> connect(Outgoing& out, const Endpoint& ep);
   awaitable<void> run_outgoing(std::shared_ptr<Outgoing> out);
@@ -386,6 +429,7 @@ class PeerImpl {
   PeerOptions opts_;
   std::atomic<Algorithm> default_algorithm_;  // the job's default, changeable at run time
   asio::io_context ioc_{1};
+  std::shared_ptr<Driver> driver_;
   tcp::acceptor acceptor_;
   // Unix-domain listener of the same-host transport, in the abstract namespace (nothing on
   // disk to clean up), named after the TCP endpoint: local_socket_name(self_).

@@ -53,9 +53,13 @@ struct PeerOptions {
   std::chrono::milliseconds heartbeat_interval{200};
   std::chrono::milliseconds heartbeat_timeout{750};
   Algorithm default_algorithm = Algorithm::auto_select;
-  /// After a burst of work the I/O thread keeps polling this long before it sleeps, so that the
-  /// next message or submission finds it awake (zero: always sleep at once).
-  std::chrono::microseconds spin{0};
+  /// How long a thread that runs the I/O polls before it sleeps in the kernel: the I/O thread
+  /// after a burst of work, and a thread waiting on a collective, which then runs the I/O
+  /// itself and reads the reply that completes its collective without any thread hand-off.
+  /// Zero: always sleep at once, and waiting threads leave the I/O to the I/O thread. Unset:
+  /// 200 us while the workers on this host are no more than its hardware threads, else zero
+  /// (a polling thread would take the core another worker needs).
+  std::optional<std::chrono::microseconds> spin;
   Transport transport = Transport::automatic;
   /// Same-host payloads this large or larger are copied by the receiver straight from the
   /// sender's memory (Transport::automatic only). Smaller ones go through the socket, where one

@@ -441,7 +441,10 @@ awaitable<std::error_code> PeerImpl::receive_data(Incoming& in, int peer, const 
 // ---- writing --------------------------------------------------------------------------------
 
 bool PeerImpl::same_host(const Endpoint& ep) const {
-  if (opts_.transport == Transport::tcp || !local_acceptor_.is_open()) return false;
+  return opts_.transport != Transport::tcp && local_acceptor_.is_open() && on_this_host(ep);
+}
+
+bool PeerImpl::on_this_host(const Endpoint& ep) const {
   if (ep.host == self_.host) return true;
   boost::system::error_code e1, e2;
   const auto a = asio::ip::make_address(ep.host, e1);

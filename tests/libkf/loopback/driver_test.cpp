@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: Apache-2.0
+// A thread that waits on a collective runs the peer's I/O itself (detail::Driver in
+// libkf/src/peer.cpp) while the I/O thread parks. These tests force polling on, so the
+// hand-over happens whatever the core count, and check that it never lets two threads run the
+// I/O at once (results stay exact; ThreadSanitizer watches the build of suite 'sanitize'), never
+// strands a waiter, and survives the peer being destroyed under a waiting thread.
+#include "kf/peer.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/local_cluster.hpp"
+
+namespace kf {
+namespace {
+
+PeerOptions polling(std::chrono::microseconds spin) {
+  PeerOptions o;
+  o.job_token = "test-token";
+  o.spin = spin;
+  return o;
+}
+
+// Several user threads per peer, each with its own stream of collectives, all waiting at once:
+// only one of them can hold the I/O at a time, the others sleep on their handles or wait for
+// the hand-over, and every result is exact.
+TEST(Driver, ManyThreadsWaitingAtOnceAllGetExactResults) {
+  constexpr int kPeers = 2, kThreads = 4, kRounds = 150;
+  auto peers = test::make_local_cluster(kPeers, polling(std::chrono::microseconds(200)));
+  std::atomic<int> wrong{0};
+  test::run_all(kPeers, [&](int r) {
+    std::vector<std::thread> ts;
+    for (int t = 0; t < kThreads; ++t) {
+      ts.emplace_back([&, r, t] {
+        std::vector<float> v(1 + 97 * t);  // 4 B to about 1 KiB
+        for (int i = 0; i < kRounds; ++i) {
+          for (auto& x : v) x = static_cast<float>(r + 1 + i);
+          const std::string name = "t" + std::to_string(t) + "#" + std::to_string(i);
+          peers[r]->allreduce(name, buffer(v.data(), v.size()), buffer(v.data(), v.size())).wait();
+          for (float x : v) wrong += x != static_cast<float>(3 + 2 * i);
+        }
+      });
+    }
+    for (auto& th : ts) th.join();
+  });
+  EXPECT_EQ(wrong.load(), 0);
+}
+
+// Submitting many collectives first and waiting afterwards (how gradient buckets are used):
+// the waits find some collectives done, others in flight, and drive until each is done.
+TEST(Driver, WaitingOnManyOutstandingHandlesInAnyOrder) {
+  auto peers = test::make_local_cluster(2, polling(std::chrono::microseconds(200)));
+  constexpr int kHandles = 64;
+  std::vector<std::vector<std::vector<float>>> data(2);
+  test::run_all(2, [&](int r) {
+    data[r].assign(kHandles, std::vector<float>(4096, static_cast<float>(r + 1)));
+    std::vector<Handle> hs;
+    for (int i = 0; i < kHandles; ++i) {
+      auto& v = data[r][i];
+      hs.push_back(peers[r]->allreduce("bucket" + std::to_string(i), buffer(v.data(), v.size()),
+                                       buffer(v.data(), v.size())));
+    }
+    // Last to first, so that most waits start before their collective has finished.
+    for (int i = kHandles - 1; i >= 0; --i) hs[i].wait();
+  });
+  for (int r = 0; r < 2; ++r) {
+    for (const auto& v : data[r]) ASSERT_EQ(v.back(), 3.0f);
+  }
+}
+
+// A thread waits (and drives) on a collective that cannot finish, because the other worker never
+// takes part; destroying the peer fails the collective, and the waiter returns with the error
+// instead of running a context that no longer exists.
+TEST(Driver, DestroyingThePeerReleasesAWaitingThread) {
+  auto peers = test::make_local_cluster(2, polling(std::chrono::microseconds(200)));
+  int x = 1;
+  CollOptions o;
+  o.timeout = std::chrono::milliseconds(60000);  // only the destruction can end it
+  Handle h = peers[0]->allreduce("never", buffer(&x, 1), buffer(&x, 1), o);
+  std::error_code got;
+  std::thread waiter([&] { got = h.wait_status(); });
+  peers[0].reset();
+  waiter.join();
+  EXPECT_TRUE(got) << "the collective reported success without its peer";
+}
+
+// With polling off the waiter leaves the I/O to the I/O thread and sleeps on the handle.
+TEST(Driver, WithoutPollingResultsAreTheSame) {
+  auto peers = test::make_local_cluster(2, polling(std::chrono::microseconds(0)));
+  std::vector<int> v(2);
+  test::run_all(2, [&](int r) {
+    for (int i = 0; i < 50; ++i) {
+      v[r] = r + i;
+      peers[r]->allreduce("x" + std::to_string(i), buffer(&v[r], 1), buffer(&v[r], 1)).wait();
+      ASSERT_EQ(v[r], 1 + 2 * i);
+    }
+  });
+}
+
+}  // namespace
+}  // namespace kf
