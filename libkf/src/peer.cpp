@@ -194,7 +194,9 @@ void PeerImpl::io_loop() {
       lk.unlock();
       for (int w; (w = d.wanted.load(std::memory_order_acquire)) > 0;) d.wanted.wait(w);
       lk.lock();
-      last_work = Clock::now();
+      // The waiter did the work: no burst to poll after (a polling I/O thread would only take a
+      // core from the thread that is about to submit the next collective).
+      last_work = Clock::time_point{};
       continue;
     }
     if (ioc_.poll_one() > 0) {

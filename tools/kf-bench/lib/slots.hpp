@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The buffers of a benchmark's iterations, used in rotation so that each iteration's buffers
 // were last touched (refilled) tens of MiB of traffic earlier: out of every cache level, as a
-// training step's gradients are. Shared by kf-bench and its baselines (tools/bench/baselines),
-// so that all of them measure with equally cold buffers. Not thread-safe.
+// training step's gradients are; mapped and written in advance, as after a job's first step.
+// Shared by kf-bench and its baselines (tools/bench/baselines), so that all of them measure
+// with equally cold buffers. Not thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -30,6 +31,9 @@ class Slots {
   std::byte* at(std::size_t iteration) const noexcept {
     return memory_ ? memory_.get() + iteration % count_ * stride_ : nullptr;
   }
+
+  /// Writes every page of [p, p + bytes) from the kernel and from user code (see slots.cpp).
+  static void warm(std::byte* p, std::size_t bytes);
 
   std::size_t send_stride_;
   std::size_t stride_;
