@@ -55,6 +55,10 @@ struct Driver {
   std::chrono::microseconds spin() const noexcept {
     return std::chrono::microseconds(spin_us.load(std::memory_order_relaxed));
   }
+  // More workers on this host than cores: poll with sched_yield() instead of a pause.
+  std::atomic<bool> yield{false};
+  /// One poll's pause: a CPU pause, or sched_yield() when crowded.
+  void relax() const noexcept;
 
   /// Runs the context on the calling thread until `s` is ready, or returns early when the I/O
   /// thread cannot hand it over promptly (another user thread drives) or the peer is closing;

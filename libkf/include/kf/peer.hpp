@@ -57,8 +57,8 @@ struct PeerOptions {
   /// after a burst of work, and a thread waiting on a collective, which then runs the I/O
   /// itself and reads the reply that completes its collective without any thread hand-off.
   /// Zero: always sleep at once, and waiting threads leave the I/O to the I/O thread. Unset:
-  /// 200 us while the workers on this host are no more than its hardware threads, else zero
-  /// (a polling thread would take the core another worker needs).
+  /// 200 us while the workers on this host are no more than its hardware threads, else 1000 us
+  /// (either way, with more workers than cores a polling thread yields its core between polls).
   std::optional<std::chrono::microseconds> spin;
   Transport transport = Transport::automatic;
   /// Same-host payloads this large or larger are copied by the receiver straight from the
