@@ -233,7 +233,9 @@ struct Incoming {
   // The dialer's process on a same-host connection (SO_PEERCRED), whose memory single-copy
   // frames are read from; 0 over TCP.
   pid_t pid = 0;
-  bool single_copy = true;  // false once the kernel refused to copy from `pid`
+  // Whether single-copy frames are copied: false for a dialer running as another user, and
+  // once the kernel refused to copy from `pid`.
+  bool single_copy = true;
 };
 
 /// Where a data frame's payload comes from: the connection, or (single-copy) the sender's

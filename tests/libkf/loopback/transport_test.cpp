@@ -205,23 +205,30 @@ TEST(Transport, ASquattedSameHostNameFallsBackToTcp) {
 // `to_parent`, reads the peer's port from `from_parent`, runs a 4 MiB allreduce with the other
 // child and checks that it went through the socket after a refused single-copy attempt.
 // Returns the exit status (0: all as expected), having said what failed on stderr.
-int refusing_child(int to_parent, int from_parent, int rank) {
+// With `other_user` (run as root), rank 1 becomes user nobody instead, and rank 0 keeps every
+// right: the kernel would let rank 0 read rank 1, but rank 0 must not, because rank 1 runs as
+// another user; rank 1 cannot read rank 0 anyway.
+int refusing_child(int to_parent, int from_parent, int rank, bool other_user) {
   alarm(60);  // a hang fails the test instead of stalling it
-  prctl(PR_SET_DUMPABLE, 0);
-  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct caps[2]{};
-  if (syscall(SYS_capget, &hdr, caps) != 0) return 10;
-  caps[0].effective &= ~(1u << CAP_SYS_PTRACE);
-  caps[0].permitted &= ~(1u << CAP_SYS_PTRACE);
-  if (syscall(SYS_capset, &hdr, caps) != 0) return 11;
+  if (other_user) {
+    if (rank == 1 && setuid(65534) != 0) return 12;
+  } else {
+    prctl(PR_SET_DUMPABLE, 0);
+    __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct caps[2]{};
+    if (syscall(SYS_capget, &hdr, caps) != 0) return 10;
+    caps[0].effective &= ~(1u << CAP_SYS_PTRACE);
+    caps[0].permitted &= ~(1u << CAP_SYS_PTRACE);
+    if (syscall(SYS_capset, &hdr, caps) != 0) return 11;
+  }
   try {
     PeerOptions o;
     o.job_token = "test-token";
     Peer peer(o);
     const std::uint16_t mine = peer.endpoint().port;
     std::uint16_t theirs = 0;
-    if (write(to_parent, &mine, sizeof mine) != sizeof mine) return 12;
-    if (read(from_parent, &theirs, sizeof theirs) != sizeof theirs) return 13;
+    if (write(to_parent, &mine, sizeof mine) != sizeof mine) return 13;
+    if (read(from_parent, &theirs, sizeof theirs) != sizeof theirs) return 14;
     Cluster c;
     c.version = 1;
     const Endpoint me = peer.endpoint(), other{"127.0.0.1", theirs};
@@ -253,10 +260,8 @@ int refusing_child(int to_parent, int from_parent, int rank) {
   return 0;
 }
 
-// Where the kernel will not let workers read each other's memory (another user, Yama's ptrace
-// rules, a seccomp profile), large payloads still arrive: through the socket, after one refused
-// attempt per connection. Two processes, because a process may always read its own memory.
-TEST(Transport, ARefusedSingleCopyFallsBackToTheSocket) {
+// Runs refusing_child in two forked processes that find each other through the parent.
+void run_refusing_pair(bool other_user) {
   int up[2][2], down[2][2];
   for (int r = 0; r < 2; ++r) ASSERT_EQ(pipe(up[r]), 0);
   for (int r = 0; r < 2; ++r) ASSERT_EQ(pipe(down[r]), 0);
@@ -264,7 +269,7 @@ TEST(Transport, ARefusedSingleCopyFallsBackToTheSocket) {
   for (int r = 0; r < 2; ++r) {
     pids[r] = fork();
     ASSERT_GE(pids[r], 0);
-    if (pids[r] == 0) _exit(refusing_child(up[r][1], down[r][0], r));
+    if (pids[r] == 0) _exit(refusing_child(up[r][1], down[r][0], r, other_user));
   }
   std::uint16_t ports[2] = {0, 0};
   for (int r = 0; r < 2; ++r) {
@@ -283,6 +288,18 @@ TEST(Transport, ARefusedSingleCopyFallsBackToTheSocket) {
   }
   for (auto& p : up) close(p[0]), close(p[1]);
   for (auto& p : down) close(p[0]), close(p[1]);
+}
+
+// Where the kernel will not let workers read each other's memory (another user, Yama's ptrace
+// rules, a seccomp profile), large payloads still arrive: through the socket, after one refused
+// attempt per connection. Two processes, because a process may always read its own memory.
+TEST(Transport, ARefusedSingleCopyFallsBackToTheSocket) { run_refusing_pair(false); }
+
+// A receiver never copies out of a dialer that runs as another user, even where the kernel
+// would let it: it answers "send inline".
+TEST(Transport, ADialerOfAnotherUserSendsThroughTheSocket) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root, to run one worker as user nobody";
+  run_refusing_pair(true);
 }
 
 }  // namespace

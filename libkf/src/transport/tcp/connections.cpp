@@ -6,6 +6,7 @@
 // with a logged reason and never takes the process down.
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <cerrno>
 
@@ -50,12 +51,18 @@ std::string describe(const tcp::endpoint& ep) {
 }
 std::string describe(const local_stream::endpoint&) { return "a same-host socket"; }
 
-pid_t peer_pid(tcp::socket&) { return 0; }
-pid_t peer_pid(local_stream::socket& s) {
+// The dialer's process on a same-host connection (0 over TCP), and whether its payloads may be
+// copied out of it: only when it runs as this process's user. Otherwise a job member running as
+// another user could have this process read, with this process's rights, memory it may not read
+// itself (its pid may even have been reused by then); it gets "send inline" instead.
+std::pair<pid_t, bool> peer_process(tcp::socket&) { return {0, false}; }
+std::pair<pid_t, bool> peer_process(local_stream::socket& s) {
   ucred cred{};
   socklen_t len = sizeof cred;
-  if (::getsockopt(s.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return 0;
-  return cred.pid;
+  if (::getsockopt(s.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return {0, false};
+  }
+  return {cred.pid, cred.uid == ::geteuid()};
 }
 
 // Copies n bytes at `addr` in process `pid` into dst: one copy, kernel to kernel.
@@ -195,9 +202,10 @@ awaitable<void> PeerImpl::accept_loop(Acceptor& acceptor) {
     set_socket_options(sock);
     boost::system::error_code rec;
     std::string from = describe(sock.remote_endpoint(rec));
-    const pid_t pid = peer_pid(sock);
+    const auto [pid, same_user] = peer_process(sock);
     auto in = std::make_shared<Incoming>(Stream(std::move(sock)));
     in->pid = pid;
+    in->single_copy = same_user;
     asio::co_spawn(ex(), serve_incoming(in, std::move(from)), asio::detached);
   }
 }
