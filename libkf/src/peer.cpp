@@ -97,12 +97,12 @@ void Driver::drive_until(const OpState& s) {
         std::lock_guard<std::mutex> held(mu, std::adopt_lock);
         auto last_work = Clock::now();
         while (!s.ready.load(std::memory_order_acquire) && !ioc->stopped()) {
-          if (ioc->poll() > 0) {
+          if (poll_once() > 0) {
             last_work = Clock::now();
           } else if (Clock::now() - last_work < spin) {
             relax();
           } else {
-            ioc->run_one();
+            block_once();
             last_work = Clock::now();
           }
         }
@@ -168,6 +168,8 @@ PeerImpl::PeerImpl(PeerOptions opts)
     }
   }
   asio::co_spawn(ioc_, watchdog(), asio::detached);
+  driver_->poll_rings = [this] { return poll_rings(); };
+  driver_->rings_asleep = [this](bool asleep) { return rings_asleep(asleep); };
   io_thread_ = std::thread([this] { io_loop(); });
 }
 
@@ -209,7 +211,7 @@ void PeerImpl::io_loop() {
       last_work = Clock::time_point{};
       continue;
     }
-    if (ioc_.poll_one() > 0) {
+    if (d.poll_once() > 0) {
       last_work = Clock::now();
       continue;
     }
@@ -217,7 +219,7 @@ void PeerImpl::io_loop() {
       d.relax();
       continue;
     }
-    ioc_.run_one();
+    d.block_once();
     last_work = Clock::now();
   }
 }
@@ -486,6 +488,7 @@ TransportStats Peer::transport_stats() const noexcept {
   t.socket_bytes = c.socket_bytes.load(std::memory_order_relaxed);
   t.single_copy_bytes = c.single_copy_bytes.load(std::memory_order_relaxed);
   t.single_copy_refused = c.single_copy_refused.load(std::memory_order_relaxed);
+  t.shm_bytes = c.shm_bytes.load(std::memory_order_relaxed);
   return t;
 }
 

@@ -9,9 +9,11 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <sys/types.h>
 #include <thread>
@@ -24,6 +26,7 @@
 #include "kf/common/error.hpp"
 #include "kf/peer.hpp"
 #include "transport/frame.hpp"
+#include "transport/shm_ring.hpp"
 
 namespace kf::detail {
 
@@ -59,6 +62,24 @@ struct Driver {
   std::atomic<bool> yield{false};
   /// One poll's pause: a CPU pause, or sched_yield() when crowded.
   void relax() const noexcept;
+
+  // The peer's shared-memory rings, which no epoll reports: whoever runs the context polls them
+  // with the context, and announces in them when it is about to sleep (PeerImpl::poll_rings,
+  // PeerImpl::rings_asleep). Set once before the I/O thread starts.
+  std::function<std::size_t()> poll_rings;
+  std::function<bool(bool)> rings_asleep;
+  /// One round of polling: ready handlers and ring records; the number of either run.
+  std::size_t poll_once() {
+    std::size_t n = ioc->poll_one();
+    if (poll_rings) n += poll_rings();
+    return n;
+  }
+  /// Sleeps in epoll until one handler ran, unless a ring has a record waiting.
+  void block_once() {
+    if (rings_asleep && !rings_asleep(true)) return;
+    ioc->run_one();
+    if (rings_asleep) rings_asleep(false);
+  }
 
   /// Runs the context on the calling thread until `s` is ready, or returns early when the I/O
   /// thread cannot hand it over promptly (another user thread drives) or the peer is closing;
@@ -217,6 +238,12 @@ struct Outgoing {
   // Large payloads are left in place for the receiver to copy (transport::kFlagRemote); off
   // once the receiver has answered that it cannot.
   bool single_copy = false;
+  // Small data frames go into this shared-memory ring while nothing waits in `queue`
+  // (same-host connections the receiver accepted it on; PeerImpl::post_send).
+  std::unique_ptr<transport::ShmRing> ring;
+  // Frames written into the socket since the ring was set up, heartbeats not counted: each
+  // ring record carries the count, so the receiver keeps the connection's order.
+  std::uint64_t socket_frames = 0;
 };
 
 struct Incoming {
@@ -236,6 +263,13 @@ struct Incoming {
   // Whether single-copy frames are copied: false for a dialer running as another user, and
   // once the kernel refused to copy from `pid`.
   bool single_copy = true;
+  // The dialer's shared-memory ring, once it offered one and this side mapped it.
+  std::unique_ptr<transport::ShmRing> ring;
+  // Socket frames taken (heartbeats not counted) since the ring was set up; a ring record
+  // is taken only once this reaches its socket_before.
+  std::uint64_t socket_frames = 0;
+  // Why the connection was closed from outside its coroutine (a bad ring record).
+  std::string closed_why;
 };
 
 /// Where a data frame's payload comes from: the connection, or (single-copy) the sender's
@@ -380,6 +414,27 @@ class PeerImpl {
                                           std::string& why);
   awaitable<std::error_code> write_frame(Outgoing& out, SendReq& req);
 
+  // ---- shared-memory rings (transport/tcp/connections.cpp) ----
+  /// Dialer: creates a ring and offers it over the fresh connection `reader` (still in the
+  /// handshake); sets out.ring if the acceptor took it.
+  awaitable<std::error_code> offer_ring(Outgoing& out, Incoming& reader, std::string& why);
+  /// Acceptor: maps the offered ring and answers; an error ends the connection.
+  awaitable<std::error_code> accept_ring(const std::shared_ptr<Incoming>& in,
+                                         const std::vector<std::byte>& name, std::string& why);
+  /// Takes every record of `in`'s ring whose turn has come and returns how many. A malformed
+  /// record closes the connection, with the reason in in.closed_why.
+  std::size_t drain_ring(Incoming& in);
+  /// Drains every ring; returns the number of records taken.
+  std::size_t poll_rings();
+  /// asleep: tells every ring's writer that this side is about to sleep, and returns false
+  /// (after taking the flag back) if a ring has a record after all. !asleep: awake again.
+  bool rings_asleep(bool asleep);
+  /// A data frame whose payload is wholly in memory: into the first posted receive for its key
+  /// or, when none is posted, into the unexpected-message buffer (a copy of `payload`, or
+  /// `owned` moved when given). Returns an error that ends the connection.
+  std::error_code store_frame(int peer, const MailKey& key, std::span<const std::byte> payload,
+                              std::vector<std::byte>* owned, std::string& why);
+
   std::shared_ptr<SendReq> post_send(int peer, const transport::FrameHeader& h, std::string name,
                                      const std::byte* data);
   std::shared_ptr<SendReq> post_control(int peer, transport::FrameType t,
@@ -447,6 +502,7 @@ class PeerImpl {
   std::vector<PeerState> peers_;
   std::unordered_map<std::string, int> peer_by_key_;
   std::unordered_map<MailKey, Slot, MailKeyHash> mailbox_;
+  std::vector<std::shared_ptr<Incoming>> ring_readers_;  // connections with a ring to read
   std::size_t unexpected_bytes_ = 0;
   std::error_code broken_;
   std::string broken_why_;
@@ -455,7 +511,7 @@ class PeerImpl {
   // Written by the I/O thread, read by Peer::transport_stats from any thread.
   struct Counters {
     std::atomic<std::uint64_t> tcp_bytes{0}, socket_bytes{0}, single_copy_bytes{0},
-        single_copy_refused{0};
+        single_copy_refused{0}, shm_bytes{0};
     static void add(std::atomic<std::uint64_t>& c, std::uint64_t n) {
       c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
     }

@@ -31,9 +31,10 @@ enum class Transport : std::uint8_t {
   /// same-host socket, payloads of at least PeerOptions::single_copy_bytes are not written into
   /// the socket: the receiver copies them straight out of the sender's memory
   /// (process_vm_readv), one copy instead of two, and falls back to the socket when the kernel
-  /// refuses (another user, Yama ptrace restrictions).
+  /// refuses (another user, Yama ptrace restrictions). Small payloads to a same-host worker that
+  /// is polling go through a shared-memory ring (PeerOptions::shm_frame_bytes).
   automatic,
-  unix_socket,  ///< like automatic, but every payload goes through the socket
+  unix_socket,  ///< like automatic, but every payload goes through the socket (no rings)
   tcp,          ///< TCP to every peer
 };
 
@@ -67,6 +68,11 @@ struct PeerOptions {
   /// development machine (kf-bench, 2 and 4 workers): frames up to 128 KiB were 10-15 % faster
   /// through the socket, 512 KiB ones even, 1-2 MiB ones 10-25 % faster single-copy.
   std::size_t single_copy_bytes = std::size_t{512} << 10;
+  /// Same-host data frames up to this many payload bytes go through a shared-memory ring that
+  /// the receiver polls, without a system call, while the receiver is awake and nothing waits
+  /// in the connection's socket queue (Transport::automatic only; 0 turns the rings off). Larger
+  /// ones, and frames to a receiver that sleeps in the kernel, go through the socket.
+  std::size_t shm_frame_bytes = std::size_t{64} << 10;
   std::size_t max_frame_bytes = std::size_t{64} << 20;       ///< larger transfers are split
   std::size_t max_unexpected_bytes = std::size_t{2} << 30;   ///< early-arrival buffer limit
 };
@@ -79,6 +85,8 @@ struct TransportStats {
   /// Single-copy frames whose receiver could not copy from this process (they were then
   /// written into the socket, and the connection stopped trying).
   std::uint64_t single_copy_refused = 0;
+  /// Small same-host payloads passed through a shared-memory ring (no system call per frame).
+  std::uint64_t shm_bytes = 0;
 };
 
 namespace detail {

@@ -54,7 +54,7 @@ bool decode(const HeaderBytes& b, std::uint64_t max_payload, FrameHeader& out, s
   }
   const auto type = get<std::uint8_t>(b, 6);
   if (type < static_cast<std::uint8_t>(FrameType::challenge) ||
-      type > static_cast<std::uint8_t>(FrameType::invite)) {
+      type > static_cast<std::uint8_t>(FrameType::ring_offer)) {
     why = "unknown frame type " + std::to_string(type);
     return false;
   }

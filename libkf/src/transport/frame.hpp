@@ -28,6 +28,10 @@ enum class FrameType : std::uint8_t {
   bye = 6,        ///< the sender is leaving cleanly; no more frames follow
   heartbeat = 7,
   invite = 8,     ///< "join the job": payload is the session's invitation (JSON), sent to joiners
+  /// dialer -> acceptor, first after the handshake on a same-host connection: the name of a
+  /// shared-memory ring (ShmRing) for small data frames; answered with one RemoteReply byte
+  /// (copied: the acceptor reads the ring from now on; send_inline: it declined).
+  ring_offer = 9,
 };
 
 /// Header flag of a data frame sent over a same-host connection: the payload stays in the

@@ -22,6 +22,7 @@
 #include "support/local_cluster.hpp"
 #include "transport/auth.hpp"
 #include "transport/frame.hpp"
+#include "transport/shm_ring.hpp"
 
 namespace kf {
 namespace {
@@ -219,6 +220,69 @@ TEST(Robustness, BadSingleCopyFramesCloseTheConnection) {
             std::string::npos) << text;
   EXPECT_NE(text.find("single-copy frame names memory its sender does not have"),
             std::string::npos) << text;
+}
+
+// Offers a shared-memory ring named `name`; returns the acceptor's one-byte answer (0 if none).
+int offer_ring(int s, const std::string& name) {
+  std::vector<std::byte> payload(name.size());
+  std::memcpy(payload.data(), name.data(), name.size());
+  send_frame(s, transport::FrameType::ring_offer, payload);
+  std::uint8_t reply = 0;
+  return read_all(s, &reply, 1) ? reply : 0;
+}
+
+// Ring offers the acceptor must not take are declined (the connection goes on), offers over TCP
+// close it, and a record that breaks the format closes it with the reason, after the records
+// before it were delivered.
+TEST(Robustness, BadRingOffersAndRecordsAreRefused) {
+  LogCapture log;
+  auto peers = test::make_local_cluster(2);
+  allreduce_works(peers, "before");
+  constexpr int kTaken = static_cast<int>(transport::RemoteReply::copied);
+  constexpr int kDeclined = static_cast<int>(transport::RemoteReply::send_inline);
+
+  // Over TCP: no ring can be shared with another host.
+  int s = connect_to(peers[0]->endpoint());
+  ASSERT_TRUE(authenticate(s, "127.0.0.1:1"));
+  const std::vector<std::byte> name{std::byte{'/'}, std::byte{'k'}, std::byte{'f'},
+                                    std::byte{'-'}, std::byte{'1'}};
+  send_frame(s, transport::FrameType::ring_offer, name);
+  EXPECT_TRUE(closed_by_peer(s));
+  close(s);
+
+  // Names that are not a ring's, and a ring that does not exist: declined, connection kept.
+  s = connect_local(peers[1]->endpoint());
+  ASSERT_TRUE(authenticate(s, "127.0.0.1:2"));
+  EXPECT_EQ(offer_ring(s, "/dev/shm/../../etc/passwd"), kDeclined);
+  EXPECT_EQ(offer_ring(s, "/kf-no-such-ring"), kDeclined);
+  // A real ring: taken. Then one good record, one with a broken header, and a heartbeat on the
+  // socket to wake the receiver should it sleep.
+  std::error_code ec;
+  auto ring = transport::ShmRing::create(ec);
+  ASSERT_TRUE(ring) << ec.message();
+  EXPECT_EQ(offer_ring(s, ring->name()), kTaken);
+  transport::FrameHeader d;
+  d.type = transport::FrameType::data;
+  d.cluster_version = 1;
+  d.name_bytes = 5;
+  d.payload_bytes = 4;
+  const std::byte four[4] = {};
+  ASSERT_TRUE(ring->try_write(0, transport::encode(d), "early", four, 4));
+  auto bad = transport::encode(d);
+  bad[0] = std::byte{0x42};
+  ASSERT_TRUE(ring->try_write(0, bad, "early", four, 4));
+  send_frame(s, transport::FrameType::heartbeat, {});
+  EXPECT_TRUE(closed_by_peer(s));
+  close(s);
+
+  allreduce_works(peers, "after");
+  const std::string text = log.text();
+  EXPECT_NE(text.find("shared-memory ring offered over a connection from another host"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("not of the form"), std::string::npos) << text;
+  EXPECT_NE(text.find("cannot open shared-memory ring /kf-no-such-ring"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("shared-memory ring: bad magic"), std::string::npos) << text;
 }
 
 TEST(Robustness, SilentClientIsDroppedAfterTheConnectDeadline) {

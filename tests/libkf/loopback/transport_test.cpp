@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -121,8 +123,9 @@ TEST(Transport, OnlyTheDefaultListensOnASameHostSocket) {
   EXPECT_FALSE(has_same_host_listener(peers[1]->endpoint()));
 }
 
-// Which path each kind of payload takes, by transport: small ones through the socket, large
-// ones single-copy by default; everything through the socket with "unix"; TCP with "tcp".
+// Which path each kind of payload takes, by transport: small ones through the shared-memory
+// ring or the socket (the ring only while the receiver polls), large ones single-copy by
+// default; everything through the socket with "unix"; TCP with "tcp".
 TEST(Transport, LargePayloadsGoSingleCopyOnlyByDefault) {
   struct Case {
     Transport t;
@@ -136,12 +139,80 @@ TEST(Transport, LargePayloadsGoSingleCopyOnlyByDefault) {
     for (auto& p : peers) {
       const TransportStats s = p->transport_stats();
       SCOPED_TRACE(static_cast<int>(c.t));
-      EXPECT_EQ(s.socket_bytes > 0, c.socket);
+      EXPECT_EQ(s.socket_bytes + s.shm_bytes > 0, c.socket);
       EXPECT_EQ(s.single_copy_bytes > 0, c.single_copy);
       EXPECT_EQ(s.tcp_bytes > 0, c.tcp);
       EXPECT_EQ(s.single_copy_refused, 0u);
+      if (c.t != Transport::automatic) {
+        EXPECT_EQ(s.shm_bytes, 0u);
+      }
     }
   }
+}
+
+// `iterations` allreduces of one name on every peer, their sizes cycling so that consecutive
+// frames between two workers take different paths (ring: up to 64 KiB; socket; single copy),
+// with ring steps that let a fast worker send the next collective's frames early. Exact sums
+// show that no frame overtook another of the same name.
+void expect_mixed_sequence_works(std::vector<std::unique_ptr<Peer>>& peers, int iterations) {
+  const int p = static_cast<int>(peers.size());
+  const std::size_t sizes[] = {1, 10000, 150000, 1, 600000, 3000};
+  std::vector<int> failures(p, 0);
+  test::run_all(p, [&](int r) {
+    CollOptions o;
+    o.algorithm = Algorithm::ring;
+    std::vector<std::int32_t> v;
+    for (int it = 0; it < iterations; ++it) {
+      const std::size_t n = sizes[it % std::size(sizes)];
+      v.assign(n, 0);
+      for (std::size_t i = 0; i < n; ++i) v[i] = r + it + static_cast<int>(i % 5);
+      peers[r]->allreduce("mixed", buffer(v.data(), n), buffer(v.data(), n), o).wait();
+      for (std::size_t i = 0; i < n; i += 97) {
+        if (v[i] != p * (p - 1) / 2 + p * (it + static_cast<int>(i % 5))) {
+          ++failures[r];
+          break;
+        }
+      }
+    }
+  });
+  for (int r = 0; r < p; ++r) EXPECT_EQ(failures[r], 0) << "rank " << r;
+}
+
+// While the receiver polls, small frames go through the shared-memory ring, and results agree.
+TEST(Transport, SmallPayloadsGoThroughTheRingWhileTheReceiverPolls) {
+  PeerOptions o;
+  o.spin = std::chrono::seconds(2);  // never asleep in the kernel during the test
+  auto peers = test::make_local_cluster(2, o);
+  expect_mixed_sequence_works(peers, 60);
+  for (auto& p : peers) {
+    const TransportStats s = p->transport_stats();
+    EXPECT_GT(s.shm_bytes, 0u);
+    EXPECT_GT(s.single_copy_bytes, 0u);
+    EXPECT_GT(s.socket_bytes, 0u);  // 150000 elements: pieces beyond the ring's 64 KiB
+    EXPECT_EQ(s.tcp_bytes, 0u);
+  }
+}
+
+// Receivers that sleep in the kernel after every handler: frames then go through the socket,
+// or into the ring just as the receiver falls asleep (and a socket frame wakes it). Three
+// workers so each receives from two rings at once.
+TEST(Transport, RingAndSocketFramesStayInOrderWhenReceiversSleep) {
+  PeerOptions o;
+  o.spin = std::chrono::microseconds(0);
+  auto peers = test::make_local_cluster(3, o);
+  expect_mixed_sequence_works(peers, 90);
+  // And with polling that ends now and then (the default), where both happen within a run.
+  auto polling = test::make_local_cluster(3, PeerOptions{});
+  expect_mixed_sequence_works(polling, 90);
+}
+
+TEST(Transport, RingsCanBeTurnedOff) {
+  PeerOptions o;
+  o.spin = std::chrono::seconds(2);
+  o.shm_frame_bytes = 0;
+  auto peers = test::make_local_cluster(2, o);
+  expect_mixed_sequence_works(peers, 12);
+  for (auto& p : peers) EXPECT_EQ(p->transport_stats().shm_bytes, 0u);
 }
 
 TEST(Transport, ParsesItsNamesAndNothingElse) {

@@ -282,6 +282,13 @@ awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in, std::stri
       ec = make_error_code(errc::protocol_error);
       break;
     }
+    // Ring records written before this frame come first.
+    if (in->ring) drain_ring(*in);
+    if (!in->closed_why.empty()) {
+      why = in->closed_why;
+      ec = make_error_code(errc::protocol_error);
+      break;
+    }
     note_version(peer, h.cluster_version);
     if (h.type == FrameType::data) {
       name.resize(h.name_bytes);
@@ -358,12 +365,23 @@ awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in, std::stri
       said_bye = true;
       mark_departed(peer);
       break;
+    } else if (h.type == FrameType::ring_offer) {
+      control.resize(h.payload_bytes);
+      if ((ec = co_await read_exact(*in, control.data(), control.size()))) break;
+      if ((ec = co_await accept_ring(in, control, why))) break;
+      continue;  // not counted: the ring's count starts after its offer
     } else {
       why = "unexpected frame type " + std::to_string(static_cast<int>(h.type));
       ec = make_error_code(errc::protocol_error);
       break;
     }
+    if (h.type != FrameType::heartbeat) ++in->socket_frames;
   }
+  if (!in->closed_why.empty()) {
+    why = in->closed_why;
+    ec = make_error_code(errc::protocol_error);
+  }
+  std::erase(ring_readers_, in);
   in->sock.close(ignored);
   auto& ins = peers_[static_cast<std::size_t>(peer)].in;
   std::erase(ins, in);
@@ -420,30 +438,150 @@ awaitable<std::error_code> PeerImpl::receive_data(Incoming& in, int peer, const 
   }
   std::vector<std::byte> data(h.payload_bytes);
   if (auto ec = co_await read_payload(in, src, data.data(), data.size(), why)) co_return ec;
-  if (h.cluster_version < io_cluster_.version) {
-    KF_LOG(debug, "transport", "{}: dropped '{}' of stale version {}", identity_, name,
-           h.cluster_version);
-    co_return std::error_code{};
-  }
   // The receive may have been posted while this payload was being read.
-  auto& slot = mailbox_[key];
-  if (!slot.posted.empty()) {
-    auto req = slot.posted.front();
-    slot.posted.pop_front();
-    if (slot.posted.empty() && slot.unexpected.empty()) mailbox_.erase(key);
-    if (req->bytes != data.size()) {
-      why = "frame for '" + name + "' carries " + std::to_string(data.size()) +
+  co_return store_frame(peer, key, data, &data, why);
+}
+
+std::error_code PeerImpl::store_frame(int peer, const MailKey& key,
+                                      std::span<const std::byte> payload,
+                                      std::vector<std::byte>* owned, std::string& why) {
+  auto it = mailbox_.find(key);
+  if (it != mailbox_.end() && !it->second.posted.empty()) {
+    auto req = it->second.posted.front();
+    it->second.posted.pop_front();
+    if (it->second.posted.empty() && it->second.unexpected.empty()) mailbox_.erase(it);
+    if (req->bytes != payload.size()) {
+      why = "frame for '" + key.name + "' carries " + std::to_string(payload.size()) +
             " bytes, the receiver expects " + std::to_string(req->bytes);
       req->ev.set(make_error_code(errc::protocol_error));
-      co_return make_error_code(errc::protocol_error);
+      return make_error_code(errc::protocol_error);
     }
-    deliver(*req, data.data(), 0, data.size());
+    deliver(*req, payload.data(), 0, payload.size());
     req->ev.set({});
+    return {};
+  }
+  if (key.version < io_cluster_.version) {
+    KF_LOG(debug, "transport", "{}: dropped '{}' of stale version {} from {}", identity_, key.name,
+           key.version, peers_[static_cast<std::size_t>(peer)].key);
+    return {};
+  }
+  if (unexpected_bytes_ + payload.size() > opts_.max_unexpected_bytes) {
+    why = "peer sent more unrequested data than the limit of " +
+          std::to_string(opts_.max_unexpected_bytes) + " bytes";
+    return make_error_code(errc::protocol_error);
+  }
+  unexpected_bytes_ += payload.size();
+  mailbox_[key].unexpected.push_back(owned ? std::move(*owned)
+                                           : std::vector<std::byte>(payload.begin(), payload.end()));
+  return {};
+}
+
+// ---- shared-memory rings ----------------------------------------------------------------------
+
+awaitable<std::error_code> PeerImpl::offer_ring(Outgoing& out, Incoming& reader,
+                                                std::string& why) {
+  std::error_code cec;
+  auto ring = transport::ShmRing::create(cec);
+  if (!ring) {
+    KF_LOG(info, "transport", "{}: no shared-memory ring ({}); small frames to {} go through the "
+           "socket", identity_, cec.message(), peers_[static_cast<std::size_t>(out.peer)].key);
     co_return std::error_code{};
   }
-  unexpected_bytes_ += data.size();
-  slot.unexpected.push_back(std::move(data));
+  const std::string& name = ring->name();
+  const auto* p = reinterpret_cast<const std::byte*>(name.data());
+  if (auto ec = co_await write_control(reader.sock, FrameType::ring_offer,
+                                       std::vector<std::byte>(p, p + name.size()))) {
+    co_return ec;
+  }
+  std::byte reply{};
+  if (auto ec = co_await read_exact(reader, &reply, 1)) co_return ec;
+  ring->unlink();  // mapped by the acceptor by now, or declined: the name has served
+  if (reply == static_cast<std::byte>(transport::RemoteReply::copied)) {
+    out.ring = std::move(ring);
+    out.socket_frames = 0;
+  } else if (reply != static_cast<std::byte>(transport::RemoteReply::send_inline)) {
+    why = "answered the shared-memory ring offer with " + std::to_string(static_cast<int>(reply));
+    co_return make_error_code(errc::protocol_error);
+  }
   co_return std::error_code{};
+}
+
+awaitable<std::error_code> PeerImpl::accept_ring(const std::shared_ptr<Incoming>& in,
+                                                 const std::vector<std::byte>& payload,
+                                                 std::string& why) {
+  if (in->pid <= 0) {
+    why = "shared-memory ring offered over a connection from another host";
+    co_return make_error_code(errc::protocol_error);
+  }
+  if (in->ring) {
+    why = "a second shared-memory ring offered on one connection";
+    co_return make_error_code(errc::protocol_error);
+  }
+  const std::string name(reinterpret_cast<const char*>(payload.data()), payload.size());
+  std::unique_ptr<transport::ShmRing> ring;
+  std::string declined = "rings are off here";
+  if (opts_.transport == Transport::automatic && opts_.shm_frame_bytes > 0) {
+    ring = transport::ShmRing::open(name, declined);
+  }
+  if (!ring) {
+    KF_LOG(info, "transport", "{}: declined the shared-memory ring of {}: {}", identity_,
+           peers_[static_cast<std::size_t>(in->peer)].key, declined);
+    co_return co_await write_reply(in->sock, transport::RemoteReply::send_inline);
+  }
+  in->ring = std::move(ring);
+  in->socket_frames = 0;
+  ring_readers_.push_back(in);
+  co_return co_await write_reply(in->sock, transport::RemoteReply::copied);
+}
+
+std::size_t PeerImpl::drain_ring(Incoming& in) {
+  if (!in.ring || !in.closed_why.empty()) return 0;
+  std::size_t taken = 0;
+  transport::ShmRing::Record rec;
+  std::string why;
+  for (;;) {
+    const auto got = in.ring->peek(rec, opts_.max_frame_bytes, why);
+    if (got == transport::ShmRing::Peek::empty) break;
+    if (got == transport::ShmRing::Peek::record) {
+      // Written after a socket frame this side has not finished reading: that frame first.
+      if (rec.socket_before > in.socket_frames) break;
+      if (rec.socket_before < in.socket_frames) {
+        why = "shared-memory ring record out of order with the socket";
+      } else {
+        note_version(in.peer, rec.header.cluster_version);
+        MailKey key{in.peer, rec.header.cluster_version, rec.header.tag, std::string(rec.name)};
+        if (!store_frame(in.peer, key, rec.payload, nullptr, why)) {
+          in.ring->pop();
+          ++taken;
+          continue;
+        }
+      }
+    }
+    // A broken record: the connection ends, as for a malformed frame on the socket.
+    in.closed_why = why.empty() ? "bad shared-memory ring record" : why;
+    boost::system::error_code ignored;
+    in.sock.close(ignored);
+    break;
+  }
+  if (taken > 0) peers_[static_cast<std::size_t>(in.peer)].last_rx = Clock::now();
+  return taken;
+}
+
+std::size_t PeerImpl::poll_rings() {
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < ring_readers_.size(); ++i) n += drain_ring(*ring_readers_[i]);
+  return n;
+}
+
+// Before it sleeps, the thread running the context tells every writer so (writers then use the
+// socket, which wakes it), and looks once more: a record published before a writer could see
+// the flag is taken now instead of waiting for the next socket event.
+bool PeerImpl::rings_asleep(bool asleep) {
+  if (ring_readers_.empty()) return true;
+  for (auto& in : ring_readers_) in->ring->set_reader_sleeping(asleep);
+  if (!asleep || poll_rings() == 0) return true;
+  for (auto& in : ring_readers_) in->ring->set_reader_sleeping(false);
+  return false;
 }
 
 // ---- writing --------------------------------------------------------------------------------
@@ -463,6 +601,7 @@ bool PeerImpl::on_this_host(const Endpoint& ep) const {
 awaitable<boost::system::error_code> PeerImpl::connect(Outgoing& out, const Endpoint& ep) {
   out.local = false;
   out.single_copy = false;
+  out.ring.reset();
   if (same_host(ep) && !peers_[static_cast<std::size_t>(out.peer)].no_local) {
     local_stream::socket s(ex());
     auto [ec] = co_await s.async_connect(local_stream::endpoint(local_socket_name(ep)), kTuple);
@@ -540,6 +679,9 @@ awaitable<std::error_code> PeerImpl::dial(Outgoing& out) {
       why = "peer " + ep.str() + " does not prove the job token";
       co_return make_error_code(errc::auth_failed);
     }
+    if (out.local && opts_.transport == Transport::automatic && opts_.shm_frame_bytes > 0) {
+      co_return co_await offer_ring(out, reader, why);
+    }
     co_return std::error_code{};
   };
   asio::steady_timer deadline(ex(), opts_.connect_timeout);
@@ -568,6 +710,7 @@ awaitable<std::error_code> PeerImpl::write_frame(Outgoing& out, SendReq& req) {
   const std::byte* data = req.owned.empty() ? req.data : req.owned.data();
   // peers_ may grow while this waits: index it afresh after every co_await.
   auto touch = [&] { peers_[static_cast<std::size_t>(out.peer)].last_tx = Clock::now(); };
+  if (req.header[6] != static_cast<std::byte>(FrameType::heartbeat)) ++out.socket_frames;
   if (out.single_copy && req.owned.empty() && req.bytes >= opts_.single_copy_bytes &&
       req.header[6] == static_cast<std::byte>(FrameType::data)) {
     // Single copy: the header and the payload's address; the receiver copies the payload out
@@ -696,6 +839,21 @@ std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h, std
   if (!ps.out) {
     ps.out = std::make_shared<Outgoing>(ex(), peer);
     asio::co_spawn(ex(), run_outgoing(ps.out), asio::detached);
+  }
+  // The shared-memory ring, while the receiver polls and nothing queued for the socket has to
+  // go first. The request completes here: its payload is in the ring already.
+  Outgoing& out = *ps.out;
+  if (out.ring && h.type == FrameType::data && out.queue.empty() && !out.closed &&
+      req->bytes <= opts_.shm_frame_bytes &&
+      transport::ShmRing::fits(req->name.size(), req->bytes) && !out.ring->reader_sleeping() &&
+      out.ring->try_write(out.socket_frames, req->header, req->name, data, req->bytes)) {
+    Counters::add(counters_.shm_bytes, req->bytes);
+    ps.last_tx = Clock::now();
+    // It went to sleep as the record landed, perhaps without seeing it: a frame on the socket
+    // (a heartbeat) wakes it, and it takes the ring's records before that frame.
+    if (out.ring->reader_sleeping()) post_control(peer, FrameType::heartbeat, {});
+    req->ev.set({});
+    return req;
   }
   ps.out->queue.push_back(req);
   ps.out->signal.cancel();

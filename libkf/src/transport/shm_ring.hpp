@@ -1,0 +1,104 @@
+// SPDX-License-Identifier: Apache-2.0
+// A single-producer, single-consumer ring of records in memory shared by two processes on one
+// host: the same-host transport's path for small data frames (docs/protocol.md, "Shared-memory
+// rings"). The dialer of a connection creates the ring (POSIX shared memory, mode 0600) and
+// writes; the acceptor maps it, removes its name, and reads. Neither side makes a system call
+// per record; a reader that is about to sleep in the kernel says so in the ring
+// (`reader_sleeping`), and the writer then uses the socket instead, which wakes it.
+//
+// The reader trusts nothing in the mapping: every record's length and position is checked
+// before it is read, and the frame header inside goes through transport::decode like one from
+// a socket.
+//
+// Thread-safety: one writer thread and one reader thread at a time (each side's I/O context).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <system_error>
+
+#include "transport/frame.hpp"
+
+namespace kf::transport {
+
+class ShmRing {
+ public:
+  /// Bytes of the record area (a power of two); the mapping adds one page of control words.
+  static constexpr std::size_t kCapacity = std::size_t{1} << 20;
+  /// A record's fixed part: length and kind, the count of socket frames sent before it, the
+  /// frame header. The name and the payload follow, padded to 8 bytes.
+  static constexpr std::size_t kRecordHead = 16 + kHeaderBytes;
+  /// The largest record a writer puts in: a quarter of the ring, so several are in flight.
+  static constexpr std::size_t kMaxRecord = kCapacity / 4;
+
+  ShmRing(const ShmRing&) = delete;
+  ShmRing& operator=(const ShmRing&) = delete;
+  ~ShmRing();
+
+  /// Creates a ring under a fresh name ("/kf-PID-N-RANDOM"), for the writing side. The name
+  /// stays until unlink() (the reader unlinks it once it has mapped it).
+  static std::unique_ptr<ShmRing> create(std::error_code& ec);
+  /// Maps the ring of that name for the reading side and removes the name. Refuses names not
+  /// of create()'s form, files of another user or of the wrong size (`why` says which).
+  static std::unique_ptr<ShmRing> open(const std::string& name, std::string& why);
+  const std::string& name() const noexcept { return name_; }
+  /// Removes the name (idempotent); the mappings stay valid.
+  void unlink() noexcept;
+
+  // ---- writer ----
+  /// Whether a frame of this much name and payload fits a record at all.
+  static bool fits(std::size_t name_bytes, std::size_t payload_bytes) noexcept {
+    return record_bytes(name_bytes, payload_bytes) <= kMaxRecord;
+  }
+  /// Appends one frame; false when the ring has no room for it now. `socket_before` is the
+  /// number of socket frames the writer has sent on the connection before this one: the reader
+  /// takes the record only after it has taken that many from the socket, which keeps the
+  /// connection's frames in order across the two paths.
+  bool try_write(std::uint64_t socket_before, const HeaderBytes& header, std::string_view name,
+                 const std::byte* payload, std::size_t payload_bytes) noexcept;
+  /// Whether the reader has said it sleeps in the kernel (a sequentially consistent load, to
+  /// pair with the reader's announcement: see set_reader_sleeping).
+  bool reader_sleeping() const noexcept;
+
+  // ---- reader ----
+  struct Record {
+    std::uint64_t socket_before = 0;
+    FrameHeader header;
+    std::string_view name;  // into the mapping; valid until pop()
+    std::span<const std::byte> payload;
+  };
+  enum class Peek { empty, record, bad };
+  /// The oldest unread record, checked: `bad` (with `why`) when the writer broke the format.
+  Peek peek(Record& out, std::uint64_t max_payload, std::string& why) noexcept;
+  /// Frees the record peek() returned.
+  void pop() noexcept;
+  /// Announces (true) that the reader is about to sleep in the kernel, or that it is awake.
+  /// Sequentially consistent: after announcing sleep the reader looks at the ring once more,
+  /// and a writer that published first sees the flag or its record is seen.
+  void set_reader_sleeping(bool sleeping) noexcept;
+
+ private:
+  struct Control;
+  ShmRing(std::string name, void* map, bool owner) noexcept;
+  static std::size_t record_bytes(std::size_t name_bytes, std::size_t payload_bytes) noexcept {
+    return (kRecordHead + name_bytes + payload_bytes + 7) & ~std::size_t{7};
+  }
+  static constexpr std::size_t kControlBytes = 4096;
+  static constexpr std::size_t kMapBytes = kControlBytes + kCapacity;
+  Control* control() const noexcept { return static_cast<Control*>(map_); }
+  std::byte* data() const noexcept { return static_cast<std::byte*>(map_) + kControlBytes; }
+
+  std::string name_;
+  void* map_ = nullptr;
+  bool owner_ = false;    // created it: unlinks the name if the reader never did
+  bool linked_ = false;
+  std::uint64_t tail_ = 0;  // writer: bytes published; reader: unused
+  std::uint64_t head_ = 0;  // reader: bytes consumed; writer: unused
+  std::uint64_t next_ = 0;  // reader: head_ after the record peek() returned
+};
+
+}  // namespace kf::transport

@@ -1,0 +1,150 @@
+// SPDX-License-Identifier: Apache-2.0
+// The shared-memory ring of the same-host transport, both ends in this process: records come
+// out whole and in order across the wrap-around, a full ring refuses instead of overwriting,
+// the reader's sleep flag reaches the writer, and the reader refuses what it must not map or
+// read (foreign names, broken headers).
+#include "transport/shm_ring.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace kf::transport {
+namespace {
+
+HeaderBytes data_header(std::uint32_t tag, std::size_t name_bytes, std::size_t payload_bytes) {
+  FrameHeader h;
+  h.type = FrameType::data;
+  h.cluster_version = 3;
+  h.tag = tag;
+  h.name_bytes = static_cast<std::uint32_t>(name_bytes);
+  h.payload_bytes = payload_bytes;
+  return encode(h);
+}
+
+struct Pair {
+  std::unique_ptr<ShmRing> writer, reader;
+};
+
+Pair make_pair() {
+  std::error_code ec;
+  Pair p;
+  p.writer = ShmRing::create(ec);
+  EXPECT_TRUE(p.writer) << ec.message();
+  std::string why;
+  p.reader = ShmRing::open(p.writer->name(), why);
+  EXPECT_TRUE(p.reader) << why;
+  return p;
+}
+
+TEST(ShmRing, RecordsComeOutWholeAndInOrderAcrossTheWrapAround) {
+  Pair p = make_pair();
+  ASSERT_TRUE(p.writer && p.reader);
+  // Records of 40 KiB: a 1 MiB ring wraps after 25 of them; 300 go through, three at a time.
+  const std::size_t n = 40 << 10;
+  std::vector<std::byte> payload(n);
+  std::uint32_t next_read = 0;
+  std::string why;
+  for (std::uint32_t written = 0; written < 300;) {
+    for (int k = 0; k < 3; ++k, ++written) {
+      for (std::size_t i = 0; i < n; i += 512) payload[i] = static_cast<std::byte>(written + i);
+      const std::string name = "t" + std::to_string(written);
+      ASSERT_TRUE(p.writer->try_write(written * 2, data_header(written, name.size(), n), name,
+                                      payload.data(), n));
+    }
+    ShmRing::Record rec;
+    while (p.reader->peek(rec, 1 << 20, why) == ShmRing::Peek::record) {
+      EXPECT_EQ(rec.socket_before, next_read * 2);
+      EXPECT_EQ(rec.header.tag, next_read);
+      EXPECT_EQ(rec.name, "t" + std::to_string(next_read));
+      ASSERT_EQ(rec.payload.size(), n);
+      for (std::size_t i = 0; i < n; i += 512) {
+        ASSERT_EQ(rec.payload[i], static_cast<std::byte>(next_read + i)) << next_read;
+      }
+      p.reader->pop();
+      ++next_read;
+    }
+    ASSERT_TRUE(why.empty()) << why;
+  }
+  EXPECT_EQ(next_read, 300u);
+}
+
+TEST(ShmRing, AFullRingRefusesUntilTheReaderTakesARecord) {
+  Pair p = make_pair();
+  ASSERT_TRUE(p.writer && p.reader);
+  const std::size_t n = 200 << 10;
+  std::vector<std::byte> payload(n, std::byte{7});
+  int fitted = 0;
+  while (p.writer->try_write(0, data_header(1, 1, n), "x", payload.data(), n)) ++fitted;
+  EXPECT_EQ(fitted, 5);  // 5 x 200 KiB records fill 1 MiB; the 6th does not fit
+  ShmRing::Record rec;
+  std::string why;
+  ASSERT_EQ(p.reader->peek(rec, 1 << 20, why), ShmRing::Peek::record);
+  p.reader->pop();
+  EXPECT_TRUE(p.writer->try_write(0, data_header(1, 1, n), "x", payload.data(), n));
+  // Larger than a quarter of the ring: never written there.
+  EXPECT_FALSE(ShmRing::fits(0, ShmRing::kMaxRecord));
+  std::vector<std::byte> big(ShmRing::kMaxRecord);
+  EXPECT_FALSE(p.writer->try_write(0, data_header(1, 0, big.size()), "", big.data(), big.size()));
+}
+
+TEST(ShmRing, TheReadersSleepFlagReachesTheWriter) {
+  Pair p = make_pair();
+  ASSERT_TRUE(p.writer && p.reader);
+  EXPECT_FALSE(p.writer->reader_sleeping());
+  p.reader->set_reader_sleeping(true);
+  EXPECT_TRUE(p.writer->reader_sleeping());
+  p.reader->set_reader_sleeping(false);
+  EXPECT_FALSE(p.writer->reader_sleeping());
+}
+
+TEST(ShmRing, OpeningRemovesTheNameAndForeignNamesAreRefused) {
+  std::error_code ec;
+  auto w = ShmRing::create(ec);
+  ASSERT_TRUE(w) << ec.message();
+  std::string why;
+  auto r = ShmRing::open(w->name(), why);
+  ASSERT_TRUE(r) << why;
+  EXPECT_FALSE(ShmRing::open(w->name(), why));  // the name is gone once mapped
+  EXPECT_NE(why.find("cannot open"), std::string::npos) << why;
+  for (const std::string bad : {"/etc-passwd", "/kf-../x", "kf-1", "/kf-a/b", ""}) {
+    why.clear();
+    EXPECT_FALSE(ShmRing::open(bad, why)) << bad;
+    EXPECT_NE(why.find("not of the form"), std::string::npos) << bad << ": " << why;
+  }
+}
+
+TEST(ShmRing, ABrokenHeaderOrAnotherFrameTypeIsReportedNotDelivered) {
+  Pair p = make_pair();
+  ASSERT_TRUE(p.writer && p.reader);
+  HeaderBytes garbage = data_header(1, 1, 4);
+  garbage[0] = std::byte{0};  // bad magic
+  const std::byte four[4] = {};
+  ASSERT_TRUE(p.writer->try_write(0, garbage, "x", four, 4));
+  ShmRing::Record rec;
+  std::string why;
+  EXPECT_EQ(p.reader->peek(rec, 1 << 20, why), ShmRing::Peek::bad);
+  EXPECT_NE(why.find("bad magic"), std::string::npos) << why;
+
+  Pair q = make_pair();
+  ASSERT_TRUE(q.writer && q.reader);
+  FrameHeader h;
+  h.type = FrameType::bye;
+  ASSERT_TRUE(q.writer->try_write(0, encode(h), "", nullptr, 0));
+  why.clear();
+  EXPECT_EQ(q.reader->peek(rec, 1 << 20, why), ShmRing::Peek::bad);
+  EXPECT_NE(why.find("other than plain data"), std::string::npos) << why;
+
+  // A header that claims more payload than its record holds.
+  Pair r = make_pair();
+  ASSERT_TRUE(r.writer && r.reader);
+  ASSERT_TRUE(r.writer->try_write(0, data_header(1, 1, 4096), "x", four, 4));
+  why.clear();
+  EXPECT_EQ(r.reader->peek(rec, 1 << 20, why), ShmRing::Peek::bad);
+  EXPECT_NE(why.find("larger than its record"), std::string::npos) << why;
+}
+
+}  // namespace
+}  // namespace kf::transport
