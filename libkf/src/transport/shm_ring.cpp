@@ -72,11 +72,14 @@ std::unique_ptr<ShmRing> ShmRing::create(std::error_code& ec) {
     ec = std::error_code(errno, std::generic_category());
     return nullptr;
   }
+  // Reserve the pages now: on a tmpfs that is full (a container's small /dev/shm), touching a
+  // page of a merely truncated file would raise SIGBUS later; fallocate fails here instead.
   void* map = MAP_FAILED;
-  if (::ftruncate(fd, static_cast<off_t>(kMapBytes)) == 0) {
+  int err = ::posix_fallocate(fd, 0, static_cast<off_t>(kMapBytes));
+  if (err == 0) {
     map = ::mmap(nullptr, kMapBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) err = errno;
   }
-  const int err = errno;
   ::close(fd);
   if (map == MAP_FAILED) {
     ::shm_unlink(name.c_str());
@@ -144,7 +147,7 @@ bool ShmRing::try_write(std::uint64_t socket_before, const HeaderBytes& header,
   std::memcpy(r + 8, &socket_before, sizeof socket_before);
   std::memcpy(r + 16, header.data(), header.size());
   std::memcpy(r + kRecordHead, name.data(), name.size());
-  if (payload_bytes > 0) std::memcpy(r + kRecordHead + name.size(), payload, payload_bytes);
+  if (payload_bytes > 0) std::memcpy(r + kRecordHead + align8(name.size()), payload, payload_bytes);
   tail_ += size;
   control()->tail.store(tail_, std::memory_order_seq_cst);
   return true;
@@ -197,14 +200,14 @@ ShmRing::Peek ShmRing::peek(Record& out, std::uint64_t max_payload, std::string&
       why = "shared-memory ring: a record holds a frame other than plain data";
       return Peek::bad;
     }
-    if (kRecordHead + h.name_bytes + h.payload_bytes > len) {
+    if (kRecordHead + align8(h.name_bytes) + h.payload_bytes > len) {
       why = "shared-memory ring: a frame is larger than its record";
       return Peek::bad;
     }
     out.socket_before = load_at<std::uint64_t>(r + 8);
     out.header = h;
     out.name = std::string_view(reinterpret_cast<const char*>(r + kRecordHead), h.name_bytes);
-    out.payload = std::span<const std::byte>(r + kRecordHead + h.name_bytes,
+    out.payload = std::span<const std::byte>(r + kRecordHead + align8(h.name_bytes),
                                              static_cast<std::size_t>(h.payload_bytes));
     next_ = head_ + len;
     return Peek::record;

@@ -30,7 +30,8 @@ class ShmRing {
   /// Bytes of the record area (a power of two); the mapping adds one page of control words.
   static constexpr std::size_t kCapacity = std::size_t{1} << 20;
   /// A record's fixed part: length and kind, the count of socket frames sent before it, the
-  /// frame header. The name and the payload follow, padded to 8 bytes.
+  /// frame header. The name follows, padded to 8 bytes so that the payload after it is aligned
+  /// for every element type (it is reduced in place), then the payload, padded to 8 bytes.
   static constexpr std::size_t kRecordHead = 16 + kHeaderBytes;
   /// The largest record a writer puts in: a quarter of the ring, so several are in flight.
   static constexpr std::size_t kMaxRecord = kCapacity / 4;
@@ -84,8 +85,9 @@ class ShmRing {
  private:
   struct Control;
   ShmRing(std::string name, void* map, bool owner) noexcept;
+  static constexpr std::size_t align8(std::size_t n) noexcept { return (n + 7) & ~std::size_t{7}; }
   static std::size_t record_bytes(std::size_t name_bytes, std::size_t payload_bytes) noexcept {
-    return (kRecordHead + name_bytes + payload_bytes + 7) & ~std::size_t{7};
+    return align8(kRecordHead + align8(name_bytes) + payload_bytes);
   }
   static constexpr std::size_t kControlBytes = 4096;
   static constexpr std::size_t kMapBytes = kControlBytes + kCapacity;

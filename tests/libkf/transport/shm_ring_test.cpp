@@ -7,6 +7,12 @@
 
 #include <gtest/gtest.h>
 
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -60,6 +66,8 @@ TEST(ShmRing, RecordsComeOutWholeAndInOrderAcrossTheWrapAround) {
       EXPECT_EQ(rec.header.tag, next_read);
       EXPECT_EQ(rec.name, "t" + std::to_string(next_read));
       ASSERT_EQ(rec.payload.size(), n);
+      // Names of 2 to 4 bytes: the payload is still 8-byte aligned, as in-place reductions need.
+      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(rec.payload.data()) % 8, 0u);
       for (std::size_t i = 0; i < n; i += 512) {
         ASSERT_EQ(rec.payload[i], static_cast<std::byte>(next_read + i)) << next_read;
       }
@@ -144,6 +152,30 @@ TEST(ShmRing, ABrokenHeaderOrAnotherFrameTypeIsReportedNotDelivered) {
   why.clear();
   EXPECT_EQ(r.reader->peek(rec, 1 << 20, why), ShmRing::Peek::bad);
   EXPECT_NE(why.find("larger than its record"), std::string::npos) << why;
+}
+
+// A /dev/shm too small for a ring (a container's default is 64 MiB, shared by all its rings):
+// create() fails with ENOSPC, and the connection then goes without a ring. Had it only truncated
+// the file, the first write to a missing page would kill the process with SIGBUS.
+TEST(ShmRing, AFullShmFileSystemMeansNoRingNotACrash) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root, to mount a small tmpfs in a mount namespace";
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Exit codes: 0 as expected, 2 no namespace here (skip), 1 a ring was made.
+    if (unshare(CLONE_NEWNS) != 0 || mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=256k") != 0) {
+      _exit(2);
+    }
+    std::error_code ec;
+    auto ring = ShmRing::create(ec);
+    _exit(!ring && ec == std::errc::no_space_on_device ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  if (WEXITSTATUS(status) == 2) GTEST_SKIP() << "cannot mount a tmpfs in a new mount namespace";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "create() made a ring on a full /dev/shm";
 }
 
 }  // namespace
