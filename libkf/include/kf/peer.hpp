@@ -62,17 +62,21 @@ struct PeerOptions {
   /// (either way, with more workers than cores a polling thread yields its core between polls).
   std::optional<std::chrono::microseconds> spin;
   Transport transport = Transport::automatic;
-  /// Same-host payloads this large or larger are copied by the receiver straight from the
-  /// sender's memory (Transport::automatic only). Smaller ones go through the socket, where one
-  /// extra copy costs less than the reply that a single-copy transfer needs. Measured on the
-  /// development machine (kf-bench, 2 and 4 workers): frames up to 128 KiB were 10-15 % faster
-  /// through the socket, 512 KiB ones even, 1-2 MiB ones 10-25 % faster single-copy.
+  /// Same-host payloads this large or larger that do not go through a shared-memory ring
+  /// (shm_frame_bytes) are copied by the receiver straight from the sender's memory
+  /// (Transport::automatic only). Smaller ones go through the socket, where one extra copy
+  /// costs less than the reply that a single-copy transfer needs. Measured on the development
+  /// machine before the rings (kf-bench, 2 and 4 workers): frames up to 128 KiB were 10-15 %
+  /// faster through the socket, 512 KiB ones even, 1-2 MiB ones 10-25 % faster single-copy.
   std::size_t single_copy_bytes = std::size_t{512} << 10;
   /// Same-host data frames up to this many payload bytes go through a shared-memory ring that
   /// the receiver polls, without a system call, while the receiver is awake and nothing waits
-  /// in the connection's socket queue (Transport::automatic only; 0 turns the rings off). Larger
-  /// ones, and frames to a receiver that sleeps in the kernel, go through the socket.
-  std::size_t shm_frame_bytes = std::size_t{64} << 10;
+  /// in the connection's socket queue (Transport::automatic only; 0 turns the rings off; at
+  /// most 1 MiB, the largest record of a ring). Larger ones, and frames to a receiver that
+  /// sleeps in the kernel, go single-copy or through the socket. Measured with kf-bench at 2
+  /// workers: 1 MiB allreduces (512 KiB frames) took 150-230 us through rings against 450-660
+  /// single-copy, 2 MiB ones 610-740 us against 1180-1230.
+  std::size_t shm_frame_bytes = std::size_t{1} << 20;
   std::size_t max_frame_bytes = std::size_t{64} << 20;       ///< larger transfers are split
   std::size_t max_unexpected_bytes = std::size_t{2} << 30;   ///< early-arrival buffer limit
 };

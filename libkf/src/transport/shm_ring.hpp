@@ -28,13 +28,15 @@ namespace kf::transport {
 class ShmRing {
  public:
   /// Bytes of the record area (a power of two); the mapping adds one page of control words.
-  static constexpr std::size_t kCapacity = std::size_t{1} << 20;
+  /// Four records of the largest payload (1 MiB, PeerOptions::shm_frame_bytes) fit at once.
+  static constexpr std::size_t kCapacity = std::size_t{4} << 20;
   /// A record's fixed part: length and kind, the count of socket frames sent before it, the
   /// frame header. The name follows, padded to 8 bytes so that the payload after it is aligned
   /// for every element type (it is reduced in place), then the payload, padded to 8 bytes.
   static constexpr std::size_t kRecordHead = 16 + kHeaderBytes;
-  /// The largest record a writer puts in: a quarter of the ring, so several are in flight.
-  static constexpr std::size_t kMaxRecord = kCapacity / 4;
+  /// The largest record a writer puts in: a quarter of the ring (so several are in flight),
+  /// plus room for the record's head and a name.
+  static constexpr std::size_t kMaxRecord = kCapacity / 4 + 4096;
 
   ShmRing(const ShmRing&) = delete;
   ShmRing& operator=(const ShmRing&) = delete;

@@ -32,7 +32,8 @@ namespace {
 // Peers on 127.0.0.1, the i-th with transports[i], started on one cluster.
 std::vector<std::unique_ptr<Peer>> make_cluster(
     const std::vector<Transport>& transports,
-    std::size_t single_copy_bytes = PeerOptions{}.single_copy_bytes) {
+    std::size_t single_copy_bytes = PeerOptions{}.single_copy_bytes,
+    std::size_t shm_frame_bytes = PeerOptions{}.shm_frame_bytes) {
   std::vector<std::unique_ptr<Peer>> peers;
   Cluster c;
   c.version = 1;
@@ -41,6 +42,7 @@ std::vector<std::unique_ptr<Peer>> make_cluster(
     o.job_token = "test-token";
     o.transport = transports[i];
     o.single_copy_bytes = single_copy_bytes;
+    o.shm_frame_bytes = shm_frame_bytes;
     peers.push_back(std::make_unique<Peer>(o));
     c.workers.push_back(WorkerSpec{peers.back()->endpoint(), static_cast<int>(i)});
   }
@@ -98,11 +100,12 @@ TEST_P(TransportMix, SameHostTcpAndMixedJobsGiveTheSameResults) {
   }
 }
 
-// Every data frame single-copy, the 4-byte ones included: the reply protocol, reduce-on-arrival
-// and frames that arrive before their receive is posted all work on that path too.
+// Every data frame single-copy (no rings), the 4-byte ones included: the reply protocol,
+// reduce-on-arrival and frames that arrive before their receive is posted all work on that
+// path too.
 TEST_P(TransportMix, EveryFrameSingleCopyGivesTheSameResults) {
   auto peers = make_cluster({Transport::automatic, Transport::automatic, Transport::automatic},
-                            1);
+                            1, 0);
   expect_allreduce_works(peers, GetParam());
   for (auto& p : peers) {
     const TransportStats t = p->transport_stats();
@@ -110,6 +113,7 @@ TEST_P(TransportMix, EveryFrameSingleCopyGivesTheSameResults) {
     EXPECT_EQ(t.socket_bytes, 0u) << "every data frame should have gone single-copy";
     EXPECT_EQ(t.tcp_bytes, 0u);
     EXPECT_EQ(t.single_copy_refused, 0u);
+    EXPECT_EQ(t.shm_bytes, 0u);
   }
 }
 
@@ -151,12 +155,13 @@ TEST(Transport, LargePayloadsGoSingleCopyOnlyByDefault) {
 }
 
 // `iterations` allreduces of one name on every peer, their sizes cycling so that consecutive
-// frames between two workers take different paths (ring: up to 64 KiB; socket; single copy),
-// with ring steps that let a fast worker send the next collective's frames early. Exact sums
-// show that no frame overtook another of the same name.
+// frames between two workers take different paths (the shared-memory ring; the socket while a
+// frame waits in the queue; single copy above 1 MiB), with ring steps that let a fast worker
+// send the next collective's frames early. Exact sums show that no frame overtook another of
+// the same name.
 void expect_mixed_sequence_works(std::vector<std::unique_ptr<Peer>>& peers, int iterations) {
   const int p = static_cast<int>(peers.size());
-  const std::size_t sizes[] = {1, 10000, 150000, 1, 600000, 3000};
+  const std::size_t sizes[] = {1, 10000, 150000, 1, 900000, 3000};
   std::vector<int> failures(p, 0);
   test::run_all(p, [&](int r) {
     CollOptions o;
@@ -187,8 +192,7 @@ TEST(Transport, SmallPayloadsGoThroughTheRingWhileTheReceiverPolls) {
   for (auto& p : peers) {
     const TransportStats s = p->transport_stats();
     EXPECT_GT(s.shm_bytes, 0u);
-    EXPECT_GT(s.single_copy_bytes, 0u);
-    EXPECT_GT(s.socket_bytes, 0u);  // 150000 elements: pieces beyond the ring's 64 KiB
+    EXPECT_GT(s.single_copy_bytes, 0u);  // 900000 elements: pieces of 1.8 MB
     EXPECT_EQ(s.tcp_bytes, 0u);
   }
 }

@@ -48,8 +48,8 @@ Pair make_pair() {
 TEST(ShmRing, RecordsComeOutWholeAndInOrderAcrossTheWrapAround) {
   Pair p = make_pair();
   ASSERT_TRUE(p.writer && p.reader);
-  // Records of 40 KiB: a 1 MiB ring wraps after 25 of them; 300 go through, three at a time.
-  const std::size_t n = 40 << 10;
+  // Records of 1/100 of the ring: it wraps about every 100; 300 go through, three at a time.
+  const std::size_t n = ShmRing::kCapacity / 100;
   std::vector<std::byte> payload(n);
   std::uint32_t next_read = 0;
   std::string why;
@@ -82,11 +82,12 @@ TEST(ShmRing, RecordsComeOutWholeAndInOrderAcrossTheWrapAround) {
 TEST(ShmRing, AFullRingRefusesUntilTheReaderTakesARecord) {
   Pair p = make_pair();
   ASSERT_TRUE(p.writer && p.reader);
-  const std::size_t n = 200 << 10;
+  // Records of a fifth of the ring less 40 bytes: five fit, the sixth does not.
+  const std::size_t n = ShmRing::kCapacity / 5 - 64;
   std::vector<std::byte> payload(n, std::byte{7});
   int fitted = 0;
   while (p.writer->try_write(0, data_header(1, 1, n), "x", payload.data(), n)) ++fitted;
-  EXPECT_EQ(fitted, 5);  // 5 x 200 KiB records fill 1 MiB; the 6th does not fit
+  EXPECT_EQ(fitted, 5);
   ShmRing::Record rec;
   std::string why;
   ASSERT_EQ(p.reader->peek(rec, 1 << 20, why), ShmRing::Peek::record);
