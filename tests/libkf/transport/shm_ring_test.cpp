@@ -99,6 +99,25 @@ TEST(ShmRing, AFullRingRefusesUntilTheReaderTakesARecord) {
   EXPECT_FALSE(p.writer->try_write(0, data_header(1, 0, big.size()), "", big.data(), big.size()));
 }
 
+// A reader that keeps up gets every record at the start of the ring (the same warm pages),
+// not at successive places all around it.
+TEST(ShmRing, RecordsStartOverWhenTheReaderHasTakenEverything) {
+  Pair p = make_pair();
+  ASSERT_TRUE(p.writer && p.reader);
+  const std::byte payload[4096] = {};
+  ShmRing::Record rec;
+  std::string why;
+  const std::byte* first = nullptr;
+  for (int i = 0; i < 3000; ++i) {
+    ASSERT_TRUE(p.writer->try_write(0, data_header(1, 1, sizeof payload), "x", payload,
+                                    sizeof payload));
+    ASSERT_EQ(p.reader->peek(rec, 1 << 20, why), ShmRing::Peek::record) << why;
+    if (first == nullptr) first = rec.payload.data();
+    ASSERT_EQ(rec.payload.data(), first) << "record " << i;
+    p.reader->pop();
+  }
+}
+
 TEST(ShmRing, TheReadersSleepFlagReachesTheWriter) {
   Pair p = make_pair();
   ASSERT_TRUE(p.writer && p.reader);
