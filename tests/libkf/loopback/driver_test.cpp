@@ -8,7 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -99,6 +101,27 @@ TEST(Driver, WithoutPollingResultsAreTheSame) {
       ASSERT_EQ(v[r], 1 + 2 * i);
     }
   });
+}
+
+// After user threads have driven, the I/O thread has handed the context over and back many
+// times. A collective nobody waits on must still complete on the I/O thread alone (background
+// progress: gradients reduced while the user computes). Both peers only look at ready() here.
+TEST(Driver, ACollectiveNobodyWaitsOnStillCompletes) {
+  auto peers = test::make_local_cluster(2, polling(std::chrono::microseconds(1000)));
+  std::vector<std::vector<float>> v(2, std::vector<float>(300));
+  test::run_all(2, [&](int r) {
+    for (int i = 0; i < 20; ++i) {  // waiting threads drive
+      std::fill(v[r].begin(), v[r].end(), 1.0f);
+      peers[r]->allreduce("warm", buffer(v[r].data(), 300), buffer(v[r].data(), 300)).wait();
+    }
+    std::fill(v[r].begin(), v[r].end(), static_cast<float>(r + 1));
+    Handle h = peers[r]->allreduce("unwaited", buffer(v[r].data(), 300), buffer(v[r].data(), 300));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!h.ready() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    EXPECT_TRUE(h.ready()) << "rank " << r << ": no progress without a waiting thread";
+    if (!h.ready()) h.wait_status();  // the buffers must not go while still in use
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(v[r][299], 3.0f) << "rank " << r;
 }
 
 }  // namespace

@@ -204,10 +204,10 @@ TEST(Transport, RingAndSocketFramesStayInOrderWhenReceiversSleep) {
   PeerOptions o;
   o.spin = std::chrono::microseconds(0);
   auto peers = test::make_local_cluster(3, o);
-  expect_mixed_sequence_works(peers, 90);
+  expect_mixed_sequence_works(peers, 36);
   // And with polling that ends now and then (the default), where both happen within a run.
   auto polling = test::make_local_cluster(3, PeerOptions{});
-  expect_mixed_sequence_works(polling, 90);
+  expect_mixed_sequence_works(polling, 36);
 }
 
 TEST(Transport, RingsCanBeTurnedOff) {
