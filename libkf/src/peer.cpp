@@ -382,6 +382,28 @@ Handle PeerImpl::submit(std::shared_ptr<CollCtx> ctx) {
   return h;
 }
 
+namespace {
+
+// An invitation's completion, owned by its coroutine: if that is destroyed unfinished (the peer
+// was destroyed with the invitation still being dialled), the waiter learns so.
+struct PendingInvite {
+  std::shared_ptr<OpState> state;
+  std::string to;
+  PendingInvite(std::shared_ptr<OpState> s, std::string t) : state(std::move(s)), to(std::move(t)) {}
+  PendingInvite(PendingInvite&&) noexcept = default;
+  PendingInvite(const PendingInvite&) = delete;
+  PendingInvite& operator=(const PendingInvite&) = delete;
+  PendingInvite& operator=(PendingInvite&&) = delete;
+  ~PendingInvite() {
+    if (state && !state->ready.load(std::memory_order_acquire)) {
+      state->complete(make_error_code(errc::closed),
+                      "invitation to " + to + ": the peer was destroyed before it was delivered");
+    }
+  }
+};
+
+}  // namespace
+
 Handle PeerImpl::invite(const Endpoint& to, std::string payload) {
   auto state = std::make_shared<OpState>();
   Handle h(state);
@@ -394,15 +416,17 @@ Handle PeerImpl::invite(const Endpoint& to, std::string payload) {
   }
   asio::co_spawn(
       ioc_,
-      [this, to, payload = std::move(payload), state]() -> awaitable<void> {
+      [this, to, payload = std::move(payload),
+       pending = PendingInvite(state, to.str())]() -> awaitable<void> {
         const int peer = peer_index(to);
         std::vector<std::byte> bytes(payload.size());
         std::memcpy(bytes.data(), payload.data(), payload.size());
         auto req = post_control(peer, transport::FrameType::invite, std::move(bytes));
         if (!req->ev.done) co_await req->ev.timer.async_wait(asio::as_tuple(asio::use_awaitable));
-        state->complete(req->ev.ec, req->ev.ec ? "invitation to " + to.str() + " was not delivered: " +
-                                                     req->ev.ec.message()
-                                               : std::string());
+        pending.state->complete(req->ev.ec, req->ev.ec ? "invitation to " + to.str() +
+                                                             " was not delivered: " +
+                                                             req->ev.ec.message()
+                                                       : std::string());
       },
       asio::detached);
   return h;

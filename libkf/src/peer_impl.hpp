@@ -234,6 +234,7 @@ struct Outgoing {
   std::deque<std::shared_ptr<SendReq>> queue;
   int peer;
   bool closed = false;
+  bool connected = false;  // dialled and through the handshake
   bool local = false;  // connected over the same-host (Unix-domain) socket
   // Large payloads are left in place for the receiver to copy (transport::kFlagRemote); off
   // once the receiver has answered that it cannot.

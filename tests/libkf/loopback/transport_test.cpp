@@ -219,6 +219,31 @@ TEST(Transport, RingsCanBeTurnedOff) {
   for (auto& p : peers) EXPECT_EQ(p->transport_stats().shm_bytes, 0u);
 }
 
+// A peer that leaves says goodbye on its open connections, but does not wait for connections it
+// is still dialling: at the end of a job the workers go one after another, and one that never
+// reached a peer before it left would otherwise hold its own exit up. Here three dials retry
+// against addresses nobody listens on (with a minute's connect timeout); leaving used to wait
+// 2 s for each of their goodbyes, until the destructor gave up after 5 s. Their handles must
+// fail, not hang.
+TEST(Transport, LeavingDoesNotWaitForPeersStillBeingDialled) {
+  PeerOptions o;
+  o.job_token = "test-token";
+  o.listen = Endpoint{"127.0.0.1", 0};
+  o.connect_timeout = std::chrono::milliseconds(60000);
+  std::vector<Endpoint> gone;
+  for (int i = 0; i < 3; ++i) gone.push_back(Peer(o).endpoint());
+  auto leaving = std::make_unique<Peer>(o);
+  std::vector<Handle> sent;
+  for (const auto& ep : gone) sent.push_back(leaving->invite(ep, "hello"));
+  const auto t0 = std::chrono::steady_clock::now();
+  leaving.reset();
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(took, std::chrono::seconds(2))
+      << "leaving took " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+      << " ms: it waited for dials to peers that are not there";
+  for (auto& h : sent) EXPECT_TRUE(h.wait_status()) << "an invitation to nobody was delivered";
+}
+
 TEST(Transport, ParsesItsNamesAndNothingElse) {
   EXPECT_EQ(parse_transport("auto"), Transport::automatic);
   EXPECT_EQ(parse_transport("unix"), Transport::unix_socket);

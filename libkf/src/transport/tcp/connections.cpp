@@ -774,6 +774,7 @@ awaitable<std::error_code> PeerImpl::write_frame(Outgoing& out, SendReq& req) {
 
 awaitable<void> PeerImpl::run_outgoing(std::shared_ptr<Outgoing> out) {
   std::error_code ec = co_await dial(*out);
+  out->connected = !ec;
   while (!ec) {
     while (out->queue.empty() && !out->closed) {
       // Idle: wake up after one heartbeat interval unless a send arrives first.
@@ -1059,20 +1060,33 @@ awaitable<void> PeerImpl::watchdog() {
   }
 }
 
+// Says goodbye on every open connection, so that those peers know this one left by choice, and
+// waits for the goodbyes to be written: 2 s for all of them together. A connection still being
+// dialled gets no goodbye: its peer never heard from this one (or has left: at the end of a job
+// the peers go one after another), and waiting for the dial would hold the shutdown up to the
+// connect timeout. From the start nothing is marked lost and nothing new is dialled: a peer
+// that leaves has nobody left to tell.
 awaitable<void> PeerImpl::shutdown() {
+  stopping_ = true;
   std::vector<std::shared_ptr<SendReq>> byes;
   for (std::size_t i = 0; i < peers_.size(); ++i) {
-    if (peers_[i].out && !peers_[i].out->closed) {
+    const auto& out = peers_[i].out;
+    if (!out || out->closed) continue;
+    if (out->connected) {
       byes.push_back(post_control(static_cast<int>(i), FrameType::bye, {}));
+    } else {
+      out->closed = true;  // dial() gives up at its next attempt
+      for (auto& r : out->queue) r->ev.set(make_error_code(errc::closed));
+      out->queue.clear();
     }
   }
+  const auto deadline = Clock::now() + std::chrono::seconds(2);
   for (auto& b : byes) {
     if (!b->ev.done) {
-      b->ev.timer.expires_after(std::chrono::seconds(2));
+      b->ev.timer.expires_at(deadline);
       co_await b->ev.timer.async_wait(kTuple);
     }
   }
-  stopping_ = true;
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   local_acceptor_.close(ignored);
