@@ -711,6 +711,8 @@ awaitable<std::error_code> PeerImpl::write_frame(Outgoing& out, SendReq& req) {
   // peers_ may grow while this waits: index it afresh after every co_await.
   auto touch = [&] { peers_[static_cast<std::size_t>(out.peer)].last_tx = Clock::now(); };
   if (req.header[6] != static_cast<std::byte>(FrameType::heartbeat)) ++out.socket_frames;
+  boost::system::error_code ec;
+  std::size_t done = 0;  // payload bytes written
   if (out.single_copy && req.owned.empty() && req.bytes >= opts_.single_copy_bytes &&
       req.header[6] == static_cast<std::byte>(FrameType::data)) {
     // Single copy: the header and the payload's address; the receiver copies the payload out
@@ -723,9 +725,9 @@ awaitable<std::error_code> PeerImpl::write_frame(Outgoing& out, SendReq& req) {
     for (std::size_t i = 0; i < addr.size(); ++i) addr[i] = static_cast<std::byte>(a >> (8 * i));
     std::array<asio::const_buffer, 3> bufs{asio::buffer(hb), asio::buffer(req.name),
                                            asio::buffer(addr)};
-    auto [ec, n] = co_await asio::async_write(out.sock, bufs, kTuple);
+    auto [wec, n] = co_await asio::async_write(out.sock, bufs, kTuple);
     touch();
-    if (ec) co_return to_std(ec);
+    if (wec) co_return to_std(wec);
     std::uint8_t reply = 0;
     auto [rec, rn] = co_await asio::async_read(out.sock, asio::buffer(&reply, 1), kTuple);
     if (rec) co_return to_std(rec);
@@ -739,30 +741,25 @@ awaitable<std::error_code> PeerImpl::write_frame(Outgoing& out, SendReq& req) {
              peers_[static_cast<std::size_t>(out.peer)].key, static_cast<int>(reply));
       co_return make_error_code(errc::protocol_error);
     }
+    // The receiver cannot copy from this process: it waits for the payload through the
+    // socket, right after the header it has.
     KF_LOG(info, "transport", "{}: {} cannot copy from this process; sending payloads through "
            "the socket", identity_, peers_[static_cast<std::size_t>(out.peer)].key);
     out.single_copy = false;
     Counters::add(counters_.single_copy_refused, 1);
-    for (std::size_t done = 0; done < req.bytes;) {
-      const std::size_t len = std::min(req.bytes - done, kProgressChunk);
-      auto [ec2, n2] = co_await asio::async_write(out.sock, asio::buffer(data + done, len), kTuple);
-      if (ec2) co_return to_std(ec2);
-      done += len;
-      touch();
-    }
-    Counters::add(counters_.socket_bytes, req.bytes);
-    co_return std::error_code{};
+  } else {
+    done = std::min(req.bytes, kProgressChunk);
+    std::array<asio::const_buffer, 3> bufs{asio::buffer(req.header), asio::buffer(req.name),
+                                           asio::buffer(data, done)};
+    auto [wec, n] = co_await asio::async_write(out.sock, bufs, kTuple);
+    ec = wec;
+    touch();
   }
-  const std::size_t first = std::min(req.bytes, kProgressChunk);
-  std::array<asio::const_buffer, 3> bufs{asio::buffer(req.header), asio::buffer(req.name),
-                                         asio::buffer(data, first)};
-  auto [ec, n] = co_await asio::async_write(out.sock, bufs, kTuple);
-  touch();
-  std::size_t done = first;
+  // The rest of the payload, a chunk at a time, so that a long write shows progress (last_tx).
   while (!ec && done < req.bytes) {
     const std::size_t len = std::min(req.bytes - done, kProgressChunk);
-    auto [ec2, n2] = co_await asio::async_write(out.sock, asio::buffer(data + done, len), kTuple);
-    ec = ec2;
+    auto [wec, n] = co_await asio::async_write(out.sock, asio::buffer(data + done, len), kTuple);
+    ec = wec;
     done += len;
     touch();
   }
