@@ -254,7 +254,7 @@ void PeerImpl::update(const Cluster& c) {
         }
         std::erase_if(mailbox_, [&](auto& kv) {
           if (kv.first.version >= c.version) return false;
-          for (const auto& d : kv.second.unexpected) unexpected_bytes_ -= d.size();
+          for (const auto& d : kv.second.unexpected) unexpected_bytes_ -= d.bytes;
           return kv.second.posted.empty();
         });
         broken_ = {};
@@ -513,6 +513,7 @@ TransportStats Peer::transport_stats() const noexcept {
   t.single_copy_bytes = c.single_copy_bytes.load(std::memory_order_relaxed);
   t.single_copy_refused = c.single_copy_refused.load(std::memory_order_relaxed);
   t.shm_bytes = c.shm_bytes.load(std::memory_order_relaxed);
+  t.early_bytes = c.early_bytes.load(std::memory_order_relaxed);
   return t;
 }
 

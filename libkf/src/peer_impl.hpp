@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -222,9 +223,59 @@ class RangeSet {
   std::map<std::size_t, std::size_t> r_;
 };
 
+/// Reusable buffers, so that large collectives do not page-fault fresh memory on every call: at
+/// most 8 blocks and `max_bytes` are kept. I/O thread only.
+class ScratchPool {
+ public:
+  explicit ScratchPool(std::size_t max_bytes = SIZE_MAX) : max_bytes_(max_bytes) {}
+  struct Block {
+    std::unique_ptr<std::byte[]> data;
+    std::size_t bytes = 0;
+  };
+  /// The smallest kept block of at least `bytes`, or a new one (not zeroed).
+  Block acquire(std::size_t bytes) {
+    std::size_t best = free_.size();
+    for (std::size_t i = 0; i < free_.size(); ++i) {
+      if (free_[i].bytes >= bytes && (best == free_.size() || free_[i].bytes < free_[best].bytes)) {
+        best = i;
+      }
+    }
+    if (best == free_.size()) {
+      return Block{std::make_unique_for_overwrite<std::byte[]>(bytes), bytes};
+    }
+    Block b = std::move(free_[best]);
+    free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
+    held_ -= b.bytes;
+    return b;
+  }
+  void release(Block b) {
+    if (!b.data || free_.size() >= 8 || b.bytes > max_bytes_ - held_) return;
+    held_ += b.bytes;
+    free_.push_back(std::move(b));
+  }
+
+ private:
+  std::vector<Block> free_;
+  std::size_t held_ = 0;  // bytes in free_
+  std::size_t max_bytes_;
+};
+
+/// Frames of at least this size that arrive before their receive get a pooled buffer.
+inline constexpr std::size_t kPooledEarlyBytes = 64 * 1024;
+/// The most the pool of such buffers keeps while idle.
+inline constexpr std::size_t kEarlyPoolBytes = std::size_t{256} << 20;
+
+/// The payload of a frame that arrived before its receive was posted, in a block of
+/// PeerImpl::early_pool_ (`bytes` of the block's capacity are used).
+struct EarlyFrame {
+  ScratchPool::Block block;
+  std::size_t bytes = 0;
+  const std::byte* data() const noexcept { return block.data.get(); }
+};
+
 struct Slot {
   std::deque<std::shared_ptr<RecvReq>> posted;
-  std::deque<std::vector<std::byte>> unexpected;
+  std::deque<EarlyFrame> unexpected;
 };
 
 struct Outgoing {
@@ -296,36 +347,6 @@ struct PeerState {
   // order, so once a peer speaks version W it will never send anything of an older version: a
   // receive from it of an older version can never complete.
   std::uint64_t max_version = 0;
-};
-
-/// Reusable receive buffers for reductions, so that large collectives do not page-fault fresh
-/// memory on every call. I/O thread only.
-class ScratchPool {
- public:
-  struct Block {
-    std::unique_ptr<std::byte[]> data;
-    std::size_t bytes = 0;
-  };
-  Block acquire(std::size_t bytes) {
-    std::size_t best = free_.size();
-    for (std::size_t i = 0; i < free_.size(); ++i) {
-      if (free_[i].bytes >= bytes && (best == free_.size() || free_[i].bytes < free_[best].bytes)) {
-        best = i;
-      }
-    }
-    if (best == free_.size()) {
-      return Block{std::make_unique_for_overwrite<std::byte[]>(bytes), bytes};
-    }
-    Block b = std::move(free_[best]);
-    free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
-    return b;
-  }
-  void release(Block b) {
-    if (b.data && free_.size() < 8) free_.push_back(std::move(b));
-  }
-
- private:
-  std::vector<Block> free_;
 };
 
 /// One collective in flight.
@@ -432,9 +453,14 @@ class PeerImpl {
   bool rings_asleep(bool asleep);
   /// A data frame whose payload is wholly in memory: into the first posted receive for its key
   /// or, when none is posted, into the unexpected-message buffer (a copy of `payload`, or
-  /// `owned` moved when given). Returns an error that ends the connection.
+  /// `owned` moved when given; `payload` is then its start). Returns an error that ends the
+  /// connection.
   std::error_code store_frame(int peer, const MailKey& key, std::span<const std::byte> payload,
-                              std::vector<std::byte>* owned, std::string& why);
+                              ScratchPool::Block* owned, std::string& why);
+  /// A buffer for a frame that arrives before its receive, and its return once delivered: large
+  /// ones are reused, so that they are not mapped afresh (and page-faulted) for every frame.
+  ScratchPool::Block early_block(std::size_t bytes);
+  void recycle(ScratchPool::Block b);
 
   std::shared_ptr<SendReq> post_send(int peer, const transport::FrameHeader& h, std::string name,
                                      const std::byte* data);
@@ -509,10 +535,11 @@ class PeerImpl {
   std::string broken_why_;
   bool stopping_ = false;
   ScratchPool scratch_;
+  ScratchPool early_pool_{kEarlyPoolBytes};  // blocks of at least kPooledEarlyBytes
   // Written by the I/O thread, read by Peer::transport_stats from any thread.
   struct Counters {
     std::atomic<std::uint64_t> tcp_bytes{0}, socket_bytes{0}, single_copy_bytes{0},
-        single_copy_refused{0}, shm_bytes{0};
+        single_copy_refused{0}, shm_bytes{0}, early_bytes{0};
     static void add(std::atomic<std::uint64_t>& c, std::uint64_t n) {
       c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
     }

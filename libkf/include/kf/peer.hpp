@@ -91,6 +91,9 @@ struct TransportStats {
   std::uint64_t single_copy_refused = 0;
   /// Small same-host payloads passed through a shared-memory ring (no system call per frame).
   std::uint64_t shm_bytes = 0;
+  /// Received before the matching receive was posted: held in kf's buffers (pooled when large)
+  /// and copied once more when the receive comes.
+  std::uint64_t early_bytes = 0;
 };
 
 namespace detail {

@@ -219,6 +219,64 @@ TEST(Transport, RingsCanBeTurnedOff) {
   for (auto& p : peers) EXPECT_EQ(p->transport_stats().shm_bytes, 0u);
 }
 
+// Frames that arrive before their receive is posted wait in kf's buffers, the large ones in
+// pooled blocks that later frames of other sizes reuse. Rank 1 takes part in "sync" before it
+// posts the broadcasts that rank 0 sent earlier: frames between two workers arrive in the order
+// they were sent (socket, ring and single copy alike), so all of them are in by then. The second
+// round's frames land in blocks of the first (a 1 MiB frame in a 4 MiB block, 70 KB in 200 KB),
+// and every receive must get its own frame's bytes, no more.
+TEST(Transport, FramesThatArriveBeforeTheirReceiveAreKeptAndDelivered) {
+  for (const Transport t : {Transport::automatic, Transport::tcp}) {
+    SCOPED_TRACE(static_cast<int>(t));
+    auto peers = make_cluster({t, t});
+    const std::vector<std::vector<std::size_t>> rounds = {
+        {std::size_t{4} << 20, 200000, 1000}, {(std::size_t{1} << 20) + 4, 3 << 20, 70000}};
+    std::uint64_t early_before = peers[1]->transport_stats().early_bytes;
+    for (std::size_t round = 0; round < rounds.size(); ++round) {
+      const auto& sizes = rounds[round];
+      std::vector<std::vector<std::uint8_t>> got(sizes.size());
+      int sync[2] = {1, 1};
+      test::run_all(2, [&](int r) {
+        std::vector<std::vector<std::uint8_t>> bufs(sizes.size());
+        for (std::size_t k = 0; k < sizes.size(); ++k) {
+          bufs[k].assign(sizes[k], 0);
+          if (r == 0) {
+            for (std::size_t i = 0; i < sizes[k]; ++i) {
+              bufs[k][i] = static_cast<std::uint8_t>(i * 7 + k + round);
+            }
+          }
+        }
+        const auto bcast = [&](std::size_t k) {
+          const std::string name = "early-" + std::to_string(k);
+          return peers[r]->broadcast(name, buffer(bufs[k].data(), sizes[k])).wait_status();
+        };
+        if (r == 0) {
+          for (std::size_t k = 0; k < sizes.size(); ++k) ASSERT_FALSE(bcast(k));
+        }
+        ASSERT_FALSE(peers[r]->allreduce("sync", buffer(&sync[r], 1), buffer(&sync[r], 1))
+                         .wait_status());
+        if (r == 1) {
+          for (std::size_t k = 0; k < sizes.size(); ++k) ASSERT_FALSE(bcast(k));
+          got = std::move(bufs);
+        }
+      });
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        ASSERT_EQ(got[k].size(), sizes[k]);
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < sizes[k]; ++i) {
+          wrong += got[k][i] != static_cast<std::uint8_t>(i * 7 + k + round);
+        }
+        EXPECT_EQ(wrong, 0u) << "round " << round << " frame " << k;
+      }
+      std::uint64_t total = 0;
+      for (const std::size_t n : sizes) total += n;
+      const std::uint64_t early = peers[1]->transport_stats().early_bytes;
+      EXPECT_GE(early - early_before, total) << "round " << round;
+      early_before = early;
+    }
+  }
+}
+
 // A peer that leaves says goodbye on its open connections, but does not wait for connections it
 // is still dialling: at the end of a job the workers go one after another, and one that never
 // reached a peer before it left would otherwise hold its own exit up. Here three dials retry

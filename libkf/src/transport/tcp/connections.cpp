@@ -436,15 +436,26 @@ awaitable<std::error_code> PeerImpl::receive_data(Incoming& in, int peer, const 
           std::to_string(opts_.max_unexpected_bytes) + " bytes";
     co_return make_error_code(errc::protocol_error);
   }
-  std::vector<std::byte> data(h.payload_bytes);
-  if (auto ec = co_await read_payload(in, src, data.data(), data.size(), why)) co_return ec;
+  ScratchPool::Block block = early_block(h.payload_bytes);
+  if (auto ec = co_await read_payload(in, src, block.data.get(), h.payload_bytes, why)) {
+    recycle(std::move(block));
+    co_return ec;
+  }
   // The receive may have been posted while this payload was being read.
-  co_return store_frame(peer, key, data, &data, why);
+  co_return store_frame(peer, key, {block.data.get(), h.payload_bytes}, &block, why);
 }
 
 std::error_code PeerImpl::store_frame(int peer, const MailKey& key,
                                       std::span<const std::byte> payload,
-                                      std::vector<std::byte>* owned, std::string& why) {
+                                      ScratchPool::Block* owned, std::string& why) {
+  // Whatever happens below, a block handed in and not kept goes back to the pool.
+  struct Return {
+    PeerImpl& self;
+    ScratchPool::Block* block;
+    ~Return() {
+      if (block && block->data) self.recycle(std::move(*block));
+    }
+  } give_back{*this, owned};
   auto it = mailbox_.find(key);
   if (it != mailbox_.end() && !it->second.posted.empty()) {
     auto req = it->second.posted.front();
@@ -470,10 +481,25 @@ std::error_code PeerImpl::store_frame(int peer, const MailKey& key,
           std::to_string(opts_.max_unexpected_bytes) + " bytes";
     return make_error_code(errc::protocol_error);
   }
-  unexpected_bytes_ += payload.size();
-  mailbox_[key].unexpected.push_back(owned ? std::move(*owned)
-                                           : std::vector<std::byte>(payload.begin(), payload.end()));
+  EarlyFrame early{owned ? std::move(*owned) : early_block(payload.size()), payload.size()};
+  if (!owned && !payload.empty()) {
+    std::memcpy(early.block.data.get(), payload.data(), payload.size());
+  }
+  unexpected_bytes_ += early.bytes;
+  Counters::add(counters_.early_bytes, early.bytes);
+  mailbox_[key].unexpected.push_back(std::move(early));
   return {};
+}
+
+ScratchPool::Block PeerImpl::early_block(std::size_t bytes) {
+  if (bytes < kPooledEarlyBytes) {
+    return ScratchPool::Block{std::make_unique_for_overwrite<std::byte[]>(bytes), bytes};
+  }
+  return early_pool_.acquire(bytes);
+}
+
+void PeerImpl::recycle(ScratchPool::Block b) {
+  if (b.bytes >= kPooledEarlyBytes) early_pool_.release(std::move(b));
 }
 
 // ---- shared-memory rings ----------------------------------------------------------------------
@@ -890,16 +916,17 @@ std::shared_ptr<RecvReq> PeerImpl::post_recv(MailKey key, std::byte* dst, std::s
   }
   auto it = mailbox_.find(key);
   if (it != mailbox_.end() && !it->second.unexpected.empty()) {
-    auto data = std::move(it->second.unexpected.front());
+    EarlyFrame early = std::move(it->second.unexpected.front());
     it->second.unexpected.pop_front();
-    unexpected_bytes_ -= data.size();
+    unexpected_bytes_ -= early.bytes;
     if (it->second.posted.empty() && it->second.unexpected.empty()) mailbox_.erase(it);
-    if (data.size() != bytes) {
+    if (early.bytes != bytes) {
       req->ev.set(make_error_code(errc::protocol_error));
     } else {
-      deliver(*req, data.data(), 0, bytes);
+      deliver(*req, early.data(), 0, bytes);
       req->ev.set({});
     }
+    recycle(std::move(early.block));
     return req;
   }
   const auto& ps = peers_[static_cast<std::size_t>(key.peer)];
