@@ -358,8 +358,8 @@ struct CollCtx {
   Buffer send, recv;
   bool* agreed = nullptr;
   std::uint64_t version = 0;
-  // Out-of-place allreduce: the receive buffer is filled lazily from `lazy_src` (the send
-  // buffer) as the plan first touches each range, instead of one up-front copy.
+  // Out-of-place allreduce and reduce-scatter: the work buffer is filled lazily from `lazy_src`
+  // (the send buffer) as the plan first touches each range, instead of one up-front copy.
   const std::byte* lazy_src = nullptr;
   RangeSet filled;
   std::vector<int> rank_to_peer;

@@ -84,6 +84,9 @@ TEST_P(Collectives, EveryOperationGivesTheExpectedResult) {
         for (int q = 0; q < p; ++q) want += val(q, r * n + i);
         if (rout[i] != want) return fail(r, "reduce_scatter n=" + std::to_string(n));
       }
+      for (std::size_t i = 0; i < n * p; ++i) {  // blocks are sent from the input, never into it
+        if (rin[i] != val(r, i)) return fail(r, "reduce_scatter wrote into its input");
+      }
       // gather at the middle rank
       CollOptions og = o;
       og.root = p / 2;

@@ -244,7 +244,10 @@ awaitable<void> PeerImpl::run_collective(std::shared_ptr<CollCtx> ctx) {
   req.max_xfer_count = std::max<std::size_t>(1, opts_.max_frame_bytes / es);
 
   // Prepare the work buffer (see coll/plan/plan.hpp for each operation's layout).
-  std::vector<std::byte> own;  // work buffer when the caller's buffers cannot serve as one
+  std::vector<std::byte> own;  // barrier's one byte
+  // The work buffer when the caller's buffers cannot serve as one: pooled, so that it is not
+  // mapped and page-faulted afresh on every call (a p-times-the-result buffer for reduce-scatter).
+  ScratchPool::Block pooled;
   std::byte* work = nullptr;
   std::array<std::byte, 64> digest{};
   switch (c.op) {
@@ -273,14 +276,16 @@ awaitable<void> PeerImpl::run_collective(std::shared_ptr<CollCtx> ctx) {
       if (c.op == CollOp::gather && c.rank == c.opts.root) {
         work = static_cast<std::byte*>(c.recv.data);
       } else {
-        own.resize(req.count * p * es);
-        work = own.data();
+        pooled = scratch_.acquire(req.count * p * es);
+        work = pooled.data.get();
       }
       if (c.op == CollOp::gather && c.send.bytes() > 0) {
         std::memmove(work + static_cast<std::size_t>(c.rank) * c.send.bytes(), c.send.data,
                      c.send.bytes());
       } else if (c.op == CollOp::reduce_scatter && c.send.bytes() > 0) {
-        std::memcpy(work, c.send.data, c.send.bytes());
+        // As for an out-of-place allreduce: blocks are sent from, and reduced out of, the send
+        // buffer until the plan first writes them.
+        c.lazy_src = static_cast<const std::byte*>(c.send.data);
       }
       break;
     case CollOp::barrier:
@@ -320,6 +325,12 @@ awaitable<void> PeerImpl::run_collective(std::shared_ptr<CollCtx> ctx) {
         if (c.opts.op == ReduceOp::avg) finish_avg(work, req.count, c.send.dtype, p);
         break;
       case CollOp::reduce_scatter:
+        if (c.lazy_src) {  // this worker's block, where the plan never wrote it (one worker)
+          const std::size_t first = static_cast<std::size_t>(c.rank) * c.recv.count;
+          c.filled.for_gaps(first, first + c.recv.count, [&](std::size_t b, std::size_t e) {
+            std::memcpy(work + b * es, c.lazy_src + b * es, (e - b) * es);
+          });
+        }
         if (c.opts.op == ReduceOp::avg) {
           finish_avg(work + static_cast<std::size_t>(c.rank) * c.recv.bytes(), c.recv.count,
                      c.send.dtype, p);
@@ -338,9 +349,11 @@ awaitable<void> PeerImpl::run_collective(std::shared_ptr<CollCtx> ctx) {
       default:
         break;
     }
+    scratch_.release(std::move(pooled));
     c.state->complete({}, {});
     co_return;
   }
+  scratch_.release(std::move(pooled));
   if (ec == make_error_code(errc::timeout) || ec == make_error_code(errc::peer_lost)) {
     if (broken_ && ec != broken_) ec = broken_;
   }
