@@ -153,9 +153,11 @@ TEST_P(PlanSweep, AllgatherCollectsEveryBlock) {
       want[r * n + i] = value(r, i);
     }
   }
-  auto res = simulate(CollOp::allgather, a, p, n, 0, 1, init, 2);
-  ASSERT_EQ(res.error, "");
-  for (int r = 0; r < p; ++r) ASSERT_EQ(res.work[r], want) << "rank " << r;
+  for (int lanes : {1, 3}) {  // lanes take their part of every block
+    auto res = simulate(CollOp::allgather, a, p, n, 0, lanes, init, 2);
+    ASSERT_EQ(res.error, "");
+    for (int r = 0; r < p; ++r) ASSERT_EQ(res.work[r], want) << "rank " << r << " lanes " << lanes;
+  }
 }
 
 TEST_P(PlanSweep, ReduceScatterLeavesBlockRReduced) {
@@ -164,13 +166,15 @@ TEST_P(PlanSweep, ReduceScatterLeavesBlockRReduced) {
   for (int r = 0; r < p; ++r) {
     for (std::size_t i = 0; i < n * p; ++i) init[r][i] = value(r, i);
   }
-  auto res = simulate(CollOp::reduce_scatter, a, p, n, 0, 1, init);
-  ASSERT_EQ(res.error, "");
-  for (int r = 0; r < p; ++r) {
-    for (std::size_t i = r * n; i < (r + 1) * n; ++i) {
-      std::int64_t want = 0;
-      for (int q = 0; q < p; ++q) want += value(q, i);
-      ASSERT_EQ(res.work[r][i], want) << "rank " << r;
+  for (int lanes : {1, 3}) {
+    auto res = simulate(CollOp::reduce_scatter, a, p, n, 0, lanes, init);
+    ASSERT_EQ(res.error, "");
+    for (int r = 0; r < p; ++r) {
+      for (std::size_t i = r * n; i < (r + 1) * n; ++i) {
+        std::int64_t want = 0;
+        for (int q = 0; q < p; ++q) want += value(q, i);
+        ASSERT_EQ(res.work[r][i], want) << "rank " << r << " lanes " << lanes;
+      }
     }
   }
 }
@@ -226,6 +230,31 @@ TEST(PlanRing, TwoRanksExchangeHalves) {
   const auto& s0 = p0.lanes[0].steps[0].xfers;
   EXPECT_EQ(s0[0], (Xfer{XferKind::send, 1, 0, 5}));
   EXPECT_EQ(s0[1], (Xfer{XferKind::recv_reduce, 1, 5, 5}));
+}
+
+// Lanes of an allgather or reduce-scatter share the blocks out: rank 0 of a 3-rank ring sends
+// two blocks' worth of elements in all, whatever the number of lanes, and each lane sends its
+// own part of each block.
+TEST(PlanRing, BlockLanesSplitEveryBlock) {
+  for (CollOp op : {CollOp::allgather, CollOp::reduce_scatter}) {
+    for (int lanes : {1, 2, 3}) {
+      const Plan plan = make_plan(PlanRequest{op, Algorithm::ring, 0, 3, 10, 0, lanes, 0});
+      ASSERT_EQ(plan.lanes.size(), static_cast<std::size_t>(lanes));
+      std::size_t sent = 0;
+      for (int l = 0; l < lanes; ++l) {
+        const Range part = split(10, lanes, l);
+        for (const auto& st : plan.lanes[l].steps) {
+          for (const auto& x : st.xfers) {
+            if (x.kind != XferKind::send) continue;
+            sent += x.count;
+            EXPECT_EQ(x.offset % 10, part.begin) << "lane " << l;
+            EXPECT_EQ(x.count, part.count) << "lane " << l;
+          }
+        }
+      }
+      EXPECT_EQ(sent, 20u) << to_string(op) << " lanes " << lanes;
+    }
+  }
 }
 
 TEST(PlanErrors, RootOutOfRangeIsRejected) {

@@ -56,7 +56,7 @@ struct PlanRequest {
   int size = 1;
   std::size_t count = 0;  ///< allreduce/broadcast: elements; others: elements per rank
   int root = 0;
-  int lanes = 1;          ///< pipeline chunks (allreduce and broadcast only; others use 1)
+  int lanes = 1;  ///< pipeline chunks (of every block for allgather, reduce-scatter; gather: 1)
   std::size_t max_xfer_count = 0;  ///< split transfers larger than this (0: never)
   /// rhd allreduce of at most this many elements uses recursive doubling (one exchange of the
   /// whole vector per round: fewer rounds, more bytes) instead of halving-doubling.
