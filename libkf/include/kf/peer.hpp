@@ -165,7 +165,8 @@ class Peer {
   Handle broadcast(std::string_view name, Buffer buf, const CollOptions& o = {});
   /// recv (size * send.count elements) = every worker's send, in rank order.
   Handle allgather(std::string_view name, Buffer send, Buffer recv, const CollOptions& o = {});
-  /// send has size * recv.count elements; worker r gets block r of the reduction.
+  /// send has size * recv.count elements; worker r gets block r of the reduction. recv may
+  /// overlap send (e.g. be its first block).
   Handle reduce_scatter(std::string_view name, Buffer send, Buffer recv,
                         const CollOptions& o = {});
   /// recv on opts.root (size * send.count elements) = every worker's send; ignored elsewhere.

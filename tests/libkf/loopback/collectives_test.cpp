@@ -87,6 +87,13 @@ TEST_P(Collectives, EveryOperationGivesTheExpectedResult) {
       for (std::size_t i = 0; i < n * p; ++i) {  // blocks are sent from the input, never into it
         if (rin[i] != val(r, i)) return fail(r, "reduce_scatter wrote into its input");
       }
+      // and with the result written over the front of the input
+      peer.reduce_scatter("rsi" + tag, buffer(rin.data(), n * p), buffer(rin.data(), n), o).wait();
+      for (std::size_t i = 0; i < n; ++i) {
+        float want = 0;
+        for (int q = 0; q < p; ++q) want += val(q, r * n + i);
+        if (rin[i] != want) return fail(r, "reduce_scatter into its input n=" + std::to_string(n));
+      }
       // gather at the middle rank
       CollOptions og = o;
       og.root = p / 2;
