@@ -22,6 +22,20 @@ Row sample_row() {
   return row;
 }
 
+TEST(Report, TransportLineNamesEveryPathAndTheEarlyBytes) {
+  TransportStats s;
+  s.tcp_bytes = 1;
+  s.socket_bytes = 22;
+  s.shm_bytes = 333;
+  s.single_copy_bytes = 4444;
+  s.early_bytes = 55555;
+  std::ostringstream out;
+  print_transport(out, s);
+  EXPECT_EQ(out.str(),
+            "# rank 0 sent: tcp 1 B, same-host socket 22 B, shared-memory ring 333 B, single "
+            "copy 4444 B; received before the receive was posted: 55555 B\n");
+}
+
 TEST(Report, JsonRowHasEveryKeyOnOneLine) {
   const RunInfo info{CollOp::reduce_scatter, 4, DType::bf16, ReduceOp::avg, 0, 5};
   std::ostringstream out;

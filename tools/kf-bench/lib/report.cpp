@@ -34,6 +34,13 @@ void print_header(std::ostream& out, const RunInfo& info) {
   out << line << std::flush;
 }
 
+void print_transport(std::ostream& out, const TransportStats& s) {
+  out << "# rank 0 sent: tcp " << s.tcp_bytes << " B, same-host socket " << s.socket_bytes
+      << " B, shared-memory ring " << s.shm_bytes << " B, single copy " << s.single_copy_bytes
+      << " B; received before the receive was posted: " << s.early_bytes << " B\n"
+      << std::flush;
+}
+
 void print_row(std::ostream& out, const RunInfo& info, const Row& row, bool json) {
   if (json) {
     out << to_json(info, row).dump() << std::endl;

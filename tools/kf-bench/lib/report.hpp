@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "kf/coll/types.hpp"
+#include "kf/peer.hpp"
 
 namespace kf::tools::bench {
 
@@ -43,6 +44,9 @@ std::string_view command_name(CollOp op) noexcept;
 void print_header(std::ostream& out, const RunInfo& info);
 /// One table line (json false) or one JSON object on one line (json true), then a flush.
 void print_row(std::ostream& out, const RunInfo& info, const Row& row, bool json);
+/// A comment line with the bytes this worker moved by each path over the whole run, warm-up
+/// included: where a transfer went, and how much arrived before its receive was posted.
+void print_transport(std::ostream& out, const TransportStats& s);
 /// The JSON object of one row: op, algo, np, dtype, bytes, count, iters, median_us, p90_us,
 /// algbw_gbps, busbw_gbps, correct, and reduce_op or root where the collective has one.
 nlohmann::ordered_json to_json(const RunInfo& info, const Row& row);

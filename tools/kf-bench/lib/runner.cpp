@@ -209,6 +209,7 @@ bool run_bench(Peer& peer, const BenchOptions& o, std::ostream& out) {
       all_correct = all_correct && row.correct;
     }
   }
+  if (printer && !o.json) print_transport(out, peer.transport_stats());
   return all_correct;
 }
 
