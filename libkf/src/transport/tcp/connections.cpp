@@ -260,8 +260,15 @@ awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in, std::stri
                                              : make_error_code(errc::timeout);
   if (outcome.index() == 1) why = "handshake not completed in time";
   if (hec) {
-    KF_LOG(warn, "transport", "{}: rejected connection from {}: {} ({})", identity_, from,
-           why.empty() ? hec.message() : why, hec.message());
+    if (why.empty() && hec == std::errc::connection_reset) {
+      // Closed before it said anything: a dialer that found the same-host socket after all
+      // (PeerImpl::connect), or a port probe. Nothing was rejected.
+      KF_LOG(debug, "transport", "{}: connection from {} closed before its hello", identity_,
+             from);
+    } else {
+      KF_LOG(warn, "transport", "{}: rejected connection from {}: {} ({})", identity_, from,
+             why.empty() ? hec.message() : why, hec.message());
+    }
     in->sock.close(ignored);
     co_return;
   }
@@ -628,7 +635,9 @@ awaitable<boost::system::error_code> PeerImpl::connect(Outgoing& out, const Endp
   out.local = false;
   out.single_copy = false;
   out.ring.reset();
-  if (same_host(ep) && !peers_[static_cast<std::size_t>(out.peer)].no_local) {
+  const bool try_local = same_host(ep) && !peers_[static_cast<std::size_t>(out.peer)].no_local;
+  // The peer's same-host socket, into `out` when it answers.
+  auto connect_local = [&]() -> awaitable<boost::system::error_code> {
     local_stream::socket s(ex());
     auto [ec] = co_await s.async_connect(local_stream::endpoint(local_socket_name(ep)), kTuple);
     if (!ec) {
@@ -636,10 +645,14 @@ awaitable<boost::system::error_code> PeerImpl::connect(Outgoing& out, const Endp
       out.sock = Stream(std::move(s));
       out.local = true;
       out.single_copy = opts_.transport == Transport::automatic;
-      co_return ec;
     }
+    co_return ec;
+  };
+  if (try_local) {
+    const auto ec = co_await connect_local();
+    if (!ec) co_return ec;
     // Not listening on a same-host socket (yet, or at all: KF_TRANSPORT=tcp there): TCP.
-    KF_LOG(debug, "transport", "{}: no same-host socket for {} ({}), using TCP", identity_,
+    KF_LOG(debug, "transport", "{}: no same-host socket for {} ({}), trying TCP", identity_,
            ep.str(), ec.message());
   }
   tcp::resolver resolver(ex());
@@ -647,10 +660,13 @@ awaitable<boost::system::error_code> PeerImpl::connect(Outgoing& out, const Endp
   if (rec) co_return rec;
   tcp::socket s(ex());
   auto [ec, connected] = co_await asio::async_connect(s, results, kTuple);
-  if (!ec) {
-    set_socket_options(s);
-    out.sock = Stream(std::move(s));
-  }
+  if (ec) co_return ec;
+  // A peer that started between the two attempts (the name lookup takes a while) listens on its
+  // same-host socket by now, if at all: it opens that before its TCP port (PeerImpl's
+  // constructor). Without this second look, the connection would stay on TCP for good.
+  if (try_local && !co_await connect_local()) co_return boost::system::error_code{};
+  set_socket_options(s);
+  out.sock = Stream(std::move(s));
   co_return ec;
 }
 
