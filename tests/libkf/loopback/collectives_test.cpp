@@ -142,27 +142,6 @@ TEST_P(Collectives, ChunkedLargeAllreduceIsBitwiseIdenticalEverywhere) {
   EXPECT_NEAR(out[0][0], want, 1e-5);
 }
 
-// Blocks above 8 MiB are gathered in two lanes, each taking its part of every block.
-TEST_P(Collectives, LargeAllgatherInLanesCollectsEveryBlock) {
-  const auto [algo, p] = GetParam();
-  if (p > 4) GTEST_SKIP() << "large messages are swept up to 4 workers to keep the suite short";
-  if (algo == Algorithm::star || algo == Algorithm::clique) GTEST_SKIP() << "one lane only";
-  auto peers = test::make_local_cluster(p);
-  const std::size_t n = (std::size_t{9} << 20) / 4 + 3;
-  std::vector<int> wrong(p, 0);
-  test::run_all(p, [&](int r) {
-    std::vector<float> in(n), out(n * p, -1.f);
-    for (std::size_t i = 0; i < n; ++i) in[i] = val(r, i);
-    CollOptions o;
-    o.algorithm = algo;
-    peers[r]->allgather("big", buffer(in.data(), n), buffer(out.data(), n * p), o).wait();
-    for (int q = 0; q < p; ++q) {
-      for (std::size_t i = 0; i < n; ++i) wrong[r] += out[q * n + i] != val(q, i);
-    }
-  });
-  for (int r = 0; r < p; ++r) EXPECT_EQ(wrong[r], 0) << "rank " << r;
-}
-
 INSTANTIATE_TEST_SUITE_P(
     Loopback, Collectives,
     ::testing::Combine(::testing::Values(Algorithm::star, Algorithm::ring, Algorithm::tree,
@@ -172,6 +151,32 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(to_string(std::get<0>(tpi.param))) + "_p" +
              std::to_string(std::get<1>(tpi.param));
     });
+
+// Blocks above 8 MiB are gathered in two lanes, each taking its part of every block: for every
+// algorithm that runs lanes (star and clique do not), with up to 4 workers.
+TEST(LargeAllgather, LanesCollectEveryBlock) {
+  const std::size_t n = (std::size_t{9} << 20) / 4 + 3;
+  for (const Algorithm algo : {Algorithm::ring, Algorithm::tree, Algorithm::rhd,
+                               Algorithm::auto_select}) {
+    for (const int p : {2, 3, 4}) {
+      auto peers = test::make_local_cluster(p);
+      std::vector<int> wrong(p, 0);
+      test::run_all(p, [&](int r) {
+        std::vector<float> in(n), out(n * p, -1.f);
+        for (std::size_t i = 0; i < n; ++i) in[i] = val(r, i);
+        CollOptions o;
+        o.algorithm = algo;
+        peers[r]->allgather("big", buffer(in.data(), n), buffer(out.data(), n * p), o).wait();
+        for (int q = 0; q < p; ++q) {
+          for (std::size_t i = 0; i < n; ++i) wrong[r] += out[q * n + i] != val(q, i);
+        }
+      });
+      for (int r = 0; r < p; ++r) {
+        EXPECT_EQ(wrong[r], 0) << to_string(algo) << " p=" << p << " rank " << r;
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace kf
