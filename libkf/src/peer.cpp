@@ -164,8 +164,6 @@ PeerImpl::PeerImpl(PeerOptions opts)
              identity_, ec.message());
       boost::system::error_code ignored;
       local_acceptor_.close(ignored);
-    } else {
-      asio::co_spawn(ioc_, accept_loop(local_acceptor_), asio::detached);
     }
   }
   acceptor_.listen(asio::socket_base::max_listen_connections, ec);
@@ -173,7 +171,11 @@ PeerImpl::PeerImpl(PeerOptions opts)
     throw Error(make_error_code(errc::invalid_argument),
                 "cannot listen on " + opts_.listen.str() + ": " + ec.message());
   }
+  // Accepting starts once nothing can throw any more (early dialers wait in the backlogs).
   asio::co_spawn(ioc_, accept_loop(acceptor_), asio::detached);
+  if (local_acceptor_.is_open()) {
+    asio::co_spawn(ioc_, accept_loop(local_acceptor_), asio::detached);
+  }
   asio::co_spawn(ioc_, watchdog(), asio::detached);
   driver_->poll_rings = [this] { return poll_rings(); };
   driver_->rings_asleep = [this](bool asleep) { return rings_asleep(asleep); };
