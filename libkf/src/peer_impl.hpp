@@ -453,8 +453,8 @@ class PeerImpl {
   bool rings_asleep(bool asleep);
   /// A data frame whose payload is wholly in memory: into the first posted receive for its key
   /// or, when none is posted, into the unexpected-message buffer (a copy of `payload`, or
-  /// `owned` moved when given; `payload` is then its start). Returns an error that ends the
-  /// connection.
+  /// `owned` moved when given; `payload` is then its start, and the caller recycles it when it
+  /// was not kept). Returns an error that ends the connection.
   std::error_code store_frame(int peer, const MailKey& key, std::span<const std::byte> payload,
                               ScratchPool::Block* owned, std::string& why);
   /// A buffer for a frame that arrives before its receive, and its return once delivered: large

@@ -448,21 +448,17 @@ awaitable<std::error_code> PeerImpl::receive_data(Incoming& in, int peer, const 
     recycle(std::move(block));
     co_return ec;
   }
-  // The receive may have been posted while this payload was being read.
-  co_return store_frame(peer, key, {block.data.get(), h.payload_bytes}, &block, why);
+  // The receive may have been posted while this payload was being read: then the block was
+  // not kept, and goes back to the pool.
+  const std::error_code ec =
+      store_frame(peer, key, {block.data.get(), h.payload_bytes}, &block, why);
+  if (block.data) recycle(std::move(block));
+  co_return ec;
 }
 
 std::error_code PeerImpl::store_frame(int peer, const MailKey& key,
                                       std::span<const std::byte> payload,
                                       ScratchPool::Block* owned, std::string& why) {
-  // Whatever happens below, a block handed in and not kept goes back to the pool.
-  struct Return {
-    PeerImpl& self;
-    ScratchPool::Block* block;
-    ~Return() {
-      if (block && block->data) self.recycle(std::move(*block));
-    }
-  } give_back{*this, owned};
   auto it = mailbox_.find(key);
   if (it != mailbox_.end() && !it->second.posted.empty()) {
     auto req = it->second.posted.front();
