@@ -273,7 +273,7 @@ void PeerImpl::update(const Cluster& c) {
         co_return idx;
       },
       asio::use_future);
-  rank_to_peer_ = done.get();
+  rank_to_peer_ = std::make_shared<const std::vector<int>>(done.get());
   cluster_ = c;
   rank_ = *r;
   // While every worker on this host can have a core, a polling thread spins on its own core.
@@ -321,7 +321,22 @@ Algorithm PeerImpl::resolve(CollOp op, Algorithm a, std::size_t bytes) const noe
   if (a == Algorithm::job_default) a = default_algorithm_.load(std::memory_order_relaxed);
   if (a == Algorithm::job_default) a = Algorithm::auto_select;
   if (a != Algorithm::auto_select) return a;
-  return coll::choose(op, bytes, std::max(1, cluster_.size()), coll::LinkParams{});
+  const int p = std::max(1, cluster_.size());
+  // choose() is a pure function of these three and costs as much as a small collective's
+  // bookkeeping; jobs repeat the same few sizes, so each thread remembers its last answers.
+  struct Memo {
+    CollOp op;
+    int p = 0;
+    std::size_t bytes = 0;
+    Algorithm a;
+  };
+  thread_local std::array<Memo, 16> memo{};
+  Memo& m = memo[(bytes * 31 + static_cast<std::size_t>(p) * 7 + static_cast<std::size_t>(op)) %
+                 memo.size()];
+  if (m.p != p || m.bytes != bytes || m.op != op) {
+    m = Memo{op, p, bytes, coll::choose(op, bytes, p, coll::LinkParams{})};
+  }
+  return m.a;
 }
 
 Handle PeerImpl::submit(std::shared_ptr<CollCtx> ctx) {

@@ -4,6 +4,8 @@
 // asio::post / co_spawn. Asio lives only in this header and the .cpp files that include it.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include <boost/asio.hpp>
+#include <boost/container/small_vector.hpp>
 
 #include "coll/plan/plan.hpp"
 #include "kf/common/error.hpp"
@@ -41,6 +44,10 @@ template <typename T>
 using awaitable = asio::awaitable<T>;
 
 struct OpState;
+
+/// A step's few transfers: kept inline, so that running a small collective allocates nothing.
+template <typename T>
+using StepVec = boost::container::small_vector<T, 4>;
 
 /// Who runs the I/O context. Normally the I/O thread (kf-io); but a user thread that waits on a
 /// collective takes over and runs it itself until its collective is done, so the reply that
@@ -260,6 +267,40 @@ class ScratchPool {
   std::size_t max_bytes_;
 };
 
+/// The plans of the last few distinct requests: a training job repeats the same few collectives
+/// (the same buckets, the same control collective) every step, and building a plan costs
+/// allocations and more time than a small collective's transfer. I/O thread only.
+class PlanCache {
+ public:
+  std::shared_ptr<const coll::Plan> get(const coll::PlanRequest& r) {
+    for (auto& e : entries_) {
+      if (same(e.req, r)) return e.plan;
+    }
+    auto plan = std::make_shared<const coll::Plan>(coll::make_plan(r));  // may throw
+    if (entries_.size() < kEntries) {
+      entries_.push_back({r, plan});
+    } else {
+      entries_[next_] = {r, plan};
+      next_ = (next_ + 1) % kEntries;
+    }
+    return plan;
+  }
+
+ private:
+  static constexpr std::size_t kEntries = 32;
+  static bool same(const coll::PlanRequest& a, const coll::PlanRequest& b) noexcept {
+    return a.op == b.op && a.algorithm == b.algorithm && a.rank == b.rank && a.size == b.size &&
+           a.count == b.count && a.root == b.root && a.lanes == b.lanes &&
+           a.max_xfer_count == b.max_xfer_count && a.rd_max_count == b.rd_max_count;
+  }
+  struct Entry {
+    coll::PlanRequest req;
+    std::shared_ptr<const coll::Plan> plan;
+  };
+  std::vector<Entry> entries_;
+  std::size_t next_ = 0;  // the entry replaced next once full (oldest first)
+};
+
 /// Frames of at least this size that arrive before their receive get a pooled buffer.
 inline constexpr std::size_t kPooledEarlyBytes = 64 * 1024;
 /// The most the pool of such buffers keeps while idle.
@@ -273,9 +314,18 @@ struct EarlyFrame {
   const std::byte* data() const noexcept { return block.data.get(); }
 };
 
+/// Receives posted for one key, and frames that came before them. Almost always one entry on one
+/// side only, and it lives for one transfer: kept inline, so a transfer allocates nothing here.
+/// Removes the posted receives that are not being filled right now.
+inline void drop_idle(boost::container::small_vector<std::shared_ptr<RecvReq>, 1>& posted) {
+  posted.erase(std::remove_if(posted.begin(), posted.end(),
+                              [](const auto& r) { return !r->in_progress; }),
+               posted.end());
+}
+
 struct Slot {
-  std::deque<std::shared_ptr<RecvReq>> posted;
-  std::deque<EarlyFrame> unexpected;
+  boost::container::small_vector<std::shared_ptr<RecvReq>, 1> posted;
+  boost::container::small_vector<EarlyFrame, 1> unexpected;
 };
 
 struct Outgoing {
@@ -362,7 +412,7 @@ struct CollCtx {
   // (the send buffer) as the plan first touches each range, instead of one up-front copy.
   const std::byte* lazy_src = nullptr;
   RangeSet filled;
-  std::vector<int> rank_to_peer;
+  std::shared_ptr<const std::vector<int>> rank_to_peer;  // the submitting version's, shared
   int rank = 0, size = 1;
   std::chrono::milliseconds timeout{};
   std::shared_ptr<OpState> state;
@@ -404,7 +454,7 @@ class PeerImpl {
   // Immutable after start() (set before any collective is submitted).
   Cluster cluster_;
   int rank_ = 0;
-  std::vector<int> rank_to_peer_;
+  std::shared_ptr<const std::vector<int>> rank_to_peer_;
 
   // ---- I/O thread only ----
   Cluster io_cluster_;  // the I/O thread's copy of the current cluster
@@ -488,7 +538,7 @@ class PeerImpl {
         for (auto& r : it->second.posted) {
           if (!r->in_progress) r->ev.set(ec);
         }
-        std::erase_if(it->second.posted, [](const auto& r) { return !r->in_progress; });
+        drop_idle(it->second.posted);
         if (it->second.posted.empty() && it->second.unexpected.empty()) {
           it = mailbox_.erase(it);
           continue;
@@ -505,10 +555,10 @@ class PeerImpl {
   awaitable<std::error_code> run_lane(CollCtx& ctx, const coll::Lane& lane, std::uint32_t tag,
                                       std::byte* work, std::string& why);
   /// Cancels a failed step's transfers and waits until none of them touches a buffer.
-  awaitable<void> abandon_step(CollCtx& ctx, const std::vector<std::shared_ptr<SendReq>>& sends,
-                               const std::vector<int>& send_peer,
-                               const std::vector<std::shared_ptr<RecvReq>>& recvs,
-                               const std::vector<int>& recv_peer, std::error_code result);
+  awaitable<void> abandon_step(CollCtx& ctx, const StepVec<std::shared_ptr<SendReq>>& sends,
+                               const StepVec<int>& send_peer,
+                               const StepVec<std::shared_ptr<RecvReq>>& recvs,
+                               const StepVec<int>& recv_peer, std::error_code result);
   awaitable<void> shutdown();
   awaitable<void> watchdog();
   void io_loop();
@@ -535,6 +585,7 @@ class PeerImpl {
   std::string broken_why_;
   bool stopping_ = false;
   ScratchPool scratch_;
+  PlanCache plans_;
   ScratchPool early_pool_{kEarlyPoolBytes};  // blocks of at least kPooledEarlyBytes
   // Written by the I/O thread, read by Peer::transport_stats from any thread.
   struct Counters {

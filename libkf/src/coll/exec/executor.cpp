@@ -65,10 +65,10 @@ awaitable<std::error_code> PeerImpl::run_lane(CollCtx& ctx, const coll::Lane& la
     ctx.filled.add(off, off + count);
   };
   std::error_code result;
-  std::vector<std::shared_ptr<SendReq>> sends;
-  std::vector<std::shared_ptr<RecvReq>> recvs;
-  std::vector<int> send_peer, recv_peer;
-  std::vector<bool> streamed;
+  StepVec<std::shared_ptr<SendReq>> sends;
+  StepVec<std::shared_ptr<RecvReq>> recvs;
+  StepVec<int> send_peer, recv_peer;
+  StepVec<bool> streamed;
   for (const auto& st : lane.steps) {
     sends.clear();
     recvs.clear();
@@ -90,7 +90,7 @@ awaitable<std::error_code> PeerImpl::run_lane(CollCtx& ctx, const coll::Lane& la
     }
     std::size_t sc = 0;
     for (const auto& x : st.xfers) {
-      const int peer = ctx.rank_to_peer[static_cast<std::size_t>(x.peer)];
+      const int peer = (*ctx.rank_to_peer)[static_cast<std::size_t>(x.peer)];
       std::byte* at = work + x.offset * es;
       if (x.kind == coll::XferKind::send) {
         const std::byte* from = at;
@@ -132,12 +132,18 @@ awaitable<std::error_code> PeerImpl::run_lane(CollCtx& ctx, const coll::Lane& la
       recv_peer.push_back(peer);
     }
     // Wait for everything; the first failure stops the wait.
+    // (What is done already, such as a send that went into a ring, is not waited for at all.)
+    // (An if, not ?:, around co_await: GCC 12 evaluates both arms of a conditional there.)
     for (std::size_t i = 0; i < recvs.size() && !result; ++i) {
-      result = co_await wait_progress(recvs[i]->ev, recv_peer[i], ctx.timeout);
+      Event& ev = recvs[i]->ev;
+      result = ev.ec;
+      if (!ev.done) result = co_await wait_progress(ev, recv_peer[i], ctx.timeout);
       if (result) why = "receiving from " + peers_[recv_peer[i]].key + ": " + result.message();
     }
     for (std::size_t i = 0; i < sends.size() && !result; ++i) {
-      result = co_await wait_progress(sends[i]->ev, send_peer[i], ctx.timeout);
+      Event& ev = sends[i]->ev;
+      result = ev.ec;
+      if (!ev.done) result = co_await wait_progress(ev, send_peer[i], ctx.timeout);
       if (result) why = "sending to " + peers_[send_peer[i]].key + ": " + result.message();
     }
     if (result) {
@@ -168,10 +174,10 @@ awaitable<std::error_code> PeerImpl::run_lane(CollCtx& ctx, const coll::Lane& la
 }
 
 awaitable<void> PeerImpl::abandon_step(CollCtx& ctx,
-                                       const std::vector<std::shared_ptr<SendReq>>& sends,
-                                       const std::vector<int>& send_peer,
-                                       const std::vector<std::shared_ptr<RecvReq>>& recvs,
-                                       const std::vector<int>& recv_peer, std::error_code result) {
+                                       const StepVec<std::shared_ptr<SendReq>>& sends,
+                                       const StepVec<int>& send_peer,
+                                       const StepVec<std::shared_ptr<RecvReq>>& recvs,
+                                       const StepVec<int>& recv_peer, std::error_code result) {
   // A peer that stops making progress counts as lost; everyone else is told.
   if (result == make_error_code(errc::timeout)) {
     const std::string stall = "no progress for " + std::to_string(ctx.timeout.count()) + " ms";
@@ -227,9 +233,9 @@ awaitable<std::error_code> PeerImpl::run_plan(CollCtx& ctx, const coll::Plan& pl
 
 awaitable<void> PeerImpl::run_collective(std::shared_ptr<CollCtx> ctx) {
   CollCtx& c = *ctx;
-  const std::string label = std::string(to_string(c.op)) + " '" + c.name + "'";
+  auto label = [&] { return std::string(to_string(c.op)) + " '" + c.name + "'"; };
   if (broken_) {
-    c.state->complete(broken_, label + ": cluster version " + std::to_string(c.version) +
+    c.state->complete(broken_, label() + ": cluster version " + std::to_string(c.version) +
                                    " is broken: " + broken_why_);
     co_return;
   }
@@ -308,8 +314,14 @@ awaitable<void> PeerImpl::run_collective(std::shared_ptr<CollCtx> ctx) {
   std::string why;
   std::error_code ec;
   try {
-    const coll::Plan plan = coll::make_plan(req);
-    ec = co_await run_plan(c, plan, work, why);
+    const std::shared_ptr<const coll::Plan> plan = plans_.get(req);
+    // One lane (every small message) runs in this coroutine: no frame for run_plan. (An
+    // if, not ?:, around co_await: GCC 12 runs both arms of a conditional expression there.)
+    if (plan->lanes.size() == 1) {
+      ec = co_await run_lane(c, plan->lanes[0], 0, work, why);
+    } else {
+      ec = co_await run_plan(c, *plan, work, why);
+    }
   } catch (const std::invalid_argument& e) {
     ec = make_error_code(errc::invalid_argument);
     why = e.what();
@@ -357,7 +369,7 @@ awaitable<void> PeerImpl::run_collective(std::shared_ptr<CollCtx> ctx) {
   if (ec == make_error_code(errc::timeout) || ec == make_error_code(errc::peer_lost)) {
     if (broken_ && ec != broken_) ec = broken_;
   }
-  const std::string msg = label + " (" + std::string(to_string(c.algorithm)) + ", v" +
+  const std::string msg = label() + " (" + std::string(to_string(c.algorithm)) + ", v" +
                           std::to_string(c.version) + ") failed: " +
                           (broken_why_.empty() ? why : broken_why_);
   KF_LOG(debug, "coll", "{}: {}", identity_, msg);

@@ -432,7 +432,7 @@ awaitable<std::error_code> PeerImpl::receive_data(Incoming& in, int peer, const 
     auto it2 = mailbox_.find(key);
     if (it2 != mailbox_.end() && !it2->second.posted.empty() &&
         it2->second.posted.front() == req) {
-      it2->second.posted.pop_front();
+      it2->second.posted.erase(it2->second.posted.begin());
       if (it2->second.posted.empty() && it2->second.unexpected.empty()) mailbox_.erase(it2);
     }
     req->ev.set(ec ? make_error_code(errc::peer_lost) : std::error_code{});
@@ -462,7 +462,7 @@ std::error_code PeerImpl::store_frame(int peer, const MailKey& key,
   auto it = mailbox_.find(key);
   if (it != mailbox_.end() && !it->second.posted.empty()) {
     auto req = it->second.posted.front();
-    it->second.posted.pop_front();
+    it->second.posted.erase(it->second.posted.begin());
     if (it->second.posted.empty() && it->second.unexpected.empty()) mailbox_.erase(it);
     if (req->bytes != payload.size()) {
       why = "frame for '" + key.name + "' carries " + std::to_string(payload.size()) +
@@ -929,7 +929,7 @@ std::shared_ptr<RecvReq> PeerImpl::post_recv(MailKey key, std::byte* dst, std::s
   auto it = mailbox_.find(key);
   if (it != mailbox_.end() && !it->second.unexpected.empty()) {
     EarlyFrame early = std::move(it->second.unexpected.front());
-    it->second.unexpected.pop_front();
+    it->second.unexpected.erase(it->second.unexpected.begin());
     unexpected_bytes_ -= early.bytes;
     if (it->second.posted.empty() && it->second.unexpected.empty()) mailbox_.erase(it);
     if (early.bytes != bytes) {
@@ -968,7 +968,8 @@ void PeerImpl::cancel(const std::shared_ptr<RecvReq>& r, std::error_code ec) {
   if (r->ev.done || r->in_progress) return;
   auto it = mailbox_.find(r->key);
   if (it != mailbox_.end()) {
-    std::erase(it->second.posted, r);
+    auto& posted = it->second.posted;
+    posted.erase(std::remove(posted.begin(), posted.end(), r), posted.end());
     if (it->second.posted.empty() && it->second.unexpected.empty()) mailbox_.erase(it);
   }
   r->ev.set(ec);
@@ -1043,7 +1044,7 @@ void PeerImpl::break_version(std::error_code ec, const std::string& why) {
     for (auto& r : slot.posted) {
       if (!r->in_progress) r->ev.set(ec);
     }
-    std::erase_if(slot.posted, [](const auto& r) { return !r->in_progress; });
+    drop_idle(slot.posted);
   }
   std::erase_if(mailbox_, [](const auto& kv) {
     return kv.second.posted.empty() && kv.second.unexpected.empty();
