@@ -159,6 +159,10 @@ struct SendReq {
   Event ev;
   bool in_progress = false;
   bool cancelled = false;
+  // Bytes of the frame (header, name, payload) that post_send wrote straight into the socket
+  // before the socket was full; the writer sends the rest. Such a frame is counted in
+  // Outgoing::socket_frames already.
+  std::size_t written = 0;
 };
 
 struct RecvReq {
@@ -336,6 +340,7 @@ struct Outgoing {
   int peer;
   bool closed = false;
   bool connected = false;  // dialled and through the handshake
+  bool writing = false;    // write_frame is writing to `sock` (a heartbeat counts)
   bool local = false;  // connected over the same-host (Unix-domain) socket
   // Large payloads are left in place for the receiver to copy (transport::kFlagRemote); off
   // once the receiver has answered that it cannot.
@@ -485,6 +490,10 @@ class PeerImpl {
                                           const std::string& name, PayloadSource& src,
                                           std::string& why);
   awaitable<std::error_code> write_frame(Outgoing& out, SendReq& req);
+  /// A small data frame to a connection whose writer is idle: written straight into the socket
+  /// without blocking, saving the hand-off to the writer coroutine. Returns whether the whole
+  /// frame went; otherwise req.written says how much did and the caller queues the rest.
+  bool write_now(Outgoing& out, SendReq& req);
 
   // ---- shared-memory rings (transport/tcp/connections.cpp) ----
   /// Dialer: creates a ring and offers it over the fresh connection `reader` (still in the

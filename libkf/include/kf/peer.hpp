@@ -77,6 +77,9 @@ struct PeerOptions {
   /// workers: 1 MiB allreduces (512 KiB frames) took 150-230 us through rings against 450-660
   /// single-copy, 2 MiB ones 610-740 us against 1180-1230.
   std::size_t shm_frame_bytes = std::size_t{1} << 20;
+  /// SO_SNDBUF and SO_RCVBUF of every connection; 0: the system's for TCP and 4 MiB for
+  /// same-host sockets (whose default of about 200 KiB makes large frames move in small copies).
+  std::size_t socket_buffer_bytes = 0;
   std::size_t max_frame_bytes = std::size_t{64} << 20;       ///< larger transfers are split
   std::size_t max_unexpected_bytes = std::size_t{2} << 30;   ///< early-arrival buffer limit
 };

@@ -33,7 +33,8 @@ namespace {
 std::vector<std::unique_ptr<Peer>> make_cluster(
     const std::vector<Transport>& transports,
     std::size_t single_copy_bytes = PeerOptions{}.single_copy_bytes,
-    std::size_t shm_frame_bytes = PeerOptions{}.shm_frame_bytes) {
+    std::size_t shm_frame_bytes = PeerOptions{}.shm_frame_bytes,
+    std::size_t socket_buffer_bytes = 0) {
   std::vector<std::unique_ptr<Peer>> peers;
   Cluster c;
   c.version = 1;
@@ -43,6 +44,7 @@ std::vector<std::unique_ptr<Peer>> make_cluster(
     o.transport = transports[i];
     o.single_copy_bytes = single_copy_bytes;
     o.shm_frame_bytes = shm_frame_bytes;
+    o.socket_buffer_bytes = socket_buffer_bytes;
     peers.push_back(std::make_unique<Peer>(o));
     c.workers.push_back(WorkerSpec{peers.back()->endpoint(), static_cast<int>(i)});
   }
@@ -208,6 +210,56 @@ TEST(Transport, RingAndSocketFramesStayInOrderWhenReceiversSleep) {
   // And with polling that ends now and then (the default), where both happen within a run.
   auto polling = test::make_local_cluster(3, PeerOptions{});
   expect_mixed_sequence_works(polling, 36);
+}
+
+// Small data frames are written into the socket by the thread that posts them when the
+// connection's writer is idle; one that does not fit whole is finished by the writer. Many
+// frames of 48 KiB submitted at once over TCP and same-host sockets take both
+// paths and the hand-over between them; every sum must be exact and every payload byte counted
+// once. Star with two workers: each sends every buffer exactly once. Same-host sockets of
+// 8 KiB buffers make sure that frames do not fit at once (TCP keeps the system's buffers: tiny
+// ones stall loopback TCP for 200 ms at a time).
+TEST(Transport, FramesWrittenByTheSenderAndFinishedByTheWriterArriveWhole) {
+  for (const Transport t : {Transport::tcp, Transport::unix_socket}) {
+    SCOPED_TRACE(static_cast<int>(t));
+    auto peers = make_cluster({t, t}, PeerOptions{}.single_copy_bytes, 0,
+                              t == Transport::tcp ? 0 : 8 * 1024);
+    constexpr int kFrames = 64;
+    constexpr std::size_t kCount = 12 * 1024;  // 48 KiB of floats
+    std::vector<std::vector<std::vector<float>>> bufs(2);
+    std::vector<std::uint64_t> warm_bytes(2);
+    test::run_all(2, [&](int r) {
+      CollOptions o;
+      o.algorithm = Algorithm::star;
+      // Connected first, so that the first frames below find an idle writer.
+      int one = 1;
+      peers[r]->allreduce("connect", buffer(&one, 1), buffer(&one, 1), o).wait();
+      warm_bytes[r] = peers[r]->transport_stats().tcp_bytes +
+                      peers[r]->transport_stats().socket_bytes;
+      std::vector<Handle> hs;
+      bufs[r].assign(kFrames, std::vector<float>(kCount));
+      for (int f = 0; f < kFrames; ++f) {
+        for (std::size_t i = 0; i < kCount; ++i) {
+          bufs[r][f][i] = static_cast<float>((r + 1) * (f + 1) + static_cast<int>(i % 13));
+        }
+        auto& v = bufs[r][f];
+        hs.push_back(peers[r]->allreduce("f" + std::to_string(f), buffer(v.data(), kCount),
+                                         buffer(v.data(), kCount), o));
+      }
+      for (auto& h : hs) h.wait();
+    });
+    for (int r = 0; r < 2; ++r) {
+      for (int f = 0; f < kFrames; ++f) {
+        for (std::size_t i : {std::size_t{0}, std::size_t{4095}, kCount / 2, kCount - 1}) {
+          ASSERT_EQ(bufs[r][f][i], static_cast<float>(3 * (f + 1) + 2 * static_cast<int>(i % 13)))
+              << "rank " << r << " frame " << f << " element " << i;
+        }
+      }
+      const TransportStats s = peers[r]->transport_stats();
+      EXPECT_EQ(s.tcp_bytes + s.socket_bytes - warm_bytes[r], kFrames * kCount * sizeof(float))
+          << "rank " << r;
+    }
+  }
 }
 
 TEST(Transport, RingsCanBeTurnedOff) {

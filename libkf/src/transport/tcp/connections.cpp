@@ -26,24 +26,34 @@ namespace {
 
 constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
 constexpr std::size_t kProgressChunk = std::size_t{1} << 20;
+// Data frames up to this size are written by post_send itself when the connection's writer is
+// idle (PeerImpl::write_now); larger ones always go through the writer coroutine.
+constexpr std::size_t kWriteNowBytes = 64 * 1024;
 
 std::error_code to_std(const boost::system::error_code& ec) {
   if (ec == asio::error::eof) return std::make_error_code(std::errc::connection_reset);
   return ec;
 }
 
-void set_socket_options(tcp::socket& s) {
+template <typename Socket>
+void set_buffer_sizes(Socket& s, std::size_t bytes) {
+  const int n = static_cast<int>(std::min<std::size_t>(bytes, std::size_t{1} << 30));
+  boost::system::error_code ignored;
+  s.set_option(asio::socket_base::send_buffer_size(n), ignored);
+  s.set_option(asio::socket_base::receive_buffer_size(n), ignored);
+}
+
+// buffer_bytes: PeerOptions::socket_buffer_bytes.
+void set_socket_options(tcp::socket& s, std::size_t buffer_bytes) {
   boost::system::error_code ignored;
   s.set_option(tcp::no_delay(true), ignored);
+  if (buffer_bytes > 0) set_buffer_sizes(s, buffer_bytes);
 }
 
 // Unix-domain sockets have small default buffers (about 200 KiB): with larger ones a big frame
 // moves in fewer, larger copies and the writer blocks less often on the reader.
-void set_socket_options(local_stream::socket& s) {
-  constexpr int kBufferBytes = 4 << 20;
-  boost::system::error_code ignored;
-  s.set_option(asio::socket_base::send_buffer_size(kBufferBytes), ignored);
-  s.set_option(asio::socket_base::receive_buffer_size(kBufferBytes), ignored);
+void set_socket_options(local_stream::socket& s, std::size_t buffer_bytes) {
+  set_buffer_sizes(s, buffer_bytes > 0 ? buffer_bytes : std::size_t{4} << 20);
 }
 
 std::string describe(const tcp::endpoint& ep) {
@@ -199,7 +209,7 @@ awaitable<void> PeerImpl::accept_loop(Acceptor& acceptor) {
       KF_LOG(warn, "transport", "{}: accept failed: {}", identity_, ec.message());
       continue;
     }
-    set_socket_options(sock);
+    set_socket_options(sock, opts_.socket_buffer_bytes);
     boost::system::error_code rec;
     std::string from = describe(sock.remote_endpoint(rec));
     const auto [pid, same_user] = peer_process(sock);
@@ -637,7 +647,7 @@ awaitable<boost::system::error_code> PeerImpl::connect(Outgoing& out, const Endp
     local_stream::socket s(ex());
     auto [ec] = co_await s.async_connect(local_stream::endpoint(local_socket_name(ep)), kTuple);
     if (!ec) {
-      set_socket_options(s);
+      set_socket_options(s, opts_.socket_buffer_bytes);
       out.sock = Stream(std::move(s));
       out.local = true;
       out.single_copy = opts_.transport == Transport::automatic;
@@ -661,7 +671,7 @@ awaitable<boost::system::error_code> PeerImpl::connect(Outgoing& out, const Endp
   // same-host socket by now, if at all: it opens that before its TCP port (PeerImpl's
   // constructor). Without this second look, the connection would stay on TCP for good.
   if (try_local && !co_await connect_local()) co_return boost::system::error_code{};
-  set_socket_options(s);
+  set_socket_options(s, opts_.socket_buffer_bytes);
   out.sock = Stream(std::move(s));
   co_return ec;
 }
@@ -748,7 +758,14 @@ awaitable<std::error_code> PeerImpl::write_frame(Outgoing& out, SendReq& req) {
   const std::byte* data = req.owned.empty() ? req.data : req.owned.data();
   // peers_ may grow while this waits: index it afresh after every co_await.
   auto touch = [&] { peers_[static_cast<std::size_t>(out.peer)].last_tx = Clock::now(); };
-  if (req.header[6] != static_cast<std::byte>(FrameType::heartbeat)) ++out.socket_frames;
+  if (req.header[6] != static_cast<std::byte>(FrameType::heartbeat) && req.written == 0) {
+    ++out.socket_frames;
+  }
+  out.writing = true;
+  struct Idle {
+    Outgoing& o;
+    ~Idle() { o.writing = false; }
+  } idle{out};
   boost::system::error_code ec;
   std::size_t done = 0;  // payload bytes written
   if (out.single_copy && req.owned.empty() && req.bytes >= opts_.single_copy_bytes &&
@@ -789,6 +806,12 @@ awaitable<std::error_code> PeerImpl::write_frame(Outgoing& out, SendReq& req) {
     done = std::min(req.bytes, kProgressChunk);
     std::array<asio::const_buffer, 3> bufs{asio::buffer(req.header), asio::buffer(req.name),
                                            asio::buffer(data, done)};
+    // What write_now put into the socket already (it only takes frames of one chunk).
+    for (std::size_t skip = req.written; auto& b : bufs) {
+      const std::size_t k = std::min(skip, b.size());
+      b += k;
+      skip -= k;
+    }
     auto [wec, n] = co_await asio::async_write(out.sock, bufs, kTuple);
     ec = wec;
     touch();
@@ -805,6 +828,24 @@ awaitable<std::error_code> PeerImpl::write_frame(Outgoing& out, SendReq& req) {
     Counters::add(out.local ? counters_.socket_bytes : counters_.tcp_bytes, req.bytes);
   }
   co_return to_std(ec);
+}
+
+bool PeerImpl::write_now(Outgoing& out, SendReq& req) {
+  const std::size_t total = req.header.size() + req.name.size() + req.bytes;
+  std::array<asio::const_buffer, 3> bufs{asio::buffer(req.header), asio::buffer(req.name),
+                                         asio::buffer(req.data, req.bytes)};
+  boost::system::error_code ec;
+  if (!out.sock.non_blocking()) out.sock.non_blocking(true, ec);
+  if (ec) return false;
+  const std::size_t n = out.sock.write_some(bufs, ec);  // would_block: nothing written
+  if (n == 0) return false;
+  // Some bytes are in the socket: the frame is this connection's next, whatever happens now.
+  ++out.socket_frames;
+  req.written = n;
+  peers_[static_cast<std::size_t>(out.peer)].last_tx = Clock::now();
+  if (n < total) return false;
+  Counters::add(out.local ? counters_.socket_bytes : counters_.tcp_bytes, req.bytes);
+  return true;
 }
 
 awaitable<void> PeerImpl::run_outgoing(std::shared_ptr<Outgoing> out) {
@@ -890,6 +931,18 @@ std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h, std
     if (out.ring->reader_sleeping()) post_control(peer, FrameType::heartbeat, {});
     req->ev.set({});
     return req;
+  }
+  // Straight into the socket while the writer has nothing to do; a frame that does not fit
+  // goes on through the writer from where this left it.
+  if (h.type == FrameType::data && out.connected && !out.closed && !out.writing &&
+      out.queue.empty() && req->bytes <= kWriteNowBytes &&
+      !(out.single_copy && req->bytes >= opts_.single_copy_bytes)) {
+    if (write_now(out, *req)) {
+      req->ev.set({});
+      return req;
+    }
+    // Partly in the socket already: the rest must follow, so it cannot be cancelled any more.
+    if (req->written > 0) req->in_progress = true;
   }
   ps.out->queue.push_back(req);
   ps.out->signal.cancel();
