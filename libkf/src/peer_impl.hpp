@@ -26,6 +26,7 @@
 #include <boost/asio.hpp>
 #include <boost/container/small_vector.hpp>
 
+#include "coll/exec/range_set.hpp"
 #include "coll/plan/plan.hpp"
 #include "kf/common/error.hpp"
 #include "kf/peer.hpp"
@@ -191,49 +192,6 @@ inline void deliver(RecvReq& r, const std::byte* data, std::size_t offset, std::
   reduce_to(r.dst + offset, a, data, n / dtype_bytes(r.dtype), r.dtype, r.op);
 }
 
-/// Disjoint half-open ranges of elements, merged on insertion: which parts of an out-of-place
-/// allreduce's receive buffer hold data yet (the rest is still only in the send buffer).
-class RangeSet {
- public:
-  void add(std::size_t b, std::size_t e) {
-    if (b >= e) return;
-    auto it = r_.upper_bound(b);
-    if (it != r_.begin() && std::prev(it)->second >= b) {
-      --it;
-      b = it->first;
-      e = std::max(e, it->second);
-      it = r_.erase(it);
-    }
-    while (it != r_.end() && it->first <= e) {
-      e = std::max(e, it->second);
-      it = r_.erase(it);
-    }
-    r_.emplace(b, e);
-  }
-  bool disjoint(std::size_t b, std::size_t e) const {
-    auto it = r_.upper_bound(b);
-    if (it != r_.begin() && std::prev(it)->second > b) return false;
-    return it == r_.end() || it->first >= e;
-  }
-  /// Calls f(gb, ge) for every part of [b, e) not in the set.
-  template <typename F>
-  void for_gaps(std::size_t b, std::size_t e, F&& f) const {
-    std::size_t at = b;
-    auto it = r_.upper_bound(b);
-    if (it != r_.begin()) --it;
-    for (; it != r_.end() && it->first < e; ++it) {
-      if (it->second <= at) continue;
-      if (it->first > at) f(at, std::min(it->first, e));
-      at = std::max(at, it->second);
-      if (at >= e) return;
-    }
-    if (at < e) f(at, e);
-  }
-
- private:
-  std::map<std::size_t, std::size_t> r_;
-};
-
 /// Reusable buffers, so that large collectives do not page-fault fresh memory on every call: at
 /// most 8 blocks and `max_bytes` are kept. I/O thread only.
 class ScratchPool {
@@ -309,6 +267,10 @@ class PlanCache {
 inline constexpr std::size_t kPooledEarlyBytes = 64 * 1024;
 /// The most the pool of such buffers keeps while idle.
 inline constexpr std::size_t kEarlyPoolBytes = std::size_t{256} << 20;
+/// Smaller early frames take blocks of at least this size from a pool of their own (at most 8
+/// blocks of under 64 KiB): a small collective whose peer is a moment ahead gets its frame early
+/// every time, and a fresh allocation for each cost more than the rest of its bookkeeping.
+inline constexpr std::size_t kSmallEarlyBytes = 256;
 
 /// The payload of a frame that arrived before its receive was posted, in a block of
 /// PeerImpl::early_pool_ (`bytes` of the block's capacity are used).
@@ -596,6 +558,7 @@ class PeerImpl {
   ScratchPool scratch_;
   PlanCache plans_;
   ScratchPool early_pool_{kEarlyPoolBytes};  // blocks of at least kPooledEarlyBytes
+  ScratchPool small_early_pool_;             // smaller blocks (kSmallEarlyBytes and up)
   // Written by the I/O thread, read by Peer::transport_stats from any thread.
   struct Counters {
     std::atomic<std::uint64_t> tcp_bytes{0}, socket_bytes{0}, single_copy_bytes{0},

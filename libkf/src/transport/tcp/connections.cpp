@@ -505,14 +505,16 @@ std::error_code PeerImpl::store_frame(int peer, const MailKey& key,
 }
 
 ScratchPool::Block PeerImpl::early_block(std::size_t bytes) {
-  if (bytes < kPooledEarlyBytes) {
-    return ScratchPool::Block{std::make_unique_for_overwrite<std::byte[]>(bytes), bytes};
-  }
+  if (bytes < kPooledEarlyBytes) return small_early_pool_.acquire(std::max(bytes, kSmallEarlyBytes));
   return early_pool_.acquire(bytes);
 }
 
 void PeerImpl::recycle(ScratchPool::Block b) {
-  if (b.bytes >= kPooledEarlyBytes) early_pool_.release(std::move(b));
+  if (b.bytes >= kPooledEarlyBytes) {
+    early_pool_.release(std::move(b));
+  } else {
+    small_early_pool_.release(std::move(b));
+  }
 }
 
 // ---- shared-memory rings ----------------------------------------------------------------------
