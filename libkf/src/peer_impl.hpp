@@ -94,6 +94,24 @@ struct Driver {
   /// thread cannot hand it over promptly (another user thread drives) or the peer is closing;
   /// the caller then waits on `s` as usual.
   void drive_until(const OpState& s);
+  /// Runs the handlers that are ready now (a collective just submitted: its first sends) on the
+  /// calling thread, when nobody else runs the context; otherwise leaves them to whoever does.
+  void run_ready();
+
+  // The lease: a waiter that drove leaves the context to user threads for one polling window
+  // after it is done. The I/O thread stays parked meanwhile (without holding `mu`), so the next
+  // collective's submit and wait take the context at once: no wake-up of the I/O thread and no
+  // hand-over back and forth for each collective of a tight loop. After the window the I/O
+  // thread takes over again (background progress while the user computes).
+  std::atomic<Clock::rep> lease_until{0};
+  /// The I/O thread: whether to stay parked, and until when at most before it looks again.
+  bool leased(Clock::time_point now, Clock::time_point& recheck) const noexcept;
+  std::mutex park_mu;  // the I/O thread's sleep while parked; notified only on close
+  std::condition_variable park_cv;
+  void wake_io() {
+    std::lock_guard<std::mutex> lk(park_mu);
+    park_cv.notify_all();
+  }
 };
 
 /// Completion state shared by a Handle (any thread) and the I/O thread.
