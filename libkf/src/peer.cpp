@@ -63,6 +63,8 @@ namespace {
 // workers, 1000 us of yield-polling beat 200 us at 3 of 4 sizes.
 constexpr auto kSpin = std::chrono::microseconds(200);
 constexpr auto kCrowdedSpin = std::chrono::microseconds(1000);
+// The longest a waiter's lease keeps the I/O thread parked (Driver::leased).
+constexpr auto kMaxLease = std::chrono::microseconds(1000);
 
 }  // namespace
 
@@ -108,7 +110,10 @@ void Driver::drive_until(const OpState& s) {
             last_work = Clock::now();
           }
         }
-        lease_until.store((Clock::now() + spin).time_since_epoch().count(),
+        // One polling window, but never long: a job that polls for seconds (KF_SPIN_US) must
+        // not go without background progress for as long after each wait.
+        const auto lease = std::min<Clock::duration>(spin, kMaxLease);
+        lease_until.store((Clock::now() + lease).time_since_epoch().count(),
                           std::memory_order_relaxed);
         break;
       }

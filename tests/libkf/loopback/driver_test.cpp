@@ -104,10 +104,14 @@ TEST(Driver, WithoutPollingResultsAreTheSame) {
 }
 
 // After user threads have driven, the I/O thread has handed the context over and back many
-// times. A collective nobody waits on must still complete on the I/O thread alone (background
-// progress: gradients reduced while the user computes). Both peers only look at ready() here.
-TEST(Driver, ACollectiveNobodyWaitsOnStillCompletes) {
-  auto peers = test::make_local_cluster(2, polling(std::chrono::microseconds(1000)));
+// times, and stays parked for a waiter's lease after the last wait. A collective nobody waits on
+// must still complete on the I/O thread alone (background progress: gradients reduced while the
+// user computes). Both peers only look at ready() here. With a polling window of a minute the
+// lease must still end soon (it is capped), or nothing moves for that minute.
+class DriverLease : public ::testing::TestWithParam<std::chrono::microseconds> {};
+
+TEST_P(DriverLease, ACollectiveNobodyWaitsOnStillCompletes) {
+  auto peers = test::make_local_cluster(2, polling(GetParam()));
   std::vector<std::vector<float>> v(2, std::vector<float>(300));
   test::run_all(2, [&](int r) {
     for (int i = 0; i < 20; ++i) {  // waiting threads drive
@@ -123,6 +127,11 @@ TEST(Driver, ACollectiveNobodyWaitsOnStillCompletes) {
   });
   for (int r = 0; r < 2; ++r) EXPECT_EQ(v[r][299], 3.0f) << "rank " << r;
 }
+
+INSTANTIATE_TEST_SUITE_P(Loopback, DriverLease,
+                         ::testing::Values(std::chrono::microseconds(1000),
+                                           std::chrono::microseconds(60'000'000)),
+                         [](const auto& tpi) { return std::to_string(tpi.param.count()) + "us"; });
 
 }  // namespace
 }  // namespace kf
