@@ -4,6 +4,7 @@
 // coll/exec/executor.cpp.
 #include "kf/peer.hpp"
 
+#include <array>
 #include <future>
 #include <stdexcept>
 
@@ -297,8 +298,7 @@ void PeerImpl::update(const Cluster& c) {
                 "cluster version " + std::to_string(c.version) + " is not newer than " +
                     std::to_string(cluster_.version));
   }
-  auto done = asio::co_spawn(
-      ioc_,
+  const std::vector<int> peer_of_rank = on_io(
       [this, c, rank = *r]() -> awaitable<std::vector<int>> {
         std::vector<int> idx;
         for (const auto& w : c.workers) {
@@ -319,10 +319,8 @@ void PeerImpl::update(const Cluster& c) {
         io_cluster_ = c;
         io_rank_ = rank;
         co_return idx;
-      },
-      asio::use_future);
-  driver_->run_ready();  // the I/O thread may be parked on a waiter's lease
-  rank_to_peer_ = std::make_shared<const std::vector<int>>(done.get());
+      });
+  rank_to_peer_ = std::make_shared<const std::vector<int>>(peer_of_rank);
   cluster_ = c;
   rank_ = *r;
   // While every worker on this host can have a core, a polling thread spins on its own core.
@@ -337,9 +335,7 @@ void PeerImpl::update(const Cluster& c) {
 }
 
 std::vector<Endpoint> PeerImpl::lost_peers() {
-  auto done = asio::co_spawn(
-      ioc_,
-      [this]() -> awaitable<std::vector<Endpoint>> {
+  return on_io([this]() -> awaitable<std::vector<Endpoint>> {
         std::vector<Endpoint> out;
         for (const auto& w : io_cluster_.workers) {
           auto it = peer_by_key_.find(w.endpoint.str());
@@ -348,10 +344,7 @@ std::vector<Endpoint> PeerImpl::lost_peers() {
           }
         }
         co_return out;
-      },
-      asio::use_future);
-  driver_->run_ready();  // the I/O thread may be parked on a waiter's lease
-  return done.get();
+      });
 }
 
 int PeerImpl::peer_index(const Endpoint& ep) {

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -13,7 +12,6 @@
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -300,16 +298,17 @@ struct EarlyFrame {
 
 /// Receives posted for one key, and frames that came before them. Almost always one entry on one
 /// side only, and it lives for one transfer: kept inline, so a transfer allocates nothing here.
-/// Removes the posted receives that are not being filled right now.
-inline void drop_idle(boost::container::small_vector<std::shared_ptr<RecvReq>, 1>& posted) {
-  posted.erase(std::remove_if(posted.begin(), posted.end(),
-                              [](const auto& r) { return !r->in_progress; }),
-               posted.end());
-}
-
 struct Slot {
   boost::container::small_vector<std::shared_ptr<RecvReq>, 1> posted;
   boost::container::small_vector<EarlyFrame, 1> unexpected;
+
+  bool empty() const noexcept { return posted.empty() && unexpected.empty(); }
+  /// Removes the posted receives that are not being filled right now.
+  void drop_idle() {
+    posted.erase(std::remove_if(posted.begin(), posted.end(),
+                                [](const auto& r) { return !r->in_progress; }),
+                 posted.end());
+  }
 };
 
 struct Outgoing {
@@ -527,8 +526,8 @@ class PeerImpl {
         for (auto& r : it->second.posted) {
           if (!r->in_progress) r->ev.set(ec);
         }
-        drop_idle(it->second.posted);
-        if (it->second.posted.empty() && it->second.unexpected.empty()) {
+        it->second.drop_idle();
+        if (it->second.empty()) {
           it = mailbox_.erase(it);
           continue;
         }
@@ -551,6 +550,14 @@ class PeerImpl {
   awaitable<void> shutdown();
   awaitable<void> watchdog();
   void io_loop();
+  /// From a user thread: runs the coroutine function `f` on the I/O context and returns what it
+  /// returns. Started here when the I/O thread is parked on a waiter's lease (Driver::run_ready).
+  template <typename F>
+  auto on_io(F&& f) {
+    auto done = asio::co_spawn(ioc_, std::forward<F>(f), asio::use_future);
+    driver_->run_ready();
+    return done.get();
+  }
 
 
   PeerOptions opts_;

@@ -322,8 +322,8 @@ awaitable<void> PeerImpl::run_collective(std::shared_ptr<CollCtx> ctx) {
   std::error_code ec;
   try {
     const std::shared_ptr<const coll::Plan> plan = plans_.get(req);
-    // One lane (every small message) runs in this coroutine: no frame for run_plan. (An
-    // if, not ?:, around co_await: GCC 12 runs both arms of a conditional expression there.)
+    // One lane (every small message) runs in this coroutine: no frame for run_plan. (Not ?:,
+    // see run_lane.)
     if (plan->lanes.size() == 1) {
       ec = co_await run_lane(c, plan->lanes[0], 0, work, why);
     } else {

@@ -18,7 +18,7 @@ class RangeSet {
  public:
   void add(std::size_t b, std::size_t e) {
     if (b >= e) return;
-    auto it = upper_bound(b);
+    auto it = upper_bound(*this, b);
     if (it != r_.begin() && std::prev(it)->second >= b) --it;
     // [it, last) are the ranges that touch or overlap [b, e): merged into one.
     auto last = it;
@@ -35,7 +35,7 @@ class RangeSet {
     r_.erase(it + 1, last);
   }
   bool disjoint(std::size_t b, std::size_t e) const {
-    auto it = upper_bound(b);
+    auto it = upper_bound(*this, b);
     if (it != r_.begin() && std::prev(it)->second > b) return false;
     return it == r_.end() || it->first >= e;
   }
@@ -43,7 +43,7 @@ class RangeSet {
   template <typename F>
   void for_gaps(std::size_t b, std::size_t e, F&& f) const {
     std::size_t at = b;
-    auto it = upper_bound(b);
+    auto it = upper_bound(*this, b);
     if (it != r_.begin()) --it;
     for (; it != r_.end() && it->first < e; ++it) {
       if (it->second <= at) continue;
@@ -56,13 +56,10 @@ class RangeSet {
 
  private:
   using Ranges = boost::container::small_vector<std::pair<std::size_t, std::size_t>, 4>;
-  /// The first range that starts after b.
-  Ranges::const_iterator upper_bound(std::size_t b) const {
-    return std::upper_bound(r_.begin(), r_.end(), b,
-                            [](std::size_t v, const auto& r) { return v < r.first; });
-  }
-  Ranges::iterator upper_bound(std::size_t b) {
-    return std::upper_bound(r_.begin(), r_.end(), b,
+  /// The first range that starts after b (in r_, const or not).
+  template <typename Self>
+  static auto upper_bound(Self& self, std::size_t b) -> decltype(self.r_.begin()) {
+    return std::upper_bound(self.r_.begin(), self.r_.end(), b,
                             [](std::size_t v, const auto& r) { return v < r.first; });
   }
   Ranges r_;

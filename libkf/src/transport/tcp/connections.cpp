@@ -443,7 +443,7 @@ awaitable<std::error_code> PeerImpl::receive_data(Incoming& in, int peer, const 
     if (it2 != mailbox_.end() && !it2->second.posted.empty() &&
         it2->second.posted.front() == req) {
       it2->second.posted.erase(it2->second.posted.begin());
-      if (it2->second.posted.empty() && it2->second.unexpected.empty()) mailbox_.erase(it2);
+      if (it2->second.empty()) mailbox_.erase(it2);
     }
     req->ev.set(ec ? make_error_code(errc::peer_lost) : std::error_code{});
     co_return ec;
@@ -473,7 +473,7 @@ std::error_code PeerImpl::store_frame(int peer, const MailKey& key,
   if (it != mailbox_.end() && !it->second.posted.empty()) {
     auto req = it->second.posted.front();
     it->second.posted.erase(it->second.posted.begin());
-    if (it->second.posted.empty() && it->second.unexpected.empty()) mailbox_.erase(it);
+    if (it->second.empty()) mailbox_.erase(it);
     if (req->bytes != payload.size()) {
       why = "frame for '" + key.name + "' carries " + std::to_string(payload.size()) +
             " bytes, the receiver expects " + std::to_string(req->bytes);
@@ -837,9 +837,8 @@ bool PeerImpl::write_now(Outgoing& out, SendReq& req) {
   std::array<asio::const_buffer, 3> bufs{asio::buffer(req.header), asio::buffer(req.name),
                                          asio::buffer(req.data, req.bytes)};
   boost::system::error_code ec;
-  if (!out.sock.non_blocking()) out.sock.non_blocking(true, ec);
-  if (ec) return false;
-  const std::size_t n = out.sock.write_some(bufs, ec);  // would_block: nothing written
+  // The socket is in non-blocking mode (run_outgoing): would_block means nothing was written.
+  const std::size_t n = out.sock.write_some(bufs, ec);
   if (n == 0) return false;
   // Some bytes are in the socket: the frame is this connection's next, whatever happens now.
   ++out.socket_frames;
@@ -853,6 +852,10 @@ bool PeerImpl::write_now(Outgoing& out, SendReq& req) {
 awaitable<void> PeerImpl::run_outgoing(std::shared_ptr<Outgoing> out) {
   std::error_code ec = co_await dial(*out);
   out->connected = !ec;
+  // Non-blocking for post_send's own writes (write_now, which it skips should this fail);
+  // Asio's asynchronous operations do not depend on this mode.
+  boost::system::error_code nbec;
+  if (!ec) out->sock.non_blocking(true, nbec);
   while (!ec) {
     while (out->queue.empty() && !out->closed) {
       // Idle: wake up after one heartbeat interval unless a send arrives first.
@@ -936,7 +939,8 @@ std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h, std
   }
   // Straight into the socket while the writer has nothing to do; a frame that does not fit
   // goes on through the writer from where this left it.
-  if (h.type == FrameType::data && out.connected && !out.closed && !out.writing &&
+  if (h.type == FrameType::data && out.connected && out.sock.non_blocking() && !out.closed &&
+      !out.writing &&
       out.queue.empty() && req->bytes <= kWriteNowBytes &&
       !(out.single_copy && req->bytes >= opts_.single_copy_bytes)) {
     if (write_now(out, *req)) {
@@ -986,7 +990,7 @@ std::shared_ptr<RecvReq> PeerImpl::post_recv(MailKey key, std::byte* dst, std::s
     EarlyFrame early = std::move(it->second.unexpected.front());
     it->second.unexpected.erase(it->second.unexpected.begin());
     unexpected_bytes_ -= early.bytes;
-    if (it->second.posted.empty() && it->second.unexpected.empty()) mailbox_.erase(it);
+    if (it->second.empty()) mailbox_.erase(it);
     if (early.bytes != bytes) {
       req->ev.set(make_error_code(errc::protocol_error));
     } else {
@@ -1025,7 +1029,7 @@ void PeerImpl::cancel(const std::shared_ptr<RecvReq>& r, std::error_code ec) {
   if (it != mailbox_.end()) {
     auto& posted = it->second.posted;
     posted.erase(std::remove(posted.begin(), posted.end(), r), posted.end());
-    if (it->second.posted.empty() && it->second.unexpected.empty()) mailbox_.erase(it);
+    if (it->second.empty()) mailbox_.erase(it);
   }
   r->ev.set(ec);
 }
@@ -1099,11 +1103,9 @@ void PeerImpl::break_version(std::error_code ec, const std::string& why) {
     for (auto& r : slot.posted) {
       if (!r->in_progress) r->ev.set(ec);
     }
-    drop_idle(slot.posted);
+    slot.drop_idle();
   }
-  std::erase_if(mailbox_, [](const auto& kv) {
-    return kv.second.posted.empty() && kv.second.unexpected.empty();
-  });
+  std::erase_if(mailbox_, [](const auto& kv) { return kv.second.empty(); });
   std::vector<std::string> lost;
   for (auto& ps : peers_) {
     if (ps.lost) lost.push_back(ps.key);
