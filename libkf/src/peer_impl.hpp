@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -14,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <sys/types.h>
@@ -75,10 +77,14 @@ struct Driver {
   // PeerImpl::rings_asleep). Set once before the I/O thread starts.
   std::function<std::size_t()> poll_rings;
   std::function<bool(bool)> rings_asleep;
-  /// One round of polling: ready handlers and ring records; the number of either run.
+  // The collective lanes whose events were set (PeerImpl::run_woken): no handler runs them,
+  // so whoever runs the context runs them after each handler or ring record.
+  std::function<std::size_t()> run_woken;
+  /// One round of polling: ready handlers, ring records and woken lanes; the number run.
   std::size_t poll_once() {
     std::size_t n = ioc->poll_one();
     if (poll_rings) n += poll_rings();
+    if (run_woken) n += run_woken();
     return n;
   }
   /// Sleeps in epoll until one handler ran, unless a ring has a record waiting.
@@ -95,6 +101,23 @@ struct Driver {
   /// Runs the handlers that are ready now (a collective just submitted: its first sends) on the
   /// calling thread, when nobody else runs the context; otherwise leaves them to whoever does.
   void run_ready();
+  /// Runs `f` (a collective's start) on the calling thread when nobody else runs the context,
+  /// followed by what it made ready (run_ready); otherwise posts it to whoever does.
+  template <typename F>
+  void start(F&& f) {
+    bool ran = false;
+    if (spin().count() > 0 && !closed.load(std::memory_order_relaxed) && mu.try_lock()) {
+      std::lock_guard<std::mutex> held(mu, std::adopt_lock);
+      if (!ioc->stopped()) {
+        f();
+        run_ready_locked();
+        ran = true;
+      }
+    }
+    if (!ran) asio::post(*ioc, std::forward<F>(f));
+  }
+  /// run_ready's work, by a thread that holds `mu`.
+  void run_ready_locked();
 
   // The lease: a waiter that drove leaves the context to user threads for one polling window
   // after it is done. The I/O thread stays parked meanwhile (without holding `mu`), so the next
@@ -134,18 +157,32 @@ struct OpState {
   }
 };
 
-/// A one-shot event on the I/O thread: a timer that is cancelled to signal completion, and
-/// whose expiry doubles as the waiter's deadline.
+struct LaneRun;
+/// Called when an event a lane waits on is set (defined below, after PeerImpl).
+void wake(LaneRun& lane);
+
+/// A one-shot event on the I/O thread. Two kinds of waiter: a running collective's lane, which
+/// is put back on the run queue when the event is set (LaneRun: no coroutine, no timer), and a
+/// coroutine, which waits on the event's timer: it is cancelled to signal completion, and its
+/// expiry doubles as the coroutine's deadline. The timer is made on first use only: most
+/// events are never waited on by a coroutine, and making one costs a lock.
 struct Event {
-  explicit Event(const asio::any_io_executor& ex) : timer(ex, Clock::time_point::max()) {}
-  asio::steady_timer timer;
+  explicit Event(const asio::any_io_executor& e) : ex(e) {}
+  asio::any_io_executor ex;
+  std::optional<asio::steady_timer> timer_;
   bool done = false;
   std::error_code ec;
+  LaneRun* waiter = nullptr;
+  asio::steady_timer& timer() {
+    if (!timer_) timer_.emplace(ex, Clock::time_point::max());
+    return *timer_;
+  }
   void set(std::error_code e) {
     if (done) return;
     done = true;
     ec = e;
-    timer.cancel();
+    if (timer_) timer_->cancel();
+    if (waiter) wake(*std::exchange(waiter, nullptr));
   }
 };
 
@@ -383,6 +420,44 @@ struct PeerState {
   std::uint64_t max_version = 0;
 };
 
+struct CollCtx;
+class PeerImpl;
+
+/// One lane of a running collective: a state machine, not a coroutine, advanced by whichever
+/// thread runs the context (PeerImpl::advance). It posts a step's transfers, waits for them by
+/// registering with one unfinished event at a time (Event::waiter; a set event puts the lane on
+/// PeerImpl::woken_), and reduces what came. A small collective thus costs no coroutine frame,
+/// no resumption through the scheduler, and no timer per wait: deadlines are kept by one timer
+/// for all lanes (PeerImpl::check_deadlines).
+struct LaneRun {
+  PeerImpl* peer = nullptr;
+  CollCtx* coll = nullptr;
+  const coll::Lane* lane = nullptr;
+  std::uint32_t tag = 0;
+  std::size_t step = 0;   // the step being run
+  bool posted = false;    // the step's transfers are posted
+  bool done = false;      // finished (or failed and abandoned)
+  bool failing = false;   // failed: its transfers are being abandoned by a coroutine
+  ScratchPool::Block scratch;
+  const coll::Xfer* stream = nullptr;  // the step's receive reduced on arrival, if any
+  StepVec<std::shared_ptr<SendReq>> sends;
+  StepVec<std::shared_ptr<RecvReq>> recvs;
+  StepVec<int> send_peer, recv_peer;
+  // While waiting: the event, the peer it depends on, and when the wait times out unless
+  // that peer was heard from meanwhile.
+  Event* waiting_on = nullptr;
+  int wait_peer = -1;
+  Clock::time_point deadline{};
+
+  LaneRun() = default;
+  // Moved only while its collective sizes its lanes, before any runs.
+  LaneRun(LaneRun&&) = default;
+  LaneRun& operator=(LaneRun&&) = default;
+  ~LaneRun() {
+    if (waiting_on) waiting_on->waiter = nullptr;
+  }
+};
+
 /// One collective in flight.
 struct CollCtx {
   CollOp op;
@@ -400,6 +475,19 @@ struct CollCtx {
   int rank = 0, size = 1;
   std::chrono::milliseconds timeout{};
   std::shared_ptr<OpState> state;
+
+  // ---- while it runs (PeerImpl::start_collective to PeerImpl::finish_collective) ----
+  std::shared_ptr<const coll::Plan> plan;
+  std::size_t count = 0;                 // elements of the plan's work buffer per rank block
+  std::byte* work = nullptr;             // the plan's work buffer
+  ScratchPool::Block pooled;             // the work buffer when the caller's cannot serve
+  std::array<std::byte, 64> digest{};    // consensus: the work buffer
+  std::byte barrier_byte{1};             // barrier: the work buffer
+  boost::container::small_vector<LaneRun, 1> lanes;  // sized once: lanes do not move
+  std::size_t lanes_left = 0;
+  std::error_code first;  // the first lane failure, and its reason
+  std::string why;
+  std::size_t run_index = 0;  // in PeerImpl::runs_
 
   CollCtx() = default;
   CollCtx(const CollCtx&) = delete;
@@ -537,11 +625,33 @@ class PeerImpl {
   }
   void break_version(std::error_code ec, const std::string& why);
 
-  awaitable<void> run_collective(std::shared_ptr<CollCtx> ctx);
-  awaitable<std::error_code> run_plan(CollCtx& ctx, const coll::Plan& plan, std::byte* work,
-                                      std::string& why);
-  awaitable<std::error_code> run_lane(CollCtx& ctx, const coll::Lane& lane, std::uint32_t tag,
-                                      std::byte* work, std::string& why);
+  // ---- the collective engine (coll/exec/executor.cpp) ----
+  /// Prepares the work buffer and plan of a submitted collective and runs its lanes as far as
+  /// they go without waiting; the rest happens as their events are set. Runs on whichever
+  /// thread holds the context (the submitting one, when it is free).
+  void start_collective(std::shared_ptr<CollCtx> ctx);
+  /// start_collective's first part: the work buffer, the plan and the lanes; completes the
+  /// collective itself when it fails or has nothing to do.
+  void prepare_collective(const std::shared_ptr<CollCtx>& ctx);
+  /// Runs a lane until it must wait, fails, or finishes.
+  void advance(LaneRun& l);
+  /// Posts the current step's transfers.
+  void post_step(LaneRun& l);
+  /// Reduces what the current step received, in plan order.
+  void reduce_step(LaneRun& l);
+  /// Registers the lane as the waiter of `ev` (a transfer with `peer`), with a deadline.
+  void wait_for(LaneRun& l, Event& ev, int peer);
+  /// A lane failed: its transfers are abandoned (a coroutine), then it counts as finished.
+  void fail_lane(LaneRun& l, std::error_code ec, std::string why);
+  void lane_finished(LaneRun& l, std::error_code ec, std::string why);
+  /// Completes the collective once its last lane finished.
+  void finish_collective(CollCtx& c);
+  /// Advances the lanes whose events were set; returns how many ran.
+  std::size_t run_woken();
+  /// Fails the waits whose deadline passed with no word from their peer; re-arms the timer.
+  void check_deadlines();
+  /// Makes the deadline timer fire by `t` at the latest.
+  void arm_deadline(Clock::time_point t);
   /// Cancels a failed step's transfers and waits until none of them touches a buffer.
   awaitable<void> abandon_step(CollCtx& ctx, const StepVec<std::shared_ptr<SendReq>>& sends,
                                const StepVec<int>& send_peer,
@@ -582,6 +692,12 @@ class PeerImpl {
   bool stopping_ = false;
   ScratchPool scratch_;
   PlanCache plans_;
+  // Collectives running (owned here until finished; their lanes point into them), lanes whose
+  // event was set and that wait to be advanced, and the one timer for all lanes' deadlines.
+  std::vector<std::shared_ptr<CollCtx>> runs_;
+  std::vector<LaneRun*> woken_;
+  asio::steady_timer deadline_timer_{ioc_};
+  Clock::time_point deadline_due_ = Clock::time_point::max();  // when it is armed for
   ScratchPool early_pool_{kEarlyPoolBytes};  // blocks of at least kPooledEarlyBytes
   ScratchPool small_early_pool_;             // smaller blocks (kSmallEarlyBytes and up)
   // Written by the I/O thread, read by Peer::transport_stats from any thread.
@@ -598,5 +714,10 @@ class PeerImpl {
   std::condition_variable invite_cv_;
   std::deque<Invitation> invitations_;
 };
+
+inline void wake(LaneRun& lane) {
+  lane.waiting_on = nullptr;
+  lane.peer->woken_.push_back(&lane);
+}
 
 }  // namespace kf::detail

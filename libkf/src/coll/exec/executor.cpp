@@ -42,142 +42,239 @@ bool overlaps(const coll::Xfer& a, const coll::Xfer& b) {
 
 }  // namespace
 
-awaitable<std::error_code> PeerImpl::run_lane(CollCtx& ctx, const coll::Lane& lane,
-                                              std::uint32_t tag, std::byte* work,
-                                              std::string& why) {
-  const DType dt = ctx.send.dtype;
+namespace {
+
+// Copies the parts of [off, off+count) of an out-of-place collective's work buffer that are
+// still only in the send buffer.
+void fill(CollCtx& c, std::size_t es, std::size_t off, std::size_t count) {
+  if (!c.lazy_src) return;
+  c.filled.for_gaps(off, off + count, [&](std::size_t b, std::size_t e) {
+    std::memcpy(c.work + b * es, c.lazy_src + b * es, (e - b) * es);
+  });
+  c.filled.add(off, off + count);
+}
+
+std::string label(const CollCtx& c) { return std::string(to_string(c.op)) + " '" + c.name + "'"; }
+
+}  // namespace
+
+void PeerImpl::post_step(LaneRun& l) {
+  CollCtx& c = *l.coll;
+  const coll::Step& st = l.lane->steps[l.step];
+  const DType dt = c.send.dtype;
   const std::size_t es = dtype_bytes(dt);
-  std::size_t scratch_bytes = 0;
-  for (const auto& st : lane.steps) {
-    std::size_t n = 0;
-    for (const auto& x : st.xfers) {
-      if (x.kind == coll::XferKind::recv_reduce) n += x.count * es;
+  l.sends.clear();
+  l.recvs.clear();
+  l.send_peer.clear();
+  l.recv_peer.clear();
+  // A step's only reduction, into a range no send of the step reads, can reduce on arrival.
+  l.stream = nullptr;
+  int reductions = 0;
+  for (const auto& x : st.xfers) {
+    if (x.kind == coll::XferKind::recv_reduce) {
+      ++reductions;
+      l.stream = &x;
     }
-    scratch_bytes = std::max(scratch_bytes, n);
   }
-  ScratchPool::Block scratch = scratch_.acquire(scratch_bytes);
-  // Copies the parts of [off, off+count) that are still only in the send buffer.
-  auto fill = [&](std::size_t off, std::size_t count) {
-    if (!ctx.lazy_src) return;
-    ctx.filled.for_gaps(off, off + count, [&](std::size_t b, std::size_t e) {
-      std::memcpy(work + b * es, ctx.lazy_src + b * es, (e - b) * es);
-    });
-    ctx.filled.add(off, off + count);
-  };
-  std::error_code result;
-  StepVec<std::shared_ptr<SendReq>> sends;
-  StepVec<std::shared_ptr<RecvReq>> recvs;
-  StepVec<int> send_peer, recv_peer;
-  StepVec<bool> streamed;
-  for (const auto& st : lane.steps) {
-    sends.clear();
-    recvs.clear();
-    send_peer.clear();
-    recv_peer.clear();
-    streamed.clear();
-    // A step's only reduction, into a range no send of the step reads, can reduce on arrival.
-    const coll::Xfer* stream = nullptr;
-    int reductions = 0;
-    for (const auto& x : st.xfers) {
-      if (x.kind == coll::XferKind::recv_reduce) {
-        ++reductions;
-        stream = &x;
-      }
-    }
-    if (reductions != 1 || stream->count * es < kStreamReduceMinBytes) stream = nullptr;
-    for (const auto& x : st.xfers) {
-      if (stream && x.kind == coll::XferKind::send && overlaps(x, *stream)) stream = nullptr;
-    }
-    std::size_t sc = 0;
-    for (const auto& x : st.xfers) {
-      const int peer = (*ctx.rank_to_peer)[static_cast<std::size_t>(x.peer)];
-      std::byte* at = work + x.offset * es;
-      if (x.kind == coll::XferKind::send) {
-        const std::byte* from = at;
-        if (ctx.lazy_src && ctx.filled.disjoint(x.offset, x.offset + x.count)) {
-          from = ctx.lazy_src + x.offset * es;  // untouched so far: send straight from the input
-        } else {
-          fill(x.offset, x.count);
-        }
-        transport::FrameHeader h;
-        h.type = transport::FrameType::data;
-        h.cluster_version = ctx.version;
-        h.tag = tag;
-        h.name_bytes = static_cast<std::uint32_t>(ctx.name.size());
-        h.payload_bytes = x.count * es;
-        sends.push_back(post_send(peer, h, ctx.name, from));
-        send_peer.push_back(peer);
-        continue;
-      }
-      const MailKey key{peer, ctx.version, tag, ctx.name};
-      if (&x == stream) {
-        RecvReq how(ex(), key);
-        how.dtype = dt;
-        how.op = ctx.opts.op;
-        if (ctx.lazy_src && ctx.filled.disjoint(x.offset, x.offset + x.count)) {
-          how.src = ctx.lazy_src + x.offset * es;
-        } else {
-          fill(x.offset, x.count);
-        }
-        recvs.push_back(post_recv(key, at, x.count * es, &how));
-        streamed.push_back(true);
-      } else if (x.kind == coll::XferKind::recv_reduce) {
-        recvs.push_back(post_recv(key, scratch.data.get() + sc, x.count * es));
-        sc += x.count * es;
-        streamed.push_back(false);
+  if (reductions != 1 || l.stream->count * es < kStreamReduceMinBytes) l.stream = nullptr;
+  for (const auto& x : st.xfers) {
+    if (l.stream && x.kind == coll::XferKind::send && overlaps(x, *l.stream)) l.stream = nullptr;
+  }
+  std::size_t sc = 0;
+  for (const auto& x : st.xfers) {
+    const int peer = (*c.rank_to_peer)[static_cast<std::size_t>(x.peer)];
+    std::byte* at = c.work + x.offset * es;
+    if (x.kind == coll::XferKind::send) {
+      const std::byte* from = at;
+      if (c.lazy_src && c.filled.disjoint(x.offset, x.offset + x.count)) {
+        from = c.lazy_src + x.offset * es;  // untouched so far: send straight from the input
       } else {
-        recvs.push_back(post_recv(key, at, x.count * es));
-        streamed.push_back(false);
+        fill(c, es, x.offset, x.count);
       }
-      recv_peer.push_back(peer);
+      transport::FrameHeader h;
+      h.type = transport::FrameType::data;
+      h.cluster_version = c.version;
+      h.tag = l.tag;
+      h.name_bytes = static_cast<std::uint32_t>(c.name.size());
+      h.payload_bytes = x.count * es;
+      l.sends.push_back(post_send(peer, h, c.name, from));
+      l.send_peer.push_back(peer);
+      continue;
     }
-    // A receive whose frame is in a shared-memory ring already is taken now: then it needs no
-    // wait at all (a timer armed, cancelled, and a resumption posted), which for a small
-    // collective costs more than the rest of the step.
-    if (!ring_readers_.empty() &&
-        std::any_of(recvs.begin(), recvs.end(), [](const auto& r) { return !r->ev.done; })) {
-      poll_rings();
+    const MailKey key{peer, c.version, l.tag, c.name};
+    if (&x == l.stream) {
+      RecvReq how(ex(), key);
+      how.dtype = dt;
+      how.op = c.opts.op;
+      if (c.lazy_src && c.filled.disjoint(x.offset, x.offset + x.count)) {
+        how.src = c.lazy_src + x.offset * es;
+      } else {
+        fill(c, es, x.offset, x.count);
+      }
+      l.recvs.push_back(post_recv(key, at, x.count * es, &how));
+    } else if (x.kind == coll::XferKind::recv_reduce) {
+      l.recvs.push_back(post_recv(key, l.scratch.data.get() + sc, x.count * es));
+      sc += x.count * es;
+    } else {
+      l.recvs.push_back(post_recv(key, at, x.count * es));
     }
-    // Wait for everything; the first failure stops the wait.
-    // (What is done already, such as a send that went into a ring, is not waited for at all.)
-    // (An if, not ?:, around co_await: GCC 12 evaluates both arms of a conditional there.)
-    for (std::size_t i = 0; i < recvs.size() && !result; ++i) {
-      Event& ev = recvs[i]->ev;
-      result = ev.ec;
-      if (!ev.done) result = co_await wait_progress(ev, recv_peer[i], ctx.timeout);
-      if (result) why = "receiving from " + peers_[recv_peer[i]].key + ": " + result.message();
+    l.recv_peer.push_back(peer);
+  }
+}
+
+void PeerImpl::reduce_step(LaneRun& l) {
+  // What was received into scratch is reduced in plan order (deterministic); then the ranges
+  // of the work buffer that now hold data are recorded.
+  CollCtx& c = *l.coll;
+  const coll::Step& st = l.lane->steps[l.step];
+  const DType dt = c.send.dtype;
+  const std::size_t es = dtype_bytes(dt);
+  std::size_t sc = 0;
+  for (const auto& x : st.xfers) {
+    if (x.kind == coll::XferKind::send) continue;
+    if (x.kind == coll::XferKind::recv_reduce && &x != l.stream) {
+      std::byte* at = c.work + x.offset * es;
+      if (c.lazy_src && c.filled.disjoint(x.offset, x.offset + x.count)) {
+        reduce_to(at, c.lazy_src + x.offset * es, l.scratch.data.get() + sc, x.count, dt,
+                  c.opts.op);
+      } else {
+        fill(c, es, x.offset, x.count);
+        reduce_into(at, l.scratch.data.get() + sc, x.count, dt, c.opts.op);
+      }
+      sc += x.count * es;
     }
-    for (std::size_t i = 0; i < sends.size() && !result; ++i) {
-      Event& ev = sends[i]->ev;
-      result = ev.ec;
-      if (!ev.done) result = co_await wait_progress(ev, send_peer[i], ctx.timeout);
-      if (result) why = "sending to " + peers_[send_peer[i]].key + ": " + result.message();
-    }
-    if (result) {
-      co_await abandon_step(ctx, sends, send_peer, recvs, recv_peer, result);
-      break;
-    }
-    // Reduce what was received into scratch, in plan order (deterministic), then record which
-    // ranges of the receive buffer now hold data.
-    sc = 0;
-    for (const auto& x : st.xfers) {
-      if (x.kind == coll::XferKind::send) continue;
-      if (x.kind == coll::XferKind::recv_reduce && &x != stream) {
-        std::byte* at = work + x.offset * es;
-        if (ctx.lazy_src && ctx.filled.disjoint(x.offset, x.offset + x.count)) {
-          reduce_to(at, ctx.lazy_src + x.offset * es, scratch.data.get() + sc, x.count, dt,
-                    ctx.opts.op);
-        } else {
-          fill(x.offset, x.count);
-          reduce_into(at, scratch.data.get() + sc, x.count, dt, ctx.opts.op);
+    if (c.lazy_src) c.filled.add(x.offset, x.offset + x.count);
+  }
+}
+
+void PeerImpl::advance(LaneRun& l) {
+  try {
+    const auto& steps = l.lane->steps;
+    while (l.step < steps.size()) {
+      if (!l.posted) {
+        post_step(l);
+        l.posted = true;
+        // A receive whose frame is in a shared-memory ring already is taken now: then it
+        // needs no wait at all.
+        if (!ring_readers_.empty() &&
+            std::any_of(l.recvs.begin(), l.recvs.end(), [](const auto& r) { return !r->ev.done; })) {
+          poll_rings();
         }
-        sc += x.count * es;
       }
-      if (ctx.lazy_src) ctx.filled.add(x.offset, x.offset + x.count);
+      // The first failure fails the lane; the first unfinished transfer is waited for. (What
+      // is done already, such as a send that went into a ring, costs nothing here.)
+      for (std::size_t i = 0; i < l.recvs.size(); ++i) {
+        Event& ev = l.recvs[i]->ev;
+        if (!ev.done) return wait_for(l, ev, l.recv_peer[i]);
+        if (ev.ec) {
+          return fail_lane(l, ev.ec, "receiving from " + peers_[l.recv_peer[i]].key + ": " +
+                                          ev.ec.message());
+        }
+      }
+      for (std::size_t i = 0; i < l.sends.size(); ++i) {
+        Event& ev = l.sends[i]->ev;
+        if (!ev.done) return wait_for(l, ev, l.send_peer[i]);
+        if (ev.ec) {
+          return fail_lane(l, ev.ec,
+                           "sending to " + peers_[l.send_peer[i]].key + ": " + ev.ec.message());
+        }
+      }
+      reduce_step(l);
+      l.posted = false;
+      ++l.step;
+    }
+  } catch (const std::exception& e) {
+    // Nothing here throws but allocation and the like: the collective fails, the peer goes on.
+    KF_LOG(err, "coll", "{} raised: {}", label(*l.coll), e.what());
+    if (l.waiting_on) l.waiting_on->waiter = nullptr;
+    l.waiting_on = nullptr;
+    return fail_lane(l, make_error_code(errc::protocol_error), e.what());
+  }
+  lane_finished(l, {}, {});
+}
+
+void PeerImpl::wait_for(LaneRun& l, Event& ev, int peer) {
+  l.waiting_on = &ev;
+  ev.waiter = &l;
+  l.wait_peer = peer;
+  l.deadline = Clock::now() + l.coll->timeout;
+  arm_deadline(l.deadline);
+}
+
+void PeerImpl::arm_deadline(Clock::time_point t) {
+  if (t >= deadline_due_) return;
+  deadline_due_ = t;
+  deadline_timer_.expires_at(t);
+  deadline_timer_.async_wait([this](boost::system::error_code ec) {
+    if (!ec) check_deadlines();
+  });
+}
+
+// As a coroutine's wait used to: a wait times out once its deadline passed and its peer has
+// been silent (sent nothing, taken nothing) for the collective's timeout.
+void PeerImpl::check_deadlines() {
+  deadline_due_ = Clock::time_point::max();
+  const auto now = Clock::now();
+  auto next = Clock::time_point::max();
+  StepVec<LaneRun*> expired;
+  for (const auto& c : runs_) {
+    for (auto& l : c->lanes) {
+      if (!l.waiting_on) continue;
+      if (l.deadline <= now) {
+        const auto& ps = peers_[static_cast<std::size_t>(l.wait_peer)];
+        const auto last = std::max(ps.last_rx, ps.last_tx) + c->timeout;
+        if (now >= last) {
+          expired.push_back(&l);
+          continue;
+        }
+        l.deadline = last;
+      }
+      next = std::min(next, l.deadline);
     }
   }
-  scratch_.release(std::move(scratch));
-  co_return result;
+  for (LaneRun* l : expired) {
+    const bool recv = std::any_of(l->recvs.begin(), l->recvs.end(),
+                                  [&](const auto& r) { return &r->ev == l->waiting_on; });
+    l->waiting_on->waiter = nullptr;
+    l->waiting_on = nullptr;
+    const auto ec = make_error_code(errc::timeout);
+    const std::string& key = peers_[static_cast<std::size_t>(l->wait_peer)].key;
+    fail_lane(*l, ec, (recv ? "receiving from " : "sending to ") + key + ": " + ec.message());
+  }
+  if (next != Clock::time_point::max()) arm_deadline(next);
+}
+
+std::size_t PeerImpl::run_woken() {
+  if (woken_.empty()) return 0;
+  // Advancing a lane may wake others (its sends and receives, its rings): they are appended
+  // and run in this same pass. A woken lane is unfinished, so its collective is alive.
+  std::size_t i = 0;
+  for (; i < woken_.size(); ++i) advance(*woken_[i]);
+  woken_.clear();
+  return i;
+}
+
+void PeerImpl::fail_lane(LaneRun& l, std::error_code ec, std::string why) {
+  l.failing = true;
+  std::shared_ptr<CollCtx> keep = runs_[l.coll->run_index];
+  asio::co_spawn(
+      ex(),
+      [this, &l, keep = std::move(keep), ec, why = std::move(why)]() mutable -> awaitable<void> {
+        co_await abandon_step(*keep, l.sends, l.send_peer, l.recvs, l.recv_peer, ec);
+        lane_finished(l, ec, std::move(why));
+      },
+      asio::detached);
+}
+
+void PeerImpl::lane_finished(LaneRun& l, std::error_code ec, std::string why) {
+  l.done = true;
+  scratch_.release(std::move(l.scratch));
+  CollCtx& c = *l.coll;
+  if (ec && !c.first) {
+    c.first = ec;
+    c.why = std::move(why);
+  }
+  if (--c.lanes_left == 0) finish_collective(c);
 }
 
 awaitable<void> PeerImpl::abandon_step(CollCtx& ctx,
@@ -203,48 +300,38 @@ awaitable<void> PeerImpl::abandon_step(CollCtx& ctx,
     if (ev.done) co_return;
     if (co_await wait_progress(ev, peer, ctx.timeout)) {
       force_close(peer);
-      ev.timer.expires_at(Clock::time_point::max());
-      while (!ev.done) co_await ev.timer.async_wait(kTuple);
+      ev.timer().expires_at(Clock::time_point::max());
+      while (!ev.done) co_await ev.timer().async_wait(kTuple);
     }
   };
   for (std::size_t i = 0; i < recvs.size(); ++i) co_await drain(recvs[i]->ev, recv_peer[i]);
   for (std::size_t i = 0; i < sends.size(); ++i) co_await drain(sends[i]->ev, send_peer[i]);
 }
 
-awaitable<std::error_code> PeerImpl::run_plan(CollCtx& ctx, const coll::Plan& plan,
-                                              std::byte* work, std::string& why) {
-  if (plan.lanes.empty()) co_return std::error_code{};
-  if (plan.lanes.size() == 1) co_return co_await run_lane(ctx, plan.lanes[0], 0, work, why);
-  // Lanes run concurrently; the collective finishes when the last lane does.
-  std::size_t pending = plan.lanes.size();
-  std::error_code first;
-  Event all_done(ex());
-  std::vector<std::string> whys(plan.lanes.size());
-  for (std::size_t l = 0; l < plan.lanes.size(); ++l) {
-    asio::co_spawn(
-        ex(),
-        [&, l]() -> awaitable<void> {
-          auto ec = co_await run_lane(ctx, plan.lanes[l], static_cast<std::uint32_t>(l), work,
-                                      whys[l]);
-          if (ec && !first) {
-            first = ec;
-            why = whys[l];
-          }
-          if (--pending == 0) all_done.set(first);
-        },
-        asio::detached);
+void PeerImpl::start_collective(std::shared_ptr<CollCtx> ctx) {
+  CollCtx& c = *ctx;
+  try {
+    prepare_collective(ctx);
+  } catch (const std::exception& e) {
+    // Allocation and the like (a bad plan request fails in prepare_collective): the collective
+    // fails, the peer goes on.
+    KF_LOG(err, "coll", "{} raised: {}", label(c), e.what());
+    c.first = make_error_code(errc::protocol_error);
+    c.why = e.what();
+    return finish_collective(c);
   }
-  while (!all_done.done) co_await all_done.timer.async_wait(kTuple);
-  co_return first;
+  if (c.state->ready.load(std::memory_order_relaxed) || c.lanes_left == 0) return;
+  // Lanes run concurrently; the collective finishes when the last lane does. (`ctx` keeps it
+  // alive here even when its last lane finishes in this loop.)
+  for (auto& l : c.lanes) advance(l);
 }
 
-awaitable<void> PeerImpl::run_collective(std::shared_ptr<CollCtx> ctx) {
+void PeerImpl::prepare_collective(const std::shared_ptr<CollCtx>& ctx) {
   CollCtx& c = *ctx;
-  auto label = [&] { return std::string(to_string(c.op)) + " '" + c.name + "'"; };
   if (broken_) {
-    c.state->complete(broken_, label() + ": cluster version " + std::to_string(c.version) +
+    c.state->complete(broken_, label(c) + ": cluster version " + std::to_string(c.version) +
                                    " is broken: " + broken_why_);
-    co_return;
+    return;
   }
   const std::size_t es = dtype_bytes(c.send.dtype);
   const auto p = static_cast<std::size_t>(c.size);
@@ -257,29 +344,23 @@ awaitable<void> PeerImpl::run_collective(std::shared_ptr<CollCtx> ctx) {
   req.max_xfer_count = std::max<std::size_t>(1, opts_.max_frame_bytes / es);
 
   // Prepare the work buffer (see coll/plan/plan.hpp for each operation's layout).
-  std::vector<std::byte> own;  // barrier's one byte
-  // The work buffer when the caller's buffers cannot serve as one: pooled, so that it is not
-  // mapped and page-faulted afresh on every call (a p-times-the-result buffer for reduce-scatter).
-  ScratchPool::Block pooled;
-  std::byte* work = nullptr;
-  std::array<std::byte, 64> digest{};
   switch (c.op) {
     case CollOp::allreduce:
       req.count = c.send.count;
-      work = static_cast<std::byte*>(c.recv.data);
+      c.work = static_cast<std::byte*>(c.recv.data);
       if (c.send.data != c.recv.data && c.send.bytes() > 0) {
         c.lazy_src = static_cast<const std::byte*>(c.send.data);
       }
       break;
     case CollOp::broadcast:
       req.count = c.send.count;
-      work = static_cast<std::byte*>(c.send.data);
+      c.work = static_cast<std::byte*>(c.send.data);
       break;
     case CollOp::allgather:
       req.count = c.send.count;
-      work = static_cast<std::byte*>(c.recv.data);
+      c.work = static_cast<std::byte*>(c.recv.data);
       if (c.send.bytes() > 0) {
-        std::memmove(work + static_cast<std::size_t>(c.rank) * c.send.bytes(), c.send.data,
+        std::memmove(c.work + static_cast<std::size_t>(c.rank) * c.send.bytes(), c.send.data,
                      c.send.bytes());
       }
       break;
@@ -287,13 +368,15 @@ awaitable<void> PeerImpl::run_collective(std::shared_ptr<CollCtx> ctx) {
     case CollOp::reduce_scatter:
       req.count = c.op == CollOp::gather ? c.send.count : c.recv.count;
       if (c.op == CollOp::gather && c.rank == c.opts.root) {
-        work = static_cast<std::byte*>(c.recv.data);
+        c.work = static_cast<std::byte*>(c.recv.data);
       } else {
-        pooled = scratch_.acquire(req.count * p * es);
-        work = pooled.data.get();
+        // Pooled, so that it is not mapped and page-faulted afresh on every call (a
+        // p-times-the-result buffer for reduce-scatter).
+        c.pooled = scratch_.acquire(req.count * p * es);
+        c.work = c.pooled.data.get();
       }
       if (c.op == CollOp::gather && c.send.bytes() > 0) {
-        std::memmove(work + static_cast<std::size_t>(c.rank) * c.send.bytes(), c.send.data,
+        std::memmove(c.work + static_cast<std::size_t>(c.rank) * c.send.bytes(), c.send.data,
                      c.send.bytes());
       } else if (c.op == CollOp::reduce_scatter && c.send.bytes() > 0) {
         // As for an out-of-place allreduce: blocks are sent from, and reduced out of, the send
@@ -303,82 +386,112 @@ awaitable<void> PeerImpl::run_collective(std::shared_ptr<CollCtx> ctx) {
       break;
     case CollOp::barrier:
       req.count = 1;
-      own.assign(1, std::byte{1});
-      work = own.data();
+      c.work = &c.barrier_byte;
       c.send.dtype = DType::u8;
       c.opts.op = ReduceOp::max;
       break;
     case CollOp::consensus:
-      digest = consensus_digest(c.send);
-      req.count = digest.size();
-      work = digest.data();
+      c.digest = consensus_digest(c.send);
+      req.count = c.digest.size();
+      c.work = c.digest.data();
       c.send.dtype = DType::u8;
       c.opts.op = ReduceOp::min;
       break;
   }
+  c.count = req.count;
   req.rd_max_count = coll::kRecursiveDoublingMaxBytes / es;
   req.lanes = coll::default_lanes(c.op, c.algorithm, req.count * es, c.size);
-  std::string why;
-  std::error_code ec;
   try {
-    const std::shared_ptr<const coll::Plan> plan = plans_.get(req);
-    // One lane (every small message) runs in this coroutine: no frame for run_plan. (Not ?:,
-    // see run_lane.)
-    if (plan->lanes.size() == 1) {
-      ec = co_await run_lane(c, plan->lanes[0], 0, work, why);
-    } else {
-      ec = co_await run_plan(c, *plan, work, why);
-    }
+    c.plan = plans_.get(req);
   } catch (const std::invalid_argument& e) {
-    ec = make_error_code(errc::invalid_argument);
-    why = e.what();
+    c.first = make_error_code(errc::invalid_argument);
+    c.why = e.what();
+    return finish_collective(c);
   }
+  const auto& lanes = c.plan->lanes;
+  c.lanes.resize(lanes.size());
+  c.lanes_left = lanes.size();
+  for (std::size_t i = 0; i < lanes.size(); ++i) {
+    LaneRun& l = c.lanes[i];
+    l.peer = this;
+    l.coll = &c;
+    l.lane = &lanes[i];
+    l.tag = static_cast<std::uint32_t>(i);
+    std::size_t scratch_bytes = 0;  // the most any step receives to reduce
+    for (const auto& st : l.lane->steps) {
+      std::size_t n = 0;
+      for (const auto& x : st.xfers) {
+        if (x.kind == coll::XferKind::recv_reduce) n += x.count * es;
+      }
+      scratch_bytes = std::max(scratch_bytes, n);
+    }
+    l.scratch = scratch_.acquire(scratch_bytes);
+  }
+  c.run_index = runs_.size();
+  runs_.push_back(ctx);
+  if (lanes.empty()) finish_collective(c);
+}
+
+void PeerImpl::finish_collective(CollCtx& c) {
+  // The collective leaves runs_ now and is destroyed when `keep` goes, at the end.
+  std::shared_ptr<CollCtx> keep;
+  if (c.run_index < runs_.size() && runs_[c.run_index].get() == &c) {
+    keep = std::move(runs_[c.run_index]);
+    if (c.run_index + 1 != runs_.size()) {
+      runs_[c.run_index] = std::move(runs_.back());
+      runs_[c.run_index]->run_index = c.run_index;
+    }
+    runs_.pop_back();
+  }
+  const std::size_t es = dtype_bytes(c.send.dtype);
+  const auto p = static_cast<std::size_t>(c.size);
+  std::error_code ec = c.first;
   if (!ec) {
     switch (c.op) {
       case CollOp::allreduce:
         if (c.lazy_src) {  // whatever the plan never touched (e.g. a single worker)
-          c.filled.for_gaps(0, req.count, [&](std::size_t b, std::size_t e) {
-            std::memcpy(work + b * es, c.lazy_src + b * es, (e - b) * es);
+          c.filled.for_gaps(0, c.count, [&](std::size_t b, std::size_t e) {
+            std::memcpy(c.work + b * es, c.lazy_src + b * es, (e - b) * es);
           });
         }
-        if (c.opts.op == ReduceOp::avg) finish_avg(work, req.count, c.send.dtype, p);
+        if (c.opts.op == ReduceOp::avg) finish_avg(c.work, c.count, c.send.dtype, p);
         break;
       case CollOp::reduce_scatter:
         if (c.lazy_src) {  // this worker's block, where the plan never wrote it (one worker)
           const std::size_t first = static_cast<std::size_t>(c.rank) * c.recv.count;
           c.filled.for_gaps(first, first + c.recv.count, [&](std::size_t b, std::size_t e) {
-            std::memcpy(work + b * es, c.lazy_src + b * es, (e - b) * es);
+            std::memcpy(c.work + b * es, c.lazy_src + b * es, (e - b) * es);
           });
         }
         if (c.opts.op == ReduceOp::avg) {
-          finish_avg(work + static_cast<std::size_t>(c.rank) * c.recv.bytes(), c.recv.count,
+          finish_avg(c.work + static_cast<std::size_t>(c.rank) * c.recv.bytes(), c.recv.count,
                      c.send.dtype, p);
         }
         if (c.recv.bytes() > 0) {
-          std::memcpy(c.recv.data, work + static_cast<std::size_t>(c.rank) * c.recv.bytes(),
+          std::memcpy(c.recv.data, c.work + static_cast<std::size_t>(c.rank) * c.recv.bytes(),
                       c.recv.bytes());
         }
         break;
       case CollOp::consensus: {
         bool same = true;
-        for (std::size_t i = 0; i < 32; ++i) same = same && (digest[i] == ~digest[32 + i]);
+        for (std::size_t i = 0; i < 32; ++i) same = same && (c.digest[i] == ~c.digest[32 + i]);
         if (c.agreed) *c.agreed = same;
         break;
       }
       default:
         break;
     }
-    scratch_.release(std::move(pooled));
+    scratch_.release(std::move(c.pooled));
     c.state->complete({}, {});
-    co_return;
+    return;
   }
-  scratch_.release(std::move(pooled));
+  scratch_.release(std::move(c.pooled));
   if (ec == make_error_code(errc::timeout) || ec == make_error_code(errc::peer_lost)) {
     if (broken_ && ec != broken_) ec = broken_;
   }
-  const std::string msg = label() + " (" + std::string(to_string(c.algorithm)) + ", v" +
+  const std::string msg = label(c) + " (" + std::string(to_string(c.algorithm)) + ", v" +
                           std::to_string(c.version) + ") failed: " +
-                          (broken_why_.empty() ? why : broken_why_);
+                          (broken_why_.empty() ? c.why : broken_why_);
   KF_LOG(debug, "coll", "{}: {}", identity_, msg);
   c.state->complete(ec, msg);
 }

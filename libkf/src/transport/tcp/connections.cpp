@@ -1038,8 +1038,8 @@ awaitable<std::error_code> PeerImpl::wait_progress(Event& ev, int peer,
                                                    std::chrono::milliseconds timeout) {
   auto deadline = Clock::now() + timeout;
   while (!ev.done) {
-    ev.timer.expires_at(deadline);
-    co_await ev.timer.async_wait(kTuple);
+    ev.timer().expires_at(deadline);
+    co_await ev.timer().async_wait(kTuple);
     if (ev.done) break;
     const auto& ps = peers_[static_cast<std::size_t>(peer)];
     const auto last = std::max(ps.last_rx, ps.last_tx) + timeout;
@@ -1177,8 +1177,8 @@ awaitable<void> PeerImpl::shutdown() {
   const auto deadline = Clock::now() + std::chrono::seconds(2);
   for (auto& b : byes) {
     if (!b->ev.done) {
-      b->ev.timer.expires_at(deadline);
-      co_await b->ev.timer.async_wait(kTuple);
+      b->ev.timer().expires_at(deadline);
+      co_await b->ev.timer().async_wait(kTuple);
     }
   }
   boost::system::error_code ignored;
