@@ -3,7 +3,8 @@
 // libkf/src/peer.cpp) while the I/O thread parks. These tests force polling on, so the
 // hand-over happens whatever the core count, and check that it never lets two threads run the
 // I/O at once (results stay exact; ThreadSanitizer watches the build of suite 'sanitize'), never
-// strands a waiter, and survives the peer being destroyed under a waiting thread.
+// strands a waiter, and survives the peer being destroyed under a waiting thread. Also the
+// collectives' progress deadline, which the waiting lanes share.
 #include "kf/peer.hpp"
 
 #include <gtest/gtest.h>
@@ -132,6 +133,65 @@ INSTANTIATE_TEST_SUITE_P(Loopback, DriverLease,
                          ::testing::Values(std::chrono::microseconds(1000),
                                            std::chrono::microseconds(60'000'000)),
                          [](const auto& tpi) { return std::to_string(tpi.param.count()) + "us"; });
+
+// The progress deadline, kept by one timer for every waiting lane: a collective that a member
+// never joins fails with a timeout once that member has been silent for the collective's
+// timeout, and the message names it. Heartbeats are off, so nothing else could end the wait.
+PeerOptions silent_when_idle() {
+  PeerOptions o = polling(std::chrono::microseconds(200));
+  o.heartbeat_interval = std::chrono::milliseconds(0);
+  o.heartbeat_timeout = std::chrono::milliseconds(0);
+  return o;
+}
+
+TEST(Deadline, ACollectiveASilentMemberNeverJoinsTimesOut) {
+  auto peers = test::make_local_cluster(2, silent_when_idle());
+  int x = 1;
+  CollOptions o;
+  o.timeout = std::chrono::milliseconds(300);
+  const auto start = std::chrono::steady_clock::now();
+  Handle h = peers[0]->allreduce("alone", buffer(&x, 1), buffer(&x, 1), o);
+  const std::error_code ec = h.wait_status();
+  EXPECT_GE(std::chrono::steady_clock::now() - start, o.timeout);
+  EXPECT_EQ(ec, make_error_code(errc::timeout)) << ec.message();
+  EXPECT_NE(h.message().find(peers[1]->endpoint().str()), std::string::npos) << h.message();
+  EXPECT_NE(h.message().find("no progress for 300 ms"), std::string::npos) << h.message();
+}
+
+// A member that is late to a collective but keeps talking meanwhile (other collectives) is
+// waited for: the deadline moves with its last frame, whatever the timeout.
+TEST(Deadline, AMemberThatKeepsTalkingIsWaitedFor) {
+  auto peers = test::make_local_cluster(2, silent_when_idle());
+  CollOptions late_opts;
+  late_opts.timeout = std::chrono::milliseconds(100);
+  std::vector<int> late{1, 2};
+  std::vector<std::error_code> got(2);
+  test::run_all(2, [&](int r) {
+    Peer& p = *peers[static_cast<std::size_t>(r)];
+    Handle h;
+    if (r == 0) h = p.allreduce("late", buffer(&late[0], 1), buffer(&late[0], 1), late_opts);
+    // Rank 0 decides how long the others keep it busy: 5 of the late collective's timeouts.
+    const auto until = std::chrono::steady_clock::now() + 5 * late_opts.timeout;
+    std::error_code& mine = got[static_cast<std::size_t>(r)];
+    for (int i = 0; !mine; ++i) {
+      int more = r == 0 && std::chrono::steady_clock::now() < until ? 1 : 0;
+      CollOptions max;
+      max.op = ReduceOp::max;
+      mine = p.allreduce("talk#" + std::to_string(i), buffer(&more, 1), buffer(&more, 1), max)
+                 .wait_status();
+      if (more == 0) break;
+    }
+    if (r == 1 && !mine) {
+      h = p.allreduce("late", buffer(&late[1], 1), buffer(&late[1], 1), late_opts);
+    }
+    const std::error_code ec = h.wait_status();  // (rank 0's buffer is in use until then)
+    if (!mine) mine = ec;
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(got[static_cast<std::size_t>(r)]) << "rank " << r << ": " << got[static_cast<std::size_t>(r)].message();
+    EXPECT_EQ(late[static_cast<std::size_t>(r)], 3) << "rank " << r;
+  }
+}
 
 }  // namespace
 }  // namespace kf
