@@ -37,6 +37,9 @@ class ShmRing {
   /// The largest record a writer puts in: a quarter of the ring (so several are in flight),
   /// plus room for the record's head and a name.
   static constexpr std::size_t kMaxRecord = kCapacity / 4 + 4096;
+  /// Past this write position a writer goes back to the start when the reader has caught up:
+  /// a reader that keeps up reads the same few pages over and over.
+  static constexpr std::size_t kRewindFrom = std::size_t{64} << 10;
 
   ShmRing(const ShmRing&) = delete;
   ShmRing& operator=(const ShmRing&) = delete;
@@ -101,6 +104,7 @@ class ShmRing {
   bool owner_ = false;    // created it: unlinks the name if the reader never did
   bool linked_ = false;
   std::uint64_t tail_ = 0;  // writer: bytes published; reader: unused
+  std::uint64_t head_seen_ = 0;  // writer: the reader's position when last loaded
   std::uint64_t head_ = 0;  // reader: bytes consumed; writer: unused
   std::uint64_t next_ = 0;  // reader: head_ after the record peek() returned
 };
