@@ -447,7 +447,11 @@ Handle PeerImpl::submit(std::shared_ptr<CollCtx> ctx) {
   ctx->rank_to_peer = rank_to_peer_;
   // Started here when the context is free (the I/O thread parked on a waiter's lease): its first
   // frames leave now, not when the next thread to run the context gets to it.
-  driver_->start([this, ctx = std::move(ctx)]() mutable { start_collective(std::move(ctx)); });
+  driver_->start([this, ctx = std::move(ctx)]() mutable {
+    const std::uint64_t posted = handlers_posted_;
+    start_collective(std::move(ctx));
+    return handlers_posted_ != posted;
+  });
   return h;
 }
 

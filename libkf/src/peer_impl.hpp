@@ -103,14 +103,18 @@ struct Driver {
   void run_ready();
   /// Runs `f` (a collective's start) on the calling thread when nobody else runs the context,
   /// followed by what it made ready (run_ready); otherwise posts it to whoever does.
+  /// `f` returns whether it posted handlers to the context; if not, only the lanes it woke run.
   template <typename F>
   void start(F&& f) {
     bool ran = false;
     if (spin().count() > 0 && !closed.load(std::memory_order_relaxed) && mu.try_lock()) {
       std::lock_guard<std::mutex> held(mu, std::adopt_lock);
       if (!ioc->stopped()) {
-        f();
-        run_ready_locked();
+        if (f()) {
+          run_ready_locked();
+        } else if (run_woken) {
+          run_woken();
+        }
         ran = true;
       }
     }
@@ -696,6 +700,10 @@ class PeerImpl {
   // event was set and that wait to be advanced, and the one timer for all lanes' deadlines.
   std::vector<std::shared_ptr<CollCtx>> runs_;
   std::vector<LaneRun*> woken_;
+  // Counts what this code posts to the context (a writer to wake, a coroutine to start): a
+  // collective's start that posted nothing needs no poll of the context after it, which with
+  // nothing ready would be an epoll_wait system call on the submitting thread.
+  std::uint64_t handlers_posted_ = 0;
   asio::steady_timer deadline_timer_{ioc_};
   Clock::time_point deadline_due_ = Clock::time_point::max();  // when it is armed for
   ScratchPool early_pool_{kEarlyPoolBytes};  // blocks of at least kPooledEarlyBytes

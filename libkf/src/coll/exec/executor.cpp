@@ -256,6 +256,7 @@ std::size_t PeerImpl::run_woken() {
 
 void PeerImpl::fail_lane(LaneRun& l, std::error_code ec, std::string why) {
   l.failing = true;
+  ++handlers_posted_;
   std::shared_ptr<CollCtx> keep = runs_[l.coll->run_index];
   asio::co_spawn(
       ex(),

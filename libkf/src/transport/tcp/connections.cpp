@@ -921,6 +921,7 @@ std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h, std
   if (!ps.out) {
     ps.out = std::make_shared<Outgoing>(ex(), peer);
     asio::co_spawn(ex(), run_outgoing(ps.out), asio::detached);
+    ++handlers_posted_;
   }
   // The shared-memory ring, while the receiver polls and nothing queued for the socket has to
   // go first. The request completes here: its payload is in the ring already.
@@ -952,6 +953,7 @@ std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h, std
   }
   ps.out->queue.push_back(req);
   ps.out->signal.cancel();
+  ++handlers_posted_;
   return req;
 }
 
