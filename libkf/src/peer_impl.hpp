@@ -18,6 +18,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <sys/types.h>
 #include <thread>
 #include <unordered_map>
@@ -197,13 +198,39 @@ struct MailKey {
   std::string name;
   bool operator==(const MailKey&) const = default;
 };
+/// A MailKey whose name is borrowed (from a frame being read, or a ring record): the mailbox is
+/// searched with it without copying the name, which for names past the short-string size
+/// would be an allocation per frame.
+struct MailKeyView {
+  int peer;
+  std::uint64_t version;
+  std::uint32_t tag;
+  std::string_view name;
+  MailKey owned() const { return MailKey{peer, version, tag, std::string(name)}; }
+};
 struct MailKeyHash {
-  std::size_t operator()(const MailKey& k) const noexcept {
-    std::size_t h = std::hash<std::string>{}(k.name);
-    h ^= std::hash<std::uint64_t>{}(k.version + (static_cast<std::uint64_t>(k.peer) << 40) +
-                                    (static_cast<std::uint64_t>(k.tag) << 20)) +
+  using is_transparent = void;
+  static std::size_t mix(std::string_view name, int peer, std::uint64_t version,
+                         std::uint32_t tag) noexcept {
+    std::size_t h = std::hash<std::string_view>{}(name);
+    h ^= std::hash<std::uint64_t>{}(version + (static_cast<std::uint64_t>(peer) << 40) +
+                                    (static_cast<std::uint64_t>(tag) << 20)) +
          0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
     return h;
+  }
+  std::size_t operator()(const MailKey& k) const noexcept {
+    return mix(k.name, k.peer, k.version, k.tag);
+  }
+  std::size_t operator()(const MailKeyView& k) const noexcept {
+    return mix(k.name, k.peer, k.version, k.tag);
+  }
+};
+struct MailKeyEq {
+  using is_transparent = void;
+  template <typename A, typename B>
+  bool operator()(const A& a, const B& b) const noexcept {
+    return a.peer == b.peer && a.version == b.version && a.tag == b.tag &&
+           std::string_view(a.name) == std::string_view(b.name);
   }
 };
 
@@ -585,7 +612,7 @@ class PeerImpl {
   /// or, when none is posted, into the unexpected-message buffer (a copy of `payload`, or
   /// `owned` moved when given; `payload` is then its start, and the caller recycles it when it
   /// was not kept). Returns an error that ends the connection.
-  std::error_code store_frame(int peer, const MailKey& key, std::span<const std::byte> payload,
+  std::error_code store_frame(int peer, const MailKeyView& key, std::span<const std::byte> payload,
                               ScratchPool::Block* owned, std::string& why);
   /// A buffer for a frame that arrives before its receive, and its return once delivered: large
   /// ones are reused, so that they are not mapped afresh (and page-faulted) for every frame.
@@ -596,10 +623,16 @@ class PeerImpl {
                                      const std::byte* data);
   std::shared_ptr<SendReq> post_control(int peer, transport::FrameType t,
                                         std::vector<std::byte> payload);
-  /// Posts a receive; with `reduce` (its src, dtype and op) the payload is reduced into dst on
-  /// arrival instead of copied.
+  /// How a receive reduces its payload into dst on arrival (RecvReq::reduce).
+  struct ReduceOnArrival {
+    const std::byte* src = nullptr;
+    DType dtype = DType::u8;
+    ReduceOp op = ReduceOp::sum;
+  };
+  /// Posts a receive; with `reduce` the payload is reduced into dst on arrival instead of
+  /// copied.
   std::shared_ptr<RecvReq> post_recv(MailKey key, std::byte* dst, std::size_t bytes,
-                                     const RecvReq* reduce = nullptr);
+                                     const ReduceOnArrival* reduce = nullptr);
   void cancel(const std::shared_ptr<SendReq>& r, std::error_code ec);
   void cancel(const std::shared_ptr<RecvReq>& r, std::error_code ec);
   awaitable<std::error_code> wait_progress(Event& ev, int peer, std::chrono::milliseconds timeout);
@@ -688,7 +721,7 @@ class PeerImpl {
 
   std::vector<PeerState> peers_;
   std::unordered_map<std::string, int> peer_by_key_;
-  std::unordered_map<MailKey, Slot, MailKeyHash> mailbox_;
+  std::unordered_map<MailKey, Slot, MailKeyHash, MailKeyEq> mailbox_;
   std::vector<std::shared_ptr<Incoming>> ring_readers_;  // connections with a ring to read
   std::size_t unexpected_bytes_ = 0;
   std::error_code broken_;

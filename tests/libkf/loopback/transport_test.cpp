@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <linux/capability.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -325,6 +327,54 @@ TEST(Transport, FramesThatArriveBeforeTheirReceiveAreKeptAndDelivered) {
       const std::uint64_t early = peers[1]->transport_stats().early_bytes;
       EXPECT_GE(early - early_before, total) << "round " << round;
       early_before = early;
+    }
+  }
+}
+
+// Frames are matched to receives by name without copying the name out of the frame; names
+// longer than a short string (here 1000 bytes, differing only at the end) must still match
+// exactly, whether the frame waits for its receive (kept under its own copy of the name) or
+// the receive waits for it, through the ring, the socket and TCP.
+TEST(Transport, LongNamesMatchWhicheverComesFirst) {
+  for (const Transport t : {Transport::automatic, Transport::tcp}) {
+    SCOPED_TRACE(static_cast<int>(t));
+    auto peers = make_cluster({t, t});
+    const std::vector<std::size_t> sizes = {4, 1000, 70000, 600000};
+    const auto name = [](bool early, std::size_t k) {
+      return std::string(990, early ? 'e' : 'o') + "#" + std::to_string(k);
+    };
+    for (const bool early : {true, false}) {
+      std::vector<std::vector<std::uint8_t>> got;
+      int sync[2] = {1, 1};
+      test::run_all(2, [&](int r) {
+        std::vector<std::vector<std::uint8_t>> bufs;
+        for (std::size_t k = 0; k < sizes.size(); ++k) {
+          bufs.emplace_back(sizes[k], r == 0 ? static_cast<std::uint8_t>(k + 1) : 0);
+        }
+        std::vector<Handle> hs;
+        const auto post = [&] {
+          for (std::size_t k = 0; k < sizes.size(); ++k) {
+            hs.push_back(peers[r]->broadcast(name(early, k), buffer(bufs[k].data(), sizes[k])));
+          }
+        };
+        // Early: rank 0's frames are all in before rank 1 posts (frames between two workers
+        // arrive in order, "sync" last). On time: rank 1 has posted before rank 0 sends.
+        if (r == 0 && early) post();
+        if (r == 1 && !early) post();
+        ASSERT_FALSE(peers[r]->allreduce(early ? "sync-e" : "sync-o", buffer(&sync[r], 1),
+                                         buffer(&sync[r], 1))
+                         .wait_status());
+        if (r == 0 && !early) post();
+        if (r == 1 && early) post();
+        for (auto& h : hs) ASSERT_FALSE(h.wait_status()) << h.message();
+        if (r == 1) got = std::move(bufs);
+      });
+      ASSERT_EQ(got.size(), sizes.size());
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        EXPECT_EQ(std::count(got[k].begin(), got[k].end(), static_cast<std::uint8_t>(k + 1)),
+                  static_cast<std::ptrdiff_t>(sizes[k]))
+            << (early ? "early" : "on time") << ", frame " << k;
+      }
     }
   }
 }

@@ -101,9 +101,9 @@ void PeerImpl::post_step(LaneRun& l) {
       l.send_peer.push_back(peer);
       continue;
     }
-    const MailKey key{peer, c.version, l.tag, c.name};
+    MailKey key{peer, c.version, l.tag, c.name};
     if (&x == l.stream) {
-      RecvReq how(ex(), key);
+      ReduceOnArrival how;
       how.dtype = dt;
       how.op = c.opts.op;
       if (c.lazy_src && c.filled.disjoint(x.offset, x.offset + x.count)) {
@@ -111,12 +111,12 @@ void PeerImpl::post_step(LaneRun& l) {
       } else {
         fill(c, es, x.offset, x.count);
       }
-      l.recvs.push_back(post_recv(key, at, x.count * es, &how));
+      l.recvs.push_back(post_recv(std::move(key), at, x.count * es, &how));
     } else if (x.kind == coll::XferKind::recv_reduce) {
-      l.recvs.push_back(post_recv(key, l.scratch.data.get() + sc, x.count * es));
+      l.recvs.push_back(post_recv(std::move(key), l.scratch.data.get() + sc, x.count * es));
       sc += x.count * es;
     } else {
-      l.recvs.push_back(post_recv(key, at, x.count * es));
+      l.recvs.push_back(post_recv(std::move(key), at, x.count * es));
     }
     l.recv_peer.push_back(peer);
   }

@@ -419,7 +419,7 @@ awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in, std::stri
 awaitable<std::error_code> PeerImpl::receive_data(Incoming& in, int peer, const FrameHeader& h,
                                                   const std::string& name, PayloadSource& src,
                                                   std::string& why) {
-  MailKey key{peer, h.cluster_version, h.tag, name};
+  const MailKeyView key{peer, h.cluster_version, h.tag, name};
   KF_LOG(trace, "transport", "{}: frame '{}' tag {} from {} ({} bytes{})", identity_, name, h.tag,
          peers_[peer].key, h.payload_bytes, src.remote ? ", single copy" : "");
   auto it = mailbox_.find(key);
@@ -471,7 +471,7 @@ awaitable<std::error_code> PeerImpl::receive_data(Incoming& in, int peer, const 
   co_return ec;
 }
 
-std::error_code PeerImpl::store_frame(int peer, const MailKey& key,
+std::error_code PeerImpl::store_frame(int peer, const MailKeyView& key,
                                       std::span<const std::byte> payload,
                                       ScratchPool::Block* owned, std::string& why) {
   auto it = mailbox_.find(key);
@@ -480,7 +480,7 @@ std::error_code PeerImpl::store_frame(int peer, const MailKey& key,
     it->second.posted.erase(it->second.posted.begin());
     if (it->second.empty()) mailbox_.erase(it);
     if (req->bytes != payload.size()) {
-      why = "frame for '" + key.name + "' carries " + std::to_string(payload.size()) +
+      why = "frame for '" + std::string(key.name) + "' carries " + std::to_string(payload.size()) +
             " bytes, the receiver expects " + std::to_string(req->bytes);
       req->ev.set(make_error_code(errc::protocol_error));
       return make_error_code(errc::protocol_error);
@@ -505,7 +505,7 @@ std::error_code PeerImpl::store_frame(int peer, const MailKey& key,
   }
   unexpected_bytes_ += early.bytes;
   Counters::add(counters_.early_bytes, early.bytes);
-  mailbox_[key].unexpected.push_back(std::move(early));
+  mailbox_.try_emplace(key.owned()).first->second.unexpected.push_back(std::move(early));
   return {};
 }
 
@@ -595,7 +595,7 @@ std::size_t PeerImpl::drain_ring(Incoming& in) {
         why = "shared-memory ring record out of order with the socket";
       } else {
         note_version(in.peer, rec.header.cluster_version);
-        MailKey key{in.peer, rec.header.cluster_version, rec.header.tag, std::string(rec.name)};
+        const MailKeyView key{in.peer, rec.header.cluster_version, rec.header.tag, rec.name};
         if (!store_frame(in.peer, key, rec.payload, nullptr, why)) {
           in.ring->pop();
           ++taken;
@@ -980,10 +980,11 @@ std::shared_ptr<SendReq> PeerImpl::post_control(int peer, FrameType t,
 }
 
 std::shared_ptr<RecvReq> PeerImpl::post_recv(MailKey key, std::byte* dst, std::size_t bytes,
-                                             const RecvReq* reduce) {
+                                             const ReduceOnArrival* reduce) {
   KF_LOG(trace, "transport", "{}: post recv '{}' tag {} from {} ({} bytes)", identity_, key.name,
          key.tag, peers_[key.peer].key, bytes);
-  auto req = std::make_shared<RecvReq>(ex(), key);
+  auto req = std::make_shared<RecvReq>(ex(), std::move(key));
+  const MailKey& k = req->key;
   req->dst = dst;
   req->bytes = bytes;
   if (reduce) {
@@ -992,8 +993,9 @@ std::shared_ptr<RecvReq> PeerImpl::post_recv(MailKey key, std::byte* dst, std::s
     req->dtype = reduce->dtype;
     req->op = reduce->op;
   }
-  auto it = mailbox_.find(key);
-  if (it != mailbox_.end() && !it->second.unexpected.empty()) {
+  // One lookup: the slot this receive waits in, or the frame that came before it.
+  auto [it, added] = mailbox_.try_emplace(k);
+  if (!it->second.unexpected.empty()) {
     EarlyFrame early = std::move(it->second.unexpected.front());
     it->second.unexpected.erase(it->second.unexpected.begin());
     unexpected_bytes_ -= early.bytes;
@@ -1007,20 +1009,21 @@ std::shared_ptr<RecvReq> PeerImpl::post_recv(MailKey key, std::byte* dst, std::s
     recycle(std::move(early.block));
     return req;
   }
-  const auto& ps = peers_[static_cast<std::size_t>(key.peer)];
+  const auto& ps = peers_[static_cast<std::size_t>(k.peer)];
+  std::error_code ec;
   if (ps.lost || ps.departed) {
-    req->ev.set(make_error_code(errc::peer_lost));
+    ec = make_error_code(errc::peer_lost);
+  } else if (broken_ && k.version == io_cluster_.version) {
+    ec = broken_;
+  } else if (ps.max_version > k.version) {
+    ec = make_error_code(errc::stale_version);
+  }
+  if (ec) {
+    if (added) mailbox_.erase(it);
+    req->ev.set(ec);
     return req;
   }
-  if (broken_ && key.version == io_cluster_.version) {
-    req->ev.set(broken_);
-    return req;
-  }
-  if (ps.max_version > key.version) {
-    req->ev.set(make_error_code(errc::stale_version));
-    return req;
-  }
-  mailbox_[key].posted.push_back(req);
+  it->second.posted.push_back(req);
   return req;
 }
 
