@@ -467,8 +467,6 @@ struct LaneRun {
   std::uint32_t tag = 0;
   std::size_t step = 0;   // the step being run
   bool posted = false;    // the step's transfers are posted
-  bool done = false;      // finished (or failed and abandoned)
-  bool failing = false;   // failed: its transfers are being abandoned by a coroutine
   ScratchPool::Block scratch;
   const coll::Xfer* stream = nullptr;  // the step's receive reduced on arrival, if any
   StepVec<std::shared_ptr<SendReq>> sends;
@@ -484,8 +482,11 @@ struct LaneRun {
   // Moved only while its collective sizes its lanes, before any runs.
   LaneRun(LaneRun&&) = default;
   LaneRun& operator=(LaneRun&&) = default;
-  ~LaneRun() {
+  ~LaneRun() { stop_waiting(); }
+  /// Leaves the event it waits on, if any, without being woken by it.
+  void stop_waiting() noexcept {
     if (waiting_on) waiting_on->waiter = nullptr;
+    waiting_on = nullptr;
   }
 };
 
@@ -618,6 +619,10 @@ class PeerImpl {
   /// ones are reused, so that they are not mapped afresh (and page-faulted) for every frame.
   ScratchPool::Block early_block(std::size_t bytes);
   void recycle(ScratchPool::Block b);
+  /// The pool that early frames of this size take their blocks from.
+  ScratchPool& early_pool_for(std::size_t bytes) {
+    return bytes >= kPooledEarlyBytes ? early_pool_ : small_early_pool_;
+  }
 
   std::shared_ptr<SendReq> post_send(int peer, const transport::FrameHeader& h, std::string name,
                                      const std::byte* data);
@@ -678,8 +683,11 @@ class PeerImpl {
   void reduce_step(LaneRun& l);
   /// Registers the lane as the waiter of `ev` (a transfer with `peer`), with a deadline.
   void wait_for(LaneRun& l, Event& ev, int peer);
-  /// A lane failed: its transfers are abandoned (a coroutine), then it counts as finished.
+  /// A lane failed (it stops waiting): its transfers are abandoned (a coroutine), then it
+  /// counts as finished.
   void fail_lane(LaneRun& l, std::error_code ec, std::string why);
+  /// Fails the lane for its transfer with `peer` (a receive or a send).
+  void fail_transfer(LaneRun& l, bool recv, int peer, std::error_code ec);
   void lane_finished(LaneRun& l, std::error_code ec, std::string why);
   /// Completes the collective once its last lane finished.
   void finish_collective(CollCtx& c);

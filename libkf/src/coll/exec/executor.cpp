@@ -166,18 +166,12 @@ void PeerImpl::advance(LaneRun& l) {
       for (std::size_t i = 0; i < l.recvs.size(); ++i) {
         Event& ev = l.recvs[i]->ev;
         if (!ev.done) return wait_for(l, ev, l.recv_peer[i]);
-        if (ev.ec) {
-          return fail_lane(l, ev.ec, "receiving from " + peers_[l.recv_peer[i]].key + ": " +
-                                          ev.ec.message());
-        }
+        if (ev.ec) return fail_transfer(l, true, l.recv_peer[i], ev.ec);
       }
       for (std::size_t i = 0; i < l.sends.size(); ++i) {
         Event& ev = l.sends[i]->ev;
         if (!ev.done) return wait_for(l, ev, l.send_peer[i]);
-        if (ev.ec) {
-          return fail_lane(l, ev.ec,
-                           "sending to " + peers_[l.send_peer[i]].key + ": " + ev.ec.message());
-        }
+        if (ev.ec) return fail_transfer(l, false, l.send_peer[i], ev.ec);
       }
       reduce_step(l);
       l.posted = false;
@@ -186,8 +180,6 @@ void PeerImpl::advance(LaneRun& l) {
   } catch (const std::exception& e) {
     // Nothing here throws but allocation and the like: the collective fails, the peer goes on.
     KF_LOG(err, "coll", "{} raised: {}", label(*l.coll), e.what());
-    if (l.waiting_on) l.waiting_on->waiter = nullptr;
-    l.waiting_on = nullptr;
     return fail_lane(l, make_error_code(errc::protocol_error), e.what());
   }
   lane_finished(l, {}, {});
@@ -235,11 +227,7 @@ void PeerImpl::check_deadlines() {
   for (LaneRun* l : expired) {
     const bool recv = std::any_of(l->recvs.begin(), l->recvs.end(),
                                   [&](const auto& r) { return &r->ev == l->waiting_on; });
-    l->waiting_on->waiter = nullptr;
-    l->waiting_on = nullptr;
-    const auto ec = make_error_code(errc::timeout);
-    const std::string& key = peers_[static_cast<std::size_t>(l->wait_peer)].key;
-    fail_lane(*l, ec, (recv ? "receiving from " : "sending to ") + key + ": " + ec.message());
+    fail_transfer(*l, recv, l->wait_peer, make_error_code(errc::timeout));
   }
   if (next != Clock::time_point::max()) arm_deadline(next);
 }
@@ -254,8 +242,14 @@ std::size_t PeerImpl::run_woken() {
   return i;
 }
 
+void PeerImpl::fail_transfer(LaneRun& l, bool recv, int peer, std::error_code ec) {
+  fail_lane(l, ec,
+            (recv ? "receiving from " : "sending to ") +
+                peers_[static_cast<std::size_t>(peer)].key + ": " + ec.message());
+}
+
 void PeerImpl::fail_lane(LaneRun& l, std::error_code ec, std::string why) {
-  l.failing = true;
+  l.stop_waiting();
   ++handlers_posted_;
   std::shared_ptr<CollCtx> keep = runs_[l.coll->run_index];
   asio::co_spawn(
@@ -268,7 +262,6 @@ void PeerImpl::fail_lane(LaneRun& l, std::error_code ec, std::string why) {
 }
 
 void PeerImpl::lane_finished(LaneRun& l, std::error_code ec, std::string why) {
-  l.done = true;
   scratch_.release(std::move(l.scratch));
   CollCtx& c = *l.coll;
   if (ec && !c.first) {

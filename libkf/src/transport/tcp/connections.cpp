@@ -510,17 +510,10 @@ std::error_code PeerImpl::store_frame(int peer, const MailKeyView& key,
 }
 
 ScratchPool::Block PeerImpl::early_block(std::size_t bytes) {
-  if (bytes < kPooledEarlyBytes) return small_early_pool_.acquire(std::max(bytes, kSmallEarlyBytes));
-  return early_pool_.acquire(bytes);
+  return early_pool_for(bytes).acquire(std::max(bytes, kSmallEarlyBytes));
 }
 
-void PeerImpl::recycle(ScratchPool::Block b) {
-  if (b.bytes >= kPooledEarlyBytes) {
-    early_pool_.release(std::move(b));
-  } else {
-    small_early_pool_.release(std::move(b));
-  }
-}
+void PeerImpl::recycle(ScratchPool::Block b) { early_pool_for(b.bytes).release(std::move(b)); }
 
 // ---- shared-memory rings ----------------------------------------------------------------------
 
