@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <limits>
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
 
@@ -31,6 +32,16 @@ constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
 // (kf-bench, in turn: 4 MiB 3.7-4.1 -> 2.6-3.4 ms, 16 MiB 15.8-16.1 -> 10.9-14.0 ms) and no
 // slower with 4 workers or over the same-host socket. Even at 100 MB/s a chunk takes 40 ms.
 constexpr std::size_t kProgressChunk = std::size_t{4} << 20;
+// Asio's async_write hands the socket at most 64 KiB per system call (transfer_all's default).
+// Over loopback TCP, whose segments carry up to 65483 bytes, every such write went out as one
+// full segment and a 53-byte one: twice the segments, and a system call per 64 KiB. This
+// condition gives the kernel all that is left, which it cuts into full segments itself.
+struct AllAtOnce {
+  std::size_t operator()(const boost::system::error_code& ec, std::size_t) const noexcept {
+    return ec ? 0 : std::numeric_limits<std::size_t>::max();
+  }
+};
+
 // Data frames up to this size are written by post_send itself when the connection's writer is
 // idle (PeerImpl::write_now); larger ones always go through the writer coroutine.
 constexpr std::size_t kWriteNowBytes = 64 * 1024;
@@ -780,7 +791,7 @@ awaitable<std::error_code> PeerImpl::write_frame(Outgoing& out, SendReq& req) {
     for (std::size_t i = 0; i < addr.size(); ++i) addr[i] = static_cast<std::byte>(a >> (8 * i));
     std::array<asio::const_buffer, 3> bufs{asio::buffer(hb), asio::buffer(req.name),
                                            asio::buffer(addr)};
-    auto [wec, n] = co_await asio::async_write(out.sock, bufs, kTuple);
+    auto [wec, n] = co_await asio::async_write(out.sock, bufs, AllAtOnce{}, kTuple);
     touch();
     if (wec) co_return to_std(wec);
     std::uint8_t reply = 0;
@@ -812,14 +823,15 @@ awaitable<std::error_code> PeerImpl::write_frame(Outgoing& out, SendReq& req) {
       b += k;
       skip -= k;
     }
-    auto [wec, n] = co_await asio::async_write(out.sock, bufs, kTuple);
+    auto [wec, n] = co_await asio::async_write(out.sock, bufs, AllAtOnce{}, kTuple);
     ec = wec;
     touch();
   }
   // The rest of the payload, a chunk at a time, so that a long write shows progress (last_tx).
   while (!ec && done < req.bytes) {
     const std::size_t len = std::min(req.bytes - done, kProgressChunk);
-    auto [wec, n] = co_await asio::async_write(out.sock, asio::buffer(data + done, len), kTuple);
+    auto [wec, n] =
+        co_await asio::async_write(out.sock, asio::buffer(data + done, len), AllAtOnce{}, kTuple);
     ec = wec;
     done += len;
     touch();
