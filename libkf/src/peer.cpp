@@ -337,6 +337,7 @@ void PeerImpl::update(const Cluster& c) {
   std::size_t local = 0;
   for (const auto& w : c.workers) local += on_this_host(w.endpoint) ? 1 : 0;
   const bool crowded = local > std::max(1u, std::thread::hardware_concurrency());
+  same_host_link_ = opts_.transport == Transport::automatic && local == c.workers.size();
   const auto spin = opts_.spin ? *opts_.spin : crowded ? kCrowdedSpin : kSpin;
   driver_->spin_us.store(spin.count(), std::memory_order_relaxed);
   driver_->yield.store(crowded, std::memory_order_relaxed);
@@ -380,12 +381,16 @@ Algorithm PeerImpl::resolve(CollOp op, Algorithm a, std::size_t bytes) const noe
     int p = 0;
     std::size_t bytes = 0;
     Algorithm a;
+    bool same_host = false;
   };
   thread_local std::array<Memo, 16> memo{};
-  Memo& m = memo[(bytes * 31 + static_cast<std::size_t>(p) * 7 + static_cast<std::size_t>(op)) %
+  const bool local = same_host_link_;
+  Memo& m = memo[(bytes * 31 + static_cast<std::size_t>(p) * 7 + static_cast<std::size_t>(op) +
+                  (local ? 3 : 0)) %
                  memo.size()];
-  if (m.p != p || m.bytes != bytes || m.op != op) {
-    m = Memo{op, p, bytes, coll::choose(op, bytes, p, coll::LinkParams{})};
+  if (m.p != p || m.bytes != bytes || m.op != op || m.same_host != local) {
+    m = Memo{op, p, bytes,
+             coll::choose(op, bytes, p, local ? coll::kSameHostLink : coll::LinkParams{}), local};
   }
   return m.a;
 }

@@ -429,6 +429,28 @@ TEST(CostModel, DefaultLinkIsLoopbackOrderOfMagnitude) {
   expect_rel(1.0 / link.gamma_s_per_byte, 5e9);
 }
 
+// The same-host link moves ring's crossover with recursive doubling down to tens of KiB. Two
+// workers: ring 2α + nβ + 0.5nγ against α + nβ + nγ, so n = 2α/γ = 40 KB. Four: ring 6α +
+// 1.5nβ + 0.75nγ against 2α + 2nβ + 2nγ, so n = 4α/(0.5β + 1.25γ) = 45.7 KB. Over the default
+// link the same crossovers lie at 150 KB and 133 KB.
+TEST(CostModel, SameHostLinkPicksTheRingFromTensOfKiB) {
+  constexpr std::size_t KiB = 1024;
+  for (int p : {2, 4}) {
+    EXPECT_EQ(choose(CollOp::allreduce, 4, p, kSameHostLink), Algorithm::rhd) << p;
+    EXPECT_EQ(choose(CollOp::allreduce, 16 * KiB, p, kSameHostLink), Algorithm::rhd) << p;
+    EXPECT_EQ(choose(CollOp::allreduce, 64 * KiB, p, kSameHostLink), Algorithm::ring) << p;
+    EXPECT_EQ(choose(CollOp::allreduce, 64 * KiB, p, LinkParams{}), Algorithm::rhd) << p;
+  }
+  const auto ring = allreduce_coefficients(AllreduceModel::ring, 2);
+  const auto rd = allreduce_coefficients(AllreduceModel::recursive_doubling, 2);
+  const auto x = crossover_bytes(ring, rd, kSameHostLink);
+  ASSERT_TRUE(x.has_value());
+  expect_rel(*x, 40e3);
+  // Above 64 KiB rhd runs halving-doubling, whose latency term is below the ring's: 4 workers
+  // take it there on either link.
+  EXPECT_EQ(choose(CollOp::allreduce, 1024 * KiB, 4, kSameHostLink), Algorithm::rhd);
+}
+
 TEST(CostModelDeathTest, RejectsNonPositiveRankCount) {
   EXPECT_DEATH(allreduce_coefficients(AllreduceModel::ring, 0), "p must be at least 1");
   EXPECT_DEATH(coefficients(CollOp::allreduce, Algorithm::auto_select, 4), "concrete algorithm");

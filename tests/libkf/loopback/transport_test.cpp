@@ -385,6 +385,24 @@ TEST(Transport, LongNamesMatchWhicheverComesFirst) {
 // against addresses nobody listens on (with a minute's connect timeout); leaving used to wait
 // 2 s for each of their goodbyes, until the destructor gave up after 5 s. Their handles must
 // fail, not hang.
+// `auto` prices messages by the same-host link only where every worker is on this host and
+// the default transport carries them (rings, single copy); over TCP it keeps the default link.
+TEST(Transport, AutoPricesMessagesByTheTransport) {
+  using T = Transport;
+  constexpr std::size_t k64 = 64 * 1024;
+  auto local = make_cluster({T::automatic, T::automatic});
+  auto tcp = make_cluster({T::tcp, T::tcp});
+  auto sock = make_cluster({T::unix_socket, T::unix_socket});
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(local[r]->resolve(CollOp::allreduce, Algorithm::auto_select, k64), Algorithm::ring);
+    EXPECT_EQ(local[r]->resolve(CollOp::allreduce, Algorithm::auto_select, 4), Algorithm::rhd);
+    EXPECT_EQ(tcp[r]->resolve(CollOp::allreduce, Algorithm::auto_select, k64), Algorithm::rhd);
+    EXPECT_EQ(sock[r]->resolve(CollOp::allreduce, Algorithm::auto_select, k64), Algorithm::rhd);
+    // An explicit choice is never second-guessed.
+    EXPECT_EQ(local[r]->resolve(CollOp::allreduce, Algorithm::tree, k64), Algorithm::tree);
+  }
+}
+
 TEST(Transport, LeavingDoesNotWaitForPeersStillBeingDialled) {
   PeerOptions o;
   o.job_token = "test-token";

@@ -33,6 +33,15 @@ struct LinkParams {
   double gamma_s_per_byte = 1.0 / 5e9;   ///< reduction time per byte
 };
 
+/// The link `auto` assumes between workers that all share one host and kf's default transport
+/// (shared-memory rings up to 1 MiB, single copy above): a message costs about a quarter of a
+/// loopback TCP one. Measured with kf-bench on 2 cores (2026-11-25): ring and recursive
+/// doubling cross at 32-64 KiB there (2 workers at 64 KiB: ring 19.5-19.8 µs, recursive
+/// doubling 22.0-22.4 µs; 4 workers at 32 KiB: 41-42 against 47-52 µs), where over TCP
+/// recursive doubling still leads at 64 KiB (2 workers 35-36 against 42-43 µs), as the default
+/// LinkParams predict.
+inline constexpr LinkParams kSameHostLink{4e-6, 1.0 / 5e9, 1.0 / 5e9};
+
 /// T(n) = latency·α + bandwidth·n·β + reduction·n·γ. latency counts sequential messages;
 /// bandwidth and reduction count the bytes, in units of n, on the critical path.
 struct CostCoefficients {
