@@ -14,9 +14,12 @@
 
 #include <spdlog/sinks/ostream_sink.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include "kf/common/log.hpp"
 #include "support/local_cluster.hpp"
@@ -220,6 +223,59 @@ TEST(Robustness, BadSingleCopyFramesCloseTheConnection) {
             std::string::npos) << text;
   EXPECT_NE(text.find("single-copy frame names memory its sender does not have"),
             std::string::npos) << text;
+}
+
+// Two small data frames in one write, so the second is parsed straight from the receiver's
+// read-ahead buffer: a true one is delivered into the allreduce that asks for it, and one that
+// carries fewer bytes than its receive expects fails that allreduce and nothing else.
+TEST(Robustness, SmallFramesFromTheReadAheadBufferAreDeliveredOrRefused) {
+  auto peers = test::make_local_cluster(2);
+  allreduce_works(peers, "before");
+  int s = connect_to(peers[0]->endpoint());
+  ASSERT_GE(s, 0);
+  ASSERT_TRUE(authenticate(s, peers[1]->endpoint().str()));  // as rank 1
+
+  constexpr std::size_t kCount = 100;
+  std::vector<char> wire;
+  auto add_frame = [&](const std::string& name, std::size_t bytes, std::int32_t value) {
+    transport::FrameHeader d;
+    d.type = transport::FrameType::data;
+    d.cluster_version = 1;
+    d.tag = 0;
+    d.name_bytes = static_cast<std::uint32_t>(name.size());
+    d.payload_bytes = bytes;
+    const auto hb = transport::encode(d);
+    wire.insert(wire.end(), reinterpret_cast<const char*>(hb.data()),
+                reinterpret_cast<const char*>(hb.data()) + hb.size());
+    wire.insert(wire.end(), name.begin(), name.end());
+    for (std::size_t i = 0; i < bytes / sizeof value; ++i) {
+      wire.insert(wire.end(), reinterpret_cast<const char*>(&value),
+                  reinterpret_cast<const char*>(&value) + sizeof value);
+    }
+  };
+  add_frame("truth", kCount * sizeof(std::int32_t), 7);
+  add_frame("lie", 8, 7);
+  ASSERT_EQ(send(s, wire.data(), wire.size(), 0), static_cast<ssize_t>(wire.size()));
+  // Both frames wait in peer 0's mailbox before anything asks for them.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (peers[0]->transport_stats().early_bytes < kCount * sizeof(std::int32_t) + 8 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(peers[0]->transport_stats().early_bytes, kCount * sizeof(std::int32_t) + 8);
+
+  // Recursive doubling: one exchange of the whole buffer with rank 1, i.e. with these frames.
+  CollOptions o;
+  o.algorithm = Algorithm::rhd;
+  std::vector<std::int32_t> v(kCount, 1);
+  peers[0]->allreduce("truth", buffer(v.data(), kCount), buffer(v.data(), kCount), o).wait();
+  EXPECT_EQ(v.front(), 8);
+  EXPECT_EQ(v.back(), 8);
+  std::vector<std::int32_t> w(kCount, 1);
+  const Handle lie = peers[0]->allreduce("lie", buffer(w.data(), kCount), buffer(w.data(), kCount), o);
+  EXPECT_THROW(lie.wait(), Error);
+  EXPECT_EQ(w.front(), 1);  // nothing delivered
+  close(s);
 }
 
 // Offers a shared-memory ring named `name`; returns the acceptor's one-byte answer (0 if none).

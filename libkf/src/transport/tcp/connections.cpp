@@ -323,7 +323,17 @@ awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in, std::stri
       break;
     }
     note_version(peer, h.cluster_version);
-    if (h.type == FrameType::data) {
+    if (h.type == FrameType::data && (h.flags & transport::kFlagRemote) == 0 &&
+        in->end - in->begin >= h.name_bytes + h.payload_bytes) {
+      // The whole frame is in the read-ahead buffer already (a small frame usually arrives in
+      // one piece): delivered from there, without the coroutine calls of the general path
+      // (about a third of the instructions a 4-byte frame cost over TCP).
+      const std::byte* at = in->buf.data() + in->begin;
+      const MailKeyView key{peer, h.cluster_version, h.tag,
+                            std::string_view(reinterpret_cast<const char*>(at), h.name_bytes)};
+      in->begin += h.name_bytes + h.payload_bytes;
+      if ((ec = store_frame(peer, key, {at + h.name_bytes, h.payload_bytes}, nullptr, why))) break;
+    } else if (h.type == FrameType::data) {
       name.resize(h.name_bytes);
       if ((ec = co_await read_exact(*in, reinterpret_cast<std::byte*>(name.data()), name.size()))) {
         break;
