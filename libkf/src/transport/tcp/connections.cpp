@@ -332,6 +332,8 @@ awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in, std::stri
       const MailKeyView key{peer, h.cluster_version, h.tag,
                             std::string_view(reinterpret_cast<const char*>(at), h.name_bytes)};
       in->begin += h.name_bytes + h.payload_bytes;
+      KF_LOG(trace, "transport", "{}: frame '{}' tag {} from {} ({} bytes, read ahead)", identity_,
+             key.name, h.tag, peers_[peer].key, h.payload_bytes);
       if ((ec = store_frame(peer, key, {at + h.name_bytes, h.payload_bytes}, nullptr, why))) break;
     } else if (h.type == FrameType::data) {
       name.resize(h.name_bytes);
