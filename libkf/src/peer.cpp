@@ -11,6 +11,7 @@
 #include "kf/coll/cost_model.hpp"
 #include "kf/common/env.hpp"
 #include "kf/common/log.hpp"
+#include "common/cores.hpp"
 #include "peer_impl.hpp"
 
 namespace kf {
@@ -336,7 +337,7 @@ void PeerImpl::update(const Cluster& c) {
   // turn it is gets it (pause-polling there measured slower than sleeping; yield-polling faster).
   std::size_t local = 0;
   for (const auto& w : c.workers) local += on_this_host(w.endpoint) ? 1 : 0;
-  const bool crowded = local > std::max(1u, std::thread::hardware_concurrency());
+  const bool crowded = local > usable_cores();
   same_host_link_ = opts_.transport == Transport::automatic && local == c.workers.size();
   const auto spin = opts_.spin ? *opts_.spin : crowded ? kCrowdedSpin : kSpin;
   driver_->spin_us.store(spin.count(), std::memory_order_relaxed);

@@ -7,6 +7,8 @@
 // collectives' progress deadline, which the waiting lanes share.
 #include "kf/peer.hpp"
 
+#include <sched.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/cores.hpp"
 #include "support/local_cluster.hpp"
 
 namespace kf {
@@ -142,6 +145,26 @@ PeerOptions silent_when_idle() {
   o.heartbeat_interval = std::chrono::milliseconds(0);
   o.heartbeat_timeout = std::chrono::milliseconds(0);
   return o;
+}
+
+// Whether a host's workers outnumber its cores is judged by the cores this process may use (its
+// affinity mask), not the machine's: two workers held to one core must yield while they poll.
+TEST(Driver, CoresAreCountedFromTheAffinityMask) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  EXPECT_EQ(detail::usable_cores(), static_cast<unsigned>(CPU_COUNT(&allowed)));
+  int first = 0;
+  while (!CPU_ISSET(first, &allowed)) ++first;
+  unsigned seen = 0;
+  std::thread held([&] {  // a thread of its own, so that this one keeps its mask
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    if (sched_setaffinity(0, sizeof one, &one) == 0) seen = detail::usable_cores();
+  });
+  held.join();
+  EXPECT_EQ(seen, 1u);
 }
 
 TEST(Deadline, ACollectiveASilentMemberNeverJoinsTimesOut) {
