@@ -326,8 +326,8 @@ awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in, std::stri
     if (h.type == FrameType::data && (h.flags & transport::kFlagRemote) == 0 &&
         in->end - in->begin >= h.name_bytes + h.payload_bytes) {
       // The whole frame is in the read-ahead buffer already (a small frame usually arrives in
-      // one piece): delivered from there, without the coroutine calls of the general path
-      // (about a third of the instructions a 4-byte frame cost over TCP).
+      // one piece): delivered from there, without the four coroutine calls of the general path
+      // (1.9k of the 14.6k instructions a 4-byte allreduce cost over TCP, callgrind).
       const std::byte* at = in->buf.data() + in->begin;
       const MailKeyView key{peer, h.cluster_version, h.tag,
                             std::string_view(reinterpret_cast<const char*>(at), h.name_bytes)};
