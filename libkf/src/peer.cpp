@@ -386,8 +386,7 @@ Algorithm PeerImpl::resolve(CollOp op, Algorithm a, std::size_t bytes) const noe
   };
   thread_local std::array<Memo, 16> memo{};
   const bool local = same_host_link_;
-  Memo& m = memo[(bytes * 31 + static_cast<std::size_t>(p) * 7 + static_cast<std::size_t>(op) +
-                  (local ? 3 : 0)) %
+  Memo& m = memo[(bytes * 31 + static_cast<std::size_t>(p) * 7 + static_cast<std::size_t>(op)) %
                  memo.size()];
   if (m.p != p || m.bytes != bytes || m.op != op || m.same_host != local) {
     m = Memo{op, p, bytes,
