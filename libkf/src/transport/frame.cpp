@@ -1,26 +1,41 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "transport/frame.hpp"
 
+#include <bit>
 #include <cstdio>
+#include <cstring>
 
 namespace kf::transport {
 
 namespace {
 
+// Little-endian fields. On a little-endian host each is one load or store (a header is encoded
+// and decoded for every frame, and the byte loops cost more than the rest of a small frame's
+// bookkeeping there).
 template <typename T>
 void put(HeaderBytes& b, std::size_t at, T v) noexcept {
-  for (std::size_t i = 0; i < sizeof(T); ++i) {
-    b[at + i] = static_cast<std::byte>((static_cast<std::uint64_t>(v) >> (8 * i)) & 0xffu);
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(b.data() + at, &v, sizeof(T));
+  } else {
+    for (std::size_t i = 0; i < sizeof(T); ++i) {
+      b[at + i] = static_cast<std::byte>((static_cast<std::uint64_t>(v) >> (8 * i)) & 0xffu);
+    }
   }
 }
 
 template <typename T>
 T get(const HeaderBytes& b, std::size_t at) noexcept {
-  std::uint64_t v = 0;
-  for (std::size_t i = 0; i < sizeof(T); ++i) {
-    v |= static_cast<std::uint64_t>(b[at + i]) << (8 * i);
+  if constexpr (std::endian::native == std::endian::little) {
+    T v;
+    std::memcpy(&v, b.data() + at, sizeof(T));
+    return v;
+  } else {
+    std::uint64_t v = 0;
+    for (std::size_t i = 0; i < sizeof(T); ++i) {
+      v |= static_cast<std::uint64_t>(b[at + i]) << (8 * i);
+    }
+    return static_cast<T>(v);
   }
-  return static_cast<T>(v);
 }
 
 }  // namespace
