@@ -27,6 +27,9 @@ std::error_code Handle::wait_status() const noexcept {
   // Run the I/O on this thread while waiting (detail::Driver); then, or if that could not be
   // arranged, sleep until the collective completes.
   if (state_->driver) state_->driver->drive_until(*state_);
+  // Done (the usual case after driving): `ec` was written before `ready` was set and is never
+  // written again, so it is read without the lock.
+  if (state_->ready.load(std::memory_order_acquire)) return state_->ec;
   std::unique_lock<std::mutex> lk(state_->mu);
   state_->cv.wait(lk, [&] { return state_->done_; });
   return state_->ec;
@@ -101,15 +104,15 @@ void Driver::drive_until(const OpState& s) {
     while (!s.ready.load(std::memory_order_acquire)) {
       if (mu.try_lock()) {
         std::lock_guard<std::mutex> held(mu, std::adopt_lock);
-        auto last_work = Clock::now();
+        IdleWindow idle;
         while (!s.ready.load(std::memory_order_acquire) && !ioc->stopped()) {
           if (poll_once() > 0) {
-            last_work = Clock::now();
-          } else if (Clock::now() - last_work < spin) {
+            idle.worked();
+          } else if (idle.within(spin)) {
             relax();
           } else {
             block_once();
-            last_work = Clock::now();
+            idle.worked();
           }
         }
         // One polling window, but never long: a job that polls for seconds (KF_SPIN_US) must
@@ -185,6 +188,10 @@ PeerImpl::PeerImpl(PeerOptions opts)
       acceptor_(ioc_),
       local_acceptor_(ioc_) {
   if (opts_.job_token.empty()) throw std::invalid_argument("PeerOptions.job_token is empty");
+  sent_ = std::make_shared<SendReq>(ex());
+  sent_->ev.set({});
+  received_ = std::make_shared<RecvReq>(ex(), MailKey{});
+  received_->ev.set({});
   const tcp::endpoint ep = resolve_listen(ioc_, opts_.listen);
   boost::system::error_code ec;
   acceptor_.open(ep.protocol(), ec);
@@ -259,7 +266,7 @@ void PeerImpl::io_loop() {
   auto guard = asio::make_work_guard(ioc_);
   Driver& d = *driver_;
   std::unique_lock<std::mutex> lk(d.mu);
-  auto last_work = Clock::now();
+  IdleWindow idle;
   while (!ioc_.stopped()) {
     Clock::time_point recheck;
     if (d.leased(Clock::now(), recheck)) {
@@ -275,19 +282,19 @@ void PeerImpl::io_loop() {
       lk.lock();  // at most a moment: a user thread starting a collective (Driver::run_ready)
       // The waiter did the work: no burst to poll after (a polling I/O thread would only take a
       // core from the thread that is about to submit the next collective).
-      last_work = Clock::time_point{};
+      idle.expire();
       continue;  // a waiter may have come meanwhile: look at the lease again
     }
     if (d.poll_once() > 0) {
-      last_work = Clock::now();
+      idle.worked();
       continue;
     }
-    if (Clock::now() - last_work < d.spin()) {
+    if (idle.within(d.spin())) {
       d.relax();
       continue;
     }
     d.block_once();
-    last_work = Clock::now();
+    idle.worked();
   }
 }
 

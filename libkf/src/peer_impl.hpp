@@ -51,6 +51,35 @@ struct OpState;
 template <typename T>
 using StepVec = boost::container::small_vector<T, 4>;
 
+/// A polling loop's idle window: whether it should go on polling or block, decided from the
+/// clock only every kCheckEvery idle polls (reading the clock costs about as much as one poll of
+/// the rings, and a loop that waits for one peer polls thousands of times).
+class IdleWindow {
+ public:
+  static constexpr std::uint32_t kCheckEvery = 16;
+  /// The last poll did work: the window starts again at the next idle poll.
+  void worked() noexcept { idle_ = 0; }
+  /// The window is over already: the next idle poll blocks.
+  void expire() noexcept {
+    idle_ = kCheckEvery;
+    since_ = Clock::time_point{};
+  }
+  /// An idle poll: whether `spin` has not passed yet since the first idle poll after work.
+  bool within(std::chrono::microseconds spin) noexcept {
+    if (idle_++ % kCheckEvery != 0) return true;
+    const auto now = Clock::now();
+    if (idle_ == 1) {
+      since_ = now;
+      return spin.count() > 0;
+    }
+    return now - since_ < spin;
+  }
+
+ private:
+  std::uint32_t idle_ = 0;  // idle polls since the last work
+  Clock::time_point since_{};
+};
+
 /// Who runs the I/O context. Normally the I/O thread (kf-io); but a user thread that waits on a
 /// collective takes over and runs it itself until its collective is done, so the reply that
 /// completes it is read by the thread that needs it, with no hand-off (a thread wake-up costs
@@ -150,9 +179,11 @@ struct OpState {
   std::atomic<bool> ready{false};
   std::shared_ptr<Driver> driver;  // set for collectives: a waiter may run the I/O itself
 
+  /// The first call wins: a waiter that saw `ready` reads `ec` without the lock.
   void complete(std::error_code e, std::string w) {
     {
       std::lock_guard<std::mutex> lk(mu);
+      if (done_) return;
       done_ = true;
       ec = e;
       what = std::move(w);
@@ -627,8 +658,10 @@ class PeerImpl {
     return bytes >= kPooledEarlyBytes ? early_pool_ : small_early_pool_;
   }
 
-  std::shared_ptr<SendReq> post_send(int peer, const transport::FrameHeader& h, std::string name,
-                                     const std::byte* data);
+  /// Sends a frame. A data frame that went into a shared-memory ring at once is complete and
+  /// gets `sent_`, shared by all such sends: callers only look at a request's event.
+  std::shared_ptr<SendReq> post_send(int peer, const transport::FrameHeader& h,
+                                     std::string_view name, const std::byte* data);
   std::shared_ptr<SendReq> post_control(int peer, transport::FrameType t,
                                         std::vector<std::byte> payload);
   /// How a receive reduces its payload into dst on arrival (RecvReq::reduce).
@@ -638,8 +671,9 @@ class PeerImpl {
     ReduceOp op = ReduceOp::sum;
   };
   /// Posts a receive; with `reduce` the payload is reduced into dst on arrival instead of
-  /// copied.
-  std::shared_ptr<RecvReq> post_recv(MailKey key, std::byte* dst, std::size_t bytes,
+  /// copied. One whose frame came before it is complete at once and gets `received_`, shared
+  /// by all such receives.
+  std::shared_ptr<RecvReq> post_recv(const MailKeyView& key, std::byte* dst, std::size_t bytes,
                                      const ReduceOnArrival* reduce = nullptr);
   void cancel(const std::shared_ptr<SendReq>& r, std::error_code ec);
   void cancel(const std::shared_ptr<RecvReq>& r, std::error_code ec);
@@ -743,6 +777,11 @@ class PeerImpl {
   // Collectives running (owned here until finished; their lanes point into them), lanes whose
   // event was set and that wait to be advanced, and the one timer for all lanes' deadlines.
   std::vector<std::shared_ptr<CollCtx>> runs_;
+  // The completed send and receive that post_send and post_recv hand out for transfers done at
+  // once (a ring write, a frame that came early), instead of allocating one each. Never
+  // modified after construction.
+  std::shared_ptr<SendReq> sent_;
+  std::shared_ptr<RecvReq> received_;
   std::vector<LaneRun*> woken_;
   // Counts what this code posts to the context (a writer to wake, a coroutine to start): a
   // collective's start that posted nothing needs no poll of the context after it, which with

@@ -35,6 +35,9 @@ namespace {
 
 // Receives of at least this size that are a step's only reduction are reduced on arrival.
 constexpr std::size_t kStreamReduceMinBytes = 64 * 1024;
+// Out-of-place allreduces up to this size copy the send buffer into the receive buffer up front
+// instead of filling it lazily (CollCtx::lazy_src).
+constexpr std::size_t kEagerFillBytes = 256;
 
 bool overlaps(const coll::Xfer& a, const coll::Xfer& b) {
   return a.offset < b.offset + b.count && b.offset < a.offset + a.count;
@@ -101,7 +104,7 @@ void PeerImpl::post_step(LaneRun& l) {
       l.send_peer.push_back(peer);
       continue;
     }
-    MailKey key{peer, c.version, l.tag, c.name};
+    const MailKeyView key{peer, c.version, l.tag, c.name};
     if (&x == l.stream) {
       ReduceOnArrival how;
       how.dtype = dt;
@@ -111,12 +114,12 @@ void PeerImpl::post_step(LaneRun& l) {
       } else {
         fill(c, es, x.offset, x.count);
       }
-      l.recvs.push_back(post_recv(std::move(key), at, x.count * es, &how));
+      l.recvs.push_back(post_recv(key, at, x.count * es, &how));
     } else if (x.kind == coll::XferKind::recv_reduce) {
-      l.recvs.push_back(post_recv(std::move(key), l.scratch.data.get() + sc, x.count * es));
+      l.recvs.push_back(post_recv(key, l.scratch.data.get() + sc, x.count * es));
       sc += x.count * es;
     } else {
-      l.recvs.push_back(post_recv(std::move(key), at, x.count * es));
+      l.recvs.push_back(post_recv(key, at, x.count * es));
     }
     l.recv_peer.push_back(peer);
   }
@@ -343,7 +346,13 @@ void PeerImpl::prepare_collective(const std::shared_ptr<CollCtx>& ctx) {
       req.count = c.send.count;
       c.work = static_cast<std::byte*>(c.recv.data);
       if (c.send.data != c.recv.data && c.send.bytes() > 0) {
-        c.lazy_src = static_cast<const std::byte*>(c.send.data);
+        // A small vector is copied at once: tracking which of its ranges were filled costs
+        // more than the copy.
+        if (c.send.bytes() <= kEagerFillBytes) {
+          std::memmove(c.work, c.send.data, c.send.bytes());
+        } else {
+          c.lazy_src = static_cast<const std::byte*>(c.send.data);
+        }
       }
       break;
     case CollOp::broadcast:

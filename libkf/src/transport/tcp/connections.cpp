@@ -922,44 +922,46 @@ awaitable<void> PeerImpl::run_outgoing(std::shared_ptr<Outgoing> out) {
   }
 }
 
-std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h, std::string name,
-                                             const std::byte* data) {
-  auto req = std::make_shared<SendReq>(ex());
-  req->header = transport::encode(h);
-  req->name = std::move(name);
-  req->data = data;
-  req->bytes = h.payload_bytes;
+std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h,
+                                             std::string_view name, const std::byte* data) {
   auto& ps = peers_[static_cast<std::size_t>(peer)];
-  if (ps.lost || ps.departed) {
-    req->ev.set(make_error_code(errc::peer_lost));
+  auto refused = [&](std::error_code ec) {
+    auto req = std::make_shared<SendReq>(ex());
+    req->ev.set(ec);
     return req;
-  }
+  };
+  if (ps.lost || ps.departed) return refused(make_error_code(errc::peer_lost));
   // A broken version takes no new data: a collective that reaches its next step after the
   // failure must not wait for peers that have given the version up.
   if (broken_ && h.type == FrameType::data && h.cluster_version == io_cluster_.version) {
-    req->ev.set(broken_);
-    return req;
+    return refused(broken_);
   }
   if (!ps.out) {
     ps.out = std::make_shared<Outgoing>(ex(), peer);
     asio::co_spawn(ex(), run_outgoing(ps.out), asio::detached);
     ++handlers_posted_;
   }
+  const transport::HeaderBytes header = transport::encode(h);
   // The shared-memory ring, while the receiver polls and nothing queued for the socket has to
-  // go first. The request completes here: its payload is in the ring already.
+  // go first. The send is complete here (its payload is in the ring already): it needs no
+  // request of its own, and gets the shared completed one.
   Outgoing& out = *ps.out;
   if (out.ring && h.type == FrameType::data && out.queue.empty() && !out.closed &&
-      req->bytes <= opts_.shm_frame_bytes &&
-      transport::ShmRing::fits(req->name.size(), req->bytes) && !out.ring->reader_sleeping() &&
-      out.ring->try_write(out.socket_frames, req->header, req->name, data, req->bytes)) {
-    Counters::add(counters_.shm_bytes, req->bytes);
+      h.payload_bytes <= opts_.shm_frame_bytes &&
+      transport::ShmRing::fits(name.size(), h.payload_bytes) && !out.ring->reader_sleeping() &&
+      out.ring->try_write(out.socket_frames, header, name, data, h.payload_bytes)) {
+    Counters::add(counters_.shm_bytes, h.payload_bytes);
     ps.last_tx = Clock::now();
     // It went to sleep as the record landed, perhaps without seeing it: a frame on the socket
     // (a heartbeat) wakes it, and it takes the ring's records before that frame.
     if (out.ring->reader_sleeping()) post_control(peer, FrameType::heartbeat, {});
-    req->ev.set({});
-    return req;
+    return sent_;
   }
+  auto req = std::make_shared<SendReq>(ex());
+  req->header = header;
+  req->name = std::string(name);
+  req->data = data;
+  req->bytes = h.payload_bytes;
   // Straight into the socket while the writer has nothing to do; a frame that does not fit
   // goes on through the writer from where this left it.
   if (h.type == FrameType::data && out.connected && out.sock.non_blocking() && !out.closed &&
@@ -996,11 +998,35 @@ std::shared_ptr<SendReq> PeerImpl::post_control(int peer, FrameType t,
   return req;
 }
 
-std::shared_ptr<RecvReq> PeerImpl::post_recv(MailKey key, std::byte* dst, std::size_t bytes,
-                                             const ReduceOnArrival* reduce) {
+std::shared_ptr<RecvReq> PeerImpl::post_recv(const MailKeyView& key, std::byte* dst,
+                                             std::size_t bytes, const ReduceOnArrival* reduce) {
   KF_LOG(trace, "transport", "{}: post recv '{}' tag {} from {} ({} bytes)", identity_, key.name,
          key.tag, peers_[key.peer].key, bytes);
-  auto req = std::make_shared<RecvReq>(ex(), std::move(key));
+  // The frame came first (a peer a moment ahead): delivered now, with no request of its own
+  // (the shared completed one). An empty mailbox, the usual case, is not even searched.
+  if (!mailbox_.empty()) {
+    auto it = mailbox_.find(key);
+    if (it != mailbox_.end() && !it->second.unexpected.empty()) {
+      EarlyFrame early = std::move(it->second.unexpected.front());
+      it->second.unexpected.erase(it->second.unexpected.begin());
+      unexpected_bytes_ -= early.bytes;
+      if (it->second.empty()) mailbox_.erase(it);
+      std::shared_ptr<RecvReq> req = received_;
+      if (early.bytes != bytes) {
+        req = std::make_shared<RecvReq>(ex(), key.owned());
+        req->ev.set(make_error_code(errc::protocol_error));
+      } else if (bytes > 0 && reduce) {
+        const std::byte* a = reduce->src ? reduce->src : dst;
+        reduce_to(dst, a, early.data(), bytes / dtype_bytes(reduce->dtype), reduce->dtype,
+                  reduce->op);
+      } else if (bytes > 0) {
+        std::memcpy(dst, early.data(), bytes);
+      }
+      recycle(std::move(early.block));
+      return req;
+    }
+  }
+  auto req = std::make_shared<RecvReq>(ex(), key.owned());
   const MailKey& k = req->key;
   req->dst = dst;
   req->bytes = bytes;
@@ -1010,22 +1036,8 @@ std::shared_ptr<RecvReq> PeerImpl::post_recv(MailKey key, std::byte* dst, std::s
     req->dtype = reduce->dtype;
     req->op = reduce->op;
   }
-  // One lookup: the slot this receive waits in, or the frame that came before it.
+  // No frame came before it (searched above): the receive waits in its slot.
   auto [it, added] = mailbox_.try_emplace(k);
-  if (!it->second.unexpected.empty()) {
-    EarlyFrame early = std::move(it->second.unexpected.front());
-    it->second.unexpected.erase(it->second.unexpected.begin());
-    unexpected_bytes_ -= early.bytes;
-    if (it->second.empty()) mailbox_.erase(it);
-    if (early.bytes != bytes) {
-      req->ev.set(make_error_code(errc::protocol_error));
-    } else {
-      deliver(*req, early.data(), 0, bytes);
-      req->ev.set({});
-    }
-    recycle(std::move(early.block));
-    return req;
-  }
   const auto& ps = peers_[static_cast<std::size_t>(k.peer)];
   std::error_code ec;
   if (ps.lost || ps.departed) {
