@@ -331,6 +331,44 @@ TEST(Transport, FramesThatArriveBeforeTheirReceiveAreKeptAndDelivered) {
   }
 }
 
+// A frame that came before its receive but carries another size than the receive expects fails
+// that receive only; the next early frame is delivered as usual (a receive completed at once
+// shares one completed request, which the failure must not touch).
+TEST(Transport, AnEarlyFrameOfTheWrongSizeFailsOnlyItsReceive) {
+  for (const Transport t : {Transport::automatic, Transport::tcp}) {
+    SCOPED_TRACE(static_cast<int>(t));
+    auto peers = make_cluster({t, t});
+    std::vector<std::uint8_t> got;
+    std::error_code wrong_size;
+    test::run_all(2, [&](int r) {
+      std::vector<std::uint8_t> small(16, 0), large(32, 0), next(16, 0);
+      if (r == 0) {
+        for (std::size_t i = 0; i < 16; ++i) {
+          small[i] = static_cast<std::uint8_t>(i + 1);
+          next[i] = static_cast<std::uint8_t>(100 + i);
+        }
+      }
+      int sync = 1;
+      const auto sync_all = [&](const char* name) {
+        return peers[r]->allreduce(name, buffer(&sync, 1), buffer(&sync, 1)).wait_status();
+      };
+      if (r == 0) {
+        ASSERT_FALSE(peers[0]->broadcast("sized", buffer(small.data(), small.size())).wait_status());
+        ASSERT_FALSE(peers[0]->broadcast("after", buffer(next.data(), next.size())).wait_status());
+      }
+      ASSERT_FALSE(sync_all("sync"));  // both frames are at rank 1 now: frames keep their order
+      if (r == 1) {
+        wrong_size = peers[1]->broadcast("sized", buffer(large.data(), large.size())).wait_status();
+        ASSERT_FALSE(peers[1]->broadcast("after", buffer(next.data(), next.size())).wait_status());
+        got = next;
+      }
+    });
+    EXPECT_EQ(wrong_size, make_error_code(errc::protocol_error));
+    ASSERT_EQ(got.size(), 16u);
+    for (std::size_t i = 0; i < 16; ++i) EXPECT_EQ(got[i], 100 + i) << "byte " << i;
+  }
+}
+
 // Frames are matched to receives by name without copying the name out of the frame; names
 // longer than a short string (here 1000 bytes, differing only at the end) must still match
 // exactly, whether the frame waits for its receive (kept under its own copy of the name) or
