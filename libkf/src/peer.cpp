@@ -548,6 +548,7 @@ PeerOptions Peer::options_from(const Env& e) {
   o.job_token = e.job_token;
   if (e.timeout) o.timeout = *e.timeout;
   if (e.spin) o.spin = *e.spin;
+  if (e.express_bytes) o.express_bytes = *e.express_bytes;
   if (e.heartbeat_timeout) {
     o.heartbeat_timeout = *e.heartbeat_timeout;
     o.heartbeat_interval = *e.heartbeat_timeout / 4;

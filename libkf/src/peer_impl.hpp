@@ -552,6 +552,15 @@ struct CollCtx {
   std::string why;
   std::size_t run_index = 0;  // in PeerImpl::runs_
 
+  // ---- express: a tiny allreduce run by recursive doubling without plan, lanes or requests
+  // (PeerImpl::start_express). The same frames as the plan's, so workers that run the same
+  // collective either way interoperate. ----
+  bool express = false;
+  int x_dist = 0;            // the current round's distance: the partner is rank ^ x_dist
+  int x_peer = -1;           // the partner's peer index while waiting for its frame
+  bool x_waiting = false;    // in PeerImpl::express_waiting_
+  Clock::time_point x_deadline{};
+
   CollCtx() = default;
   CollCtx(const CollCtx&) = delete;
   CollCtx& operator=(const CollCtx&) = delete;
@@ -701,6 +710,7 @@ class PeerImpl {
       }
       ++it;
     }
+    fail_express_if(match, ec);
   }
   void break_version(std::error_code ec, const std::string& why);
 
@@ -728,6 +738,38 @@ class PeerImpl {
   void lane_finished(LaneRun& l, std::error_code ec, std::string why);
   /// Completes the collective once its last lane finished.
   void finish_collective(CollCtx& c);
+  /// Whether a collective runs as an express allreduce (CollCtx::express): an allreduce of at
+  /// most PeerOptions::express_bytes, or a barrier, by recursive doubling over a power-of-two number of
+  /// workers.
+  bool express_eligible(const CollCtx& c) const noexcept;
+  /// Starts an eligible collective (its context in `ctx`) as an express allreduce.
+  void start_express(const std::shared_ptr<CollCtx>& ctx);
+  /// Runs the express allreduce's rounds until it waits for a frame, fails or finishes (then
+  /// `c` may be gone).
+  void express_step(CollCtx& c);
+  /// A frame for a waiting express allreduce: reduced into its work buffer, and the collective
+  /// goes on. Returns false when no express allreduce waits for `key`. `conn` is set to
+  /// protocol_error (with `why`) when the frame's size is wrong, which ends the connection.
+  bool express_take(const MailKeyView& key, std::span<const std::byte> payload,
+                    std::error_code& conn, std::string& why);
+  /// Fails the express allreduce `c` (then it is gone).
+  void fail_express(CollCtx& c, std::error_code ec, std::string why);
+  /// Fails with `ec` the waiting express allreduces whose awaited frame's key (peer, version)
+  /// satisfies `match`.
+  template <typename Match>
+  void fail_express_if(Match match, std::error_code ec) {
+    if (express_waiting_.empty()) return;
+    StepVec<std::shared_ptr<CollCtx>> hit;
+    for (CollCtx* c : express_waiting_) {
+      if (match(MailKeyView{c->x_peer, c->version, 0, c->name})) hit.push_back(runs_[c->run_index]);
+    }
+    for (const auto& c : hit) {
+      if (!c->x_waiting) continue;
+      fail_express(*c, ec,
+                   "receiving from " + peers_[static_cast<std::size_t>(c->x_peer)].key + ": " +
+                       ec.message());
+    }
+  }
   /// Advances the lanes whose events were set; returns how many ran.
   std::size_t run_woken();
   /// Fails the waits whose deadline passed with no word from their peer; re-arms the timer.
@@ -783,6 +825,13 @@ class PeerImpl {
   std::shared_ptr<SendReq> sent_;
   std::shared_ptr<RecvReq> received_;
   std::vector<LaneRun*> woken_;
+  // Express allreduces (in runs_) waiting for a frame: store_frame offers frames to them first.
+  std::vector<CollCtx*> express_waiting_;
+  /// Takes `c` off express_waiting_ (it waits no more).
+  void express_done_waiting(CollCtx& c) {
+    c.x_waiting = false;
+    std::erase(express_waiting_, &c);
+  }
   // Counts what this code posts to the context (a writer to wake, a coroutine to start): a
   // collective's start that posted nothing needs no poll of the context after it, which with
   // nothing ready would be an epoll_wait system call on the submitting thread.

@@ -80,6 +80,13 @@ struct PeerOptions {
   /// SO_SNDBUF and SO_RCVBUF of every connection; 0: the system's for TCP and 4 MiB for
   /// same-host sockets (whose default of about 200 KiB makes large frames move in small copies).
   std::size_t socket_buffer_bytes = 0;
+  /// Allreduces of at most this many bytes, and barriers, over a power-of-two number of
+  /// workers with recursive doubling (what `auto` picks for them) run on the express path: each
+  /// round one frame to one partner, offered straight to the waiting collective, with no plan,
+  /// lane or per-transfer request. Its frames are the plan's, so workers with different
+  /// settings interoperate. 0 turns it off (KF_EXPRESS_BYTES). Measured with kf-bench, 4-byte
+  /// allreduces: 2 workers 1.2 -> 1.05 us, 4 workers on 2 cores 9-14 -> 7.6-8 us.
+  std::size_t express_bytes = 1024;
   std::size_t max_frame_bytes = std::size_t{64} << 20;       ///< larger transfers are split
   std::size_t max_unexpected_bytes = std::size_t{2} << 30;   ///< early-arrival buffer limit
 };

@@ -82,6 +82,9 @@ Env Env::from_environment() {
   if (auto v = get_integer(env::kSpinUs, 0, 1'000'000, "a number of microseconds in 0-1000000")) {
     e.spin = std::chrono::microseconds(*v);
   }
+  if (auto v = get_integer(env::kExpressBytes, 0, 65536, "a number of bytes in 0-65536")) {
+    e.express_bytes = static_cast<std::size_t>(*v);
+  }
   return e;
 }
 

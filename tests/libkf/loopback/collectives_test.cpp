@@ -6,8 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "support/local_cluster.hpp"
 
@@ -151,6 +155,108 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(to_string(std::get<0>(tpi.param))) + "_p" +
              std::to_string(std::get<1>(tpi.param));
     });
+
+// The express path (PeerOptions::express_bytes) sends the plan's frames: workers that run tiny
+// allreduces and barriers through it and workers that run them through the plan (express off)
+// give the same, bitwise identical results in one job. Fractions make the sums depend on the
+// grouping, so a worker that reduced in another order would differ. A short timeout turns a
+// frame that the other side never matches into a failure instead of a hang.
+TEST(Express, WorkersWithAndWithoutItAgree) {
+  for (const int p : {2, 4, 8}) {
+    std::vector<std::unique_ptr<Peer>> peers;
+    Cluster c;
+    c.version = 1;
+    for (int i = 0; i < p; ++i) {
+      PeerOptions o;
+      o.job_token = "test-token";
+      o.listen = Endpoint{"127.0.0.1", 0};
+      if (i % 2 == 0) o.express_bytes = 0;
+      peers.push_back(std::make_unique<Peer>(o));
+      c.workers.push_back(WorkerSpec{peers.back()->endpoint(), i});
+    }
+    for (auto& peer : peers) peer->start(c);
+    const std::vector<std::size_t> counts = {1, 7, 256};
+    std::vector<std::vector<std::vector<float>>> sums(p), avgs(p);
+    std::vector<std::vector<std::int32_t>> maxes(p);
+    std::vector<std::string> failed(p);
+    test::run_all(p, [&](int r) {
+      Peer& peer = *peers[static_cast<std::size_t>(r)];
+      CollOptions o;
+      o.timeout = std::chrono::milliseconds(2000);
+      auto run = [&](Handle h, const std::string& what) {
+        if (const auto ec = h.wait_status(); ec && failed[r].empty()) {
+          failed[r] = what + ": " + h.message();
+        }
+      };
+      for (const std::size_t n : counts) {
+        std::vector<float> in(n), out(n, -1.f), avg(n);
+        for (std::size_t i = 0; i < n; ++i) {
+          in[i] = 1.0f / static_cast<float>(3 + r * 5 + static_cast<int>(i % 11));
+          avg[i] = in[i];
+        }
+        run(peer.barrier("b#" + std::to_string(n), o), "barrier");
+        run(peer.allreduce("sum#" + std::to_string(n), buffer(in.data(), n),
+                           buffer(out.data(), n), o),
+            "sum");
+        CollOptions oa = o;
+        oa.op = ReduceOp::avg;
+        run(peer.allreduce("avg#" + std::to_string(n), buffer(avg.data(), n),
+                           buffer(avg.data(), n), oa),
+            "avg");
+        sums[r].push_back(out);
+        avgs[r].push_back(avg);
+      }
+      std::int32_t m = 10 * r - 7;
+      CollOptions om = o;
+      om.op = ReduceOp::max;
+      run(peer.allreduce("max", buffer(&m, 1), buffer(&m, 1), om), "max");
+      maxes[r].push_back(m);
+    });
+    for (int r = 0; r < p; ++r) ASSERT_TRUE(failed[r].empty()) << "p=" << p << " rank " << r << ": " << failed[r];
+    for (std::size_t k = 0; k < counts.size(); ++k) {
+      const std::size_t n = counts[k];
+      for (std::size_t i = 0; i < n; ++i) {
+        double want = 0;
+        for (int q = 0; q < p; ++q) want += 1.0 / (3 + q * 5 + static_cast<int>(i % 11));
+        ASSERT_NEAR(sums[0][k][i], want, 1e-5) << "p=" << p << " n=" << n << " i=" << i;
+        ASSERT_NEAR(avgs[0][k][i], want / p, 1e-6) << "p=" << p << " n=" << n << " i=" << i;
+      }
+      for (int r = 1; r < p; ++r) {
+        EXPECT_EQ(std::memcmp(sums[0][k].data(), sums[r][k].data(), n * 4), 0)
+            << "p=" << p << " n=" << n << ": rank " << r << "'s sum differs";
+        EXPECT_EQ(std::memcmp(avgs[0][k].data(), avgs[r][k].data(), n * 4), 0)
+            << "p=" << p << " n=" << n << ": rank " << r << "'s average differs";
+      }
+    }
+    for (int r = 0; r < p; ++r) EXPECT_EQ(maxes[r][0], 10 * (p - 1) - 7) << "p=" << p;
+  }
+}
+
+// A partner that leaves (says goodbye) while an express allreduce waits for its frame fails that
+// allreduce at once, not at its deadline.
+TEST(Express, APartnerThatLeavesFailsTheWaitingAllreduce) {
+  auto peers = test::make_local_cluster(2);
+  float x = 1;
+  CollOptions o;
+  o.timeout = std::chrono::milliseconds(60000);  // only the departure can end it in time
+  Handle h = peers[0]->allreduce("left", buffer(&x, 1), buffer(&x, 1), o);
+  // The connection exists before the partner leaves, so that its goodbye reaches rank 0.
+  int sync = 1;
+  test::run_all(2, [&](int r) {
+    if (r == 1) {
+      peers[1]->allreduce("hello", buffer(&sync, 1), buffer(&sync, 1)).wait();
+    } else {
+      int mine = 1;
+      peers[0]->allreduce("hello", buffer(&mine, 1), buffer(&mine, 1)).wait();
+    }
+  });
+  const auto start = std::chrono::steady_clock::now();
+  peers[1].reset();
+  const std::error_code ec = h.wait_status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  EXPECT_EQ(ec, make_error_code(errc::peer_lost)) << h.message();
+  EXPECT_NE(h.message().find("allreduce 'left'"), std::string::npos) << h.message();
+}
 
 // Blocks above 8 MiB are gathered in two lanes, each taking its part of every block: for every
 // algorithm that runs lanes (star and clique do not), with up to 4 workers.

@@ -486,6 +486,32 @@ TEST(Transport, KfTransportSetsTheOptionAndABadValueIsNamed) {
   }
 }
 
+// KF_EXPRESS_BYTES sets PeerOptions::express_bytes (0 turns the express path off); a value that
+// is not a number of bytes in 0-65536 is refused with the variable's name.
+TEST(Express, KfExpressBytesSetsTheOptionAndABadValueIsNamed) {
+  ::setenv(env::kSelf, "127.0.0.1:5000", 1);
+  ::setenv(env::kCluster, R"({"version": 1, "workers": [{"host": "127.0.0.1", "port": 5000}]})", 1);
+  ::setenv(env::kJobToken, "t", 1);
+  ::unsetenv(env::kExpressBytes);
+  EXPECT_EQ(Peer::options_from(Env::from_environment()).express_bytes, PeerOptions{}.express_bytes);
+  ::setenv(env::kExpressBytes, "0", 1);
+  EXPECT_EQ(Peer::options_from(Env::from_environment()).express_bytes, 0u);
+  ::setenv(env::kExpressBytes, "256", 1);
+  EXPECT_EQ(Peer::options_from(Env::from_environment()).express_bytes, 256u);
+  for (const char* bad : {"-1", "65537", "1k", "2 "}) {
+    ::setenv(env::kExpressBytes, bad, 1);
+    try {
+      Env::from_environment();
+      ADD_FAILURE() << "KF_EXPRESS_BYTES='" << bad << "' was accepted";
+    } catch (const std::invalid_argument& ex) {
+      EXPECT_NE(std::string(ex.what()).find("KF_EXPRESS_BYTES"), std::string::npos) << ex.what();
+    }
+  }
+  for (const char* name : {env::kSelf, env::kCluster, env::kJobToken, env::kExpressBytes}) {
+    ::unsetenv(name);
+  }
+}
+
 // Worker 1 listens on TCP only, and another socket takes its same-host name: worker 0 dials that
 // name first, fails the handshake with whoever answers, and reaches worker 1 over TCP.
 TEST(Transport, ASquattedSameHostNameFallsBackToTcp) {

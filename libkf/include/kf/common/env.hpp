@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <optional>
 #include <string>
 
@@ -22,6 +23,7 @@ inline constexpr const char* kAlgorithm = "KF_ALGORITHM";        ///< job defaul
 inline constexpr const char* kTimeoutMs = "KF_TIMEOUT_MS";       ///< collective deadline, ms
 inline constexpr const char* kHeartbeatMs = "KF_HEARTBEAT_MS";   ///< silent-peer timeout, ms
 inline constexpr const char* kSpinUs = "KF_SPIN_US";             ///< I/O polling window, us
+inline constexpr const char* kExpressBytes = "KF_EXPRESS_BYTES";  ///< express allreduce limit
 inline constexpr const char* kTransport = "KF_TRANSPORT";        ///< auto | unix | tcp (see kf::Transport)
 inline constexpr const char* kLogLevel = "KF_LOG_LEVEL";         ///< trace|debug|info|warn|error
 inline constexpr const char* kCheckpoint = "KF_CHECKPOINT";      ///< kf::Session checkpoint file
@@ -48,6 +50,7 @@ struct Env {
   std::optional<std::string> transport;
   std::optional<std::chrono::milliseconds> timeout;
   std::optional<std::chrono::microseconds> spin;
+  std::optional<std::size_t> express_bytes;
   std::optional<std::chrono::milliseconds> heartbeat_timeout;
 
   /// Reads the KF_* variables. Throws: std::invalid_argument naming the variable that is missing

@@ -3,8 +3,10 @@
 // plan's lanes concurrently, reduces received data in plan order (so every worker computes
 // every element with the same grouping), and completes the handle. A failed step cancels what
 // it can and waits for transfers already touching the caller's buffers, so no buffer is used
-// after the handle completes.
+// after the handle completes. Tiny allreduces take the express path (below) instead.
 #include <openssl/evp.h>
+
+#include <bit>
 
 #include "kf/coll/cost_model.hpp"
 #include "kf/common/log.hpp"
@@ -212,6 +214,19 @@ void PeerImpl::check_deadlines() {
   const auto now = Clock::now();
   auto next = Clock::time_point::max();
   StepVec<LaneRun*> expired;
+  StepVec<std::shared_ptr<CollCtx>> express_expired;
+  for (CollCtx* c : express_waiting_) {
+    if (c->x_deadline <= now) {
+      const auto& ps = peers_[static_cast<std::size_t>(c->x_peer)];
+      const auto last = std::max(ps.last_rx, ps.last_tx) + c->timeout;
+      if (now >= last) {
+        express_expired.push_back(runs_[c->run_index]);
+        continue;
+      }
+      c->x_deadline = last;
+    }
+    next = std::min(next, c->x_deadline);
+  }
   for (const auto& c : runs_) {
     for (auto& l : c->lanes) {
       if (!l.waiting_on) continue;
@@ -231,6 +246,19 @@ void PeerImpl::check_deadlines() {
     const bool recv = std::any_of(l->recvs.begin(), l->recvs.end(),
                                   [&](const auto& r) { return &r->ev == l->waiting_on; });
     fail_transfer(*l, recv, l->wait_peer, make_error_code(errc::timeout));
+  }
+  // As abandon_step does for a lane: the silent peer counts as lost (everyone is told), then
+  // the collective fails.
+  for (const auto& c : express_expired) {
+    if (!c->x_waiting) continue;
+    const int peer = c->x_peer;
+    const auto timeout = make_error_code(errc::timeout);
+    mark_lost(peer, timeout, "no progress for " + std::to_string(c->timeout.count()) + " ms");
+    if (c->x_waiting) {
+      fail_express(*c, timeout,
+                   "receiving from " + peers_[static_cast<std::size_t>(peer)].key + ": " +
+                       timeout.message());
+    }
   }
   if (next != Clock::time_point::max()) arm_deadline(next);
 }
@@ -330,6 +358,7 @@ void PeerImpl::prepare_collective(const std::shared_ptr<CollCtx>& ctx) {
                                    " is broken: " + broken_why_);
     return;
   }
+  if (express_eligible(c)) return start_express(ctx);
   const std::size_t es = dtype_bytes(c.send.dtype);
   const auto p = static_cast<std::size_t>(c.size);
   coll::PlanRequest req;
@@ -433,6 +462,144 @@ void PeerImpl::prepare_collective(const std::shared_ptr<CollCtx>& ctx) {
   c.run_index = runs_.size();
   runs_.push_back(ctx);
   if (lanes.empty()) finish_collective(c);
+}
+
+// ---- express allreduce ---------------------------------------------------------------------
+//
+// A tiny allreduce costs mostly bookkeeping: a plan, a lane, a request and a mailbox slot per
+// transfer (about 2.5k instructions for 4 bytes over the rings, callgrind). Recursive doubling
+// over a power-of-two number of workers needs none of them: each round sends the work buffer to
+// one partner and reduces the partner's frame into it. Frames are offered to a waiting express
+// allreduce before the mailbox (store_frame); one that came before its round is taken from the
+// mailbox. The frames are the plan's (tag 0, the whole vector each round), so a worker that
+// runs the same collective through the plan interoperates, and both partners reduce the same
+// two operands (commutative): their results stay bitwise identical.
+
+bool PeerImpl::express_eligible(const CollCtx& c) const noexcept {
+  if (c.algorithm != Algorithm::rhd) return false;
+  if (c.size < 2 || !std::has_single_bit(static_cast<unsigned>(c.size))) return false;
+  // A barrier is an allreduce (max) of one byte, as prepare_collective sets it up.
+  if (c.op == CollOp::barrier) return opts_.express_bytes >= 1 && opts_.max_frame_bytes >= 1;
+  if (c.op != CollOp::allreduce) return false;
+  const std::size_t bytes = c.send.bytes();
+  if (bytes == 0 || bytes > opts_.express_bytes || bytes > opts_.max_frame_bytes) return false;
+  // The plan would run recursive doubling in one lane too (see coll::make_plan).
+  return c.send.count <= coll::kRecursiveDoublingMaxBytes / dtype_bytes(c.send.dtype) &&
+         coll::default_lanes(c.op, c.algorithm, bytes, c.size) == 1;
+}
+
+void PeerImpl::start_express(const std::shared_ptr<CollCtx>& ctx) {
+  CollCtx& c = *ctx;
+  c.express = true;
+  if (c.op == CollOp::barrier) {
+    c.count = 1;
+    c.work = &c.barrier_byte;
+    c.send.dtype = DType::u8;
+    c.opts.op = ReduceOp::max;
+  } else {
+    c.count = c.send.count;
+    c.work = static_cast<std::byte*>(c.recv.data);
+    if (c.send.data != c.recv.data) std::memmove(c.work, c.send.data, c.send.bytes());
+  }
+  c.run_index = runs_.size();
+  runs_.push_back(ctx);
+  c.x_dist = 1;
+  express_step(c);
+  // The partner's frame may be in a ring already: taken now, it needs no wait at all.
+  if (!express_waiting_.empty() && !ring_readers_.empty()) poll_rings();
+}
+
+void PeerImpl::express_step(CollCtx& c) {
+  const std::size_t bytes = c.count * dtype_bytes(c.send.dtype);
+  while (c.x_dist < c.size) {
+    const int peer = (*c.rank_to_peer)[static_cast<std::size_t>(c.rank ^ c.x_dist)];
+    const auto& ps = peers_[static_cast<std::size_t>(peer)];
+    transport::FrameHeader h;
+    h.type = transport::FrameType::data;
+    h.cluster_version = c.version;
+    h.tag = 0;
+    h.name_bytes = static_cast<std::uint32_t>(c.name.size());
+    h.payload_bytes = bytes;
+    auto sent = post_send(peer, h, c.name, c.work);
+    // Queued for the socket: the writer sends a copy, as the work buffer changes before it
+    // runs (write_frame prefers `owned`; what write_now wrote already is the same bytes).
+    if (!sent->ev.done) sent->owned.assign(c.work, c.work + bytes);
+    // The frame came before this round: reduced at once.
+    if (!mailbox_.empty()) {
+      auto it = mailbox_.find(MailKeyView{peer, c.version, 0, c.name});
+      if (it != mailbox_.end() && !it->second.unexpected.empty()) {
+        EarlyFrame early = std::move(it->second.unexpected.front());
+        it->second.unexpected.erase(it->second.unexpected.begin());
+        unexpected_bytes_ -= early.bytes;
+        if (it->second.empty()) mailbox_.erase(it);
+        const bool fits = early.bytes == bytes;
+        if (fits) reduce_into(c.work, early.data(), c.count, c.send.dtype, c.opts.op);
+        recycle(std::move(early.block));
+        if (!fits) {
+          return fail_express(c, make_error_code(errc::protocol_error),
+                              "receiving from " + ps.key + ": a frame of " +
+                                  std::to_string(early.bytes) + " bytes, " +
+                                  std::to_string(bytes) + " expected");
+        }
+        c.x_dist <<= 1;
+        continue;
+      }
+    }
+    // Refused as post_recv refuses a receive that can never complete.
+    std::error_code ec;
+    if (ps.lost || ps.departed) {
+      ec = make_error_code(errc::peer_lost);
+    } else if (broken_ && c.version == io_cluster_.version) {
+      ec = broken_;
+    } else if (ps.max_version > c.version) {
+      ec = make_error_code(errc::stale_version);
+    }
+    if (ec) return fail_express(c, ec, "receiving from " + ps.key + ": " + ec.message());
+    c.x_peer = peer;
+    c.x_waiting = true;
+    express_waiting_.push_back(&c);
+    c.x_deadline = Clock::now() + c.timeout;
+    arm_deadline(c.x_deadline);
+    return;
+  }
+  finish_collective(c);
+}
+
+bool PeerImpl::express_take(const MailKeyView& key, std::span<const std::byte> payload,
+                            std::error_code& conn, std::string& why) {
+  if (key.tag != 0) return false;
+  CollCtx* found = nullptr;
+  for (CollCtx* c : express_waiting_) {
+    if (c->x_peer == key.peer && c->version == key.version && c->name == key.name) {
+      found = c;
+      break;
+    }
+  }
+  if (!found) return false;
+  CollCtx& c = *found;
+  express_done_waiting(c);
+  const std::size_t bytes = c.count * dtype_bytes(c.send.dtype);
+  if (payload.size() != bytes) {
+    // As for a posted receive: the frame's sender broke the protocol; the connection ends.
+    why = "frame for '" + c.name + "' carries " + std::to_string(payload.size()) +
+          " bytes, the receiver expects " + std::to_string(bytes);
+    conn = make_error_code(errc::protocol_error);
+    fail_express(c, conn, why);
+    return true;
+  }
+  reduce_into(c.work, payload.data(), c.count, c.send.dtype, c.opts.op);
+  c.x_dist <<= 1;
+  express_step(c);
+  return true;
+}
+
+void PeerImpl::fail_express(CollCtx& c, std::error_code ec, std::string why) {
+  if (c.x_waiting) express_done_waiting(c);
+  if (!c.first) {
+    c.first = ec;
+    c.why = std::move(why);
+  }
+  finish_collective(c);
 }
 
 void PeerImpl::finish_collective(CollCtx& c) {

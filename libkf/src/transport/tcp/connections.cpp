@@ -497,6 +497,10 @@ awaitable<std::error_code> PeerImpl::receive_data(Incoming& in, int peer, const 
 std::error_code PeerImpl::store_frame(int peer, const MailKeyView& key,
                                       std::span<const std::byte> payload,
                                       ScratchPool::Block* owned, std::string& why) {
+  if (!express_waiting_.empty()) {
+    std::error_code conn;
+    if (express_take(key, payload, conn, why)) return conn;
+  }
   auto it = mailbox_.find(key);
   if (it != mailbox_.end() && !it->second.posted.empty()) {
     auto req = it->second.posted.front();
@@ -1119,7 +1123,7 @@ void PeerImpl::mark_departed(int peer) {
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   ps.departed = true;
   KF_LOG(debug, "transport", "{}: peer {} said goodbye", identity_, ps.key);
-  fail_receives([peer](const MailKey& k) { return k.peer == peer; },
+  fail_receives([peer](const auto& k) { return k.peer == peer; },
                 make_error_code(errc::peer_lost));
 }
 
@@ -1128,7 +1132,7 @@ void PeerImpl::note_version(int peer, std::uint64_t version) {
   if (version <= ps.max_version) return;
   ps.max_version = version;
   KF_LOG(debug, "transport", "{}: {} moved to version {}", identity_, ps.key, version);
-  fail_receives([&](const MailKey& k) { return k.peer == peer && k.version < version; },
+  fail_receives([&](const auto& k) { return k.peer == peer && k.version < version; },
                 make_error_code(errc::stale_version));
 }
 
@@ -1145,6 +1149,7 @@ void PeerImpl::break_version(std::error_code ec, const std::string& why) {
     slot.drop_idle();
   }
   std::erase_if(mailbox_, [](const auto& kv) { return kv.second.empty(); });
+  fail_express_if([](const MailKeyView&) { return true; }, ec);
   std::vector<std::string> lost;
   for (auto& ps : peers_) {
     if (ps.lost) lost.push_back(ps.key);
