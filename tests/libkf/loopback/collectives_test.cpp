@@ -175,7 +175,7 @@ TEST(Express, WorkersWithAndWithoutItAgree) {
       c.workers.push_back(WorkerSpec{peers.back()->endpoint(), i});
     }
     for (auto& peer : peers) peer->start(c);
-    const std::vector<std::size_t> counts = {1, 7, 256};
+    const std::vector<std::size_t> counts = {1, 7, 256, 4096};
     std::vector<std::vector<std::vector<float>>> sums(p), avgs(p);
     std::vector<std::vector<std::int32_t>> maxes(p);
     std::vector<std::string> failed(p);

@@ -486,6 +486,33 @@ TEST(Transport, KfTransportSetsTheOptionAndABadValueIsNamed) {
   }
 }
 
+// An express allreduce whose frame does not fit the socket at once (TCP with 8 KiB socket
+// buffers, 64 KiB frames) goes on reducing into its buffer while the writer sends the rest: the
+// writer must send the frame as it was when the round began (its own copy), or the partner sums
+// values that already include its own.
+TEST(Express, FramesQueuedForTheSocketAreSentAsTheyWere) {
+  auto peers = make_cluster({Transport::tcp, Transport::tcp}, PeerOptions{}.single_copy_bytes,
+                            PeerOptions{}.shm_frame_bytes, 8192);
+  const std::size_t n = 16384;  // 64 KiB of int32: the express path's largest
+  std::vector<std::size_t> wrong(2, 0);
+  test::run_all(2, [&](int r) {
+    std::vector<std::int32_t> in(n), out(n);
+    for (int k = 0; k < 4; ++k) {
+      for (std::size_t i = 0; i < n; ++i) in[i] = static_cast<std::int32_t>((r + 1) * (i % 1000 + k));
+      const std::string name = "queued#" + std::to_string(k);
+      if (peers[r]->allreduce(name, buffer(in.data(), n), buffer(out.data(), n)).wait_status()) {
+        wrong[r] = n;
+        return;
+      }
+      for (std::size_t i = 0; i < n; ++i) {
+        wrong[r] += out[i] != static_cast<std::int32_t>(3 * (i % 1000 + k));
+      }
+    }
+  });
+  EXPECT_EQ(wrong[0], 0u);
+  EXPECT_EQ(wrong[1], 0u);
+}
+
 // KF_EXPRESS_BYTES sets PeerOptions::express_bytes (0 turns the express path off); a value that
 // is not a number of bytes in 0-65536 is refused with the variable's name.
 TEST(Express, KfExpressBytesSetsTheOptionAndABadValueIsNamed) {
