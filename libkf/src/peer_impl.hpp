@@ -686,6 +686,11 @@ class PeerImpl {
   /// by all such receives.
   std::shared_ptr<RecvReq> post_recv(const MailKeyView& key, std::byte* dst, std::size_t bytes,
                                      const ReduceOnArrival* reduce = nullptr);
+  /// Why a receive from `peer` of `version` can never complete (the peer is gone, the version
+  /// broken, or the peer has moved past it), or no error.
+  std::error_code receive_refusal(int peer, std::uint64_t version) const;
+  /// The frame for `key` that came before its receive, taken out of the mailbox, if any.
+  std::optional<EarlyFrame> take_early(const MailKeyView& key);
   void cancel(const std::shared_ptr<SendReq>& r, std::error_code ec);
   void cancel(const std::shared_ptr<RecvReq>& r, std::error_code ec);
   awaitable<std::error_code> wait_progress(Event& ev, int peer, std::chrono::milliseconds timeout);

@@ -525,36 +525,22 @@ void PeerImpl::express_step(CollCtx& c) {
     // runs (write_frame prefers `owned`; what write_now wrote already is the same bytes).
     if (!sent->ev.done) sent->owned.assign(c.work, c.work + bytes);
     // The frame came before this round: reduced at once.
-    if (!mailbox_.empty()) {
-      auto it = mailbox_.find(MailKeyView{peer, c.version, 0, c.name});
-      if (it != mailbox_.end() && !it->second.unexpected.empty()) {
-        EarlyFrame early = std::move(it->second.unexpected.front());
-        it->second.unexpected.erase(it->second.unexpected.begin());
-        unexpected_bytes_ -= early.bytes;
-        if (it->second.empty()) mailbox_.erase(it);
-        const bool fits = early.bytes == bytes;
-        if (fits) reduce_into(c.work, early.data(), c.count, c.send.dtype, c.opts.op);
-        recycle(std::move(early.block));
-        if (!fits) {
-          return fail_express(c, make_error_code(errc::protocol_error),
-                              "receiving from " + ps.key + ": a frame of " +
-                                  std::to_string(early.bytes) + " bytes, " +
-                                  std::to_string(bytes) + " expected");
-        }
-        c.x_dist <<= 1;
-        continue;
+    if (auto taken = take_early(MailKeyView{peer, c.version, 0, c.name})) {
+      const std::size_t got = taken->bytes;
+      if (got == bytes) reduce_into(c.work, taken->data(), c.count, c.send.dtype, c.opts.op);
+      recycle(std::move(taken->block));
+      if (got != bytes) {
+        return fail_express(c, make_error_code(errc::protocol_error),
+                            "receiving from " + ps.key + ": a frame of " + std::to_string(got) +
+                                " bytes, " + std::to_string(bytes) + " expected");
       }
+      c.x_dist <<= 1;
+      continue;
     }
     // Refused as post_recv refuses a receive that can never complete.
-    std::error_code ec;
-    if (ps.lost || ps.departed) {
-      ec = make_error_code(errc::peer_lost);
-    } else if (broken_ && c.version == io_cluster_.version) {
-      ec = broken_;
-    } else if (ps.max_version > c.version) {
-      ec = make_error_code(errc::stale_version);
+    if (const std::error_code ec = receive_refusal(peer, c.version)) {
+      return fail_express(c, ec, "receiving from " + ps.key + ": " + ec.message());
     }
-    if (ec) return fail_express(c, ec, "receiving from " + ps.key + ": " + ec.message());
     c.x_peer = peer;
     c.x_waiting = true;
     express_waiting_.push_back(&c);

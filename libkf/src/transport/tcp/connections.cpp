@@ -1007,28 +1007,22 @@ std::shared_ptr<RecvReq> PeerImpl::post_recv(const MailKeyView& key, std::byte* 
   KF_LOG(trace, "transport", "{}: post recv '{}' tag {} from {} ({} bytes)", identity_, key.name,
          key.tag, peers_[key.peer].key, bytes);
   // The frame came first (a peer a moment ahead): delivered now, with no request of its own
-  // (the shared completed one). An empty mailbox, the usual case, is not even searched.
-  if (!mailbox_.empty()) {
-    auto it = mailbox_.find(key);
-    if (it != mailbox_.end() && !it->second.unexpected.empty()) {
-      EarlyFrame early = std::move(it->second.unexpected.front());
-      it->second.unexpected.erase(it->second.unexpected.begin());
-      unexpected_bytes_ -= early.bytes;
-      if (it->second.empty()) mailbox_.erase(it);
-      std::shared_ptr<RecvReq> req = received_;
-      if (early.bytes != bytes) {
-        req = std::make_shared<RecvReq>(ex(), key.owned());
-        req->ev.set(make_error_code(errc::protocol_error));
-      } else if (bytes > 0 && reduce) {
-        const std::byte* a = reduce->src ? reduce->src : dst;
-        reduce_to(dst, a, early.data(), bytes / dtype_bytes(reduce->dtype), reduce->dtype,
-                  reduce->op);
-      } else if (bytes > 0) {
-        std::memcpy(dst, early.data(), bytes);
-      }
-      recycle(std::move(early.block));
-      return req;
+  // (the shared completed one).
+  if (auto taken = take_early(key)) {
+    EarlyFrame& early = *taken;
+    std::shared_ptr<RecvReq> req = received_;
+    if (early.bytes != bytes) {
+      req = std::make_shared<RecvReq>(ex(), key.owned());
+      req->ev.set(make_error_code(errc::protocol_error));
+    } else if (bytes > 0 && reduce) {
+      const std::byte* a = reduce->src ? reduce->src : dst;
+      reduce_to(dst, a, early.data(), bytes / dtype_bytes(reduce->dtype), reduce->dtype,
+                reduce->op);
+    } else if (bytes > 0) {
+      std::memcpy(dst, early.data(), bytes);
     }
+    recycle(std::move(early.block));
+    return req;
   }
   auto req = std::make_shared<RecvReq>(ex(), key.owned());
   const MailKey& k = req->key;
@@ -1042,22 +1036,33 @@ std::shared_ptr<RecvReq> PeerImpl::post_recv(const MailKeyView& key, std::byte* 
   }
   // No frame came before it (searched above): the receive waits in its slot.
   auto [it, added] = mailbox_.try_emplace(k);
-  const auto& ps = peers_[static_cast<std::size_t>(k.peer)];
-  std::error_code ec;
-  if (ps.lost || ps.departed) {
-    ec = make_error_code(errc::peer_lost);
-  } else if (broken_ && k.version == io_cluster_.version) {
-    ec = broken_;
-  } else if (ps.max_version > k.version) {
-    ec = make_error_code(errc::stale_version);
-  }
-  if (ec) {
+  if (const std::error_code ec = receive_refusal(k.peer, k.version)) {
     if (added) mailbox_.erase(it);
     req->ev.set(ec);
     return req;
   }
   it->second.posted.push_back(req);
   return req;
+}
+
+std::error_code PeerImpl::receive_refusal(int peer, std::uint64_t version) const {
+  const auto& ps = peers_[static_cast<std::size_t>(peer)];
+  if (ps.lost || ps.departed) return make_error_code(errc::peer_lost);
+  if (broken_ && version == io_cluster_.version) return broken_;
+  if (ps.max_version > version) return make_error_code(errc::stale_version);
+  return {};
+}
+
+// An empty mailbox, the usual case, is not even searched.
+std::optional<EarlyFrame> PeerImpl::take_early(const MailKeyView& key) {
+  if (mailbox_.empty()) return std::nullopt;
+  auto it = mailbox_.find(key);
+  if (it == mailbox_.end() || it->second.unexpected.empty()) return std::nullopt;
+  EarlyFrame early = std::move(it->second.unexpected.front());
+  it->second.unexpected.erase(it->second.unexpected.begin());
+  unexpected_bytes_ -= early.bytes;
+  if (it->second.empty()) mailbox_.erase(it);
+  return early;
 }
 
 void PeerImpl::cancel(const std::shared_ptr<SendReq>& r, std::error_code ec) {
