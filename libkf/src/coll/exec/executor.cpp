@@ -573,7 +573,18 @@ bool PeerImpl::express_take(const MailKeyView& key, std::span<const std::byte> p
     fail_express(c, conn, why);
     return true;
   }
-  reduce_into(c.work, payload.data(), c.count, c.send.dtype, c.opts.op);
+  // A socket frame delivered from the read-ahead buffer sits wherever its header and name left
+  // it; the reduction reads whole elements, so a misaligned payload is copied first (ring
+  // records are aligned).
+  const std::size_t align = dtype_bytes(c.send.dtype);
+  if (reinterpret_cast<std::uintptr_t>(payload.data()) % align != 0) {
+    ScratchPool::Block tmp = scratch_.acquire(bytes);
+    std::memcpy(tmp.data.get(), payload.data(), bytes);
+    reduce_into(c.work, tmp.data.get(), c.count, c.send.dtype, c.opts.op);
+    scratch_.release(std::move(tmp));
+  } else {
+    reduce_into(c.work, payload.data(), c.count, c.send.dtype, c.opts.op);
+  }
   c.x_dist <<= 1;
   express_step(c);
   return true;
