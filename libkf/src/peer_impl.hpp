@@ -555,7 +555,6 @@ struct CollCtx {
   // ---- express: a tiny allreduce run by recursive doubling without plan, lanes or requests
   // (PeerImpl::start_express). The same frames as the plan's, so workers that run the same
   // collective either way interoperate. ----
-  bool express = false;
   int x_dist = 0;            // the current round's distance: the partner is rank ^ x_dist
   int x_peer = -1;           // the partner's peer index while waiting for its frame
   bool x_waiting = false;    // in PeerImpl::express_waiting_
@@ -745,7 +744,7 @@ class PeerImpl {
   void lane_finished(LaneRun& l, std::error_code ec, std::string why);
   /// Completes the collective once its last lane finished.
   void finish_collective(CollCtx& c);
-  /// Whether a collective runs as an express allreduce (CollCtx::express): an allreduce of at
+  /// Whether a collective runs as an express allreduce (CollCtx::x_*): an allreduce of at
   /// most PeerOptions::express_bytes, or a barrier, by recursive doubling over a power-of-two number of
   /// workers.
   bool express_eligible(const CollCtx& c) const noexcept;

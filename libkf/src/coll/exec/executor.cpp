@@ -490,7 +490,6 @@ bool PeerImpl::express_eligible(const CollCtx& c) const noexcept {
 
 void PeerImpl::start_express(const std::shared_ptr<CollCtx>& ctx) {
   CollCtx& c = *ctx;
-  c.express = true;
   if (c.op == CollOp::barrier) {
     c.count = 1;
     c.work = &c.barrier_byte;
