@@ -297,14 +297,19 @@ struct RecvReq {
 };
 
 /// Puts n payload bytes that belong at `offset` of the request's destination in place.
-inline void deliver(RecvReq& r, const std::byte* data, std::size_t offset, std::size_t n) {
+/// Copies n payload bytes to dst, or with `reduce` stores dst[i] = (src ? src : dst)[i] OP
+/// data[i].
+inline void deliver_to(std::byte* dst, bool reduce, const std::byte* src, DType dtype,
+                       ReduceOp op, const std::byte* data, std::size_t n) {
   if (n == 0) return;
-  if (!r.reduce) {
-    std::memcpy(r.dst + offset, data, n);
+  if (!reduce) {
+    std::memcpy(dst, data, n);
     return;
   }
-  const std::byte* a = (r.src ? r.src : r.dst) + offset;
-  reduce_to(r.dst + offset, a, data, n / dtype_bytes(r.dtype), r.dtype, r.op);
+  reduce_to(dst, src ? src : dst, data, n / dtype_bytes(dtype), dtype, op);
+}
+inline void deliver(RecvReq& r, const std::byte* data, std::size_t offset, std::size_t n) {
+  deliver_to(r.dst + offset, r.reduce, r.src ? r.src + offset : nullptr, r.dtype, r.op, data, n);
 }
 
 /// Reusable buffers, so that large collectives do not page-fault fresh memory on every call: at
@@ -669,9 +674,12 @@ class PeerImpl {
   }
 
   /// Sends a frame. A data frame that went into a shared-memory ring at once is complete and
-  /// gets `sent_`, shared by all such sends: callers only look at a request's event.
+  /// gets `sent_`, shared by all such sends: callers only look at a request's event. With
+  /// `copy_if_queued`, a frame that is not sent at once is sent from a copy of `data`, which the
+  /// caller may then change (otherwise `data` must stay as it is until the request completes).
   std::shared_ptr<SendReq> post_send(int peer, const transport::FrameHeader& h,
-                                     std::string_view name, const std::byte* data);
+                                     std::string_view name, const std::byte* data,
+                                     bool copy_if_queued = false);
   std::shared_ptr<SendReq> post_control(int peer, transport::FrameType t,
                                         std::vector<std::byte> payload);
   /// How a receive reduces its payload into dst on arrival (RecvReq::reduce).
@@ -739,14 +747,16 @@ class PeerImpl {
   /// A lane failed (it stops waiting): its transfers are abandoned (a coroutine), then it
   /// counts as finished.
   void fail_lane(LaneRun& l, std::error_code ec, std::string why);
+  /// "receiving from PEER: why" (or "sending to"), a failed transfer's reason.
+  std::string transfer_failure(bool recv, int peer, std::error_code ec) const;
   /// Fails the lane for its transfer with `peer` (a receive or a send).
   void fail_transfer(LaneRun& l, bool recv, int peer, std::error_code ec);
   void lane_finished(LaneRun& l, std::error_code ec, std::string why);
   /// Completes the collective once its last lane finished.
   void finish_collective(CollCtx& c);
-  /// Whether a collective runs as an express allreduce (CollCtx::x_*): an allreduce of at
-  /// most PeerOptions::express_bytes, or a barrier, by recursive doubling over a power-of-two number of
-  /// workers.
+  /// Whether a collective runs as an express allreduce (CollCtx::x_*): an allreduce of at most
+  /// PeerOptions::express_bytes, or a barrier, by recursive doubling over a power-of-two number
+  /// of workers.
   bool express_eligible(const CollCtx& c) const noexcept;
   /// Starts an eligible collective (its context in `ctx`) as an express allreduce.
   void start_express(const std::shared_ptr<CollCtx>& ctx);
@@ -770,10 +780,7 @@ class PeerImpl {
       if (match(MailKeyView{c->x_peer, c->version, 0, c->name})) hit.push_back(runs_[c->run_index]);
     }
     for (const auto& c : hit) {
-      if (!c->x_waiting) continue;
-      fail_express(*c, ec,
-                   "receiving from " + peers_[static_cast<std::size_t>(c->x_peer)].key + ": " +
-                       ec.message());
+      if (c->x_waiting) fail_express(*c, ec, transfer_failure(true, c->x_peer, ec));
     }
   }
   /// Advances the lanes whose events were set; returns how many ran.

@@ -61,6 +61,11 @@ void fill(CollCtx& c, std::size_t es, std::size_t off, std::size_t count) {
 
 std::string label(const CollCtx& c) { return std::string(to_string(c.op)) + " '" + c.name + "'"; }
 
+// Why a peer that a timed-out wait depended on counts as lost.
+std::string no_progress(std::chrono::milliseconds timeout) {
+  return "no progress for " + std::to_string(timeout.count()) + " ms";
+}
+
 }  // namespace
 
 void PeerImpl::post_step(LaneRun& l) {
@@ -214,32 +219,27 @@ void PeerImpl::check_deadlines() {
   const auto now = Clock::now();
   auto next = Clock::time_point::max();
   StepVec<LaneRun*> expired;
+  // Whether a wait on `peer` with this deadline has expired; if not, moves the deadline to the
+  // peer's last sign of life plus the timeout, and keeps the earliest deadline in `next`.
+  auto expired_wait = [&](Clock::time_point& deadline, int peer, std::chrono::milliseconds t) {
+    if (deadline <= now) {
+      const auto& ps = peers_[static_cast<std::size_t>(peer)];
+      const auto last = std::max(ps.last_rx, ps.last_tx) + t;
+      if (now >= last) return true;
+      deadline = last;
+    }
+    next = std::min(next, deadline);
+    return false;
+  };
   StepVec<std::shared_ptr<CollCtx>> express_expired;
   for (CollCtx* c : express_waiting_) {
-    if (c->x_deadline <= now) {
-      const auto& ps = peers_[static_cast<std::size_t>(c->x_peer)];
-      const auto last = std::max(ps.last_rx, ps.last_tx) + c->timeout;
-      if (now >= last) {
-        express_expired.push_back(runs_[c->run_index]);
-        continue;
-      }
-      c->x_deadline = last;
+    if (expired_wait(c->x_deadline, c->x_peer, c->timeout)) {
+      express_expired.push_back(runs_[c->run_index]);
     }
-    next = std::min(next, c->x_deadline);
   }
   for (const auto& c : runs_) {
     for (auto& l : c->lanes) {
-      if (!l.waiting_on) continue;
-      if (l.deadline <= now) {
-        const auto& ps = peers_[static_cast<std::size_t>(l.wait_peer)];
-        const auto last = std::max(ps.last_rx, ps.last_tx) + c->timeout;
-        if (now >= last) {
-          expired.push_back(&l);
-          continue;
-        }
-        l.deadline = last;
-      }
-      next = std::min(next, l.deadline);
+      if (l.waiting_on && expired_wait(l.deadline, l.wait_peer, c->timeout)) expired.push_back(&l);
     }
   }
   for (LaneRun* l : expired) {
@@ -253,12 +253,8 @@ void PeerImpl::check_deadlines() {
     if (!c->x_waiting) continue;
     const int peer = c->x_peer;
     const auto timeout = make_error_code(errc::timeout);
-    mark_lost(peer, timeout, "no progress for " + std::to_string(c->timeout.count()) + " ms");
-    if (c->x_waiting) {
-      fail_express(*c, timeout,
-                   "receiving from " + peers_[static_cast<std::size_t>(peer)].key + ": " +
-                       timeout.message());
-    }
+    mark_lost(peer, timeout, no_progress(c->timeout));
+    if (c->x_waiting) fail_express(*c, timeout, transfer_failure(true, peer, timeout));
   }
   if (next != Clock::time_point::max()) arm_deadline(next);
 }
@@ -273,10 +269,13 @@ std::size_t PeerImpl::run_woken() {
   return i;
 }
 
+std::string PeerImpl::transfer_failure(bool recv, int peer, std::error_code ec) const {
+  return (recv ? "receiving from " : "sending to ") + peers_[static_cast<std::size_t>(peer)].key +
+         ": " + ec.message();
+}
+
 void PeerImpl::fail_transfer(LaneRun& l, bool recv, int peer, std::error_code ec) {
-  fail_lane(l, ec,
-            (recv ? "receiving from " : "sending to ") +
-                peers_[static_cast<std::size_t>(peer)].key + ": " + ec.message());
+  fail_lane(l, ec, transfer_failure(recv, peer, ec));
 }
 
 void PeerImpl::fail_lane(LaneRun& l, std::error_code ec, std::string why) {
@@ -309,7 +308,7 @@ awaitable<void> PeerImpl::abandon_step(CollCtx& ctx,
                                        const StepVec<int>& recv_peer, std::error_code result) {
   // A peer that stops making progress counts as lost; everyone else is told.
   if (result == make_error_code(errc::timeout)) {
-    const std::string stall = "no progress for " + std::to_string(ctx.timeout.count()) + " ms";
+    const std::string stall = no_progress(ctx.timeout);
     for (std::size_t i = 0; i < recvs.size(); ++i) {
       if (!recvs[i]->ev.done) mark_lost(recv_peer[i], result, stall);
     }
@@ -519,10 +518,8 @@ void PeerImpl::express_step(CollCtx& c) {
     h.tag = 0;
     h.name_bytes = static_cast<std::uint32_t>(c.name.size());
     h.payload_bytes = bytes;
-    auto sent = post_send(peer, h, c.name, c.work);
-    // Queued for the socket: the writer sends a copy, as the work buffer changes before it
-    // runs (write_frame prefers `owned`; what write_now wrote already is the same bytes).
-    if (!sent->ev.done) sent->owned.assign(c.work, c.work + bytes);
+    // From a copy if queued: the work buffer changes in the next round, before the writer runs.
+    post_send(peer, h, c.name, c.work, /*copy_if_queued=*/true);
     // The frame came before this round: reduced at once.
     if (auto taken = take_early(MailKeyView{peer, c.version, 0, c.name})) {
       const std::size_t got = taken->bytes;
@@ -538,7 +535,7 @@ void PeerImpl::express_step(CollCtx& c) {
     }
     // Refused as post_recv refuses a receive that can never complete.
     if (const std::error_code ec = receive_refusal(peer, c.version)) {
-      return fail_express(c, ec, "receiving from " + ps.key + ": " + ec.message());
+      return fail_express(c, ec, transfer_failure(true, peer, ec));
     }
     c.x_peer = peer;
     c.x_waiting = true;

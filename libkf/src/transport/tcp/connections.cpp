@@ -927,7 +927,8 @@ awaitable<void> PeerImpl::run_outgoing(std::shared_ptr<Outgoing> out) {
 }
 
 std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h,
-                                             std::string_view name, const std::byte* data) {
+                                             std::string_view name, const std::byte* data,
+                                             bool copy_if_queued) {
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   auto refused = [&](std::error_code ec) {
     auto req = std::make_shared<SendReq>(ex());
@@ -979,6 +980,9 @@ std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h,
     // Partly in the socket already: the rest must follow, so it cannot be cancelled any more.
     if (req->written > 0) req->in_progress = true;
   }
+  // The writer sends `owned` when it has one (write_frame); what write_now wrote already is the
+  // same bytes.
+  if (copy_if_queued && req->bytes > 0) req->owned.assign(data, data + req->bytes);
   ps.out->queue.push_back(req);
   ps.out->signal.cancel();
   ++handlers_posted_;
@@ -1014,12 +1018,10 @@ std::shared_ptr<RecvReq> PeerImpl::post_recv(const MailKeyView& key, std::byte* 
     if (early.bytes != bytes) {
       req = std::make_shared<RecvReq>(ex(), key.owned());
       req->ev.set(make_error_code(errc::protocol_error));
-    } else if (bytes > 0 && reduce) {
-      const std::byte* a = reduce->src ? reduce->src : dst;
-      reduce_to(dst, a, early.data(), bytes / dtype_bytes(reduce->dtype), reduce->dtype,
-                reduce->op);
-    } else if (bytes > 0) {
-      std::memcpy(dst, early.data(), bytes);
+    } else if (reduce) {
+      deliver_to(dst, true, reduce->src, reduce->dtype, reduce->op, early.data(), bytes);
+    } else {
+      deliver_to(dst, false, nullptr, DType::u8, ReduceOp::sum, early.data(), bytes);
     }
     recycle(std::move(early.block));
     return req;
