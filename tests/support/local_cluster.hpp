@@ -13,20 +13,25 @@
 
 namespace kf::test {
 
-inline std::vector<std::unique_ptr<Peer>> make_local_cluster(int n, const PeerOptions& base) {
+/// One peer per entry of `options` (rank i gets options[i]), listening on 127.0.0.1.
+inline std::vector<std::unique_ptr<Peer>> make_local_cluster(std::vector<PeerOptions> options) {
   std::vector<std::unique_ptr<Peer>> peers;
   Cluster c;
   c.version = 1;
-  for (int i = 0; i < n; ++i) {
-    PeerOptions o = base;
+  for (std::size_t i = 0; i < options.size(); ++i) {
+    PeerOptions& o = options[i];
     if (o.job_token.empty()) o.job_token = "test-token";
     o.listen.host = "127.0.0.1";
     o.listen.port = 0;
     peers.push_back(std::make_unique<Peer>(o));
-    c.workers.push_back(WorkerSpec{peers.back()->endpoint(), i});
+    c.workers.push_back(WorkerSpec{peers.back()->endpoint(), static_cast<int>(i)});
   }
   for (auto& p : peers) p->start(c);
   return peers;
+}
+
+inline std::vector<std::unique_ptr<Peer>> make_local_cluster(int n, const PeerOptions& base) {
+  return make_local_cluster(std::vector<PeerOptions>(static_cast<std::size_t>(n), base));
 }
 
 inline std::vector<std::unique_ptr<Peer>> make_local_cluster(int n) {

@@ -163,18 +163,9 @@ INSTANTIATE_TEST_SUITE_P(
 // frame that the other side never matches into a failure instead of a hang.
 TEST(Express, WorkersWithAndWithoutItAgree) {
   for (const int p : {2, 4, 8}) {
-    std::vector<std::unique_ptr<Peer>> peers;
-    Cluster c;
-    c.version = 1;
-    for (int i = 0; i < p; ++i) {
-      PeerOptions o;
-      o.job_token = "test-token";
-      o.listen = Endpoint{"127.0.0.1", 0};
-      if (i % 2 == 0) o.express_bytes = 0;
-      peers.push_back(std::make_unique<Peer>(o));
-      c.workers.push_back(WorkerSpec{peers.back()->endpoint(), i});
-    }
-    for (auto& peer : peers) peer->start(c);
+    std::vector<PeerOptions> options(static_cast<std::size_t>(p));
+    for (std::size_t i = 0; i < options.size(); i += 2) options[i].express_bytes = 0;
+    auto peers = test::make_local_cluster(options);
     const std::vector<std::size_t> counts = {1, 7, 256, 4096};
     std::vector<std::vector<std::vector<float>>> sums(p), avgs(p);
     std::vector<std::vector<std::int32_t>> maxes(p);
