@@ -497,7 +497,6 @@ void PeerImpl::start_express(const std::shared_ptr<CollCtx>& ctx) {
   } else {
     c.count = c.send.count;
     c.work = static_cast<std::byte*>(c.recv.data);
-    if (c.send.data != c.recv.data) std::memmove(c.work, c.send.data, c.send.bytes());
   }
   c.run_index = runs_.size();
   runs_.push_back(ctx);
@@ -519,7 +518,15 @@ void PeerImpl::express_step(CollCtx& c) {
     h.name_bytes = static_cast<std::uint32_t>(c.name.size());
     h.payload_bytes = bytes;
     // From a copy if queued: the work buffer changes in the next round, before the writer runs.
-    post_send(peer, h, c.name, c.work, /*copy_if_queued=*/true);
+    // An out-of-place allreduce's first round sends from the send buffer and copies it into
+    // the result afterwards: the copy's cache misses (the destination, often cold) then overlap
+    // the wait for the partner instead of delaying the frame.
+    const std::byte* data = c.work;
+    if (c.x_dist == 1 && c.op == CollOp::allreduce && c.send.data != c.recv.data) {
+      data = static_cast<const std::byte*>(c.send.data);
+    }
+    post_send(peer, h, c.name, data, /*copy_if_queued=*/true);
+    if (data != c.work) std::memmove(c.work, data, bytes);
     // The frame came before this round: reduced at once.
     if (auto taken = take_early(MailKeyView{peer, c.version, 0, c.name})) {
       const std::size_t got = taken->bytes;
