@@ -104,8 +104,8 @@ int main(int argc, char** argv) {
           ->capture_default_str();
     }
     sub->add_option("--iters", options.iters,
-                    "timed iterations per row (default: 200 up to 64K, 50 up to 1M, 20 up to "
-                    "16M, 10 above)")
+                    "timed iterations per row (default: 2000 up to 4K, 500 up to 64K, 50 up to "
+                    "1M, 20 up to 16M, 10 above)")
         ->check(CLI::Range(1, kMaxIterations));
     sub->add_option("--warmup", options.warmup, "untimed iterations before each row")
         ->check(CLI::Range(0, kMaxIterations))

@@ -32,8 +32,10 @@ TEST(Bandwidth, FollowsNcclTestsDefinitions) {
 }
 
 TEST(DefaultIterations, SmallMessagesRunMore) {
-  EXPECT_EQ(default_iterations(4), 200);
-  EXPECT_EQ(default_iterations(64 * 1024), 200);
+  EXPECT_EQ(default_iterations(4), 2000);
+  EXPECT_EQ(default_iterations(4 * 1024), 2000);
+  EXPECT_EQ(default_iterations(4 * 1024 + 1), 500);
+  EXPECT_EQ(default_iterations(64 * 1024), 500);
   EXPECT_EQ(default_iterations(64 * 1024 + 1), 50);
   EXPECT_EQ(default_iterations(1 << 20), 50);
   EXPECT_EQ(default_iterations(16 << 20), 20);

@@ -170,8 +170,8 @@ int main(int argc, char** argv) {
       ->check(size_check)
       ->capture_default_str();
   app.add_option("--iters", o.iters,
-                 "timed iterations per size (default: 200 up to 64K, 50 up to 1M, 20 up to "
-                 "16M, 10 above)")
+                 "timed iterations per size (default: 2000 up to 4K, 500 up to 64K, 50 up to "
+                 "1M, 20 up to 16M, 10 above)")
       ->check(CLI::Range(1, bench::kMaxIterations));
   app.add_option("--warmup", o.warmup, "untimed iterations before each size")
       ->check(CLI::Range(0, bench::kMaxIterations))
