@@ -105,8 +105,16 @@ void Driver::drive_until(const OpState& s) {
       if (mu.try_lock()) {
         std::lock_guard<std::mutex> held(mu, std::adopt_lock);
         IdleWindow idle;
+        // With more workers than cores, each idle poll ends by yielding the core; a poll that
+        // makes a system call (epoll_wait) as well takes that much longer to hand the core to
+        // the worker it waits for. When rings carry the traffic they are polled every time and
+        // the context every 4th idle poll: with 4 workers on 2 cores, 4 B, pinned to each of
+        // the three pairings, 10.5 / 7.5 / 10.8 -> 9.3 / 6.9 / 7.3 us. (Over TCP, where the
+        // context is all there is to poll, the same cost 20 %.)
+        const bool crowded = yield.load(std::memory_order_relaxed);
         while (!s.ready.load(std::memory_order_acquire) && !ioc->stopped()) {
-          if (poll_once() > 0) {
+          const bool skip = crowded && reads_rings && idle.idle_polls() % 4 != 0;
+          if (poll_once(skip) > 0) {
             idle.worked();
           } else if (idle.within(spin)) {
             relax();

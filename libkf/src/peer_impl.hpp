@@ -64,6 +64,8 @@ class IdleWindow {
     idle_ = kCheckEvery;
     since_ = Clock::time_point{};
   }
+  /// Idle polls since the last work.
+  std::uint32_t idle_polls() const noexcept { return idle_; }
   /// An idle poll: whether `spin` has not passed yet since the first idle poll after work.
   bool within(std::chrono::microseconds spin) noexcept {
     if (idle_++ % kCheckEvery != 0) return true;
@@ -110,9 +112,13 @@ struct Driver {
   // The collective lanes whose events were set (PeerImpl::run_woken): no handler runs them,
   // so whoever runs the context runs them after each handler or ring record.
   std::function<std::size_t()> run_woken;
+  // Whether this peer reads any shared-memory ring (PeerImpl::ring_readers_ is not empty);
+  // touched only under `mu`.
+  bool reads_rings = false;
   /// One round of polling: ready handlers, ring records and woken lanes; the number run.
-  std::size_t poll_once() {
-    std::size_t n = ioc->poll_one();
+  /// `skip_context` leaves the context out (its epoll_wait is a system call when idle).
+  std::size_t poll_once(bool skip_context = false) {
+    std::size_t n = skip_context ? 0 : ioc->poll_one();
     if (poll_rings) n += poll_rings();
     if (run_woken) n += run_woken();
     return n;

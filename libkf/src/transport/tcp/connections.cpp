@@ -427,6 +427,7 @@ awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in, std::stri
     ec = make_error_code(errc::protocol_error);
   }
   std::erase(ring_readers_, in);
+  driver_->reads_rings = !ring_readers_.empty();
   in->sock.close(ignored);
   auto& ins = peers_[static_cast<std::size_t>(peer)].in;
   std::erase(ins, in);
@@ -597,6 +598,7 @@ awaitable<std::error_code> PeerImpl::accept_ring(const std::shared_ptr<Incoming>
   in->ring = std::move(ring);
   in->socket_frames = 0;
   ring_readers_.push_back(in);
+  driver_->reads_rings = true;
   co_return co_await write_reply(in->sock, transport::RemoteReply::copied);
 }
 
