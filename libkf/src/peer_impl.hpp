@@ -421,6 +421,9 @@ struct Slot {
   }
 };
 
+/// Waiting receives and early frames, by key.
+using Mailbox = std::unordered_map<MailKey, Slot, MailKeyHash, MailKeyEq>;
+
 struct Outgoing {
   Outgoing(const asio::any_io_executor& ex, int p) : sock(ex), signal(ex), peer(p) {}
   Stream sock;
@@ -704,6 +707,12 @@ class PeerImpl {
   std::error_code receive_refusal(int peer, std::uint64_t version) const;
   /// The frame for `key` that came before its receive, taken out of the mailbox, if any.
   std::optional<EarlyFrame> take_early(const MailKeyView& key);
+  /// The slot of `key`, added (from spare_slots_ when there is one) if there is none.
+  Mailbox::iterator slot_for(const MailKeyView& key);
+  /// Adds the slot of `key`, which has none.
+  Mailbox::iterator add_slot(const MailKeyView& key);
+  /// Removes a slot that has become empty, keeping its node for slot_for.
+  void drop_slot(Mailbox::iterator it);
   void cancel(const std::shared_ptr<SendReq>& r, std::error_code ec);
   void cancel(const std::shared_ptr<RecvReq>& r, std::error_code ec);
   awaitable<std::error_code> wait_progress(Event& ev, int peer, std::chrono::milliseconds timeout);
@@ -827,7 +836,11 @@ class PeerImpl {
 
   std::vector<PeerState> peers_;
   std::unordered_map<std::string, int> peer_by_key_;
-  std::unordered_map<MailKey, Slot, MailKeyHash, MailKeyEq> mailbox_;
+  Mailbox mailbox_;
+  // Emptied slots, kept as node handles for the next key (slot_for, drop_slot): with more
+  // workers than cores most frames come before their receive, and each one needed a slot
+  // allocated and freed.
+  std::vector<Mailbox::node_type> spare_slots_;
   std::vector<std::shared_ptr<Incoming>> ring_readers_;  // connections with a ring to read
   std::size_t unexpected_bytes_ = 0;
   std::error_code broken_;

@@ -506,7 +506,7 @@ std::error_code PeerImpl::store_frame(int peer, const MailKeyView& key,
   if (it != mailbox_.end() && !it->second.posted.empty()) {
     auto req = it->second.posted.front();
     it->second.posted.erase(it->second.posted.begin());
-    if (it->second.empty()) mailbox_.erase(it);
+    if (it->second.empty()) drop_slot(it);
     if (req->bytes != payload.size()) {
       why = "frame for '" + std::string(key.name) + "' carries " + std::to_string(payload.size()) +
             " bytes, the receiver expects " + std::to_string(req->bytes);
@@ -533,8 +533,34 @@ std::error_code PeerImpl::store_frame(int peer, const MailKeyView& key,
   }
   unexpected_bytes_ += early.bytes;
   Counters::add(counters_.early_bytes, early.bytes);
-  mailbox_.try_emplace(key.owned()).first->second.unexpected.push_back(std::move(early));
+  (it != mailbox_.end() ? it : add_slot(key))->second.unexpected.push_back(std::move(early));
   return {};
+}
+
+Mailbox::iterator PeerImpl::slot_for(const MailKeyView& key) {
+  auto it = mailbox_.find(key);
+  return it != mailbox_.end() ? it : add_slot(key);
+}
+
+Mailbox::iterator PeerImpl::add_slot(const MailKeyView& key) {
+  if (spare_slots_.empty()) return mailbox_.try_emplace(key.owned()).first;
+  Mailbox::node_type node = std::move(spare_slots_.back());
+  spare_slots_.pop_back();
+  MailKey& k = node.key();
+  k.peer = key.peer;
+  k.version = key.version;
+  k.tag = key.tag;
+  k.name.assign(key.name);
+  return mailbox_.insert(std::move(node)).position;
+}
+
+void PeerImpl::drop_slot(Mailbox::iterator it) {
+  constexpr std::size_t kSpareSlots = 16;
+  if (spare_slots_.size() < kSpareSlots) {
+    spare_slots_.push_back(mailbox_.extract(it));
+  } else {
+    mailbox_.erase(it);
+  }
 }
 
 ScratchPool::Block PeerImpl::early_block(std::size_t bytes) {
@@ -1039,9 +1065,9 @@ std::shared_ptr<RecvReq> PeerImpl::post_recv(const MailKeyView& key, std::byte* 
     req->op = reduce->op;
   }
   // No frame came before it (searched above): the receive waits in its slot.
-  auto [it, added] = mailbox_.try_emplace(k);
+  auto it = slot_for(key);
   if (const std::error_code ec = receive_refusal(k.peer, k.version)) {
-    if (added) mailbox_.erase(it);
+    if (it->second.empty()) drop_slot(it);
     req->ev.set(ec);
     return req;
   }
@@ -1065,7 +1091,7 @@ std::optional<EarlyFrame> PeerImpl::take_early(const MailKeyView& key) {
   EarlyFrame early = std::move(it->second.unexpected.front());
   it->second.unexpected.erase(it->second.unexpected.begin());
   unexpected_bytes_ -= early.bytes;
-  if (it->second.empty()) mailbox_.erase(it);
+  if (it->second.empty()) drop_slot(it);
   return early;
 }
 
