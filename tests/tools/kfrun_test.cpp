@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kf/cluster/cluster.hpp"
+#include "kfrun/lib/binding.hpp"
 
 namespace kf::tools {
 namespace {
@@ -302,6 +304,82 @@ TEST_F(Kfrun, PassesJobIdAndTokenFileInsteadOfToken) {
   auto lines = lines_of(r.out);
   std::sort(lines.begin(), lines.end());  // the ranks' lines may come in either order
   EXPECT_EQ(lines, (std::vector<std::string>{"[0] " + expected, "[1] " + expected})) << r.out;
+}
+
+// The CPUs of a "Cpus_allowed_list:\t0-1,4" line.
+std::set<int> cpus_of(const std::string& line) {
+  std::set<int> cpus;
+  std::istringstream in(line.substr(line.find(':') + 1));
+  for (std::string part; std::getline(in, part, ',');) {
+    const auto dash = part.find('-');
+    const int first = std::stoi(part.substr(0, dash));
+    const int last = dash == std::string::npos ? first : std::stoi(part.substr(dash + 1));
+    for (int c = first; c <= last; ++c) cpus.insert(c);
+  }
+  return cpus;
+}
+
+// Each rank's CPUs, from its "[rank] Cpus_allowed_list: ..." line.
+std::map<int, std::set<int>> cpus_by_rank(const std::string& out) {
+  std::map<int, std::set<int>> by_rank;
+  for (const auto& line : lines_of(out)) {
+    if (!contains(line, "Cpus_allowed_list")) continue;
+    by_rank[std::stoi(line.substr(1))] = cpus_of(line);
+  }
+  return by_rank;
+}
+
+// Holds this thread (which forks the workers in run_in_process) to `cpus` while it lives.
+class HeldTo {
+ public:
+  explicit HeldTo(const std::vector<int>& cpus) {
+    EXPECT_EQ(::sched_getaffinity(0, sizeof saved_, &saved_), 0);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : cpus) CPU_SET(c, &set);
+    EXPECT_EQ(::sched_setaffinity(0, sizeof set, &set), 0);
+  }
+  ~HeldTo() { ::sched_setaffinity(0, sizeof saved_, &saved_); }
+
+ private:
+  cpu_set_t saved_;
+};
+
+TEST_F(Kfrun, HoldsEachWorkerToOneCoreOnlyWhenThereAreMoreWorkersThanCores) {
+  const auto allowed = allowed_cpus();
+  if (allowed.size() < 2) GTEST_SKIP() << "needs 2 CPUs to run on, has " << allowed.size();
+  const int a = allowed[0];
+  const int b = allowed[1];
+  const HeldTo held({a, b});
+  LaunchOptions options;
+  options.command = {"sh", "-c", "grep Cpus_allowed_list /proc/self/status"};
+
+  options.np = 3;  // 3 workers, 2 cores: slot s on core s mod 2
+  auto r = run_in_process(options);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(cpus_by_rank(r.out),
+            (std::map<int, std::set<int>>{{0, {a}}, {1, {b}}, {2, {a}}}))
+      << r.out;
+
+  options.bind = Bind::none;
+  r = run_in_process(options);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(cpus_by_rank(r.out),
+            (std::map<int, std::set<int>>{{0, {a, b}}, {1, {a, b}}, {2, {a, b}}}))
+      << r.out;
+
+  options.bind = Bind::automatic;
+  options.np = 2;  // a core each: left free
+  r = run_in_process(options);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(cpus_by_rank(r.out), (std::map<int, std::set<int>>{{0, {a, b}}, {1, {a, b}}}))
+      << r.out;
+}
+
+TEST_F(Kfrun, RejectsAnUnknownBinding) {
+  const auto r = run_kfrun({"--bind", "core", "-np", "2", "--", "true"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "--bind")) << r.err;
 }
 
 TEST_F(Kfrun, ReportsProgramThatCannotBeExecuted) {

@@ -88,8 +88,16 @@ int main(int argc, char** argv) {
                  "workers serve their metrics for Prometheus on this port + their slot "
                  "(KF_METRICS_PORT); 0: each on a port the kernel picks (logged)")
       ->check(CLI::Range(0, 65535));
+  std::string bind = "auto";
+  auto* bind_option =
+      app.add_option("--bind", bind,
+                     "auto: hold worker i to core i mod n (n: the cores kfrun may use) when -np "
+                     "is more than n; none: never. Not with --watch, whose workers come and go")
+          ->check(CLI::IsMember({"auto", "none"}))
+          ->capture_default_str();
   bool watch_mode = false;
-  auto* watch = app.add_flag("--watch", watch_mode, "run as the per-host agent of an elastic job");
+  auto* watch = app.add_flag("--watch", watch_mode, "run as the per-host agent of an elastic job")
+                    ->excludes(bind_option);
   app.add_option("--config-server", agent.config_server,
                  "config service URL http://HOST:PORT, or 'builtin' to run one in kfrun")
       ->needs(watch);
@@ -131,6 +139,7 @@ int main(int argc, char** argv) {
     options.ports = kf::tools::PortRange::parse(port_range);
     if (timeout_ms) options.timeout = std::chrono::milliseconds(*timeout_ms);
     if (metrics_port) options.metrics_port = static_cast<std::uint16_t>(*metrics_port);
+    options.bind = *kf::tools::parse_bind(bind);  // checked by CLI11 above
     if (!watch_mode) {
       options.np = *np;
       return kf::tools::run_static(options);

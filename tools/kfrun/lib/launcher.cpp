@@ -50,7 +50,9 @@ class Supervisor {
     // Appended piecewise: GCC 12 warns falsely (-Wrestrict) on "[" + std::string&&.
     std::string prefix = "[";
     prefix.append(std::to_string(rank)).append("] ");
-    workers_.push_back(Worker{rank, WorkerProcess::spawn(options_.command, env),
+    // Worker i is in slot i.
+    const auto cpu = cpu_for_slot(options_.bind, rank, options_.np, cpus_);
+    workers_.push_back(Worker{rank, WorkerProcess::spawn(options_.command, env, cpu),
                               LinePrefixer(prefix, [this](auto line) { out_.write(line); }),
                               LinePrefixer(prefix, [this](auto line) { err_.write(line); })});
   }
@@ -161,6 +163,7 @@ class Supervisor {
   SignalPipe& signals_;
   FdWriter out_;
   FdWriter err_;
+  const std::vector<int> cpus_ = allowed_cpus();  // kfrun's own, for holding workers to one
   std::vector<Worker> workers_;
   std::optional<int> failure_;  // exit code of the first failure
   bool stopping_ = false;       // SIGTERM sent; SIGKILL follows at kill_at_

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kfrun/lib/binding.hpp"
 #include "kfrun/lib/ports.hpp"
 
 namespace kf::tools {
@@ -30,6 +31,9 @@ struct LaunchOptions {
   nlohmann::json settings = nlohmann::json::object();
   std::optional<std::string> job_file;  ///< KF_JOB_FILE for the workers
   std::vector<std::string> command;                  ///< program and its arguments
+  /// Whether worker i is held to one core (binding.hpp): with `automatic`, when np is more
+  /// than the cores kfrun may use.
+  Bind bind = Bind::automatic;
   /// How long stopped workers get between SIGTERM and SIGKILL.
   std::chrono::milliseconds grace{2000};
   int out_fd = 1;  ///< where the workers' tagged stdout goes

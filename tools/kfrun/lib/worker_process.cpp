@@ -2,6 +2,7 @@
 #include "kfrun/lib/worker_process.hpp"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,8 +49,14 @@ bool install_fd(int fd, int target) noexcept {
 // Runs in the child between fork and exec: async-signal-safe calls only. All signals are
 // blocked on entry; `mask` is the mask to restore once the dispositions are back to default.
 [[noreturn]] void exec_child(char* const* argv, char* const* envp, int stdin_fd, int out_fd,
-                             int err_fd, int status_fd, const sigset_t& mask) {
+                             int err_fd, int status_fd, const sigset_t& mask,
+                             const cpu_set_t* cpus) {
   ::setpgid(0, 0);
+  if (cpus != nullptr && ::sched_setaffinity(0, sizeof *cpus, cpus) != 0) {
+    const int error = -errno;  // negative: the affinity failed, not the exec
+    [[maybe_unused]] auto n = ::write(status_fd, &error, sizeof error);
+    ::_exit(127);
+  }
   if (!install_fd(stdin_fd, STDIN_FILENO) || !install_fd(out_fd, STDOUT_FILENO) ||
       !install_fd(err_fd, STDERR_FILENO)) {
     const int error = errno;
@@ -102,8 +109,17 @@ std::string describe_exit(int wait_status) {
 }
 
 WorkerProcess WorkerProcess::spawn(const std::vector<std::string>& argv,
-                                   const std::vector<std::string>& env) {
+                                   const std::vector<std::string>& env, std::optional<int> cpu) {
   KF_CHECK(!argv.empty(), "WorkerProcess::spawn: empty argv");
+  // Built before the fork: the child makes only async-signal-safe calls.
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  if (cpu) {
+    if (*cpu < 0 || *cpu >= CPU_SETSIZE) {
+      throw ExecError("cannot hold '" + argv[0] + "' to CPU " + std::to_string(*cpu));
+    }
+    CPU_SET(*cpu, &cpus);
+  }
   auto c_argv = c_strings(argv);
   auto c_env = c_strings(env);
   UniqueFd dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
@@ -122,7 +138,7 @@ WorkerProcess WorkerProcess::spawn(const std::vector<std::string>& argv,
   const pid_t pid = ::fork();
   if (pid == 0) {
     exec_child(c_argv.data(), c_env.data(), dev_null.get(), out.write.get(), err.write.get(),
-               status.write.get(), previous);
+               status.write.get(), previous, cpu ? &cpus : nullptr);
   }
   const int fork_error = errno;
   ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
@@ -140,6 +156,10 @@ WorkerProcess WorkerProcess::spawn(const std::vector<std::string>& argv,
     while (::waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
     }
     worker.reaped_ = true;
+    if (error < 0) {
+      throw ExecError("cannot hold '" + argv[0] + "' to CPU " + std::to_string(cpu.value_or(-1)) + ": " +
+                      std::strerror(-error));
+    }
     throw ExecError("cannot execute '" + argv[0] + "': " + std::strerror(error));
   }
   set_non_blocking(worker.out_.get());

@@ -26,11 +26,13 @@ class ExecError : public std::runtime_error {
 class WorkerProcess {
  public:
   /// Starts argv[0] (searched in PATH as execvp does) with argv and the environment `env`
-  /// ("NAME=VALUE" strings). Returns once the program runs, i.e. after the exec succeeded.
-  /// Throws: ExecError naming the program and the reason when the exec fails (the child is
-  /// reaped); std::system_error when a pipe cannot be made or fork fails.
+  /// ("NAME=VALUE" strings), held to CPU `cpu` when one is given (its affinity mask, set before
+  /// the exec; see binding.hpp). Returns once the program runs, i.e. after the exec succeeded.
+  /// Throws: ExecError naming the program and the reason when the exec fails or the CPU cannot
+  /// be set (the child is reaped); std::system_error when a pipe cannot be made or fork fails.
   static WorkerProcess spawn(const std::vector<std::string>& argv,
-                             const std::vector<std::string>& env);
+                             const std::vector<std::string>& env,
+                             std::optional<int> cpu = std::nullopt);
 
   WorkerProcess(WorkerProcess&& other) noexcept;
   WorkerProcess& operator=(WorkerProcess&&) = delete;
