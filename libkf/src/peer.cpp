@@ -338,6 +338,13 @@ void PeerImpl::update(const Cluster& c) {
           for (const auto& d : kv.second.unexpected) unexpected_bytes_ -= d.bytes;
           return kv.second.posted.empty();
         });
+        quick_early_.erase(std::remove_if(quick_early_.begin(), quick_early_.end(),
+                                          [&](const QuickEarly& q) {
+                                            if (q.version >= c.version) return false;
+                                            unexpected_bytes_ -= q.frame.bytes;
+                                            return true;
+                                          }),
+                           quick_early_.end());
         broken_ = {};
         broken_why_.clear();
         io_cluster_ = c;

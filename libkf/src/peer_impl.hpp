@@ -397,13 +397,29 @@ inline constexpr std::size_t kEarlyPoolBytes = std::size_t{256} << 20;
 /// blocks of under 64 KiB): a small collective whose peer is a moment ahead gets its frame early
 /// every time, and a fresh allocation for each cost more than the rest of its bookkeeping.
 inline constexpr std::size_t kSmallEarlyBytes = 256;
+/// The most quick early frames (PeerImpl::quick_early_) kept at once; more go to the mailbox.
+inline constexpr std::size_t kQuickEarly = 8;
 
-/// The payload of a frame that arrived before its receive was posted, in a block of
-/// PeerImpl::early_pool_ (`bytes` of the block's capacity are used).
+/// The payload of a frame that arrived before its receive was posted: in a block of
+/// PeerImpl::early_pool_ (`bytes` of the block's capacity are used), or, for a quick early frame
+/// (PeerImpl::quick_early_), in `small`.
 struct EarlyFrame {
+  static constexpr std::size_t kSmallBytes = 64;
   ScratchPool::Block block;
   std::size_t bytes = 0;
-  const std::byte* data() const noexcept { return block.data.get(); }
+  alignas(16) std::array<std::byte, kSmallBytes> small;
+  const std::byte* data() const noexcept { return block.data ? block.data.get() : small.data(); }
+};
+
+/// An early frame of tag 0 kept outside the mailbox (PeerImpl::store_frame, take_early).
+struct QuickEarly {
+  static constexpr std::size_t kNameBytes = 48;  // longer names go to the mailbox
+  int peer = -1;
+  std::uint64_t version = 0;
+  std::size_t name_bytes = 0;
+  std::array<char, kNameBytes> name_chars;
+  EarlyFrame frame;
+  std::string_view name() const noexcept { return {name_chars.data(), name_bytes}; }
 };
 
 /// Receives posted for one key, and frames that came before them. Almost always one entry on one
@@ -841,6 +857,12 @@ class PeerImpl {
   // workers than cores most frames come before their receive, and each one needed a slot
   // allocated and freed.
   std::vector<Mailbox::node_type> spare_slots_;
+  // Frames of tag 0 of up to EarlyFrame::kSmallBytes that came before their receive while the
+  // mailbox was empty, oldest first: with more workers than cores nearly every small collective's
+  // frame comes early, and the mailbox's slot, pooled block and hashing cost it about 900
+  // instructions. Only while the mailbox is empty, so that a key's frames stay in order: any
+  // later one of the same key goes behind these (take_early looks here first).
+  boost::container::small_vector<QuickEarly, 4> quick_early_;
   std::vector<std::shared_ptr<Incoming>> ring_readers_;  // connections with a ring to read
   std::size_t unexpected_bytes_ = 0;
   std::error_code broken_;

@@ -369,6 +369,88 @@ TEST(Transport, AnEarlyFrameOfTheWrongSizeFailsOnlyItsReceive) {
   }
 }
 
+// Small early frames wait outside the mailbox while it is empty, larger ones in it. Two frames
+// of one name, the first small one kept outside and the second behind a large frame in the
+// mailbox, must still reach their receives in the order they were sent.
+TEST(Transport, EarlyFramesOfOneNameKeepTheirOrderInsideAndOutsideTheMailbox) {
+  for (const Transport t : {Transport::automatic, Transport::tcp}) {
+    SCOPED_TRACE(static_cast<int>(t));
+    auto peers = make_cluster({t, t});
+    std::vector<std::int32_t> first(4, 0), second(4, 0), big(1024, 0);
+    test::run_all(2, [&](int r) {
+      std::vector<std::int32_t> a(4, r == 0 ? 11 : 0), b(4, r == 0 ? 22 : 0);
+      std::vector<std::int32_t> large(1024, r == 0 ? 33 : 0);
+      if (r == 0) {
+        ASSERT_FALSE(peers[0]->broadcast("dup", buffer(a.data(), a.size())).wait_status());
+        ASSERT_FALSE(peers[0]->broadcast("big", buffer(large.data(), large.size())).wait_status());
+        ASSERT_FALSE(peers[0]->broadcast("dup", buffer(b.data(), b.size())).wait_status());
+      }
+      int sync = 1;
+      // All three frames are at rank 1 once this is done (a connection keeps its order).
+      ASSERT_FALSE(peers[r]->allreduce("sync", buffer(&sync, 1), buffer(&sync, 1)).wait_status());
+      if (r == 1) {
+        ASSERT_FALSE(peers[1]->broadcast("dup", buffer(a.data(), a.size())).wait_status());
+        ASSERT_FALSE(peers[1]->broadcast("big", buffer(large.data(), large.size())).wait_status());
+        ASSERT_FALSE(peers[1]->broadcast("dup", buffer(b.data(), b.size())).wait_status());
+        first = a;
+        second = b;
+        big = large;
+      }
+    });
+    EXPECT_EQ(first, std::vector<std::int32_t>(4, 11));
+    EXPECT_EQ(second, std::vector<std::int32_t>(4, 22));
+    EXPECT_EQ(big, std::vector<std::int32_t>(1024, 33));
+  }
+}
+
+// Early frames count against PeerOptions::max_unexpected_bytes only until their receive takes
+// them: 200 small frames, each taken before the next is sent, stay under a limit that 20 of
+// them together would pass; 20 left waiting at once pass it, and the receiver closes the
+// connection, naming the limit.
+TEST(Transport, EarlyFramesCountAgainstTheLimitUntilTaken) {
+  for (const Transport t : {Transport::automatic, Transport::tcp}) {
+    SCOPED_TRACE(static_cast<int>(t));
+    PeerOptions o;
+    o.transport = t;
+    o.max_unexpected_bytes = 256;
+    o.timeout = std::chrono::seconds(20);  // a receiver that never closes fails the test, slowly
+    auto peers = test::make_local_cluster(2, o);
+    test::run_all(2, [&](int r) {
+      std::vector<std::int32_t> v(4, r == 0 ? 7 : 0);
+      for (int i = 0; i < 200; ++i) {
+        const std::string name = "b#" + std::to_string(i);
+        if (r == 0) {
+          ASSERT_FALSE(peers[0]->broadcast(name, buffer(v.data(), v.size())).wait_status()) << i;
+        }
+        int sync = 1;
+        ASSERT_FALSE(peers[r]->allreduce("s#" + std::to_string(i), buffer(&sync, 1),
+                                         buffer(&sync, 1))
+                         .wait_status())
+            << i;
+        if (r == 1) {
+          ASSERT_FALSE(peers[1]->broadcast(name, buffer(v.data(), v.size())).wait_status()) << i;
+          ASSERT_EQ(v, std::vector<std::int32_t>(4, 7)) << i;
+          v.assign(4, 0);
+        }
+      }
+    });
+    std::error_code lost;
+    test::run_all(2, [&](int r) {
+      std::vector<std::int32_t> v(4, 7);
+      if (r == 0) {
+        for (int i = 0; i < 20; ++i) {
+          peers[0]->broadcast("w#" + std::to_string(i), buffer(v.data(), v.size())).wait_status();
+        }
+      } else {
+        int one = 1;
+        lost = peers[1]->allreduce("after", buffer(&one, 1), buffer(&one, 1)).wait_status();
+      }
+    });
+    EXPECT_EQ(lost, make_error_code(errc::peer_lost))
+        << "20 frames of 16 bytes waiting passed a limit of 256 unnoticed: " << lost.message();
+  }
+}
+
 // Frames are matched to receives by name without copying the name out of the frame; names
 // longer than a short string (here 1000 bytes, differing only at the end) must still match
 // exactly, whether the frame waits for its receive (kept under its own copy of the name) or

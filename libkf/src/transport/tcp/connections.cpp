@@ -502,7 +502,7 @@ std::error_code PeerImpl::store_frame(int peer, const MailKeyView& key,
     std::error_code conn;
     if (express_take(key, payload, conn, why)) return conn;
   }
-  auto it = mailbox_.find(key);
+  auto it = mailbox_.empty() ? mailbox_.end() : mailbox_.find(key);
   if (it != mailbox_.end() && !it->second.posted.empty()) {
     auto req = it->second.posted.front();
     it->second.posted.erase(it->second.posted.begin());
@@ -527,12 +527,23 @@ std::error_code PeerImpl::store_frame(int peer, const MailKeyView& key,
           std::to_string(opts_.max_unexpected_bytes) + " bytes";
     return make_error_code(errc::protocol_error);
   }
+  unexpected_bytes_ += payload.size();
+  Counters::add(counters_.early_bytes, payload.size());
+  if (key.tag == 0 && payload.size() <= EarlyFrame::kSmallBytes && mailbox_.empty() &&
+      key.name.size() <= QuickEarly::kNameBytes && quick_early_.size() < kQuickEarly) {
+    QuickEarly& q = quick_early_.emplace_back();
+    q.peer = key.peer;
+    q.version = key.version;
+    q.name_bytes = key.name.size();
+    std::memcpy(q.name_chars.data(), key.name.data(), key.name.size());
+    q.frame.bytes = payload.size();
+    if (!payload.empty()) std::memcpy(q.frame.small.data(), payload.data(), payload.size());
+    return {};
+  }
   EarlyFrame early{owned ? std::move(*owned) : early_block(payload.size()), payload.size()};
   if (!owned && !payload.empty()) {
     std::memcpy(early.block.data.get(), payload.data(), payload.size());
   }
-  unexpected_bytes_ += early.bytes;
-  Counters::add(counters_.early_bytes, early.bytes);
   (it != mailbox_.end() ? it : add_slot(key))->second.unexpected.push_back(std::move(early));
   return {};
 }
@@ -1085,6 +1096,16 @@ std::error_code PeerImpl::receive_refusal(int peer, std::uint64_t version) const
 
 // An empty mailbox, the usual case, is not even searched.
 std::optional<EarlyFrame> PeerImpl::take_early(const MailKeyView& key) {
+  if (key.tag == 0) {
+    for (auto q = quick_early_.begin(); q != quick_early_.end(); ++q) {
+      if (q->peer == key.peer && q->version == key.version && q->name() == key.name) {
+        std::optional<EarlyFrame> early(std::move(q->frame));
+        unexpected_bytes_ -= early->bytes;
+        quick_early_.erase(q);
+        return early;
+      }
+    }
+  }
   if (mailbox_.empty()) return std::nullopt;
   auto it = mailbox_.find(key);
   if (it == mailbox_.end() || it->second.unexpected.empty()) return std::nullopt;
