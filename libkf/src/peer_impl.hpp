@@ -318,6 +318,12 @@ inline void deliver(RecvReq& r, const std::byte* data, std::size_t offset, std::
   deliver_to(r.dst + offset, r.reduce, r.src ? r.src + offset : nullptr, r.dtype, r.op, data, n);
 }
 
+/// Why a frame for a waiting receive ends its connection: its size is not the receive's.
+inline std::string wrong_size(std::string_view name, std::size_t got, std::size_t want) {
+  return "frame for '" + std::string(name) + "' carries " + std::to_string(got) +
+         " bytes, the receiver expects " + std::to_string(want);
+}
+
 /// Reusable buffers, so that large collectives do not page-fault fresh memory on every call: at
 /// most 8 blocks and `max_bytes` are kept. I/O thread only.
 class ScratchPool {
@@ -397,8 +403,6 @@ inline constexpr std::size_t kEarlyPoolBytes = std::size_t{256} << 20;
 /// blocks of under 64 KiB): a small collective whose peer is a moment ahead gets its frame early
 /// every time, and a fresh allocation for each cost more than the rest of its bookkeeping.
 inline constexpr std::size_t kSmallEarlyBytes = 256;
-/// The most quick early frames (PeerImpl::quick_early_) kept at once; more go to the mailbox.
-inline constexpr std::size_t kQuickEarly = 8;
 
 /// The payload of a frame that arrived before its receive was posted: in a block of
 /// PeerImpl::early_pool_ (`bytes` of the block's capacity are used), or, for a quick early frame
@@ -413,6 +417,7 @@ struct EarlyFrame {
 
 /// An early frame of tag 0 kept outside the mailbox (PeerImpl::store_frame, take_early).
 struct QuickEarly {
+  static constexpr std::size_t kMax = 8;         // kept at once; more go to the mailbox
   static constexpr std::size_t kNameBytes = 48;  // longer names go to the mailbox
   int peer = -1;
   std::uint64_t version = 0;
@@ -721,13 +726,14 @@ class PeerImpl {
   /// Why a receive from `peer` of `version` can never complete (the peer is gone, the version
   /// broken, or the peer has moved past it), or no error.
   std::error_code receive_refusal(int peer, std::uint64_t version) const;
-  /// The frame for `key` that came before its receive, taken out of the mailbox, if any.
+  /// The frame for `key` that came before its receive, taken from quick_early_ or the mailbox,
+  /// if any.
   std::optional<EarlyFrame> take_early(const MailKeyView& key);
   /// The slot of `key`, added (from spare_slots_ when there is one) if there is none.
   Mailbox::iterator slot_for(const MailKeyView& key);
   /// Adds the slot of `key`, which has none.
   Mailbox::iterator add_slot(const MailKeyView& key);
-  /// Removes a slot that has become empty, keeping its node for slot_for.
+  /// Removes a slot that has become empty, keeping its node for add_slot.
   void drop_slot(Mailbox::iterator it);
   void cancel(const std::shared_ptr<SendReq>& r, std::error_code ec);
   void cancel(const std::shared_ptr<RecvReq>& r, std::error_code ec);

@@ -570,8 +570,7 @@ bool PeerImpl::express_take(const MailKeyView& key, std::span<const std::byte> p
   const std::size_t bytes = c.count * dtype_bytes(c.send.dtype);
   if (payload.size() != bytes) {
     // As for a posted receive: the frame's sender broke the protocol; the connection ends.
-    why = "frame for '" + c.name + "' carries " + std::to_string(payload.size()) +
-          " bytes, the receiver expects " + std::to_string(bytes);
+    why = wrong_size(c.name, payload.size(), bytes);
     conn = make_error_code(errc::protocol_error);
     fail_express(c, conn, why);
     return true;

@@ -450,8 +450,7 @@ awaitable<std::error_code> PeerImpl::receive_data(Incoming& in, int peer, const 
   if (it != mailbox_.end() && !it->second.posted.empty()) {
     auto req = it->second.posted.front();
     if (req->bytes != h.payload_bytes) {
-      why = "frame for '" + name + "' carries " + std::to_string(h.payload_bytes) +
-            " bytes, the receiver expects " + std::to_string(req->bytes);
+      why = wrong_size(name, h.payload_bytes, req->bytes);
       co_return make_error_code(errc::protocol_error);
     }
     req->in_progress = true;
@@ -508,8 +507,7 @@ std::error_code PeerImpl::store_frame(int peer, const MailKeyView& key,
     it->second.posted.erase(it->second.posted.begin());
     if (it->second.empty()) drop_slot(it);
     if (req->bytes != payload.size()) {
-      why = "frame for '" + std::string(key.name) + "' carries " + std::to_string(payload.size()) +
-            " bytes, the receiver expects " + std::to_string(req->bytes);
+      why = wrong_size(key.name, payload.size(), req->bytes);
       req->ev.set(make_error_code(errc::protocol_error));
       return make_error_code(errc::protocol_error);
     }
@@ -530,7 +528,7 @@ std::error_code PeerImpl::store_frame(int peer, const MailKeyView& key,
   unexpected_bytes_ += payload.size();
   Counters::add(counters_.early_bytes, payload.size());
   if (key.tag == 0 && payload.size() <= EarlyFrame::kSmallBytes && mailbox_.empty() &&
-      key.name.size() <= QuickEarly::kNameBytes && quick_early_.size() < kQuickEarly) {
+      key.name.size() <= QuickEarly::kNameBytes && quick_early_.size() < QuickEarly::kMax) {
     QuickEarly& q = quick_early_.emplace_back();
     q.peer = key.peer;
     q.version = key.version;
