@@ -10,19 +10,6 @@
 
 namespace kf {
 
-std::size_t dtype_bytes(DType t) noexcept {
-  switch (t) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::f16: return 2;
-    case DType::bf16: return 2;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-    case DType::u8: return 1;
-  }
-  return 1;
-}
-
 std::string_view to_string(DType t) noexcept {
   switch (t) {
     case DType::f32: return "f32";

@@ -15,8 +15,19 @@ namespace kf {
 enum class DType : std::uint8_t { f32, f64, f16, bf16, i32, i64, u8 };
 enum class ReduceOp : std::uint8_t { sum, min, max, prod, avg };
 
-/// Bytes per element.
-std::size_t dtype_bytes(DType t) noexcept;
+/// Bytes per element. Inline: every collective asks several times.
+constexpr std::size_t dtype_bytes(DType t) noexcept {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::f16: return 2;
+    case DType::bf16: return 2;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+    case DType::u8: return 1;
+  }
+  return 1;
+}
 std::string_view to_string(DType t) noexcept;
 std::string_view to_string(ReduceOp op) noexcept;
 /// Parses "f32", "float32", ...; nullopt when the name is unknown.

@@ -476,7 +476,8 @@ void PeerImpl::prepare_collective(const std::shared_ptr<CollCtx>& ctx) {
 
 bool PeerImpl::express_eligible(const CollCtx& c) const noexcept {
   if (c.algorithm != Algorithm::rhd) return false;
-  if (c.size < 2 || !std::has_single_bit(static_cast<unsigned>(c.size))) return false;
+  // A power of two; not std::has_single_bit, which without -mpopcnt is a call into libgcc.
+  if (c.size < 2 || (c.size & (c.size - 1)) != 0) return false;
   // A barrier is an allreduce (max) of one byte, as prepare_collective sets it up.
   if (c.op == CollOp::barrier) return opts_.express_bytes >= 1 && opts_.max_frame_bytes >= 1;
   if (c.op != CollOp::allreduce) return false;
