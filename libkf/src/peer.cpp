@@ -28,10 +28,8 @@ std::error_code Handle::wait_status() const noexcept {
   // arranged, sleep until the collective completes.
   if (state_->driver) state_->driver->drive_until(*state_);
   // Done (the usual case after driving): `ec` was written before `ready` was set and is never
-  // written again, so it is read without the lock.
-  if (state_->ready.load(std::memory_order_acquire)) return state_->ec;
-  std::unique_lock<std::mutex> lk(state_->mu);
-  state_->cv.wait(lk, [&] { return state_->done_; });
+  // written again.
+  if (!state_->ready.load(std::memory_order_acquire)) state_->sleep_until_ready();
   return state_->ec;
 }
 
@@ -41,8 +39,8 @@ void Handle::wait() const {
 }
 
 std::string Handle::message() const {
-  if (!state_) return {};
-  std::lock_guard<std::mutex> lk(state_->mu);
+  // Written once, before `ready`: empty until the operation completed.
+  if (!state_ || !state_->ready.load(std::memory_order_acquire)) return {};
   return state_->what;
 }
 
@@ -105,20 +103,28 @@ void Driver::drive_until(const OpState& s) {
       if (mu.try_lock()) {
         std::lock_guard<std::mutex> held(mu, std::adopt_lock);
         IdleWindow idle;
-        // With more workers than cores, each idle poll ends by yielding the core; a poll that
-        // makes a system call (epoll_wait) as well takes that much longer to hand the core to
-        // the worker it waits for. When rings carry the traffic they are polled every time and
-        // the context every 4th idle poll: with 4 workers on 2 cores, 4 B, pinned to each of
-        // the three pairings, 10.5 / 7.5 / 10.8 -> 9.3 / 6.9 / 7.3 us. (Over TCP, where the
-        // context is all there is to poll, the same cost 20 %.)
+        // When rings carry the traffic they are polled every time, and the context (an
+        // epoll_wait system call when nothing is ready, under the scheduler's lock) less often.
+        // With more workers than cores each idle poll ends by yielding the core, and a poll
+        // that makes the system call takes that much longer to hand it to the worker it waits
+        // for: the context every 4th idle poll, starting with the first (4 workers on 2 cores,
+        // 4 B, pinned to each of the three pairings, 10.5 / 7.5 / 10.8 -> 9.3 / 6.9 / 7.3 us;
+        // leaving the first out as well measured 6.2 -> 7.0 us held by kfrun). With a core each,
+        // every 16th, the first left out: a ring record that lands during the system call waits
+        // for it to end (2 workers, 4 B 0.66-0.72 -> 0.62-0.68 us, 64 B 0.77-0.80 -> 0.69-0.76).
+        // Over TCP, where the context is all there is to poll, it is polled every time
+        // (skipping cost 20 %).
         const bool crowded = yield.load(std::memory_order_relaxed);
-        while (!s.ready.load(std::memory_order_acquire) && !ioc->stopped()) {
-          const bool skip = crowded && reads_rings && idle.idle_polls() % 4 != 0;
+        while (!s.ready.load(std::memory_order_acquire) && !stopped()) {
+          const bool skip = reads_rings && (crowded ? idle.idle_polls() % 4 != 0
+                                                    : idle.idle_polls() % 16 != 15);
           if (poll_once(skip) > 0) {
             idle.worked();
           } else if (idle.within(spin)) {
             relax();
           } else {
+            // A context that ran out of work stops by itself: then nothing is left to wait for.
+            if (ioc->stopped()) break;
             block_once();
             idle.worked();
           }
@@ -154,7 +160,7 @@ void Driver::run_ready_locked() {
   // What a new collective's start made ready (a writer to resume, a lane whose receive came);
   // a bounded number: this is the caller's time, not a wait. (Running only the first handler
   // measured 0.2 us faster at 4 B but 2 us slower at 64 KiB.)
-  for (int i = 0; i < 8 && !ioc->stopped(); ++i) {
+  for (int i = 0; i < 8 && !stopped(); ++i) {
     std::size_t n = ioc->poll_one();
     if (run_woken) n += run_woken();
     if (n == 0) break;
@@ -253,6 +259,7 @@ PeerImpl::~PeerImpl() {
   } catch (const std::exception& e) {
     KF_LOG(warn, "peer", "{}: shutdown failed: {}", identity_, e.what());
   }
+  driver_->stopping.store(true);
   ioc_.stop();
   // From here on no user thread may run the context; wait for those inside drive_until to
   // leave it (a stopped context makes them return at once).
