@@ -12,7 +12,8 @@
 namespace kf::transport {
 
 inline constexpr std::uint32_t kMagic = 0x3146464bu;  // "KFF1" in little-endian byte order
-inline constexpr std::uint16_t kProtocolVersion = 1;
+// 2: shared-memory ring records on cache lines, published by stamps (docs/protocol.md).
+inline constexpr std::uint16_t kProtocolVersion = 2;
 inline constexpr std::size_t kHeaderBytes = 32;
 inline constexpr std::uint32_t kMaxNameBytes = 1024;
 inline constexpr std::uint64_t kMaxControlPayload = 4096;

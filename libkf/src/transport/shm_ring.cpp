@@ -13,26 +13,53 @@
 
 namespace kf::transport {
 
-// The control words, each on its own cache line: the writer stores `tail`, the reader `head`
-// and `sleeping`.
+// The control words, each on its own cache line, both stored by the reader: `head` and
+// `sleeping`. The writer publishes in the records themselves (their stamps).
 struct ShmRing::Control {
-  alignas(64) std::atomic<std::uint64_t> tail;
   alignas(64) std::atomic<std::uint64_t> head;
   alignas(64) std::atomic<std::uint32_t> sleeping;
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
               "the ring's control words are shared between processes");
+static_assert(std::atomic_ref<std::uint64_t>::required_alignment <= 8,
+              "a record's stamp is 8-byte aligned");
 
 namespace {
 
-constexpr std::uint32_t kKindFrame = 1;
-constexpr std::uint32_t kKindPad = 2;  // fills the ring's end when a record does not fit there
+// A record's first line: length (u32), kind (u8), and for a compact record the name's and the
+// payload's sizes (u8, u16); the stamp (u64 at 8); the count of socket frames before it (u64 at
+// 16). A full record then holds the encoded header (32 bytes at 24), the name at 56 and the
+// payload; a compact one the cluster version (u64 at 24), the tag (u32 at 32), the name at 40
+// and the payload, all within the line.
+constexpr std::uint8_t kKindFrame = 1;
+constexpr std::uint8_t kKindPad = 2;  // fills the ring's end when a record does not fit there
+constexpr std::uint8_t kKindCompact = 3;
+constexpr std::size_t kAtStamp = 8;
+constexpr std::size_t kAtSocketBefore = 16;
+constexpr std::size_t kAtHeader = 24;
+constexpr std::size_t kAtVersion = 24;
+constexpr std::size_t kAtTag = 32;
 
 template <typename T>
 T load_at(const std::byte* p) noexcept {
   T v;
   std::memcpy(&v, p, sizeof v);
   return v;
+}
+
+template <typename T>
+void store_at(std::byte* p, T v) noexcept {
+  std::memcpy(p, &v, sizeof v);
+}
+
+// A record's stamp: its position in the writer's stream of bytes, plus one (so that the zeroes
+// of a fresh ring are no record). Positions only grow, so a record left from before at the same
+// place in the ring, seen again after the writer went back to the start, never has the stamp
+// the reader expects there.
+constexpr std::uint64_t stamp_for(std::uint64_t position) noexcept { return position + 1; }
+
+std::atomic_ref<std::uint64_t> stamp_at(std::byte* record) noexcept {
+  return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(record + kAtStamp));
 }
 
 bool valid_name(const std::string& name) {
@@ -124,11 +151,8 @@ std::unique_ptr<ShmRing> ShmRing::open(const std::string& name, std::string& why
   return ring;
 }
 
-bool ShmRing::try_write(std::uint64_t socket_before, const HeaderBytes& header,
-                        std::string_view name, const std::byte* payload,
-                        std::size_t payload_bytes) noexcept {
-  const std::size_t size = record_bytes(name.size(), payload_bytes);
-  if (size > kMaxRecord) return false;
+std::byte* ShmRing::reserve(std::size_t size) noexcept {
+  if (size > kMaxRecord) return nullptr;
   std::size_t pos = static_cast<std::size_t>(tail_ & (kCapacity - 1));
   const std::size_t to_end = kCapacity - pos;
   // Padding to the end when the record does not fit there; and also, once the position is past
@@ -148,25 +172,66 @@ bool ShmRing::try_write(std::uint64_t socket_before, const HeaderBytes& header,
     const bool rewind = far && head_seen_ == tail_ && size <= pos;
     pad = (to_end < size || rewind) ? to_end : 0;
     if (tail_ + pad + size - head_seen_ <= kCapacity) break;
-    if (fresh) return false;
+    if (fresh) return nullptr;
     head_seen_ = control()->head.load(std::memory_order_acquire);
   }
   std::byte* d = data();
   if (pad > 0) {
-    const std::uint32_t words[2] = {static_cast<std::uint32_t>(pad), kKindPad};
-    std::memcpy(d + pos, words, sizeof words);
-    tail_ += pad;
+    std::byte* r = d + pos;
+    store_at<std::uint32_t>(r, static_cast<std::uint32_t>(pad));
+    store_at<std::uint8_t>(r + 4, kKindPad);
+    publish(r, pad);
     pos = 0;
   }
-  std::byte* r = d + pos;
-  const std::uint32_t words[2] = {static_cast<std::uint32_t>(size), kKindFrame};
-  std::memcpy(r, words, sizeof words);
-  std::memcpy(r + 8, &socket_before, sizeof socket_before);
-  std::memcpy(r + 16, header.data(), header.size());
-  std::memcpy(r + kRecordHead, name.data(), name.size());
-  if (payload_bytes > 0) std::memcpy(r + kRecordHead + align8(name.size()), payload, payload_bytes);
+  return d + pos;
+}
+
+// Sequentially consistent, to pair with the reader's sleep flag (see reader_sleeping).
+void ShmRing::publish(std::byte* r, std::size_t size) noexcept {
+  stamp_at(r).store(stamp_for(tail_), std::memory_order_seq_cst);
   tail_ += size;
-  control()->tail.store(tail_, std::memory_order_seq_cst);
+}
+
+bool ShmRing::try_write(std::uint64_t socket_before, const FrameHeader& h, std::string_view name,
+                        const std::byte* payload) noexcept {
+  const std::size_t payload_bytes = static_cast<std::size_t>(h.payload_bytes);
+  if (h.type != FrameType::data || h.flags != 0 ||
+      kCompactHead + align8(name.size()) + payload_bytes > kLine) {
+    return try_write(socket_before, encode(h), name, payload, payload_bytes);
+  }
+  std::byte* r = reserve(kLine);
+  if (r == nullptr) return false;
+  store_at<std::uint32_t>(r, static_cast<std::uint32_t>(kLine));
+  store_at<std::uint8_t>(r + 4, kKindCompact);
+  store_at<std::uint8_t>(r + 5, static_cast<std::uint8_t>(name.size()));
+  store_at<std::uint16_t>(r + 6, static_cast<std::uint16_t>(payload_bytes));
+  store_at<std::uint64_t>(r + kAtSocketBefore, socket_before);
+  store_at<std::uint64_t>(r + kAtVersion, h.cluster_version);
+  store_at<std::uint32_t>(r + kAtTag, h.tag);
+  std::memcpy(r + kCompactHead, name.data(), name.size());
+  if (payload_bytes > 0) {
+    std::memcpy(r + kCompactHead + align8(name.size()), payload, payload_bytes);
+  }
+  publish(r, kLine);
+  return true;
+}
+
+bool ShmRing::try_write(std::uint64_t socket_before, const HeaderBytes& header,
+                        std::string_view name, const std::byte* payload,
+                        std::size_t payload_bytes) noexcept {
+  const std::size_t size = record_bytes(name.size(), payload_bytes);
+  std::byte* r = reserve(size);
+  if (r == nullptr) return false;
+  // Back to front: the first line, which the reader polls, is written last and at once, so
+  // that it moves to this core and back once (written first, the reader's polls took it back
+  // while the rest was written, and the stamp fetched it again: 16 B 0.57 -> 0.60 us).
+  if (payload_bytes > 0) std::memcpy(r + kRecordHead + align8(name.size()), payload, payload_bytes);
+  std::memcpy(r + kRecordHead, name.data(), name.size());
+  std::memcpy(r + kAtHeader, header.data(), header.size());
+  store_at<std::uint64_t>(r + kAtSocketBefore, socket_before);
+  store_at<std::uint32_t>(r, static_cast<std::uint32_t>(size));
+  store_at<std::uint8_t>(r + 4, kKindFrame);
+  publish(r, size);
   return true;
 }
 
@@ -179,19 +244,14 @@ void ShmRing::set_reader_sleeping(bool sleeping) noexcept {
 }
 
 ShmRing::Peek ShmRing::peek(Record& out, std::uint64_t max_payload, std::string& why) noexcept {
-  const std::uint64_t tail = control()->tail.load(std::memory_order_seq_cst);
   for (;;) {
-    if (tail == head_) return Peek::empty;
-    const std::uint64_t avail = tail - head_;
-    if (avail > kCapacity || avail % 8 != 0) {
-      why = "shared-memory ring: the writer's position is out of range";
-      return Peek::bad;
-    }
     const std::size_t pos = static_cast<std::size_t>(head_ & (kCapacity - 1));
-    const std::byte* r = data() + pos;
+    std::byte* r = data() + pos;
+    // Sequentially consistent: a reader that announced its sleep looks here once more.
+    if (stamp_at(r).load(std::memory_order_seq_cst) != stamp_for(head_)) return Peek::empty;
     const auto len = load_at<std::uint32_t>(r);
-    const auto kind = load_at<std::uint32_t>(r + 4);
-    if (len < 8 || len % 8 != 0 || len > kCapacity - pos || len > avail) {
+    const auto kind = load_at<std::uint8_t>(r + 4);
+    if (len < kLine || len % kLine != 0 || len > kCapacity - pos) {
       why = "shared-memory ring: a record's length " + std::to_string(len) + " is out of range";
       return Peek::bad;
     }
@@ -200,31 +260,46 @@ ShmRing::Peek ShmRing::peek(Record& out, std::uint64_t max_payload, std::string&
       control()->head.store(head_, std::memory_order_release);
       continue;
     }
-    if (kind != kKindFrame || len < kRecordHead) {
+    FrameHeader h;
+    std::size_t name_at = 0;
+    if (kind == kKindCompact) {
+      h.type = FrameType::data;
+      h.cluster_version = load_at<std::uint64_t>(r + kAtVersion);
+      h.tag = load_at<std::uint32_t>(r + kAtTag);
+      h.name_bytes = load_at<std::uint8_t>(r + 5);
+      h.payload_bytes = load_at<std::uint16_t>(r + 6);
+      name_at = kCompactHead;
+      if (len != kLine || h.payload_bytes > max_payload) {
+        why = "shared-memory ring: malformed compact record (" + std::to_string(len) +
+              " bytes, payload " + std::to_string(h.payload_bytes) + ")";
+        return Peek::bad;
+      }
+    } else if (kind == kKindFrame && len >= kRecordHead) {
+      HeaderBytes hb;
+      std::memcpy(hb.data(), r + kAtHeader, hb.size());
+      std::string hwhy;
+      if (!decode(hb, max_payload, h, hwhy)) {
+        why = "shared-memory ring: " + hwhy;
+        return Peek::bad;
+      }
+      if (h.type != FrameType::data || h.flags != 0) {
+        why = "shared-memory ring: a record holds a frame other than plain data";
+        return Peek::bad;
+      }
+      name_at = kRecordHead;
+    } else {
       why = "shared-memory ring: malformed record (kind " + std::to_string(kind) + ", " +
             std::to_string(len) + " bytes)";
       return Peek::bad;
     }
-    HeaderBytes hb;
-    std::memcpy(hb.data(), r + 16, hb.size());
-    FrameHeader h;
-    std::string hwhy;
-    if (!decode(hb, max_payload, h, hwhy)) {
-      why = "shared-memory ring: " + hwhy;
-      return Peek::bad;
-    }
-    if (h.type != FrameType::data || h.flags != 0) {
-      why = "shared-memory ring: a record holds a frame other than plain data";
-      return Peek::bad;
-    }
-    if (kRecordHead + align8(h.name_bytes) + h.payload_bytes > len) {
+    if (name_at + align8(h.name_bytes) + h.payload_bytes > len) {
       why = "shared-memory ring: a frame is larger than its record";
       return Peek::bad;
     }
-    out.socket_before = load_at<std::uint64_t>(r + 8);
+    out.socket_before = load_at<std::uint64_t>(r + kAtSocketBefore);
     out.header = h;
-    out.name = std::string_view(reinterpret_cast<const char*>(r + kRecordHead), h.name_bytes);
-    out.payload = std::span<const std::byte>(r + kRecordHead + align8(h.name_bytes),
+    out.name = std::string_view(reinterpret_cast<const char*>(r + name_at), h.name_bytes);
+    out.payload = std::span<const std::byte>(r + name_at + align8(h.name_bytes),
                                              static_cast<std::size_t>(h.payload_bytes));
     next_ = head_ + len;
     return Peek::record;

@@ -6,6 +6,12 @@
 // per record; a reader that is about to sleep in the kernel says so in the ring
 // (`reader_sleeping`), and the writer then uses the socket instead, which wakes it.
 //
+// Records start on cache lines and each carries a stamp, stored last, that publishes it: a
+// reader looking for the next record reads the line where it starts and nothing else. A small
+// data frame (a 4-byte allreduce's) fits a compact record of one line, so one line moves from
+// the writer's core to the reader's per frame. (A position word of its own, followed by a
+// record over two lines, made three: 0.24 against 0.13 us per exchange between two processes.)
+//
 // The reader trusts nothing in the mapping: every record's length and position is checked
 // before it is read, and the frame header inside goes through transport::decode like one from
 // a socket.
@@ -30,10 +36,18 @@ class ShmRing {
   /// Bytes of the record area (a power of two); the mapping adds one page of control words.
   /// Four records of the largest payload (1 MiB, PeerOptions::shm_frame_bytes) fit at once.
   static constexpr std::size_t kCapacity = std::size_t{4} << 20;
-  /// A record's fixed part: length and kind, the count of socket frames sent before it, the
-  /// frame header. The name follows, padded to 8 bytes so that the payload after it is aligned
-  /// for every element type (it is reduced in place), then the payload, padded to 8 bytes.
-  static constexpr std::size_t kRecordHead = 16 + kHeaderBytes;
+  /// Records start at multiples of a cache line; so even the padding at the ring's end has
+  /// room for a stamp.
+  static constexpr std::size_t kLine = 64;
+  /// A full record's fixed part: length and kind, the stamp that publishes it, the count of
+  /// socket frames sent before it, the encoded frame header. The name follows, padded to 8
+  /// bytes so that the payload after it is aligned for every element type (it is reduced in
+  /// place), then the payload.
+  static constexpr std::size_t kRecordHead = 24 + kHeaderBytes;
+  /// A compact record's fixed part, for a plain data frame: length, kind, name and payload
+  /// sizes, the stamp, the socket count, the cluster version and the tag. Used when the name
+  /// and payload fit in the rest of one cache line.
+  static constexpr std::size_t kCompactHead = 40;
   /// The largest record a writer puts in: a quarter of the ring (so several are in flight),
   /// plus room for the record's head and a name.
   static constexpr std::size_t kMaxRecord = kCapacity / 4 + 4096;
@@ -63,7 +77,11 @@ class ShmRing {
   /// Appends one frame; false when the ring has no room for it now. `socket_before` is the
   /// number of socket frames the writer has sent on the connection before this one: the reader
   /// takes the record only after it has taken that many from the socket, which keeps the
-  /// connection's frames in order across the two paths.
+  /// connection's frames in order across the two paths. A plain data frame whose name and
+  /// payload fit goes into a compact record of one cache line; any other into a full record.
+  bool try_write(std::uint64_t socket_before, const FrameHeader& h, std::string_view name,
+                 const std::byte* payload) noexcept;
+  /// Appends a full record with this encoded header, whatever it holds (the reader checks it).
   bool try_write(std::uint64_t socket_before, const HeaderBytes& header, std::string_view name,
                  const std::byte* payload, std::size_t payload_bytes) noexcept;
   /// Whether the reader has said it sleeps in the kernel (a sequentially consistent load, to
@@ -91,9 +109,17 @@ class ShmRing {
   struct Control;
   ShmRing(std::string name, void* map, bool owner) noexcept;
   static constexpr std::size_t align8(std::size_t n) noexcept { return (n + 7) & ~std::size_t{7}; }
-  static std::size_t record_bytes(std::size_t name_bytes, std::size_t payload_bytes) noexcept {
-    return align8(kRecordHead + align8(name_bytes) + payload_bytes);
+  static constexpr std::size_t to_line(std::size_t n) noexcept {
+    return (n + kLine - 1) & ~(kLine - 1);
   }
+  static std::size_t record_bytes(std::size_t name_bytes, std::size_t payload_bytes) noexcept {
+    return to_line(kRecordHead + align8(name_bytes) + payload_bytes);
+  }
+  /// Room for a record of `size` bytes at the write position (after padding to the ring's
+  /// start, which it writes); nullptr when the ring has none now.
+  std::byte* reserve(std::size_t size) noexcept;
+  /// Publishes the record at `r` of `size` bytes, reserved before.
+  void publish(std::byte* r, std::size_t size) noexcept;
   static constexpr std::size_t kControlBytes = 4096;
   static constexpr std::size_t kMapBytes = kControlBytes + kCapacity;
   Control* control() const noexcept { return static_cast<Control*>(map_); }

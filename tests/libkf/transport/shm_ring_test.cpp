@@ -82,8 +82,9 @@ TEST(ShmRing, RecordsComeOutWholeAndInOrderAcrossTheWrapAround) {
 TEST(ShmRing, AFullRingRefusesUntilTheReaderTakesARecord) {
   Pair p = make_pair();
   ASSERT_TRUE(p.writer && p.reader);
-  // Records of a fifth of the ring less 40 bytes: five fit, the sixth does not.
-  const std::size_t n = ShmRing::kCapacity / 5 - 64;
+  // Records of a fifth of the ring less two lines (head, name, rounding to a line): five fit,
+  // the sixth does not.
+  const std::size_t n = ShmRing::kCapacity / 5 - 2 * ShmRing::kLine;
   std::vector<std::byte> payload(n, std::byte{7});
   int fitted = 0;
   while (p.writer->try_write(0, data_header(1, 1, n), "x", payload.data(), n)) ++fitted;
@@ -123,6 +124,94 @@ TEST(ShmRing, RecordsStartOverWhenTheReaderHasTakenEverything) {
   }
   // 3000 records of 4 KiB are 187 times kRewindFrom.
   EXPECT_GE(at_start, 150);
+}
+
+FrameHeader data_frame(std::uint32_t tag, std::uint64_t version, std::size_t name_bytes,
+                       std::size_t payload_bytes) {
+  FrameHeader h;
+  h.type = FrameType::data;
+  h.cluster_version = version;
+  h.tag = tag;
+  h.name_bytes = static_cast<std::uint32_t>(name_bytes);
+  h.payload_bytes = payload_bytes;
+  return h;
+}
+
+// Small data frames go into compact records of one cache line each (the point of them: one
+// line moves per frame), larger ones into full records; both kinds, mixed, come out whole and
+// in order, across many trips back to the ring's start, with payloads aligned for reduction.
+TEST(ShmRing, SmallFramesTakeOneCacheLineAndMixWithLargerOnes) {
+  Pair p = make_pair();
+  ASSERT_TRUE(p.writer && p.reader);
+  std::vector<std::byte> payload(3000);
+  std::string why;
+  int compact = 0;
+  for (std::uint32_t i = 0; i < 20000; ++i) {
+    // Names of 1-30 bytes and payloads of 0-40 bytes, with every 7th frame of 3000 bytes.
+    const std::string name = std::string(1 + i % 30, static_cast<char>('a' + i % 26));
+    const std::size_t bytes = i % 7 == 6 ? payload.size() : i % 41;
+    for (std::size_t k = 0; k < bytes; ++k) payload[k] = static_cast<std::byte>(i * 31 + k);
+    const std::uint64_t version = (std::uint64_t{1} << 40) + i;  // past 32 bits
+    ASSERT_TRUE(p.writer->try_write(std::uint64_t{i} << 33, data_frame(i, version, name.size(),
+                                                                       bytes),
+                                    name, payload.data()));
+    ShmRing::Record rec;
+    ASSERT_EQ(p.reader->peek(rec, 1 << 20, why), ShmRing::Peek::record) << i << ": " << why;
+    EXPECT_EQ(rec.socket_before, std::uint64_t{i} << 33);
+    EXPECT_EQ(rec.header.type, FrameType::data);
+    EXPECT_EQ(rec.header.flags, 0);
+    EXPECT_EQ(rec.header.cluster_version, version);
+    EXPECT_EQ(rec.header.tag, i);
+    EXPECT_EQ(rec.name, name);
+    ASSERT_EQ(rec.payload.size(), bytes);
+    for (std::size_t k = 0; k < bytes; ++k) {
+      ASSERT_EQ(rec.payload[k], static_cast<std::byte>(i * 31 + k)) << i;
+    }
+    if (bytes > 0) {
+      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(rec.payload.data()) % 8, 0u);
+    }
+    // Everything of a frame whose name and payload fit 24 bytes lies in one 64-byte line.
+    const auto line = [](const void* at) {
+      return reinterpret_cast<std::uintptr_t>(at) / ShmRing::kLine;
+    };
+    const std::size_t padded_name = (name.size() + 7) / 8 * 8;
+    if (padded_name + bytes <= ShmRing::kLine - ShmRing::kCompactHead) {
+      ++compact;
+      EXPECT_EQ(line(rec.name.data() - ShmRing::kCompactHead), line(rec.name.data()));
+      if (bytes > 0) {
+        EXPECT_EQ(line(rec.name.data()), line(rec.payload.data() + bytes - 1)) << i;
+      }
+    }
+    p.reader->pop();
+    ASSERT_EQ(p.reader->peek(rec, 1 << 20, why), ShmRing::Peek::empty) << i;
+  }
+  EXPECT_GT(compact, 2000);  // of 20000: 3013 with these names and sizes
+}
+
+// What a full ring does not hold of compact records, it holds after the reader takes some; a
+// compact record never overwrites one the reader has not taken.
+TEST(ShmRing, CompactRecordsWaitForRoomLikeFullOnes) {
+  Pair p = make_pair();
+  ASSERT_TRUE(p.writer && p.reader);
+  const std::byte eight[8] = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4},
+                              std::byte{5}, std::byte{6}, std::byte{7}, std::byte{8}};
+  std::size_t fitted = 0;
+  while (p.writer->try_write(fitted, data_frame(1, 1, 1, 8), "c", eight)) ++fitted;
+  EXPECT_EQ(fitted, ShmRing::kCapacity / ShmRing::kLine);
+  ShmRing::Record rec;
+  std::string why;
+  for (std::size_t i = 0; i < fitted; ++i) {
+    ASSERT_EQ(p.reader->peek(rec, 1 << 20, why), ShmRing::Peek::record) << i << ": " << why;
+    ASSERT_EQ(rec.socket_before, i);
+    ASSERT_EQ(rec.payload.size(), 8u);
+    ASSERT_EQ(rec.payload[7], std::byte{8});
+    p.reader->pop();
+  }
+  EXPECT_EQ(p.reader->peek(rec, 1 << 20, why), ShmRing::Peek::empty);
+  EXPECT_TRUE(p.writer->try_write(0, data_frame(1, 1, 1, 8), "c", eight));
+  // A compact record's payload over the reader's limit is refused like a full record's.
+  ASSERT_EQ(p.reader->peek(rec, 4, why), ShmRing::Peek::bad);
+  EXPECT_NE(why.find("malformed compact record"), std::string::npos) << why;
 }
 
 TEST(ShmRing, TheReadersSleepFlagReachesTheWriter) {

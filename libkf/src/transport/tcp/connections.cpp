@@ -983,7 +983,6 @@ std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h,
     asio::co_spawn(ex(), run_outgoing(ps.out), asio::detached);
     ++handlers_posted_;
   }
-  const transport::HeaderBytes header = transport::encode(h);
   // The shared-memory ring, while the receiver polls and nothing queued for the socket has to
   // go first. The send is complete here (its payload is in the ring already): it needs no
   // request of its own, and gets the shared completed one.
@@ -991,7 +990,7 @@ std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h,
   if (out.ring && h.type == FrameType::data && out.queue.empty() && !out.closed &&
       h.payload_bytes <= opts_.shm_frame_bytes &&
       transport::ShmRing::fits(name.size(), h.payload_bytes) && !out.ring->reader_sleeping() &&
-      out.ring->try_write(out.socket_frames, header, name, data, h.payload_bytes)) {
+      out.ring->try_write(out.socket_frames, h, name, data)) {
     Counters::add(counters_.shm_bytes, h.payload_bytes);
     ps.last_tx = Clock::now();
     // It went to sleep as the record landed, perhaps without seeing it: a frame on the socket
@@ -1000,7 +999,7 @@ std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h,
     return sent_;
   }
   auto req = std::make_shared<SendReq>(ex());
-  req->header = header;
+  req->header = transport::encode(h);
   req->name = std::string(name);
   req->data = data;
   req->bytes = h.payload_bytes;
