@@ -98,7 +98,7 @@ void Driver::drive_until(const OpState& s) {
   wanted.fetch_add(1);
   if (!closed.load()) {
     bool nudged = false;
-    const auto give_up = Clock::now() + kHandOver;
+    Clock::time_point give_up{};  // read when first needed: the context is usually free
     while (!s.ready.load(std::memory_order_acquire)) {
       if (mu.try_lock()) {
         std::lock_guard<std::mutex> held(mu, std::adopt_lock);
@@ -139,6 +139,7 @@ void Driver::drive_until(const OpState& s) {
       if (!nudged) {
         asio::post(*ioc, [] {});
         nudged = true;
+        give_up = Clock::now() + kHandOver;
       }
       if (Clock::now() >= give_up) break;
       std::this_thread::yield();

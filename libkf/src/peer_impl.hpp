@@ -28,6 +28,7 @@
 #include <boost/container/small_vector.hpp>
 
 #include "coll/exec/range_set.hpp"
+#include "common/clock.hpp"
 #include "coll/plan/plan.hpp"
 #include "kf/common/error.hpp"
 #include "kf/peer.hpp"
@@ -41,7 +42,6 @@ using tcp = asio::ip::tcp;
 using local_stream = asio::local::stream_protocol;
 /// A connection's socket: TCP, or a Unix-domain socket to a worker on this host.
 using Stream = asio::generic::stream_protocol::socket;
-using Clock = std::chrono::steady_clock;
 template <typename T>
 using awaitable = asio::awaitable<T>;
 
@@ -50,37 +50,6 @@ struct OpState;
 /// A step's few transfers: kept inline, so that running a small collective allocates nothing.
 template <typename T>
 using StepVec = boost::container::small_vector<T, 4>;
-
-/// A polling loop's idle window: whether it should go on polling or block, decided from the
-/// clock only every kCheckEvery idle polls (reading the clock costs about as much as one poll of
-/// the rings, and a loop that waits for one peer polls thousands of times).
-class IdleWindow {
- public:
-  static constexpr std::uint32_t kCheckEvery = 16;
-  /// The last poll did work: the window starts again at the next idle poll.
-  void worked() noexcept { idle_ = 0; }
-  /// The window is over already: the next idle poll blocks.
-  void expire() noexcept {
-    idle_ = kCheckEvery;
-    since_ = Clock::time_point{};
-  }
-  /// Idle polls since the last work.
-  std::uint32_t idle_polls() const noexcept { return idle_; }
-  /// An idle poll: whether `spin` has not passed yet since the first idle poll after work.
-  bool within(std::chrono::microseconds spin) noexcept {
-    if (idle_++ % kCheckEvery != 0) return true;
-    const auto now = Clock::now();
-    if (idle_ == 1) {
-      since_ = now;
-      return spin.count() > 0;
-    }
-    return now - since_ < spin;
-  }
-
- private:
-  std::uint32_t idle_ = 0;  // idle polls since the last work
-  Clock::time_point since_{};
-};
 
 /// Who runs the I/O context. Normally the I/O thread (kf-io); but a user thread that waits on a
 /// collective takes over and runs it itself until its collective is done, so the reply that

@@ -152,7 +152,7 @@ awaitable<std::error_code> PeerImpl::read_exact(Incoming& in, std::byte* dst, st
       in.begin = take;
       n -= take;
     }
-    if (in.peer >= 0) peers_[static_cast<std::size_t>(in.peer)].last_rx = Clock::now();
+    if (in.peer >= 0) peers_[static_cast<std::size_t>(in.peer)].last_rx = coarse_now();
   }
   co_return std::error_code{};
 }
@@ -177,7 +177,7 @@ awaitable<std::error_code> PeerImpl::read_payload(Incoming& in, PayloadSource& s
     }
     src.at += len;
     done += len;
-    peers_[static_cast<std::size_t>(in.peer)].last_rx = Clock::now();
+    peers_[static_cast<std::size_t>(in.peer)].last_rx = coarse_now();
   }
   co_return std::error_code{};
 }
@@ -300,7 +300,7 @@ awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in, std::stri
   }
   const int peer = in->peer;
   peers_[static_cast<std::size_t>(peer)].in.push_back(in);
-  peers_[static_cast<std::size_t>(peer)].last_rx = Clock::now();
+  peers_[static_cast<std::size_t>(peer)].last_rx = coarse_now();
   KF_LOG(debug, "transport", "{}: accepted {}", identity_, peers_[peer].key);
 
   std::vector<std::byte> control;
@@ -666,7 +666,7 @@ std::size_t PeerImpl::drain_ring(Incoming& in) {
     in.sock.close(ignored);
     break;
   }
-  if (taken > 0) peers_[static_cast<std::size_t>(in.peer)].last_rx = Clock::now();
+  if (taken > 0) peers_[static_cast<std::size_t>(in.peer)].last_rx = coarse_now();
   return taken;
 }
 
@@ -821,7 +821,7 @@ awaitable<std::error_code> PeerImpl::dial(Outgoing& out) {
 awaitable<std::error_code> PeerImpl::write_frame(Outgoing& out, SendReq& req) {
   const std::byte* data = req.owned.empty() ? req.data : req.owned.data();
   // peers_ may grow while this waits: index it afresh after every co_await.
-  auto touch = [&] { peers_[static_cast<std::size_t>(out.peer)].last_tx = Clock::now(); };
+  auto touch = [&] { peers_[static_cast<std::size_t>(out.peer)].last_tx = coarse_now(); };
   if (req.header[6] != static_cast<std::byte>(FrameType::heartbeat) && req.written == 0) {
     ++out.socket_frames;
   }
@@ -906,7 +906,7 @@ bool PeerImpl::write_now(Outgoing& out, SendReq& req) {
   // Some bytes are in the socket: the frame is this connection's next, whatever happens now.
   ++out.socket_frames;
   req.written = n;
-  peers_[static_cast<std::size_t>(out.peer)].last_tx = Clock::now();
+  peers_[static_cast<std::size_t>(out.peer)].last_tx = coarse_now();
   if (n < total) return false;
   Counters::add(out.local ? counters_.socket_bytes : counters_.tcp_bytes, req.bytes);
   return true;
@@ -992,7 +992,7 @@ std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h,
       transport::ShmRing::fits(name.size(), h.payload_bytes) && !out.ring->reader_sleeping() &&
       out.ring->try_write(out.socket_frames, h, name, data)) {
     Counters::add(counters_.shm_bytes, h.payload_bytes);
-    ps.last_tx = Clock::now();
+    ps.last_tx = coarse_now();
     // It went to sleep as the record landed, perhaps without seeing it: a frame on the socket
     // (a heartbeat) wakes it, and it takes the ring's records before that frame.
     if (out.ring->reader_sleeping()) post_control(peer, FrameType::heartbeat, {});
