@@ -104,19 +104,19 @@ void Driver::drive_until(const OpState& s) {
         std::lock_guard<std::mutex> held(mu, std::adopt_lock);
         IdleWindow idle;
         // When rings carry the traffic they are polled every time, and the context (an
-        // epoll_wait system call when nothing is ready, under the scheduler's lock) less often.
-        // With more workers than cores each idle poll ends by yielding the core, and a poll
-        // that makes the system call takes that much longer to hand it to the worker it waits
-        // for: the context every 4th idle poll, starting with the first (4 workers on 2 cores,
-        // 4 B, pinned to each of the three pairings, 10.5 / 7.5 / 10.8 -> 9.3 / 6.9 / 7.3 us;
-        // leaving the first out as well measured 6.2 -> 7.0 us held by kfrun). With a core each,
-        // every 16th, the first left out: a ring record that lands during the system call waits
-        // for it to end (2 workers, 4 B 0.66-0.72 -> 0.62-0.68 us, 64 B 0.77-0.80 -> 0.69-0.76).
-        // Over TCP, where the context is all there is to poll, it is polled every time
-        // (skipping cost 20 %).
+        // epoll_wait system call when nothing is ready, under the scheduler's lock) less often,
+        // never at the first idle poll after work. With more workers than cores each idle poll
+        // ends by yielding the core, and a poll that makes the system call takes that much
+        // longer to hand it to the worker it waits for: every 4th idle poll (4 workers on 2
+        // cores, 4 B, pinned to each of the three pairings, 10.5 / 7.5 / 10.8 -> 9.3 / 6.9 /
+        // 7.3 us when it still polled at the first; leaving that out too: three on one core
+        // 11.3-12.8 -> 9.8-10.9 us, held by kfrun 5.4-7.4 -> 5.6-6.2 us). With a core each,
+        // every 16th: a ring record that lands during the system call waits for it to end (2
+        // workers, 4 B 0.66-0.72 -> 0.62-0.68 us, 64 B 0.77-0.80 -> 0.69-0.76). Over TCP, where
+        // the context is all there is to poll, it is polled every time (skipping cost 20 %).
         const bool crowded = yield.load(std::memory_order_relaxed);
         while (!s.ready.load(std::memory_order_acquire) && !stopped()) {
-          const bool skip = reads_rings && (crowded ? idle.idle_polls() % 4 != 0
+          const bool skip = reads_rings && (crowded ? idle.idle_polls() % 4 != 3
                                                     : idle.idle_polls() % 16 != 15);
           if (poll_once(skip) > 0) {
             idle.worked();
