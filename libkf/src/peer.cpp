@@ -55,6 +55,13 @@ std::optional<Transport> parse_transport(std::string_view text) noexcept {
 
 namespace detail {
 
+SleepStripe& sleep_stripe(const void* op) noexcept {
+  static std::array<SleepStripe, 16> stripes;
+  // OpStates are heap blocks of about 100 bytes: the bits above the allocator's alignment.
+  const auto at = reinterpret_cast<std::uintptr_t>(op) >> 6;
+  return stripes[(at ^ (at >> 4)) % stripes.size()];
+}
+
 std::string local_socket_name(const Endpoint& ep) {
   return std::string(1, '\0') + "kf/" + ep.str();
 }

@@ -149,21 +149,30 @@ struct Driver {
   }
 };
 
+/// Where waiters that could not drive the I/O sleep: a few mutexes and condition variables
+/// shared by all operations, picked by the operation's address. A completion wakes every sleeper
+/// of its stripe, and each looks again at its own operation. (A mutex and a condition variable
+/// in every OpState were built and torn down for every collective, though nearly every wait
+/// ends without sleeping.)
+struct SleepStripe {
+  std::mutex mu;
+  std::condition_variable cv;
+};
+SleepStripe& sleep_stripe(const void* op) noexcept;
+
 /// Completion state shared by a Handle (any thread) and the I/O thread.
 ///
 /// Most waits end without sleeping (the waiter ran the I/O itself: Driver), so completing takes
 /// no lock unless a waiter said it sleeps: `ready` and `sleepers` are a store-then-load pair on
 /// each side (sequentially consistent), so either the completer sees the sleeper and wakes it
-/// under `mu`, or the sleeper sees `ready` before it waits. (Locking for every completion cost
-/// about 70 instructions of a 4-byte collective's 2500.)
+/// under its stripe's mutex, or the sleeper sees `ready` before it waits. (Locking for every
+/// completion cost about 70 instructions of a 4-byte collective's 2500.)
 struct OpState {
-  std::mutex mu;  // held to sleep on `cv`, and by a completer that wakes sleepers
-  std::condition_variable cv;
   std::atomic<bool> claimed{false};  // complete() was called: the first call wins
-  std::atomic<int> sleepers{0};      // waiters that sleep on `cv`, or are about to
+  std::atomic<int> sleepers{0};      // waiters that sleep, or are about to
+  std::atomic<bool> ready{false};
   std::error_code ec;                // written once, before `ready`
   std::string what;                  // written once, before `ready`
-  std::atomic<bool> ready{false};
   std::shared_ptr<Driver> driver;  // set for collectives: a waiter may run the I/O itself
 
   /// The first call wins: a waiter that saw `ready` reads `ec` and `what`.
@@ -173,15 +182,17 @@ struct OpState {
     what = std::move(w);
     ready.store(true, std::memory_order_seq_cst);
     if (sleepers.load(std::memory_order_seq_cst) > 0) {
-      std::lock_guard<std::mutex> lk(mu);
-      cv.notify_all();
+      SleepStripe& st = sleep_stripe(this);
+      std::lock_guard<std::mutex> lk(st.mu);
+      st.cv.notify_all();
     }
   }
   /// Sleeps until complete() has run.
   void sleep_until_ready() {
     sleepers.fetch_add(1, std::memory_order_seq_cst);
-    std::unique_lock<std::mutex> lk(mu);
-    cv.wait(lk, [&] { return ready.load(std::memory_order_seq_cst); });
+    SleepStripe& st = sleep_stripe(this);
+    std::unique_lock<std::mutex> lk(st.mu);
+    st.cv.wait(lk, [&] { return ready.load(std::memory_order_seq_cst); });
     sleepers.fetch_sub(1, std::memory_order_relaxed);
   }
 };
