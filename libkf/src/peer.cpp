@@ -56,10 +56,11 @@ std::optional<Transport> parse_transport(std::string_view text) noexcept {
 namespace detail {
 
 SleepStripe& sleep_stripe(const void* op) noexcept {
-  static std::array<SleepStripe, 16> stripes;
+  // Never destroyed: a Peer torn down by a static destructor may still complete operations.
+  static auto* const stripes = new std::array<SleepStripe, 16>();
   // OpStates are heap blocks of about 100 bytes: the bits above the allocator's alignment.
   const auto at = reinterpret_cast<std::uintptr_t>(op) >> 6;
-  return stripes[(at ^ (at >> 4)) % stripes.size()];
+  return (*stripes)[(at ^ (at >> 4)) % stripes->size()];
 }
 
 std::string local_socket_name(const Endpoint& ep) {
