@@ -28,8 +28,8 @@
 #include <boost/container/small_vector.hpp>
 
 #include "coll/exec/range_set.hpp"
-#include "common/clock.hpp"
 #include "coll/plan/plan.hpp"
+#include "common/clock.hpp"
 #include "kf/common/error.hpp"
 #include "kf/peer.hpp"
 #include "transport/frame.hpp"

@@ -39,6 +39,8 @@ constexpr std::size_t kAtSocketBefore = 16;
 constexpr std::size_t kAtHeader = 24;
 constexpr std::size_t kAtVersion = 24;
 constexpr std::size_t kAtTag = 32;
+static_assert(ShmRing::kRecordHead == kAtHeader + kHeaderBytes, "the name follows the header");
+static_assert(ShmRing::kCompactHead == kAtTag + 8, "the name follows the tag, 8-byte aligned");
 
 template <typename T>
 T load_at(const std::byte* p) noexcept {
