@@ -667,9 +667,10 @@ class PeerImpl {
                                           std::string& why);
   awaitable<std::error_code> write_frame(Outgoing& out, SendReq& req);
   /// A small data frame to a connection whose writer is idle: written straight into the socket
-  /// without blocking, saving the hand-off to the writer coroutine. Returns whether the whole
-  /// frame went; otherwise req.written says how much did and the caller queues the rest.
-  bool write_now(Outgoing& out, SendReq& req);
+  /// without blocking, saving the hand-off to the writer coroutine. Returns the bytes of the
+  /// frame (header, name, payload) that went; the caller queues the rest.
+  std::size_t write_now(Outgoing& out, const transport::HeaderBytes& header,
+                        std::string_view name, const std::byte* data, std::size_t bytes);
 
   // ---- shared-memory rings (transport/tcp/connections.cpp) ----
   /// Dialer: creates a ring and offers it over the fresh connection `reader` (still in the
@@ -701,8 +702,9 @@ class PeerImpl {
     return bytes >= kPooledEarlyBytes ? early_pool_ : small_early_pool_;
   }
 
-  /// Sends a frame. A data frame that went into a shared-memory ring at once is complete and
-  /// gets `sent_`, shared by all such sends: callers only look at a request's event. With
+  /// Sends a frame. A data frame that went whole into a shared-memory ring or the socket at once
+  /// is complete and gets `sent_`, shared by all such sends: callers only look at a request's
+  /// event. With
   /// `copy_if_queued`, a frame that is not sent at once is sent from a copy of `data`, which the
   /// caller may then change (otherwise `data` must stay as it is until the request completes).
   std::shared_ptr<SendReq> post_send(int peer, const transport::FrameHeader& h,

@@ -895,21 +895,22 @@ awaitable<std::error_code> PeerImpl::write_frame(Outgoing& out, SendReq& req) {
   co_return to_std(ec);
 }
 
-bool PeerImpl::write_now(Outgoing& out, SendReq& req) {
-  const std::size_t total = req.header.size() + req.name.size() + req.bytes;
-  std::array<asio::const_buffer, 3> bufs{asio::buffer(req.header), asio::buffer(req.name),
-                                         asio::buffer(req.data, req.bytes)};
+std::size_t PeerImpl::write_now(Outgoing& out, const transport::HeaderBytes& header,
+                               std::string_view name, const std::byte* data, std::size_t bytes) {
+  const std::array<asio::const_buffer, 3> bufs{asio::buffer(header),
+                                               asio::buffer(name.data(), name.size()),
+                                               asio::buffer(data, bytes)};
   boost::system::error_code ec;
   // The socket is in non-blocking mode (run_outgoing): would_block means nothing was written.
   const std::size_t n = out.sock.write_some(bufs, ec);
-  if (n == 0) return false;
+  if (n == 0) return 0;
   // Some bytes are in the socket: the frame is this connection's next, whatever happens now.
   ++out.socket_frames;
-  req.written = n;
   peers_[static_cast<std::size_t>(out.peer)].last_tx = coarse_now();
-  if (n < total) return false;
-  Counters::add(out.local ? counters_.socket_bytes : counters_.tcp_bytes, req.bytes);
-  return true;
+  if (n == header.size() + name.size() + bytes) {
+    Counters::add(out.local ? counters_.socket_bytes : counters_.tcp_bytes, bytes);
+  }
+  return n;
 }
 
 awaitable<void> PeerImpl::run_outgoing(std::shared_ptr<Outgoing> out) {
@@ -998,24 +999,26 @@ std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h,
     if (out.ring->reader_sleeping()) post_control(peer, FrameType::heartbeat, {});
     return sent_;
   }
+  const transport::HeaderBytes header = transport::encode(h);
+  // Straight into the socket while the writer has nothing to do. A frame that went whole is
+  // complete and, like a ring record, needs no request of its own (an allocation, a copy of the
+  // name and an event per frame); one that does not fit goes on through the writer from where
+  // this left it.
+  std::size_t written = 0;
+  if (h.type == FrameType::data && out.connected && out.sock.non_blocking() && !out.closed &&
+      !out.writing && out.queue.empty() && h.payload_bytes <= kWriteNowBytes &&
+      !(out.single_copy && h.payload_bytes >= opts_.single_copy_bytes)) {
+    written = write_now(out, header, name, data, h.payload_bytes);
+    if (written == header.size() + name.size() + h.payload_bytes) return sent_;
+  }
   auto req = std::make_shared<SendReq>(ex());
-  req->header = transport::encode(h);
+  req->header = header;
   req->name = std::string(name);
   req->data = data;
   req->bytes = h.payload_bytes;
-  // Straight into the socket while the writer has nothing to do; a frame that does not fit
-  // goes on through the writer from where this left it.
-  if (h.type == FrameType::data && out.connected && out.sock.non_blocking() && !out.closed &&
-      !out.writing &&
-      out.queue.empty() && req->bytes <= kWriteNowBytes &&
-      !(out.single_copy && req->bytes >= opts_.single_copy_bytes)) {
-    if (write_now(out, *req)) {
-      req->ev.set({});
-      return req;
-    }
-    // Partly in the socket already: the rest must follow, so it cannot be cancelled any more.
-    if (req->written > 0) req->in_progress = true;
-  }
+  req->written = written;
+  // Partly in the socket already: the rest must follow, so it cannot be cancelled any more.
+  if (written > 0) req->in_progress = true;
   // The writer sends `owned` when it has one (write_frame); what write_now wrote already is the
   // same bytes.
   if (copy_if_queued && req->bytes > 0) req->owned.assign(data, data + req->bytes);
