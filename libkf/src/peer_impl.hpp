@@ -475,6 +475,13 @@ struct Incoming {
   // are parsed from here with one system call; large payloads bypass it.
   std::vector<std::byte> buf;
   std::size_t begin = 0, end = 0;
+  // TCP: the read-ahead buffer is filled by peeking, and the bytes are dropped from the socket
+  // only before the next read (PeerImpl::read_exact). Taking the last bytes out of a TCP
+  // socket has Linux send the pending ACK from inside that call (a segment through the whole
+  // stack, and the peer's socket taking it in: about 1 us here); a peek leaves it for the drop,
+  // which comes after the frames were delivered and the waiter saw its collective complete.
+  bool peek = false;
+  std::size_t peeked = 0;  // bytes in `buf` still in the socket
   // The dialer's process on a same-host connection (SO_PEERCRED), whose memory single-copy
   // frames are read from; 0 over TCP.
   pid_t pid = 0;
