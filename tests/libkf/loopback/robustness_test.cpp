@@ -278,6 +278,76 @@ TEST(Robustness, SmallFramesFromTheReadAheadBufferAreDeliveredOrRefused) {
   close(s);
 }
 
+// Frames that reach a worker over TCP in pieces are read whole. Over TCP the reader peeks into
+// its read-ahead buffer and drops the bytes from the socket before its next read: a read that
+// needs more than arrived must drop what it peeked before it reads on, or it would take the
+// same bytes twice. The pauses between the pieces are what is under test (each piece is read
+// before the next is sent), not a wait for a result.
+TEST(Robustness, FramesThatArriveInPiecesOverTcpAreReadWhole) {
+  auto peers = test::make_local_cluster(2);
+  allreduce_works(peers, "before");
+  int s = connect_to(peers[0]->endpoint());
+  ASSERT_GE(s, 0);
+  ASSERT_TRUE(authenticate(s, peers[1]->endpoint().str()));  // as rank 1
+
+  // A small frame (through the read-ahead buffer) and one of 20 KiB (its payload partly from
+  // the buffer, the rest straight into the destination), each with its own values.
+  constexpr std::size_t kSmall = 100, kLarge = 5 * 1024;
+  std::vector<char> wire;
+  auto add_frame = [&](const std::string& name, std::size_t count, std::int32_t base) {
+    transport::FrameHeader d;
+    d.type = transport::FrameType::data;
+    d.cluster_version = 1;
+    d.tag = 0;
+    d.name_bytes = static_cast<std::uint32_t>(name.size());
+    d.payload_bytes = count * sizeof(std::int32_t);
+    const auto hb = transport::encode(d);
+    wire.insert(wire.end(), reinterpret_cast<const char*>(hb.data()),
+                reinterpret_cast<const char*>(hb.data()) + hb.size());
+    wire.insert(wire.end(), name.begin(), name.end());
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::int32_t value = base + static_cast<std::int32_t>(i);
+      wire.insert(wire.end(), reinterpret_cast<const char*>(&value),
+                  reinterpret_cast<const char*>(&value) + sizeof value);
+    }
+  };
+  add_frame("small", kSmall, 1000);
+  const std::size_t second = wire.size();
+  add_frame("large", kLarge, 5000);
+  // Cut inside the first header, inside its name, inside its payload, inside the second
+  // header, and three times inside the second payload.
+  const std::vector<std::size_t> cuts{10, 34, 200, second + 20, second + 900, second + 9000,
+                                      second + 17000, wire.size()};
+  const std::uint64_t early_before = peers[0]->transport_stats().early_bytes;
+  std::size_t at = 0;
+  for (const std::size_t cut : cuts) {
+    ASSERT_EQ(send(s, wire.data() + at, cut - at, 0), static_cast<ssize_t>(cut - at));
+    at = cut;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const auto want = early_before + (kSmall + kLarge) * sizeof(std::int32_t);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (peers[0]->transport_stats().early_bytes < want &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(peers[0]->transport_stats().early_bytes, want);
+
+  CollOptions o;
+  o.algorithm = Algorithm::rhd;  // one exchange of the whole buffer with rank 1: these frames
+  std::vector<std::int32_t> v(kSmall, 1);
+  peers[0]->allreduce("small", buffer(v.data(), kSmall), buffer(v.data(), kSmall), o).wait();
+  std::vector<std::int32_t> w(kLarge, 1);
+  peers[0]->allreduce("large", buffer(w.data(), kLarge), buffer(w.data(), kLarge), o).wait();
+  for (std::size_t i = 0; i < kSmall; ++i) {
+    ASSERT_EQ(v[i], 1001 + static_cast<std::int32_t>(i)) << "small, element " << i;
+  }
+  for (std::size_t i = 0; i < kLarge; ++i) {
+    ASSERT_EQ(w[i], 5001 + static_cast<std::int32_t>(i)) << "large, element " << i;
+  }
+  close(s);
+}
+
 // Offers a shared-memory ring named `name`; returns the acceptor's one-byte answer (0 if none).
 int offer_ring(int s, const std::string& name) {
   std::vector<std::byte> payload(name.size());

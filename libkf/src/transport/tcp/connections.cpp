@@ -154,10 +154,10 @@ awaitable<std::error_code> PeerImpl::read_exact(Incoming& in, std::byte* dst, st
     n -= have;
     if (dst) dst += have;
   }
-  if (n > 0) {
-    if (auto ec = drop_peeked(in)) co_return ec;
-  }
   while (n > 0) {
+    // The buffer's bytes are all taken by now (a read that leaves some ends the loop): those
+    // it peeked leave the socket before anything more is read from it.
+    if (auto ec = drop_peeked(in)) co_return ec;
     if (n >= Incoming::kBufBytes / 4 && dst) {
       auto [ec, got] = co_await in.sock.async_read_some(
           asio::buffer(dst, std::min(n, kProgressChunk)), kTuple);
