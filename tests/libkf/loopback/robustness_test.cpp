@@ -145,6 +145,23 @@ void send_single_copy_frame(int s, std::uint64_t addr) {
   ASSERT_EQ(send(s, frame.data(), frame.size(), 0), static_cast<ssize_t>(frame.size()));
 }
 
+// Appends a data frame of cluster version 1, tag 0, named `name`, carrying `values`, to `wire`.
+void append_data_frame(std::vector<char>& wire, const std::string& name,
+                       const std::vector<std::int32_t>& values) {
+  transport::FrameHeader d;
+  d.type = transport::FrameType::data;
+  d.cluster_version = 1;
+  d.tag = 0;
+  d.name_bytes = static_cast<std::uint32_t>(name.size());
+  d.payload_bytes = values.size() * sizeof(std::int32_t);
+  const auto hb = transport::encode(d);
+  wire.insert(wire.end(), reinterpret_cast<const char*>(hb.data()),
+              reinterpret_cast<const char*>(hb.data()) + hb.size());
+  wire.insert(wire.end(), name.begin(), name.end());
+  const auto* p = reinterpret_cast<const char*>(values.data());
+  wire.insert(wire.end(), p, p + values.size() * sizeof(std::int32_t));
+}
+
 void allreduce_works(std::vector<std::unique_ptr<Peer>>& peers, const std::string& name) {
   const int p = static_cast<int>(peers.size());
   std::vector<std::vector<int>> v(p, std::vector<int>(100, 1));
@@ -237,24 +254,8 @@ TEST(Robustness, SmallFramesFromTheReadAheadBufferAreDeliveredOrRefused) {
 
   constexpr std::size_t kCount = 100;
   std::vector<char> wire;
-  auto add_frame = [&](const std::string& name, std::size_t bytes, std::int32_t value) {
-    transport::FrameHeader d;
-    d.type = transport::FrameType::data;
-    d.cluster_version = 1;
-    d.tag = 0;
-    d.name_bytes = static_cast<std::uint32_t>(name.size());
-    d.payload_bytes = bytes;
-    const auto hb = transport::encode(d);
-    wire.insert(wire.end(), reinterpret_cast<const char*>(hb.data()),
-                reinterpret_cast<const char*>(hb.data()) + hb.size());
-    wire.insert(wire.end(), name.begin(), name.end());
-    for (std::size_t i = 0; i < bytes / sizeof value; ++i) {
-      wire.insert(wire.end(), reinterpret_cast<const char*>(&value),
-                  reinterpret_cast<const char*>(&value) + sizeof value);
-    }
-  };
-  add_frame("truth", kCount * sizeof(std::int32_t), 7);
-  add_frame("lie", 8, 7);
+  append_data_frame(wire, "truth", std::vector<std::int32_t>(kCount, 7));
+  append_data_frame(wire, "lie", std::vector<std::int32_t>(2, 7));
   ASSERT_EQ(send(s, wire.data(), wire.size(), 0), static_cast<ssize_t>(wire.size()));
   // Both frames wait in peer 0's mailbox before anything asks for them.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -293,27 +294,15 @@ TEST(Robustness, FramesThatArriveInPiecesOverTcpAreReadWhole) {
   // A small frame (through the read-ahead buffer) and one of 20 KiB (its payload partly from
   // the buffer, the rest straight into the destination), each with its own values.
   constexpr std::size_t kSmall = 100, kLarge = 5 * 1024;
-  std::vector<char> wire;
-  auto add_frame = [&](const std::string& name, std::size_t count, std::int32_t base) {
-    transport::FrameHeader d;
-    d.type = transport::FrameType::data;
-    d.cluster_version = 1;
-    d.tag = 0;
-    d.name_bytes = static_cast<std::uint32_t>(name.size());
-    d.payload_bytes = count * sizeof(std::int32_t);
-    const auto hb = transport::encode(d);
-    wire.insert(wire.end(), reinterpret_cast<const char*>(hb.data()),
-                reinterpret_cast<const char*>(hb.data()) + hb.size());
-    wire.insert(wire.end(), name.begin(), name.end());
-    for (std::size_t i = 0; i < count; ++i) {
-      const std::int32_t value = base + static_cast<std::int32_t>(i);
-      wire.insert(wire.end(), reinterpret_cast<const char*>(&value),
-                  reinterpret_cast<const char*>(&value) + sizeof value);
-    }
+  auto counting = [](std::size_t count, std::int32_t base) {
+    std::vector<std::int32_t> v(count);
+    for (std::size_t i = 0; i < count; ++i) v[i] = base + static_cast<std::int32_t>(i);
+    return v;
   };
-  add_frame("small", kSmall, 1000);
+  std::vector<char> wire;
+  append_data_frame(wire, "small", counting(kSmall, 1000));
   const std::size_t second = wire.size();
-  add_frame("large", kLarge, 5000);
+  append_data_frame(wire, "large", counting(kLarge, 5000));
   // Cut inside the first header, inside its name, inside its payload, inside the second
   // header, and three times inside the second payload.
   const std::vector<std::size_t> cuts{10, 34, 200, second + 20, second + 900, second + 9000,
