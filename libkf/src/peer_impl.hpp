@@ -711,9 +711,9 @@ class PeerImpl {
 
   /// Sends a frame. A data frame that went whole into a shared-memory ring or the socket at once
   /// is complete and gets `sent_`, shared by all such sends: callers only look at a request's
-  /// event. With
-  /// `copy_if_queued`, a frame that is not sent at once is sent from a copy of `data`, which the
-  /// caller may then change (otherwise `data` must stay as it is until the request completes).
+  /// event. With `copy_if_queued`, a frame that is not sent at once is sent from a copy of
+  /// `data`, which the caller may then change (otherwise `data` must stay as it is until the
+  /// request completes).
   std::shared_ptr<SendReq> post_send(int peer, const transport::FrameHeader& h,
                                      std::string_view name, const std::byte* data,
                                      bool copy_if_queued = false);

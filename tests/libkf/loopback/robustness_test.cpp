@@ -162,6 +162,17 @@ void append_data_frame(std::vector<char>& wire, const std::string& name,
   wire.insert(wire.end(), p, p + values.size() * sizeof(std::int32_t));
 }
 
+// Waits (up to 10 s) until `peer` holds at least `bytes` of frames that came before their
+// receives, in all; returns the count it saw last.
+std::uint64_t await_early_bytes(Peer& peer, std::uint64_t bytes) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (peer.transport_stats().early_bytes < bytes &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  return peer.transport_stats().early_bytes;
+}
+
 void allreduce_works(std::vector<std::unique_ptr<Peer>>& peers, const std::string& name) {
   const int p = static_cast<int>(peers.size());
   std::vector<std::vector<int>> v(p, std::vector<int>(100, 1));
@@ -258,12 +269,8 @@ TEST(Robustness, SmallFramesFromTheReadAheadBufferAreDeliveredOrRefused) {
   append_data_frame(wire, "lie", std::vector<std::int32_t>(2, 7));
   ASSERT_EQ(send(s, wire.data(), wire.size(), 0), static_cast<ssize_t>(wire.size()));
   // Both frames wait in peer 0's mailbox before anything asks for them.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (peers[0]->transport_stats().early_bytes < kCount * sizeof(std::int32_t) + 8 &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::yield();
-  }
-  ASSERT_EQ(peers[0]->transport_stats().early_bytes, kCount * sizeof(std::int32_t) + 8);
+  ASSERT_EQ(await_early_bytes(*peers[0], kCount * sizeof(std::int32_t) + 8),
+            kCount * sizeof(std::int32_t) + 8);
 
   // Recursive doubling: one exchange of the whole buffer with rank 1, i.e. with these frames.
   CollOptions o;
@@ -315,12 +322,7 @@ TEST(Robustness, FramesThatArriveInPiecesOverTcpAreReadWhole) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   const auto want = early_before + (kSmall + kLarge) * sizeof(std::int32_t);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (peers[0]->transport_stats().early_bytes < want &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::yield();
-  }
-  ASSERT_EQ(peers[0]->transport_stats().early_bytes, want);
+  ASSERT_EQ(await_early_bytes(*peers[0], want), want);
 
   CollOptions o;
   o.algorithm = Algorithm::rhd;  // one exchange of the whole buffer with rank 1: these frames
