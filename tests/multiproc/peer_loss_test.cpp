@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kf/cluster/cluster.hpp"
@@ -118,6 +119,37 @@ TEST(PeerLoss, StoppedWorkerIsDetectedByHeartbeats) {
   }
   kill(kids[victim].pid, SIGKILL);
   test::wait_exit(kids[victim], Clock::now() + std::chrono::seconds(5));
+}
+
+// A pause of the whole host (a loaded machine, a VM the hypervisor stopped) silences every
+// worker at once, and the one that runs again first must not take the others' silence during
+// the pause for a loss. Worker 1 stops first, worker 0 a moment later (it has read whatever 1
+// sent by then); after a pause longer than the heartbeat timeout 0 resumes, and 1 only
+// 700 ms later, within the timeout counted from 0's resumption but long after 1's last frame.
+// Both must go on streaming allreduces.
+TEST(PeerLoss, AHostWidePauseLosesNobody) {
+  const int np = 2, heartbeat_ms = 2000;
+  auto kids = start_ready(np, "stream",
+                          {"KF_TIMEOUT_MS=30000", "KF_HEARTBEAT_MS=" + std::to_string(heartbeat_ms)});
+  ASSERT_FALSE(HasFailure());
+  kill(kids[1].pid, SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  kill(kids[0].pid, SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(heartbeat_ms + 500));
+  kill(kids[0].pid, SIGCONT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  kill(kids[1].pid, SIGCONT);
+  // A loss shows within one watchdog tick (heartbeat / 4) after 0 resumed: the workers exit.
+  const auto watch_until = Clock::now() + std::chrono::milliseconds(heartbeat_ms);
+  std::vector<bool> reaped(np);
+  for (int i = 0; i < np; ++i) {
+    auto status = test::wait_exit(kids[i], watch_until, /*kill_late=*/false);
+    EXPECT_FALSE(status.has_value()) << "worker " << i << " stopped: " << kids[i].pending;
+    reaped[i] = status.has_value();  // then its pid is no longer its own
+  }
+  for (int i = 0; i < np; ++i) {
+    if (!reaped[i]) test::wait_exit(kids[i], Clock::now());  // kills it
+  }
 }
 
 // The survivors of a kill -9 move to the next cluster version without restarting and go on.

@@ -3,8 +3,10 @@
 // started on one cluster, plus a helper that runs a function on every rank in its own thread.
 #pragma once
 
+#include <exception>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,11 +62,31 @@ inline UnstartedJob make_unstarted_job(int n, const std::string& token) {
   return j;
 }
 
-/// Runs fn(rank) on one thread per peer and joins them.
+/// Runs fn(rank) on one thread per peer and joins them. An exception that leaves fn (a
+/// collective that failed: a peer lost, a timeout) is thrown again here once every thread has
+/// ended, the lowest rank's, naming its rank: the test fails and says why, where an exception
+/// leaving a thread would end the whole test program.
 inline void run_all(int n, const std::function<void(int)>& fn) {
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
   std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r) ts.emplace_back(fn, r);
+  for (int r = 0; r < n; ++r) {
+    ts.emplace_back([&fn, &errors, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  }
   for (auto& t : ts) t.join();
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r]) continue;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("rank " + std::to_string(r) + ": " + e.what());
+    }
+  }
 }
 
 }  // namespace kf::test

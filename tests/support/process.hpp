@@ -63,11 +63,13 @@ inline std::optional<std::string> read_line(Child& c, std::chrono::steady_clock:
   }
 }
 
-/// Waits for the child's exit; returns its wait status, or nullopt (after SIGKILL) if it did not
-/// exit before the deadline.
-inline std::optional<int> wait_exit(Child& c, std::chrono::steady_clock::time_point until) {
+/// Waits for the child's exit; returns its wait status, or nullopt if it did not exit before
+/// the deadline: then it is killed (SIGKILL) and reaped, unless `kill_late` is false. Looks at
+/// least once, even when the deadline has passed.
+inline std::optional<int> wait_exit(Child& c, std::chrono::steady_clock::time_point until,
+                                    bool kill_late = true) {
   int status = 0;
-  while (std::chrono::steady_clock::now() < until) {
+  for (bool first = true; first || std::chrono::steady_clock::now() < until; first = false) {
     const pid_t r = waitpid(c.pid, &status, WNOHANG);
     if (r == c.pid) {
       char buf[4096];
@@ -83,8 +85,10 @@ inline std::optional<int> wait_exit(Child& c, std::chrono::steady_clock::time_po
       if (n > 0) c.pending.append(buf, static_cast<std::size_t>(n));
     }
   }
-  kill(c.pid, SIGKILL);
-  waitpid(c.pid, &status, 0);
+  if (kill_late) {
+    kill(c.pid, SIGKILL);
+    waitpid(c.pid, &status, 0);
+  }
   return std::nullopt;
 }
 

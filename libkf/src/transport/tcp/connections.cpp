@@ -1262,23 +1262,36 @@ void PeerImpl::break_version(std::error_code ec, const std::string& why) {
 
 // Members that send us data also send heartbeats while idle; one that stays silent past the
 // heartbeat timeout (a stopped process, a lost machine: nothing closes its connection) is lost.
+//
+// Silence counts only while this thread runs on time. A tick that comes late means this
+// process did not run for that long (a loaded machine, a paused VM), and most likely neither
+// did its peers on the same host: what they wrote meanwhile may still be unread, or not yet
+// written by a peer that got its core back later than this one. From such a tick on, every
+// member's silence counts afresh (`awake_since`). Judging only the late tick itself, as this
+// did first, lost members across two stalls in a row, and whenever a peer got its core back
+// after this one (PeerLoss.AHostWidePauseLosesNobody). The price: a process starved without
+// pause finds its silent peers late (the collectives' own deadlines still hold).
 awaitable<void> PeerImpl::watchdog() {
   const auto timeout = opts_.heartbeat_timeout;
   asio::steady_timer t(ex());
   const auto tick = std::max(timeout / 4, std::chrono::milliseconds(10));
+  Clock::time_point awake_since{};
   while (!stopping_ && timeout.count() > 0) {
     const auto due = Clock::now() + tick;
     t.expires_at(due);
     auto [ec] = co_await t.async_wait(kTuple);
     if (ec || stopping_) co_return;
     const auto now = Clock::now();
-    // If this thread itself was starved (a loaded machine), stale timestamps prove nothing.
-    if (now - due > timeout / 2) continue;
+    if (now - due > tick / 2) {
+      awake_since = now;
+      continue;
+    }
     for (const auto& w : io_cluster_.workers) {
       auto it = peer_by_key_.find(w.endpoint.str());
       if (it == peer_by_key_.end()) continue;
       const auto& ps = peers_[static_cast<std::size_t>(it->second)];
-      if (ps.in.empty() || ps.lost || ps.departed || now - ps.last_rx < timeout) continue;
+      if (ps.in.empty() || ps.lost || ps.departed) continue;
+      if (now - std::max(ps.last_rx, awake_since) < timeout) continue;
       bool pending = false;  // bytes waiting in the kernel mean the peer is alive
       for (const auto& in : ps.in) {
         boost::system::error_code aec;
