@@ -124,8 +124,8 @@ void Driver::drive_until(const OpState& s) {
         // the context is all there is to poll, it is polled every time (skipping cost 20 %).
         const bool crowded = yield.load(std::memory_order_relaxed);
         while (!s.ready.load(std::memory_order_acquire) && !stopped()) {
-          const bool skip = reads_rings && (crowded ? idle.idle_polls() % 4 != 3
-                                                    : idle.idle_polls() % 16 != 15);
+          const bool skip = reads_rings && !context_due &&
+                            (crowded ? idle.idle_polls() % 4 != 3 : idle.idle_polls() % 16 != 15);
           if (poll_once(skip) > 0) {
             idle.worked();
           } else if (idle.within(spin)) {

@@ -89,10 +89,18 @@ struct Driver {
   // Whether this peer reads any shared-memory ring (PeerImpl::ring_readers_ is not empty);
   // touched only under `mu`.
   bool reads_rings = false;
+  // Something was posted to the context that should run soon (a lane that stopped to let it
+  // run: PeerImpl::advance): the next polling round polls the context even where it would
+  // skip it. Touched only under `mu`.
+  bool context_due = false;
   /// One round of polling: ready handlers, ring records and woken lanes; the number run.
   /// `skip_context` leaves the context out (its epoll_wait is a system call when idle).
   std::size_t poll_once(bool skip_context = false) {
-    std::size_t n = skip_context ? 0 : ioc->poll_one();
+    std::size_t n = 0;
+    if (!skip_context) {
+      context_due = false;
+      n = ioc->poll_one();
+    }
     if (poll_rings) n += poll_rings();
     if (run_woken) n += run_woken();
     return n;
@@ -540,6 +548,9 @@ struct LaneRun {
   bool posted = false;    // the step's transfers are posted
   ScratchPool::Block scratch;
   const coll::Xfer* stream = nullptr;  // the step's receive reduced on arrival, if any
+  // How far the step's reduction got (PeerImpl::reduce_step): the transfer, the elements of it
+  // reduced, and where in scratch that transfer's data starts.
+  std::size_t reduce_x = 0, reduce_done = 0, reduce_sc = 0;
   StepVec<std::shared_ptr<SendReq>> sends;
   StepVec<std::shared_ptr<RecvReq>> recvs;
   StepVec<int> send_peer, recv_peer;
@@ -780,12 +791,15 @@ class PeerImpl {
   /// start_collective's first part: the work buffer, the plan and the lanes; completes the
   /// collective itself when it fails or has nothing to do.
   void prepare_collective(const std::shared_ptr<CollCtx>& ctx);
-  /// Runs a lane until it must wait, fails, or finishes.
+  /// Runs a lane until it must wait, fails, or finishes, or has reduced kReduceSliceBytes: then
+  /// the rest of it is posted to the context, after whatever else is ready there.
   void advance(LaneRun& l);
   /// Posts the current step's transfers.
   void post_step(LaneRun& l);
-  /// Reduces what the current step received, in plan order.
-  void reduce_step(LaneRun& l);
+  /// Reduces what the current step received, in plan order, taking the bytes it reduces from
+  /// `budget`; returns false when the budget ran out first (LaneRun::reduce_x and reduce_done
+  /// say where it stopped).
+  bool reduce_step(LaneRun& l, std::size_t& budget);
   /// Registers the lane as the waiter of `ev` (a transfer with `peer`), with a deadline.
   void wait_for(LaneRun& l, Event& ev, int peer);
   /// A lane failed (it stops waiting): its transfers are abandoned (a coroutine), then it
