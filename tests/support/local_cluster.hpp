@@ -15,6 +15,26 @@
 
 namespace kf::test {
 
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+/// Sanitizers slow every thread 5-20x, and these tests run up to 16 of them in one process on
+/// 2 cores: a heartbeat can then be late by more than the default timeout without anything
+/// being wrong. The default heartbeat is stretched there (tests that set their own keep it);
+/// the release build runs the same tests with the default.
+inline constexpr int kHeartbeatStretch = 4;
+#else
+inline constexpr int kHeartbeatStretch = 1;
+#endif
+
+/// Stretches `o`'s heartbeat by kHeartbeatStretch, unless the test chose its own.
+inline void stretch_heartbeat(PeerOptions& o) {
+  const PeerOptions defaults;
+  if (o.heartbeat_timeout == defaults.heartbeat_timeout &&
+      o.heartbeat_interval == defaults.heartbeat_interval) {
+    o.heartbeat_timeout *= kHeartbeatStretch;
+    o.heartbeat_interval *= kHeartbeatStretch;
+  }
+}
+
 /// One peer per entry of `options` (rank i gets options[i]), listening on 127.0.0.1.
 inline std::vector<std::unique_ptr<Peer>> make_local_cluster(std::vector<PeerOptions> options) {
   std::vector<std::unique_ptr<Peer>> peers;
@@ -23,6 +43,7 @@ inline std::vector<std::unique_ptr<Peer>> make_local_cluster(std::vector<PeerOpt
   for (std::size_t i = 0; i < options.size(); ++i) {
     PeerOptions& o = options[i];
     if (o.job_token.empty()) o.job_token = "test-token";
+    stretch_heartbeat(o);
     o.listen.host = "127.0.0.1";
     o.listen.port = 0;
     peers.push_back(std::make_unique<Peer>(o));
@@ -55,6 +76,7 @@ inline UnstartedJob make_unstarted_job(int n, const std::string& token) {
   for (int i = 0; i < n; ++i) {
     PeerOptions o;
     o.job_token = token;
+    stretch_heartbeat(o);
     o.listen = Endpoint{"127.0.0.1", 0};
     j.peers.push_back(std::make_unique<Peer>(o));
     j.cluster.workers.push_back(WorkerSpec{j.peers.back()->endpoint(), i});

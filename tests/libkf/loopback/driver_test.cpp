@@ -39,19 +39,15 @@ TEST(Driver, ManyThreadsWaitingAtOnceAllGetExactResults) {
   auto peers = test::make_local_cluster(kPeers, polling(std::chrono::microseconds(200)));
   std::atomic<int> wrong{0};
   test::run_all(kPeers, [&](int r) {
-    std::vector<std::thread> ts;
-    for (int t = 0; t < kThreads; ++t) {
-      ts.emplace_back([&, r, t] {
-        std::vector<float> v(1 + 97 * t);  // 4 B to about 1 KiB
-        for (int i = 0; i < kRounds; ++i) {
-          for (auto& x : v) x = static_cast<float>(r + 1 + i);
-          const std::string name = "t" + std::to_string(t) + "#" + std::to_string(i);
-          peers[r]->allreduce(name, buffer(v.data(), v.size()), buffer(v.data(), v.size())).wait();
-          for (float x : v) wrong += x != static_cast<float>(3 + 2 * i);
-        }
-      });
-    }
-    for (auto& th : ts) th.join();
+    test::run_all(kThreads, [&](int t) {
+      std::vector<float> v(1 + 97 * t);  // 4 B to about 1 KiB
+      for (int i = 0; i < kRounds; ++i) {
+        for (auto& x : v) x = static_cast<float>(r + 1 + i);
+        const std::string name = "t" + std::to_string(t) + "#" + std::to_string(i);
+        peers[r]->allreduce(name, buffer(v.data(), v.size()), buffer(v.data(), v.size())).wait();
+        for (float x : v) wrong += x != static_cast<float>(3 + 2 * i);
+      }
+    });
   });
   EXPECT_EQ(wrong.load(), 0);
 }

@@ -47,6 +47,7 @@ std::vector<std::unique_ptr<Peer>> make_cluster(
     o.single_copy_bytes = single_copy_bytes;
     o.shm_frame_bytes = shm_frame_bytes;
     o.socket_buffer_bytes = socket_buffer_bytes;
+    test::stretch_heartbeat(o);
     peers.push_back(std::make_unique<Peer>(o));
     c.workers.push_back(WorkerSpec{peers.back()->endpoint(), static_cast<int>(i)});
   }
