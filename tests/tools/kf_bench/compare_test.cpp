@@ -214,6 +214,14 @@ TEST(CompareCommands, MissingExecutablesAreNamed) {
   EXPECT_EQ(missing_executable("kf-tcp", bin), "kfrun");
 }
 
+TEST(CompareCommands, ASkippedBaselineSaysHowToGetIt) {
+  const std::string line = skip_line("mpi-shm", "kf-bench-mpi");
+  EXPECT_EQ(line.rfind("# skipping mpi-shm: kf-bench-mpi not found (", 0), 0u) << line;
+  EXPECT_NE(line.find("tools/install-deps --bench"), std::string::npos) << line;
+  EXPECT_NE(line.find("meson setup --reconfigure build"), std::string::npos) << line;
+  EXPECT_EQ(line.back(), '\n');
+}
+
 TEST(CompareBinaries, FoundBesideTheBuildTreeThenOnPath) {
   namespace fs = std::filesystem;
   const fs::path root = fs::temp_directory_path() / ("compare_test." + std::to_string(::getpid()));

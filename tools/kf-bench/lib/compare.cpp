@@ -124,6 +124,12 @@ std::string missing_executable(std::string_view impl, const Binaries& bin) {
   return "an implementation named " + std::string(impl);
 }
 
+std::string skip_line(std::string_view impl, std::string_view missing) {
+  return "# skipping " + std::string(impl) + ": " + std::string(missing) +
+         " not found (tools/install-deps --bench installs OpenMPI and Gloo; a build configured "
+         "before that needs `meson setup --reconfigure build` and `ninja -C build`)\n";
+}
+
 std::vector<Command> commands_for(const RunRequest& r, const Binaries& bin) {
   const std::string np = std::to_string(r.np);
   if (is_kf(r.impl)) {

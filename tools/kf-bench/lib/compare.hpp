@@ -80,6 +80,11 @@ Binaries find_binaries(const std::string& self, std::string_view path);
 /// Why `impl` cannot run with `bin` (the missing executable), or an empty string.
 std::string missing_executable(std::string_view impl, const Binaries& bin);
 
+/// The line compare prints for a baseline it skips because `missing` is not there, with how to
+/// get it: install the packages, and reconfigure a build configured before them (Meson looks
+/// for libraries only when it configures).
+std::string skip_line(std::string_view impl, std::string_view missing);
+
 /// One run: every size of `impl` on `np` processes.
 struct RunRequest {
   std::string impl;

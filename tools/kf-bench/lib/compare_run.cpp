@@ -99,7 +99,7 @@ class Compare {
              << bin_.kf_bench << " or on PATH\n";
         return false;
       } else {
-        out_ << "# skipping " << impl << ": " << missing << " not found\n";
+        out_ << skip_line(impl, missing);
       }
     }
     if (impls_.empty()) err_ << "kf-bench compare: no implementation to run\n";
