@@ -35,15 +35,18 @@ std::optional<DType> parse_dtype(std::string_view s) noexcept;
 std::optional<ReduceOp> parse_reduce_op(std::string_view s) noexcept;
 
 /// acc[i] = acc[i] OP in[i] for i < count. For avg this is a sum; call finish_avg at the end.
-/// The operation is commutative bit for bit (min/max propagate NaN), so that the order of the
-/// operands never makes two workers disagree. Throws: nothing.
+/// The operation is commutative bit for bit, so that the order of the operands never makes two
+/// workers disagree: min and max order -0 below +0, and a NaN result is always the positive
+/// default quiet NaN (whichever operand was NaN). Vectorised for every type (src/common/
+/// reduce.cpp). Throws: nothing.
 void reduce_into(void* acc, const void* in, std::size_t count, DType t, ReduceOp op) noexcept;
 
 /// out[i] = a[i] OP b[i]. out may be the same array as a; no other overlap is allowed.
 void reduce_to(void* out, const void* a, const void* b, std::size_t count, DType t,
                ReduceOp op) noexcept;
 
-/// Divides every element by n (integer division for integer types).
+/// Divides every element by n (integer division for integer types; a NaN becomes the default
+/// quiet NaN).
 void finish_avg(void* buf, std::size_t count, DType t, std::size_t n) noexcept;
 
 /// IEEE binary16 and bfloat16 conversions, round to nearest, ties to even; NaN stays NaN.
