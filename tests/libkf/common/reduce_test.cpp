@@ -163,8 +163,8 @@ TEST(ReduceKernels, EveryLengthInPlaceAndOutOfPlaceMatchesElementByElement) {
         reduce_into(acc.data(), b.data(), n, t, op);
         // Bytes, NaN payloads included: a vector operation propagates a NaN operand as the
         // scalar one does.
-        ASSERT_EQ(std::memcmp(out.data(), want.data(), want.size()), 0) << "out of place, n = " << n;
-        ASSERT_EQ(std::memcmp(acc.data(), want.data(), want.size()), 0) << "in place, n = " << n;
+        ASSERT_TRUE(out == want) << "out of place, n = " << n;
+        ASSERT_TRUE(acc == want) << "in place, n = " << n;
       }
     }
   }

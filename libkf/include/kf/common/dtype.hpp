@@ -37,8 +37,8 @@ std::optional<ReduceOp> parse_reduce_op(std::string_view s) noexcept;
 /// acc[i] = acc[i] OP in[i] for i < count. For avg this is a sum; call finish_avg at the end.
 /// The operation is commutative bit for bit, so that the order of the operands never makes two
 /// workers disagree: min and max order -0 below +0, and a NaN result is always the positive
-/// default quiet NaN (whichever operand was NaN). Vectorised for every type (src/common/
-/// reduce.cpp). Throws: nothing.
+/// default quiet NaN (whichever operand was NaN). The loops are written for the compiler to
+/// vectorise (src/common/reduce.cpp). Throws: nothing.
 void reduce_into(void* acc, const void* in, std::size_t count, DType t, ReduceOp op) noexcept;
 
 /// out[i] = a[i] OP b[i]. out may be the same array as a; no other overlap is allowed.
