@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The reduction kernels (reduce_to, reduce_into, finish_avg), written so that the compiler
+// The reduction kernels (reduce_to, reduce_into, finish_avg) and the half conversions
+// (float_to_f16 & co., whose branch-free forms the kernels use), written so that the compiler
 // vectorises every (dtype, op) loop: the element functions have no branches, only selects, and
 // the caller's "out is a or disjoint from it" is split into two loops over restrict pointers.
 // This file is built apart (libkf/meson.build) with the vectoriser's dynamic cost model (GCC
@@ -92,8 +93,9 @@ inline T min_max(T a, T b) noexcept {
   }
 }
 
-// The half formats, converted without branches. Bit for bit the same as the public
-// float_to_f16 & co. in dtype.cpp (tests/libkf/common/reduce_test.cpp compares every pattern).
+// The half formats, converted without branches (so that the loops using them vectorise). They
+// are also the public float_to_f16 & co. (at the end of this file), which
+// tests/libkf/common/dtype_test.cpp checks against an independent model of both formats.
 struct F16 {
   static float to_float(std::uint16_t h) noexcept {
     const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
@@ -208,7 +210,7 @@ void divide_half(std::uint16_t* buf, std::size_t n, std::size_t d) noexcept {
   for (std::size_t i = 0; i < n; ++i) buf[i] = H::from_float(quiet_if_nan(H::to_float(buf[i]) / dv));
 }
 
-// ---- f16 with F16C (x86-64) ----------------------------------------------------------------
+// ---- f16 and bf16 with AVX2 and F16C (x86-64) ----------------------------------------------------------------
 
 #ifdef KF_REDUCE_X86
 
@@ -304,17 +306,13 @@ void reduce_half_simd(std::uint16_t* out, const std::uint16_t* a, const std::uin
   if (i < n) reduce_half<H>(out + i, a + i, b + i, n - i, op);
 }
 
-__attribute__((target("avx2,f16c"))) void divide_f16_f16c(std::uint16_t* buf, std::size_t n,
-                                                          std::size_t d) noexcept {
+template <typename V, typename H>
+__attribute__((target("avx2,f16c"))) void divide_half_simd(std::uint16_t* buf, std::size_t n,
+                                                           std::size_t d) noexcept {
   const __m256 dv = _mm256_set1_ps(static_cast<float>(d));
   std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(buf + i)));
-    const __m256 q = canonical_nan(_mm256_div_ps(x, dv));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(buf + i),
-                     _mm256_cvtps_ph(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  }
-  divide_half<F16>(buf + i, n - i, d);
+  for (; i + 8 <= n; i += 8) V::store(buf + i, canonical_nan(_mm256_div_ps(V::load(buf + i), dv)));
+  divide_half<H>(buf + i, n - i, d);
 }
 
 // AVX2 and F16C: every x86-64 CPU since about 2013-2015.
@@ -388,11 +386,18 @@ void reduce_into(void* acc, const void* in, std::size_t count, DType t, ReduceOp
 
 void finish_avg(void* buf, std::size_t count, DType t, std::size_t n) noexcept {
 #ifdef KF_REDUCE_X86
-  if (t == DType::f16 && n > 1 && have_simd()) {
-    return divide_f16_f16c(static_cast<std::uint16_t*>(buf), count, n);
+  if ((t == DType::f16 || t == DType::bf16) && n > 1 && have_simd()) {
+    auto* p = static_cast<std::uint16_t*>(buf);
+    if (t == DType::f16) return divide_half_simd<F16x8, F16>(p, count, n);
+    return divide_half_simd<Bf16x8, Bf16>(p, count, n);
   }
 #endif
   detail::finish_avg_portable(buf, count, t, n);
 }
+
+std::uint16_t float_to_f16(float f) noexcept { return F16::from_float(f); }
+float f16_to_float(std::uint16_t h) noexcept { return F16::to_float(h); }
+std::uint16_t float_to_bf16(float f) noexcept { return Bf16::from_float(f); }
+float bf16_to_float(std::uint16_t h) noexcept { return Bf16::to_float(h); }
 
 }  // namespace kf
