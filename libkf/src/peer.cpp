@@ -16,34 +16,6 @@
 
 namespace kf {
 
-// ---- Handle ---------------------------------------------------------------------------------
-
-bool Handle::ready() const noexcept {
-  return !state_ || state_->ready.load(std::memory_order_acquire);
-}
-
-std::error_code Handle::wait_status() const noexcept {
-  if (!state_) return {};
-  // Run the I/O on this thread while waiting (detail::Driver); then, or if that could not be
-  // arranged, sleep until the collective completes.
-  if (state_->driver) state_->driver->drive_until(*state_);
-  // Done (the usual case after driving): `ec` was written before `ready` was set and is never
-  // written again.
-  if (!state_->ready.load(std::memory_order_acquire)) state_->sleep_until_ready();
-  return state_->ec;
-}
-
-void Handle::wait() const {
-  const std::error_code ec = wait_status();
-  if (ec) throw Error(ec, message());
-}
-
-std::string Handle::message() const {
-  // Written once, before `ready`: empty until the operation completed.
-  if (!state_ || !state_->ready.load(std::memory_order_acquire)) return {};
-  return state_->what;
-}
-
 std::optional<Transport> parse_transport(std::string_view text) noexcept {
   if (text == "auto") return Transport::automatic;
   if (text == "unix") return Transport::unix_socket;
@@ -55,136 +27,8 @@ std::optional<Transport> parse_transport(std::string_view text) noexcept {
 
 namespace detail {
 
-SleepStripe& sleep_stripe(const void* op) noexcept {
-  // Never destroyed: a Peer torn down by a static destructor may still complete operations.
-  static auto* const stripes = new std::array<SleepStripe, 16>();
-  // OpStates are heap blocks of about 100 bytes: the bits above the allocator's alignment.
-  const auto at = reinterpret_cast<std::uintptr_t>(op) >> 6;
-  return (*stripes)[(at ^ (at >> 4)) % stripes->size()];
-}
-
 std::string local_socket_name(const Endpoint& ep) {
   return std::string(1, '\0') + "kf/" + ep.str();
-}
-
-namespace {
-
-// Polling windows when PeerOptions::spin is unset (see PeerImpl::update), measured with
-// kf-bench: 100-1000 us pause-polling gave the same latencies at 2 workers on 2 cores; at 4
-// workers, 1000 us of yield-polling beat 200 us at 3 of 4 sizes.
-constexpr auto kSpin = std::chrono::microseconds(200);
-constexpr auto kCrowdedSpin = std::chrono::microseconds(1000);
-// The longest a waiter's lease keeps the I/O thread parked (Driver::leased).
-constexpr auto kMaxLease = std::chrono::microseconds(1000);
-
-}  // namespace
-
-void Driver::relax() const noexcept {
-  if (yield.load(std::memory_order_relaxed)) {
-    std::this_thread::yield();
-    return;
-  }
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
-// The hand-over: announce the wish (`wanted`); when the context is free (the I/O thread is
-// parked: a waiter drove a moment ago and its lease still holds) take it at once. Otherwise nudge
-// the I/O thread out of epoll with an empty handler, and take `mu` once it has parked. While it
-// waits for the hand-over the caller yields its core rather than spin on it: on a machine with
-// as many busy threads as cores, the I/O thread may need that very core to get to the point
-// where it parks.
-void Driver::drive_until(const OpState& s) {
-  if (s.ready.load(std::memory_order_acquire)) return;
-  const auto spin = this->spin();
-  // Without polling, handing the I/O over and back costs more wake-ups than it saves.
-  if (spin.count() == 0) return;
-  // How long to wait for the I/O thread to park before sleeping on the collective instead (it
-  // parks between two handlers; one handler rarely runs longer than this).
-  constexpr auto kHandOver = std::chrono::microseconds(500);
-  wanted.fetch_add(1);
-  if (!closed.load()) {
-    bool nudged = false;
-    Clock::time_point give_up{};  // read when first needed: the context is usually free
-    while (!s.ready.load(std::memory_order_acquire)) {
-      if (mu.try_lock()) {
-        std::lock_guard<std::mutex> held(mu, std::adopt_lock);
-        IdleWindow idle;
-        // When rings carry the traffic they are polled every time, and the context (an
-        // epoll_wait system call when nothing is ready, under the scheduler's lock) less often,
-        // never at the first idle poll after work. With more workers than cores each idle poll
-        // ends by yielding the core, and a poll that makes the system call takes that much
-        // longer to hand it to the worker it waits for: every 4th idle poll (4 workers on 2
-        // cores, 4 B, pinned to each of the three pairings, 10.5 / 7.5 / 10.8 -> 9.3 / 6.9 /
-        // 7.3 us when it still polled at the first; leaving that out too: three on one core
-        // 11.3-12.8 -> 9.8-10.9 us, held by kfrun 5.4-7.4 -> 5.6-6.2 us). With a core each,
-        // every 16th: a ring record that lands during the system call waits for it to end (2
-        // workers, 4 B 0.66-0.72 -> 0.62-0.68 us, 64 B 0.77-0.80 -> 0.69-0.76). Over TCP, where
-        // the context is all there is to poll, it is polled every time (skipping cost 20 %).
-        const bool crowded = yield.load(std::memory_order_relaxed);
-        while (!s.ready.load(std::memory_order_acquire) && !stopped()) {
-          const bool skip = reads_rings && !context_due &&
-                            (crowded ? idle.idle_polls() % 4 != 3 : idle.idle_polls() % 16 != 15);
-          if (poll_once(skip) > 0) {
-            idle.worked();
-          } else if (idle.within(spin)) {
-            relax();
-          } else {
-            // A context that ran out of work stops by itself: then nothing is left to wait for.
-            if (ioc->stopped()) break;
-            block_once();
-            idle.worked();
-          }
-        }
-        // One polling window, but never long: a job that polls for seconds (KF_SPIN_US) must
-        // not go without background progress for as long after each wait.
-        const auto lease = std::min<Clock::duration>(spin, kMaxLease);
-        lease_until.store((Clock::now() + lease).time_since_epoch().count(),
-                          std::memory_order_relaxed);
-        break;
-      }
-      if (!nudged) {
-        asio::post(*ioc, [] {});
-        nudged = true;
-        give_up = Clock::now() + kHandOver;
-      }
-      if (Clock::now() >= give_up) break;
-      std::this_thread::yield();
-    }
-  }
-  // The I/O thread does not wait for this: it looks again when its lease ends. Only a closing
-  // peer's destructor waits here for the last driver to leave.
-  if (wanted.fetch_sub(1) == 1 && closed.load()) wanted.notify_all();
-}
-
-void Driver::run_ready() {
-  if (spin().count() == 0 || closed.load(std::memory_order_relaxed)) return;
-  if (!mu.try_lock()) return;  // the I/O thread or a waiter runs the context: it runs them
-  std::lock_guard<std::mutex> held(mu, std::adopt_lock);
-  run_ready_locked();
-}
-
-void Driver::run_ready_locked() {
-  // What a new collective's start made ready (a writer to resume, a lane whose receive came);
-  // a bounded number: this is the caller's time, not a wait. (Running only the first handler
-  // measured 0.2 us faster at 4 B but 2 us slower at 64 KiB.)
-  for (int i = 0; i < 8 && !stopped(); ++i) {
-    std::size_t n = ioc->poll_one();
-    if (run_woken) n += run_woken();
-    if (n == 0) break;
-  }
-}
-
-bool Driver::leased(Clock::time_point now, Clock::time_point& recheck) const noexcept {
-  if (wanted.load(std::memory_order_acquire) > 0) {
-    recheck = now + std::chrono::milliseconds(5);
-    return true;
-  }
-  const Clock::time_point until{Clock::duration(lease_until.load(std::memory_order_relaxed))};
-  if (now >= until) return false;
-  recheck = until;
-  return true;
 }
 
 namespace {
@@ -213,8 +57,12 @@ PeerImpl::PeerImpl(PeerOptions opts)
   if (opts_.job_token.empty()) throw std::invalid_argument("PeerOptions.job_token is empty");
   sent_ = std::make_shared<SendReq>(ex());
   sent_->ev.set({});
-  received_ = std::make_shared<RecvReq>(ex(), MailKey{});
-  received_->ev.set({});
+  mailbox_.set_claimer(
+      [](void* self, const MailKeyView& key, std::span<const std::byte> payload,
+         std::error_code& conn, std::string& why) {
+        return static_cast<PeerImpl*>(self)->express_take(key, payload, conn, why);
+      },
+      this);
   const tcp::endpoint ep = resolve_listen(ioc_, opts_.listen);
   boost::system::error_code ec;
   acceptor_.open(ep.protocol(), ec);
@@ -290,6 +138,7 @@ void PeerImpl::io_loop() {
   auto guard = asio::make_work_guard(ioc_);
   Driver& d = *driver_;
   std::unique_lock<std::mutex> lk(d.mu);
+  d.mark_running(true);
   IdleWindow idle;
   while (!ioc_.stopped()) {
     Clock::time_point recheck;
@@ -297,13 +146,17 @@ void PeerImpl::io_loop() {
       // Parked: without the context, so that a user thread takes it at once. Looking again
       // takes no lock either: waiting for `mu` here would have the driver hand it over (a
       // wake-up) at the end of every collective, which is what the lease is there to avoid.
-      if (lk.owns_lock()) lk.unlock();
+      if (lk.owns_lock()) {
+        d.mark_running(false);
+        lk.unlock();
+      }
       std::unique_lock<std::mutex> pl(d.park_mu);
       d.park_cv.wait_until(pl, recheck, [&] { return d.closed.load() || ioc_.stopped(); });
       continue;
     }
     if (!lk.owns_lock()) {
       lk.lock();  // at most a moment: a user thread starting a collective (Driver::run_ready)
+      d.mark_running(true);
       // The waiter did the work: no burst to poll after (a polling I/O thread would only take a
       // core from the thread that is about to submit the next collective).
       idle.expire();
@@ -320,6 +173,7 @@ void PeerImpl::io_loop() {
     d.block_once();
     idle.worked();
   }
+  if (lk.owns_lock()) d.mark_running(false);
 }
 
 void PeerImpl::start(const Cluster& c) { update(c); }
@@ -349,18 +203,7 @@ void PeerImpl::update(const Cluster& c) {
           peers_[static_cast<std::size_t>(i)].departed = false;
           idx.push_back(i);
         }
-        std::erase_if(mailbox_, [&](auto& kv) {
-          if (kv.first.version >= c.version) return false;
-          for (const auto& d : kv.second.unexpected) unexpected_bytes_ -= d.bytes;
-          return kv.second.posted.empty();
-        });
-        quick_early_.erase(std::remove_if(quick_early_.begin(), quick_early_.end(),
-                                          [&](const QuickEarly& q) {
-                                            if (q.version >= c.version) return false;
-                                            unexpected_bytes_ -= q.frame.bytes;
-                                            return true;
-                                          }),
-                           quick_early_.end());
+        mailbox_.drop_older(c.version);
         broken_ = {};
         broken_why_.clear();
         io_cluster_ = c;
@@ -377,7 +220,7 @@ void PeerImpl::update(const Cluster& c) {
   for (const auto& w : c.workers) local += on_this_host(w.endpoint) ? 1 : 0;
   const bool crowded = local > usable_cores();
   same_host_link_ = opts_.transport == Transport::automatic && local == c.workers.size();
-  const auto spin = opts_.spin ? *opts_.spin : crowded ? kCrowdedSpin : kSpin;
+  const auto spin = opts_.spin ? *opts_.spin : crowded ? kCrowdedSpin : kDefaultSpin;
   driver_->spin_us.store(spin.count(), std::memory_order_relaxed);
   driver_->yield.store(crowded, std::memory_order_relaxed);
 }
@@ -630,7 +473,7 @@ TransportStats Peer::transport_stats() const noexcept {
   t.single_copy_bytes = c.single_copy_bytes.load(std::memory_order_relaxed);
   t.single_copy_refused = c.single_copy_refused.load(std::memory_order_relaxed);
   t.shm_bytes = c.shm_bytes.load(std::memory_order_relaxed);
-  t.early_bytes = c.early_bytes.load(std::memory_order_relaxed);
+  t.early_bytes = impl_->mailbox_.early_bytes();
   return t;
 }
 

@@ -25,7 +25,7 @@
 #include "support/local_cluster.hpp"
 #include "transport/auth.hpp"
 #include "transport/frame.hpp"
-#include "transport/shm_ring.hpp"
+#include "transport/shm/shm_ring.hpp"
 
 namespace kf {
 namespace {

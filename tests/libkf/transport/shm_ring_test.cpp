@@ -3,7 +3,7 @@
 // out whole and in order across the wrap-around, a full ring refuses instead of overwriting,
 // the reader's sleep flag reaches the writer, and the reader refuses what it must not map or
 // read (foreign names, broken headers).
-#include "transport/shm_ring.hpp"
+#include "transport/shm/shm_ring.hpp"
 
 #include <gtest/gtest.h>
 

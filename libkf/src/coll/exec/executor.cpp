@@ -290,7 +290,7 @@ std::size_t PeerImpl::run_woken() {
   // Advancing a lane may wake others (its sends and receives, its rings): they are appended
   // and run in this same pass. A woken lane is unfinished, so its collective is alive.
   std::size_t i = 0;
-  for (; i < woken_.size(); ++i) advance(*woken_[i]);
+  for (; i < woken_.size(); ++i) advance(static_cast<LaneRun&>(*woken_[i]));
   woken_.clear();
   return i;
 }
@@ -342,7 +342,7 @@ awaitable<void> PeerImpl::abandon_step(CollCtx& ctx,
       if (!sends[i]->ev.done) mark_lost(send_peer[i], result, stall);
     }
   }
-  for (auto& r : recvs) cancel(r, result);
+  for (auto& r : recvs) mailbox_.cancel(r, result);
   for (auto& s : sends) cancel(s, result);
   // Transfers already touching the caller's buffers finish or fail on their own (a broken
   // connection's coroutine completes them); close the connection if they do not.
@@ -470,7 +470,7 @@ void PeerImpl::prepare_collective(const std::shared_ptr<CollCtx>& ctx) {
   c.lanes_left = lanes.size();
   for (std::size_t i = 0; i < lanes.size(); ++i) {
     LaneRun& l = c.lanes[i];
-    l.peer = this;
+    l.woken = &woken_;
     l.coll = &c;
     l.lane = &lanes[i];
     l.tag = static_cast<std::uint32_t>(i);
@@ -555,10 +555,10 @@ void PeerImpl::express_step(CollCtx& c) {
     post_send(peer, h, c.name, data, /*copy_if_queued=*/true);
     if (data != c.work) std::memmove(c.work, data, bytes);
     // The frame came before this round: reduced at once.
-    if (auto taken = take_early(MailKeyView{peer, c.version, 0, c.name})) {
+    if (auto taken = mailbox_.take_early(MailKeyView{peer, c.version, 0, c.name})) {
       const std::size_t got = taken->bytes;
       if (got == bytes) reduce_into(c.work, taken->data(), c.count, c.send.dtype, c.opts.op);
-      recycle(std::move(taken->block));
+      mailbox_.recycle(std::move(taken->block));
       if (got != bytes) {
         return fail_express(c, make_error_code(errc::protocol_error),
                             "receiving from " + ps.key + ": a frame of " + std::to_string(got) +
@@ -572,8 +572,7 @@ void PeerImpl::express_step(CollCtx& c) {
       return fail_express(c, ec, transfer_failure(true, peer, ec));
     }
     c.x_peer = peer;
-    c.x_waiting = true;
-    express_waiting_.push_back(&c);
+    express_start_waiting(c);
     c.x_deadline = Clock::now() + c.timeout;
     arm_deadline(c.x_deadline);
     return;

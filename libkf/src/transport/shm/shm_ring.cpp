@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "transport/shm_ring.hpp"
+#include "transport/shm/shm_ring.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>

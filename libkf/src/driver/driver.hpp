@@ -1,0 +1,227 @@
+// SPDX-License-Identifier: Apache-2.0
+// The driver: who runs the peer's I/O context (the I/O thread, or a user thread waiting on a
+// collective), the lease that keeps the I/O thread parked between a user thread's collectives,
+// and the completion state a Handle waits on. Thread-safety: as each member says; exactly one
+// thread at a time runs the context (Driver::mu), and KF_DCHECK_IO checks it in debug builds.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+#include "common/asio.hpp"
+#include "common/clock.hpp"
+#include "kf/common/log.hpp"
+
+namespace kf::detail {
+
+struct OpState;
+
+/// Polling windows when PeerOptions::spin is unset (PeerImpl::update), measured with kf-bench:
+/// 100-1000 us of pause-polling gave the same latencies with 2 workers on 2 cores; with 4
+/// workers, 1000 us of yield-polling beat 200 us at 3 of 4 sizes.
+inline constexpr auto kDefaultSpin = std::chrono::microseconds(200);
+inline constexpr auto kCrowdedSpin = std::chrono::microseconds(1000);
+
+/// Who runs the I/O context. Normally the I/O thread (kf-io); but a user thread that waits on a
+/// collective takes over and runs it itself until its collective is done, so the reply that
+/// completes it is read by the thread that needs it, with no hand-off (a thread wake-up costs
+/// about as much as a loopback hop). Exactly one thread runs the context at a time: the one
+/// holding `mu`, so handlers still need no locks of their own.
+struct Driver {
+  explicit Driver(asio::io_context& c) : ioc(&c) {}
+  std::mutex mu;                  // held by whichever thread runs the context
+#ifndef NDEBUG
+  std::atomic<std::thread::id> runner{};  // debug builds: the thread that holds `mu`
+#endif
+  /// Whether the calling thread runs the context (holds `mu`). Debug builds only: release
+  /// builds do not track the runner, and KF_DCHECK_IO compiles to nothing there.
+  bool runs_here() const noexcept {
+#ifndef NDEBUG
+    return runner.load(std::memory_order_relaxed) == std::this_thread::get_id();
+#else
+    return true;
+#endif
+  }
+  /// Marks the calling thread as the runner for as long as it lives; made right after `mu` is
+  /// taken and destroyed before it is given back.
+  class Running {
+   public:
+    explicit Running(Driver& d) noexcept : d_(d) { d_.mark_running(true); }
+    ~Running() { d_.mark_running(false); }
+    Running(const Running&) = delete;
+    Running& operator=(const Running&) = delete;
+
+   private:
+    Driver& d_;
+  };
+  void mark_running([[maybe_unused]] bool on) noexcept {
+#ifndef NDEBUG
+    runner.store(on ? std::this_thread::get_id() : std::thread::id{}, std::memory_order_relaxed);
+#endif
+  }
+  std::atomic<int> wanted{0};     // user threads in drive_until(); the I/O thread parks meanwhile
+  std::atomic<bool> closed{false};  // the peer is shutting down: nobody else may drive
+  asio::io_context* ioc;
+  // Set just before the peer stops the context. The polling loops look at this and not at
+  // io_context::stopped(), which takes the scheduler's mutex (a lock and an unlock per look:
+  // about 60 instructions, on every poll of a waiting thread).
+  std::atomic<bool> stopping{false};
+  bool stopped() const noexcept { return stopping.load(std::memory_order_relaxed); }
+  // How long a thread running the context polls before it blocks in epoll, in microseconds
+  // (PeerOptions::spin, resolved for the current cluster). Zero also turns drive_until off.
+  std::atomic<std::int64_t> spin_us{0};
+  std::chrono::microseconds spin() const noexcept {
+    return std::chrono::microseconds(spin_us.load(std::memory_order_relaxed));
+  }
+  // More workers on this host than cores: poll with sched_yield() instead of a pause.
+  std::atomic<bool> yield{false};
+  /// One poll's pause: a CPU pause, or sched_yield() when crowded.
+  void relax() const noexcept;
+
+  // The peer's shared-memory rings, which no epoll reports: whoever runs the context polls them
+  // with the context, and announces in them when it is about to sleep (PeerImpl::poll_rings,
+  // PeerImpl::rings_asleep). Set once before the I/O thread starts.
+  std::function<std::size_t()> poll_rings;
+  std::function<bool(bool)> rings_asleep;
+  // The collective lanes whose events were set (PeerImpl::run_woken): no handler runs them,
+  // so whoever runs the context runs them after each handler or ring record.
+  std::function<std::size_t()> run_woken;
+  // Whether this peer reads any shared-memory ring (PeerImpl::ring_readers_ is not empty);
+  // touched only under `mu`.
+  bool reads_rings = false;
+  // Something was posted to the context that should run soon (a lane that stopped to let it
+  // run: PeerImpl::advance): the next polling round polls the context even where it would
+  // skip it. Touched only under `mu`.
+  bool context_due = false;
+  /// One round of polling: ready handlers, ring records and woken lanes; the number run.
+  /// `skip_context` leaves the context out (its epoll_wait is a system call when idle).
+  std::size_t poll_once(bool skip_context = false) {
+    std::size_t n = 0;
+    if (!skip_context) {
+      context_due = false;
+      n = ioc->poll_one();
+    }
+    if (poll_rings) n += poll_rings();
+    if (run_woken) n += run_woken();
+    return n;
+  }
+  /// Sleeps in epoll until one handler ran, unless a ring has a record waiting.
+  void block_once() {
+    if (rings_asleep && !rings_asleep(true)) return;
+    ioc->run_one();
+    if (rings_asleep) rings_asleep(false);
+  }
+
+  /// Runs the context on the calling thread until `s` is ready, or returns early when the I/O
+  /// thread cannot hand it over promptly (another user thread drives) or the peer is closing;
+  /// the caller then waits on `s` as usual.
+  void drive_until(const OpState& s);
+  /// Runs the handlers that are ready now (a collective just submitted: its first sends) on the
+  /// calling thread, when nobody else runs the context; otherwise leaves them to whoever does.
+  void run_ready();
+  /// Runs `f` (a collective's start) on the calling thread when nobody else runs the context,
+  /// followed by what it made ready (run_ready); otherwise posts it to whoever does.
+  /// `f` returns whether it posted handlers to the context; if not, only the lanes it woke run.
+  template <typename F>
+  void start(F&& f) {
+    bool ran = false;
+    if (spin().count() > 0 && !closed.load(std::memory_order_relaxed) && mu.try_lock()) {
+      std::lock_guard<std::mutex> held(mu, std::adopt_lock);
+      Running running(*this);
+      if (!stopped()) {
+        if (f()) {
+          run_ready_locked();
+        } else if (run_woken) {
+          run_woken();
+        }
+        ran = true;
+      }
+    }
+    if (!ran) asio::post(*ioc, std::forward<F>(f));
+  }
+  /// run_ready's work, by a thread that holds `mu`.
+  void run_ready_locked();
+
+  // The lease: a waiter that drove leaves the context to user threads for one polling window
+  // after it is done. The I/O thread stays parked meanwhile (without holding `mu`), so the next
+  // collective's submit and wait take the context at once: no wake-up of the I/O thread and no
+  // hand-over back and forth for each collective of a tight loop. After the window the I/O
+  // thread takes over again (background progress while the user computes).
+  std::atomic<Clock::rep> lease_until{0};
+  /// The I/O thread: whether to stay parked, and until when at most before it looks again.
+  bool leased(Clock::time_point now, Clock::time_point& recheck) const noexcept;
+  std::mutex park_mu;  // the I/O thread's sleep while parked; notified only on close
+  std::condition_variable park_cv;
+  void wake_io() {
+    std::lock_guard<std::mutex> lk(park_mu);
+    park_cv.notify_all();
+  }
+};
+
+/// Where waiters that could not drive the I/O sleep: a few mutexes and condition variables
+/// shared by all operations, picked by the operation's address. A completion wakes every sleeper
+/// of its stripe, and each looks again at its own operation. (A mutex and a condition variable
+/// in every OpState were built and torn down for every collective, though nearly every wait
+/// ends without sleeping.)
+struct SleepStripe {
+  std::mutex mu;
+  std::condition_variable cv;
+};
+SleepStripe& sleep_stripe(const void* op) noexcept;
+
+/// Completion state shared by a Handle (any thread) and the I/O thread.
+///
+/// Most waits end without sleeping (the waiter ran the I/O itself: Driver), so completing takes
+/// no lock unless a waiter said it sleeps: `ready` and `sleepers` are a store-then-load pair on
+/// each side (sequentially consistent), so either the completer sees the sleeper and wakes it
+/// under its stripe's mutex, or the sleeper sees `ready` before it waits. (Locking for every
+/// completion cost about 70 instructions of a 4-byte collective's 2500.)
+struct OpState {
+  std::atomic<bool> claimed{false};  // complete() was called: the first call wins
+  std::atomic<int> sleepers{0};      // waiters that sleep, or are about to
+  std::atomic<bool> ready{false};
+  std::error_code ec;                // written once, before `ready`
+  std::string what;                  // written once, before `ready`
+  std::shared_ptr<Driver> driver;  // set for collectives: a waiter may run the I/O itself
+
+  /// The first call wins: a waiter that saw `ready` reads `ec` and `what`.
+  void complete(std::error_code e, std::string w) {
+    if (claimed.exchange(true, std::memory_order_acq_rel)) return;
+    ec = e;
+    what = std::move(w);
+    ready.store(true, std::memory_order_seq_cst);
+    if (sleepers.load(std::memory_order_seq_cst) > 0) {
+      SleepStripe& st = sleep_stripe(this);
+      std::lock_guard<std::mutex> lk(st.mu);
+      st.cv.notify_all();
+    }
+  }
+  /// Sleeps until complete() has run.
+  void sleep_until_ready() {
+    sleepers.fetch_add(1, std::memory_order_seq_cst);
+    SleepStripe& st = sleep_stripe(this);
+    std::unique_lock<std::mutex> lk(st.mu);
+    st.cv.wait(lk, [&] { return ready.load(std::memory_order_seq_cst); });
+    sleepers.fetch_sub(1, std::memory_order_relaxed);
+  }
+};
+
+}  // namespace kf::detail
+
+// Thread confinement: the I/O-only methods (the mesh's, the mailbox's, the engine's) run on
+// whichever thread runs the context, and assert it at their entry in debug builds.
+#ifdef NDEBUG
+#define KF_DCHECK_IO(driver) ((void)0)
+#else
+#define KF_DCHECK_IO(driver) \
+  KF_CHECK((driver).runs_here(), "an I/O-only method was called off the I/O context's runner")
+#endif

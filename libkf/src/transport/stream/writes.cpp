@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: Apache-2.0
+// Writing frames to a connection (TCP or the same-host socket): the writer coroutine's frame,
+// single-copy payloads left in place for the receiver, and small frames written at once.
+#include "kf/common/log.hpp"
+#include "peer_impl.hpp"
+#include "transport/stream/socket_io.hpp"
+
+namespace kf::detail {
+
+using transport::FrameHeader;
+using transport::FrameType;
+
+awaitable<std::error_code> PeerImpl::write_frame(Outgoing& out, SendReq& req) {
+  const std::byte* data = req.owned.empty() ? req.data : req.owned.data();
+  // peers_ may grow while this waits: index it afresh after every co_await.
+  auto touch = [&] { peers_[static_cast<std::size_t>(out.peer)].last_tx = coarse_now(); };
+  if (req.header[6] != static_cast<std::byte>(FrameType::heartbeat) && req.written == 0) {
+    ++out.socket_frames;
+  }
+  out.writing = true;
+  struct Idle {
+    Outgoing& o;
+    ~Idle() { o.writing = false; }
+  } idle{out};
+  boost::system::error_code ec;
+  std::size_t done = 0;  // payload bytes written
+  if (out.single_copy && req.owned.empty() && req.bytes >= opts_.single_copy_bytes &&
+      req.header[6] == static_cast<std::byte>(FrameType::data)) {
+    // Single copy: the header and the payload's address; the receiver copies the payload out
+    // of this process and answers. Until then `data` must stay as it is, which it does: the
+    // request completes only after this returns.
+    transport::HeaderBytes hb = req.header;
+    hb[7] |= static_cast<std::byte>(transport::kFlagRemote);
+    std::array<std::byte, transport::kRemoteAddressBytes> addr;
+    const auto a = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(data));
+    for (std::size_t i = 0; i < addr.size(); ++i) addr[i] = static_cast<std::byte>(a >> (8 * i));
+    std::array<asio::const_buffer, 3> bufs{asio::buffer(hb), asio::buffer(req.name),
+                                           asio::buffer(addr)};
+    auto [wec, n] = co_await asio::async_write(out.sock, bufs, AllAtOnce{}, kTuple);
+    touch();
+    if (wec) co_return to_std(wec);
+    std::uint8_t reply = 0;
+    auto [rec, rn] = co_await asio::async_read(out.sock, asio::buffer(&reply, 1), kTuple);
+    if (rec) co_return to_std(rec);
+    touch();
+    if (reply == static_cast<std::uint8_t>(transport::RemoteReply::copied)) {
+      Counters::add(counters_.single_copy_bytes, req.bytes);
+      co_return std::error_code{};
+    }
+    if (reply != static_cast<std::uint8_t>(transport::RemoteReply::send_inline)) {
+      KF_LOG(warn, "transport", "{}: {} answered a single-copy frame with {}; closing", identity_,
+             peers_[static_cast<std::size_t>(out.peer)].key, static_cast<int>(reply));
+      co_return make_error_code(errc::protocol_error);
+    }
+    // The receiver cannot copy from this process: it waits for the payload through the
+    // socket, right after the header it has.
+    KF_LOG(info, "transport", "{}: {} cannot copy from this process; sending payloads through "
+           "the socket", identity_, peers_[static_cast<std::size_t>(out.peer)].key);
+    out.single_copy = false;
+    Counters::add(counters_.single_copy_refused, 1);
+  } else {
+    done = std::min(req.bytes, kProgressChunk);
+    std::array<asio::const_buffer, 3> bufs{asio::buffer(req.header), asio::buffer(req.name),
+                                           asio::buffer(data, done)};
+    // What write_now put into the socket already (it only takes frames of one chunk).
+    for (std::size_t skip = req.written; auto& b : bufs) {
+      const std::size_t k = std::min(skip, b.size());
+      b += k;
+      skip -= k;
+    }
+    auto [wec, n] = co_await asio::async_write(out.sock, bufs, AllAtOnce{}, kTuple);
+    ec = wec;
+    touch();
+  }
+  // The rest of the payload, a chunk at a time, so that a long write shows progress (last_tx).
+  while (!ec && done < req.bytes) {
+    const std::size_t len = std::min(req.bytes - done, kProgressChunk);
+    auto [wec, n] =
+        co_await asio::async_write(out.sock, asio::buffer(data + done, len), AllAtOnce{}, kTuple);
+    ec = wec;
+    done += len;
+    touch();
+  }
+  if (!ec && req.header[6] == static_cast<std::byte>(FrameType::data)) {
+    Counters::add(out.local ? counters_.socket_bytes : counters_.tcp_bytes, req.bytes);
+  }
+  co_return to_std(ec);
+}
+
+std::size_t PeerImpl::write_now(Outgoing& out, const transport::HeaderBytes& header,
+                               std::string_view name, const std::byte* data, std::size_t bytes) {
+  const std::array<asio::const_buffer, 3> bufs{asio::buffer(header),
+                                               asio::buffer(name.data(), name.size()),
+                                               asio::buffer(data, bytes)};
+  boost::system::error_code ec;
+  // The socket is in non-blocking mode (run_outgoing): would_block means nothing was written.
+  const std::size_t n = out.sock.write_some(bufs, ec);
+  if (n == 0) return 0;
+  // Some bytes are in the socket: the frame is this connection's next, whatever happens now.
+  ++out.socket_frames;
+  peers_[static_cast<std::size_t>(out.peer)].last_tx = coarse_now();
+  if (n == header.size() + name.size() + bytes) {
+    Counters::add(out.local ? counters_.socket_bytes : counters_.tcp_bytes, bytes);
+  }
+  return n;
+}
+
+
+}  // namespace kf::detail
