@@ -13,7 +13,7 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
-// AdaptDL's variance floor of 1e-6, in tr(Σ) units: ε_S = 1e-6·M0 (§2.5).
+// AdaptDL's variance floor of 1e-6, in tr(Σ) units: ε_S = 1e-6·M0.
 constexpr double kTrSigmaFloorPerSample = 1e-6;
 // Slack for the validity thresholds, so that n_eff = 19.999999999999996 of a plain mean over
 // 20 steps counts as 20.
@@ -39,7 +39,7 @@ GnsPoint two_batch_estimate(double small_sqnorm, double small_batch, double big_
 
 GnsPoint data_parallel_estimate(double mean_local_sqnorm, double global_sqnorm, double count,
                                 double local_batch) noexcept {
-  // Through D = A − C rather than n·C − A, a difference of two large numbers (§2.3).
+  // Through D = A − C rather than n·C − A, a difference of two large numbers.
   const double d = mean_local_sqnorm - global_sqnorm;
   return {global_sqnorm - d / (count - 1.0), local_batch * count * d / (count - 1.0)};
 }

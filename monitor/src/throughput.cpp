@@ -103,7 +103,7 @@ ScaleOutDecision scale_out_decision(const std::map<int, double>& throughput_by_w
     pair.slope = (b->second - a->second) / (b->first - a->first);
     pair.per_worker_before = a->second / a->first;
     pair.efficiency = pair.slope / pair.per_worker_before;
-    // The spec's "passes if s > threshold" (§4.3); Or et al.'s code stops when s < threshold,
+    // Or et al.'s paper: "passes if s > threshold"; their code stops when s < threshold,
     // so the two differ only at equality.
     pair.pass = pair.efficiency > options.threshold;
     decision.pairs.push_back(pair);

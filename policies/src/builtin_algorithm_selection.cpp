@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // algorithm-selection: picks the job's allreduce algorithm from the α–β–γ prior, then keeps or
-// abandons it by the measured algorithm bandwidth (adaptation-math.md §7.3, KungFu's 0.8 ×
-// reference rule of §4.2).
+// abandons it by the measured algorithm bandwidth (KungFu's 0.8 ×
+// reference rule).
 //
 // 1. Prior. For the cluster size p and the message size n in use (message_bytes, else the
 //    step's comm_bytes), the candidates are ranked by coll::predict_seconds(allreduce, ·, p, n)
@@ -9,7 +9,7 @@
 //    is the preferred algorithm, proposed when the setting differs. p and the size bucket
 //    ⌊log2 n⌋ form the configuration; a new configuration ranks again.
 // 2. Measure. Per algorithm and configuration, the achieved algbw is Σ comm_bytes / Σ comm_time
-//    over windows of `window` steps (ratio of sums, §4.1), after warmup_steps discarded steps at
+//    over windows of `window` steps (ratio of sums), after warmup_steps discarded steps at
 //    every switch or change of configuration. An algorithm's reference is its first window,
 //    raised by every healthy window above it.
 // 3. Degrade. When `patience` consecutive windows fall below threshold × reference, the next

@@ -1,20 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 // gns-batch-size: grows (or shrinks) the global batch with the gradient noise scale and sets the
-// learning rate for the new batch in the same proposal (adaptation-math.md §2.5, §3.2, §3.3, §8).
+// learning rate for the new batch in the same proposal.
 //
-// The target batch is the largest M whose Pollux statistical efficiency (3.2)
+// The target batch is the largest M whose Pollux statistical efficiency
 //   E(M) = (φ + M0)/(φ + M),  φ = B_simple
 // is still at least min_efficiency e:
 //   M* = M0 + (1/e − 1)·(φ + M0)
-// With the default e = 0.5 this is M* = φ + 2·M0: about B_simple once the noise scale is well
-// above M0, which is McCandlish et al.'s critical batch (the balance of steps and examples,
-// §2.1). Noise-dominated gradients (φ = +∞) give E = 1 for every M, so M* is max_batch. M* is
-// then clamped to [min_batch, max_batch] and rounded down to a multiple of multiple_of (up when
-// that falls below min_batch).
+// With the default e = 0.5 this is M* = φ + 2·M0: about B_simple once the noise scale is well above
+// M0, which is McCandlish et al.'s critical batch (the balance of steps and examples).
+// Noise-dominated gradients (φ = +∞) give E = 1 for every M, so M* is max_batch. M* is then clamped
+// to [min_batch, max_batch] and rounded down to a multiple of multiple_of (up when that falls below
+// min_batch).
 //
-// The learning rate for M* is η0 × factor(S), S = M*/M0, from the rule of §3.3: linear S,
+// The learning rate for M* is η0 × factor(S), S = M*/M0, from the rule: linear S,
 // sqrt √S, adascale r(S), adamscale √r(S), none (no LR change). The gain comes from the same φ:
-// r(S) = S·E(M*) (the identity of §3.2), so r = S when noise-dominated.
+// r(S) = S·E(M*) (the gain is S times the efficiency), so r = S when noise-dominated.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -108,7 +108,7 @@ class GnsBatchSize final : public Policy {
     if (ctx.step() % o_.every != 0 || ctx.step() < quiet_until_) return;
     const std::optional<double> phi = noise_scale(ctx);
     if (!phi) {
-      streak_ = 0;  // the validity gate (§8.2): no decision, and the streak starts over
+      streak_ = 0;  // the validity gate: no decision, and the streak starts over
       return;
     }
     const std::int64_t current = current_batch(ctx);
@@ -209,7 +209,7 @@ class GnsBatchSize final : public Policy {
     ctx.set_batch_size(target, why);
     if (o_.lr_rule != LrRule::none) {
       const double scale = static_cast<double>(target) / m0;
-      const double gain = scale * eff;  // r(S) = S·E(M), §3.2
+      const double gain = scale * eff;  // r(S) = S·E(M)
       const double factor = lr_factor(o_.lr_rule, scale, gain);
       ctx.set_learning_rate(base_lr_ * factor, o_.lr_rule_name + ": S=" + short_number(scale) +
                                                    ", r(S)=" + short_number(gain) +

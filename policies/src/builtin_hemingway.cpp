@@ -1,12 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // hemingway: chooses the worker count that reaches a loss target soonest, or that ends a time
-// budget with the lowest loss, with Hemingway's models (adaptation-math.md §6: Ernest's system
-// model f(m), the convergence model g(i, m), h(t, m) = g(t/f(m), m); the control-loop rules of
-// §8).
+// budget with the lowest loss, with Hemingway's models (Ernest's system
+// model f(m), the convergence model g(i, m), h(t, m) = g(t/f(m), m); Pan et al. 2016).
 //
 // Observations, every step:
 // - the step time and samples per configuration (workers m, batch_size), after warmup_steps
-//   discarded steps at each change, kept across resizes (§8 rule 5): the system model's points,
+//   discarded steps at each change, kept across resizes: the system model's points,
 //   with size = the samples per step;
 // - the `loss` metric minus loss_offset at iteration i = the job's step, averaged over each
 //   evaluation interval at one worker count into a point (i, m, loss) weighted by its steps;

@@ -64,7 +64,7 @@ void ModelPolicy::after_step(PolicyContext& ctx) {
 void ModelPolicy::record_loss(const PolicyContext& ctx, double x, double offset) {
   if (!ctx.has_metric("loss")) return;
   const double loss = ctx.metric("loss");
-  if (!std::isfinite(loss)) return;  // §1 rule 3: skip a non-finite step, reset nothing
+  if (!std::isfinite(loss)) return;  // skip a non-finite step, reset nothing
   loss_seen_ = true;
   if (interval_.workers() != 0 && interval_.workers() != ctx.workers()) flush_loss();
   interval_.add(x, loss - offset, ctx.workers());

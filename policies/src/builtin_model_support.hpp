@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the two model-based built-ins (optimus, hemingway) share: the per-configuration step-time
-// log kept across resizes (adaptation-math.md §8 rule 5), the worker bounds, the exploration move
-// that collects the configurations a model needs before it can fit (§5.2: "Optimus runs a few
+// log kept across resizes, the worker bounds, the exploration move
+// that collects the configurations a model needs before it can fit ("Optimus runs a few
 // steps at several configurations"), the loss points averaged over an interval, the parameters
 // both read, and ModelPolicy, their common control loop (observe every step; every `every`
 // steps outside the cool-down, gate on a reported loss and let the policy fit and decide).

@@ -1,13 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // optimus: chooses the worker count by the marginal gain in remaining time, with Optimus's loss
-// and speed models (adaptation-math.md §5.1, §5.2, §4.1 of Peng et al.; the control-loop rules of
-// §8).
+// and speed models (§4.1 of Peng et al., EuroSys 2018).
 //
 // Observations, every step:
 // - the step time and samples per configuration (workers, batch_size), after warmup_steps
-//   discarded steps at each change, kept across resizes (§8 rule 5);
+//   discarded steps at each change, kept across resizes;
 // - the `loss` metric with the progress k = samples processed / epoch_samples (fractional
-//   epochs, §5.1), averaged over each evaluation interval into one point weighted by its steps.
+//   epochs), averaged over each evaluation interval into one point weighted by its steps.
 // Every `every` steps (outside the cool-down):
 // 1. No `loss` reported yet: log it once and do nothing.
 // 2. Fit the speed model t(w) = θ0·M/w + θ1 + θ3·w over the configurations with min_steps

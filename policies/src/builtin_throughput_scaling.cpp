@@ -1,20 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 // throughput-scaling: Or et al.'s scale-out by throughput gain per added worker
-// (adaptation-math.md §4.3, with the control-loop rules of §8).
+// (Or, Zhang, Freedman, MLSys 2020).
 //
 // Observations: for every worker count k, the job throughput R_k = Σ samples / Σ step_time over
-// the steps run at k (§4.1: a ratio of sums, never the mean of per-step rates), after discarding
+// the steps run at k (a ratio of sums, never the mean of per-step rates), after discarding
 // warmup_steps steps at each change of workers, batch size or algorithm. They are kept keyed by k
 // across resizes, and cleared when the global batch changes (throughputs at another batch are not
 // comparable).
 //
 // Every `every` steps, once the current k has min_steps counted steps, the counts with min_steps
 // steps go through monitor::scale_out_decision: with one count, or when every consecutive pair
-// has a scaling efficiency s(k_a→k_b) (4.1) above threshold, the target is the largest k tried
+// has a scaling efficiency s(k_a→k_b) above threshold, the target is the largest k tried
 // plus spawn_size; otherwise it is k_a of the first failing pair. The target is clamped to
 // [min_workers, max_workers]. A larger target is proposed at once (it measures a new point); a
 // smaller one (giving workers back) only when min_consecutive_passes_for_remove consecutive
-// evaluations agree on it (§8.3's reading of Or et al.'s parameter). After a proposal no other is
+// evaluations agree on it (how kf reads Or et al.'s parameter). After a proposal no other is
 // made for `cooldown` steps, so that a resize that takes a while is not proposed twice.
 #include <algorithm>
 #include <cmath>
@@ -93,7 +93,7 @@ class ThroughputScaling final : public Policy {
     if (ctx.step() % o_.every != 0 || ctx.step() < quiet_until_) return;
     const int k = ctx.workers();
     const auto here = seen_.find(k);
-    if (here == seen_.end() || here->second.steps < o_.min_steps) return;  // §8.2 gate
+    if (here == seen_.end() || here->second.steps < o_.min_steps) return;  // validity gate
     evaluate(ctx, k);
   }
 

@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf/runtime/config_client.hpp"
 
+#include <atomic>
 #include <charconv>
+#include <memory>
 #include <stdexcept>
 #include <utility>
 
 #include <boost/asio/connect.hpp>
+#include <boost/asio/error.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
@@ -26,52 +29,46 @@ struct Answer {
   json body;
 };
 
-// The outcome of one exchange: either an answer or the error that stopped it.
-struct Outcome {
+// One request on a fresh connection: everything it touches, shared with its handlers so that a
+// request cut short (deadline, cancel) leaves nothing dangling in the io_context; its handlers run,
+// harmlessly, during a later request.
+struct Exchange {
+  explicit Exchange(asio::io_context& ioc) : resolver(ioc), stream(ioc) {}
+  tcp::resolver resolver;
+  beast::tcp_stream stream;
+  beast::flat_buffer buffer;
+  http::request<http::string_body> request;
+  http::response<http::string_body> response;
   beast::error_code ec;
-  Answer answer;
+  bool done = false;
 };
 
-// One request on a fresh connection, all of it (resolve, connect, write, read) within `deadline`.
-// Runs its own io_context so the caller's thread drives it.
-Outcome exchange(const Endpoint& server, http::request<http::string_body> request,
-                 std::chrono::milliseconds deadline) {
-  asio::io_context ioc;
-  tcp::resolver resolver(ioc);
-  beast::tcp_stream stream(ioc);
-  beast::flat_buffer buffer;
-  http::response<http::string_body> response;
-  Outcome out;
-  const auto fail = [&out](beast::error_code ec) { out.ec = ec; };
-  stream.expires_after(deadline);
-  resolver.async_resolve(
+// Starts resolve, connect, write and read; `x->done` is set when they have ended.
+void start(const std::shared_ptr<Exchange>& x, const Endpoint& server) {
+  const auto fail = [x](beast::error_code ec) {
+    x->ec = ec;
+    x->done = true;
+  };
+  x->resolver.async_resolve(
       server.host, std::to_string(server.port),
-      [&](beast::error_code resolve_ec, tcp::resolver::results_type results) {
+      [x, fail](beast::error_code resolve_ec, tcp::resolver::results_type results) {
         if (resolve_ec) return fail(resolve_ec);
-        stream.async_connect(results, [&](beast::error_code connect_ec, const tcp::endpoint&) {
+        x->stream.async_connect(results, [x, fail](beast::error_code connect_ec,
+                                                   const tcp::endpoint&) {
           if (connect_ec) return fail(connect_ec);
-          http::async_write(stream, request, [&](beast::error_code write_ec, std::size_t) {
+          http::async_write(x->stream, x->request, [x, fail](beast::error_code write_ec,
+                                                             std::size_t) {
             if (write_ec) return fail(write_ec);
-            http::async_read(stream, buffer, response, [&](beast::error_code read_ec, std::size_t) {
-              if (read_ec) return fail(read_ec);
-              beast::error_code ignored;
-              stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-            });
+            http::async_read(x->stream, x->buffer, x->response,
+                             [x, fail](beast::error_code read_ec, std::size_t) {
+                               if (read_ec) return fail(read_ec);
+                               beast::error_code ignored;
+                               x->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+                               x->done = true;
+                             });
           });
         });
       });
-  // The resolver has no deadline of its own: bound the whole run as well.
-  ioc.run_for(deadline + std::chrono::milliseconds(100));
-  if (!ioc.stopped()) {
-    out.ec = beast::error::timeout;
-    return out;
-  }
-  if (out.ec) return out;
-  out.answer.status = response.result_int();
-  if (!response.body().empty()) {
-    out.answer.body = json::parse(response.body(), nullptr, /*allow_exceptions=*/false);
-  }
-  return out;
 }
 
 std::string reason_of(const Answer& a) {
@@ -144,16 +141,57 @@ Endpoint ConfigClient::parse_url(std::string_view url) {
   return Endpoint{std::move(host), static_cast<std::uint16_t>(port)};
 }
 
-ConfigClient::ConfigClient(std::string_view url, std::string token, ConfigClientOptions options)
-    : server_(parse_url(url)), token_(std::move(token)), options_(options) {}
+// The client's io_context, driven by the calling thread during each request.
+class ConfigClient::Connection {
+ public:
+  // Sends one request and maps transport failures and error statuses to kf::Error. Returns the
+  // answer for 2xx and 409 (the caller handles the conflict).
+  Answer call(const Endpoint& server, const std::string& token, http::verb verb,
+              const std::string& target, const json* body, std::chrono::milliseconds deadline);
 
-namespace {
+  void cancel() noexcept {
+    cancelled_.store(true);
+    ioc_.stop();  // thread-safe: the request's run loop returns at once
+  }
 
-// Sends one request and maps transport failures and error statuses to kf::Error. Returns the answer
-// for 2xx and 409 (the caller handles the conflict).
-Answer call(const Endpoint& server, const std::string& token, http::verb verb,
-            const std::string& target, const json* body, std::chrono::milliseconds deadline) {
-  http::request<http::string_body> req{verb, target, 11};
+ private:
+  // Runs `x` until it is done, the deadline passes or cancel() is called. Returns the error, or
+  // none with x->response filled in.
+  beast::error_code run(const std::shared_ptr<Exchange>& x, std::chrono::milliseconds deadline);
+
+  asio::io_context ioc_;
+  std::atomic<bool> cancelled_{false};
+};
+
+beast::error_code ConfigClient::Connection::run(const std::shared_ptr<Exchange>& x,
+                                                std::chrono::milliseconds deadline) {
+  x->stream.expires_after(deadline);
+  // The resolver has no deadline of its own: bound the whole run as well.
+  const auto end = std::chrono::steady_clock::now() + deadline + std::chrono::milliseconds(100);
+  while (!x->done) {
+    // cancel() sets the flag before it stops the context, so a stop that restart() clears here
+    // is seen in the flag.
+    if (ioc_.stopped()) ioc_.restart();
+    if (cancelled_.load()) break;
+    if (ioc_.run_one_until(end) == 0 && std::chrono::steady_clock::now() >= end) break;
+  }
+  if (x->done) return x->ec;
+  // Cut short: close what is open; its handlers complete later, on shared state.
+  x->resolver.cancel();
+  beast::error_code ignored;
+  x->stream.socket().close(ignored);
+  return cancelled_.load() ? beast::error_code(asio::error::operation_aborted)
+                           : beast::error_code(beast::error::timeout);
+}
+
+Answer ConfigClient::Connection::call(const Endpoint& server, const std::string& token,
+                                      http::verb verb, const std::string& target,
+                                      const json* body, std::chrono::milliseconds deadline) {
+  const std::string what = std::string(http::to_string(verb)) + " http://" + server.str() + target;
+  if (cancelled_.load()) throw Error(make_error_code(errc::cancelled), what + ": cancelled");
+  auto x = std::make_shared<Exchange>(ioc_);
+  auto& req = x->request;
+  req = http::request<http::string_body>{verb, target, 11};
   req.set(http::field::host, server.str());
   req.set(http::field::user_agent, "kf-config-client");
   if (!token.empty() && verb != http::verb::get) {
@@ -164,18 +202,23 @@ Answer call(const Endpoint& server, const std::string& token, http::verb verb,
     req.body() = body->dump();
   }
   req.prepare_payload();
-  const std::string what = std::string(http::to_string(verb)) + " http://" + server.str() + target;
-  Outcome out = exchange(server, std::move(req), deadline);
-  if (out.ec == beast::error::timeout) {
+  start(x, server);
+  const beast::error_code ec = run(x, deadline);
+  if (cancelled_.load()) throw Error(make_error_code(errc::cancelled), what + ": cancelled");
+  if (ec == beast::error::timeout) {
     throw Error(make_error_code(errc::service_unavailable),
                 what + ": cannot reach the config service: no answer within " +
                     std::to_string(deadline.count()) + " ms");
   }
-  if (out.ec) {
+  if (ec) {
     throw Error(make_error_code(errc::service_unavailable),
-                what + ": cannot reach the config service: " + out.ec.message());
+                what + ": cannot reach the config service: " + ec.message());
   }
-  const Answer& a = out.answer;
+  Answer a;
+  a.status = x->response.result_int();
+  if (!x->response.body().empty()) {
+    a.body = json::parse(x->response.body(), nullptr, /*allow_exceptions=*/false);
+  }
   if ((a.status >= 200 && a.status < 300) || a.status == 409) return a;
   const std::string message = what + ": " + std::to_string(a.status) + " " + reason_of(a);
   if (a.status == 401) throw Error(make_error_code(errc::auth_failed), message);
@@ -186,17 +229,27 @@ Answer call(const Endpoint& server, const std::string& token, http::verb verb,
   throw Error(make_error_code(errc::protocol_error), message);
 }
 
-}  // namespace
+ConfigClient::ConfigClient(std::string_view url, std::string token, ConfigClientOptions options)
+    : server_(parse_url(url)),
+      token_(std::move(token)),
+      options_(options),
+      connection_(std::make_unique<Connection>()) {}
+
+ConfigClient::~ConfigClient() = default;
+ConfigClient::ConfigClient(ConfigClient&&) noexcept = default;
+ConfigClient& ConfigClient::operator=(ConfigClient&&) noexcept = default;
+
+void ConfigClient::cancel() noexcept { connection_->cancel(); }
 
 Cluster ConfigClient::get_cluster() {
   const Answer a =
-      call(server_, token_, http::verb::get, "/v1/cluster", nullptr, options_.deadline);
+      connection_->call(server_, token_, http::verb::get, "/v1/cluster", nullptr, options_.deadline);
   return cluster_from(a, "GET /v1/cluster");
 }
 
 Cluster ConfigClient::put_cluster(const Cluster& next) {
   const json body = next.to_json();
-  const Answer a = call(server_, token_, http::verb::put, "/v1/cluster", &body, options_.deadline);
+  const Answer a = connection_->call(server_, token_, http::verb::put, "/v1/cluster", &body, options_.deadline);
   if (a.status == 409) {
     json current = a.body.is_object() && a.body.contains("current") ? a.body["current"] : json();
     throw ConflictError("PUT /v1/cluster: 409 " + reason_of(a),
@@ -217,7 +270,7 @@ Cluster ConfigClient::watch(std::uint64_t after_version, std::chrono::millisecon
     // and return what is there.
     Answer a;
     try {
-      a = call(server_, token_, http::verb::get, target, nullptr, left);
+      a = connection_->call(server_, token_, http::verb::get, target, nullptr, left);
     } catch (const Error& e) {
       if (e.code() != errc::service_unavailable || Clock::now() < end) throw;
       return get_cluster();
@@ -234,13 +287,13 @@ ConfigEvent ConfigClient::post_event(const std::string& type, const std::string&
   if (!worker.empty()) body["worker"] = worker;
   if (!detail.empty()) body["detail"] = detail;
   if (version) body["version"] = *version;
-  const Answer a = call(server_, token_, http::verb::post, "/v1/events", &body, options_.deadline);
+  const Answer a = connection_->call(server_, token_, http::verb::post, "/v1/events", &body, options_.deadline);
   return event_from_json(a.body);
 }
 
 std::vector<ConfigEvent> ConfigClient::get_events(std::uint64_t after_seq) {
   const std::string target = "/v1/events?after=" + std::to_string(after_seq);
-  const Answer a = call(server_, token_, http::verb::get, target, nullptr, options_.deadline);
+  const Answer a = connection_->call(server_, token_, http::verb::get, target, nullptr, options_.deadline);
   std::vector<ConfigEvent> events;
   if (!a.body.is_object() || !a.body.contains("events") || !a.body["events"].is_array()) {
     throw Error(make_error_code(errc::protocol_error), "GET " + target + ": no events array");

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// KAT-EFF and KAT-EFF-McC of adaptation-math.md §3.5 (tolerance 1e-9 relative): Pollux
+// The known answers KAT-EFF and KAT-EFF-McC (tolerance 1e-9 relative): Pollux
 // efficiency, AdaScale gain, LR scaling rules, scale-invariant progress, McCandlish's
-// trade-off. Where Appendix A prints fewer digits than 1e-9 needs, the test checks the printed
-// value to its last digit and the exact fraction at 1e-9.
+// trade-off. Where a known answer is given with fewer digits than 1e-9 needs, the test checks
+// the given value to its last digit and the exact fraction at 1e-9.
 #include "kf/monitor/gns.hpp"
 
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// KAT-EMA of adaptation-math.md §2.8 (tolerance 1e-12 relative), and n_eff of §2.4.
+// The KAT-EMA known answers (tolerance 1e-12 relative), and n_eff.
 #include "kf/monitor/ema.hpp"
 
 #include <gtest/gtest.h>
@@ -106,7 +106,7 @@ TEST(MeanThenEwma, SwitchesToTheEmaAtOneOverOneMinusTheta) {
 TEST(ScaledTheta, MatchesKatEma) {
   expect_rel(scaled_theta(0.999, 1.0), 0.999);
   expect_rel(scaled_theta(0.999, 2.0), 0.998001);
-  // Appendix A prints 9 decimals; the full values are 0.999^8 and 0.999^64.
+  // The known answers have 9 decimals; the full values are 0.999^8 and 0.999^64.
   EXPECT_NEAR(scaled_theta(0.999, 8.0), 0.992027944, 5e-10);
   EXPECT_NEAR(scaled_theta(0.999, 64.0), 0.937974964, 5e-10);
   EXPECT_NEAR(scaled_theta(0.999, 1000.0), 0.367695425, 5e-10);

@@ -1,12 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// The statistical KATs GNS-1..GNS-4 and GNS-2E of adaptation-math.md §2.8: synthetic Gaussian
-// micro-batch gradients g_j = μ·1 + (σ/√b)·z, z ~ N(0, I_d), fixed seeds. Pass criterion of the
-// document: |B^ − B_true − bias| ≤ 6·sd(B^), and each per-step mean within 6·sd/√T of the
-// truth. B^ is the ratio of the estimator's averages (plain means; the debiased EMA with
-// θ = 0.99 for GNS-2E). KungFu's per-rank variant runs on the same draws with its own sd
-// (8·sd with the EMA). The draws differ from the script's (Python's Mersenne Twister), so only
-// the sd-based tolerances carry over, not Appendix A's Monte-Carlo numbers. All five configs
-// take well under a second in a release build.
+// The statistical KATs GNS-1..GNS-4 and GNS-2E: synthetic Gaussian micro-batch gradients g_j = μ·1
+// + (σ/√b)·z, z ~ N(0, I_d), fixed seeds. Pass criterion: |B^ − B_true − bias| ≤ 6·sd(B^), and each
+// per-step mean within 6·sd/√T of the truth. B^ is the ratio of the estimator's averages (plain
+// means; the debiased EMA with θ = 0.99 for GNS-2E). KungFu's per-rank variant runs on the same
+// draws with its own sd (8·sd with the EMA). The draws differ from those of the reference
+// computation (Python's Mersenne Twister), so only the sd-based tolerances carry over, not its
+// Monte-Carlo numbers. All five configs take well under a second in a release build.
 #include "kf/monitor/gns.hpp"
 
 #include <gtest/gtest.h>
@@ -42,7 +41,7 @@ struct Config {
   std::uint64_t seed;
 };
 
-// The table of §2.8; per-rank sd(B^) and bias from Appendix A ("one-local").
+// The cases; per-rank sd(B^) and bias from the reference computation ("one-local").
 // clang-format off
 const std::array<Config, 5> kConfigs{{
     {"GNS-1", 1000, 0.1, 1.0, 16, 8, 1, 100, std::nullopt, {10, 0.67232}, {1000, 16.903}, 100,

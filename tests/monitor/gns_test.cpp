@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The GNS operator on exact arithmetic: KAT-GNS-D1..D4 of adaptation-math.md §2.8 (tolerance
-// 1e-12 relative), and its guards (§1 rules 3–4, §2.5): non-finite steps, read-out clamping,
+// The GNS operator on exact arithmetic: the known answers KAT-GNS-D1..D4 (tolerance
+// 1e-12 relative), and its guards: non-finite steps, read-out clamping,
 // validity, parameter groups, loss scale, shape errors.
 #include "kf/monitor/gns.hpp"
 
@@ -79,7 +79,7 @@ TEST(GnsKat, D1DataParallelFormulas) {
   const GnsPoint p = data_parallel_estimate(4.5, 3.5, 4.0, 8.0);
   expect_rel(p.sqr, 19.0 / 6);
   expect_rel(p.tr_sigma, 32.0 / 3);
-  // (2.2)/(2.3) with B_s = b, B_b = n·b give the same numbers.
+  // The two-batch estimators with B_s = b, B_b = n·b give the same numbers.
   const GnsPoint q = two_batch_estimate(4.5, 8.0, 3.5, 32.0);
   expect_rel(q.sqr, 19.0 / 6);
   expect_rel(q.tr_sigma, 32.0 / 3);

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// KAT-GOODPUT of adaptation-math.md §3.5 (tolerance 1e-9 relative; the full-precision values
-// are those of adaptation_math_kat.py's t_iter, checked against the printed table).
+// The KAT-GOODPUT known answers (tolerance 1e-9 relative; the full-precision values come from
+// an independent double-precision computation of t_iter, checked against the rounded table).
 #include "kf/monitor/goodput.hpp"
 
 #include <gtest/gtest.h>

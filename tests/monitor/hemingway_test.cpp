@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Hemingway's models (adaptation-math.md §6.4): KAT-HEM-1 (Ernest's system model and its argmin),
+// Hemingway's models: KAT-HEM-1 (Ernest's system model and its argmin),
 // KAT-HEM-2 (the convergence model), KAT-HEM-3 (machines for a time budget) and KAT-HEM-4
-// (machines for an error target), each value checked to the digits the spec prints; then the
+// (machines for an error target), each value checked to the digits it is given to; then the
 // general dictionary (bisection against the closed form), an elastic start offset, the gates
 // and the input checks.
 #include "kf/monitor/hemingway.hpp"

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Lawson–Hanson NNLS (adaptation-math.md §5.3): KAT-OPT-S3 (a coefficient clamped at 0, with its
+// Lawson–Hanson NNLS: KAT-OPT-S3 (a coefficient clamped at 0, with its
 // KKT vector) and KAT-OPT-S1's design solved directly, then the KKT conditions on other data,
 // degenerate designs (zero column, zero y, dependent columns, more columns than rows), the
 // iteration cap, and the shape and non-finite checks.
@@ -45,7 +45,7 @@ std::vector<double> least_squares3(const DesignRows& a, const std::vector<double
   return x;
 }
 
-/// The KKT conditions of §5.3 at the returned solution.
+/// The KKT conditions at the returned solution.
 void expect_kkt(const NnlsResult& r, double tol) {
   ASSERT_EQ(r.x.size(), r.kkt.size());
   for (std::size_t j = 0; j < r.x.size(); ++j) {

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Optimus's models (adaptation-math.md §5.4): KAT-OPT-L1..L4 for the loss model and the
-// remaining epochs, KAT-OPT-S1..S3 for the speed model, its optimum and the two marginal rules,
-// with the tolerances the spec gives; then the gates (too few points, rank-deficient design,
-// residual bound, no trend) and the input checks.
+// Optimus's models: KAT-OPT-L1..L4 for the loss model and the remaining epochs, KAT-OPT-S1..S3 for
+// the speed model, its optimum and the two marginal rules, with the tolerances the known answers
+// come with; then the gates (too few points, rank-deficient design, residual bound, no trend) and
+// the input checks.
 #include "kf/monitor/optimus.hpp"
 
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// KAT-THR-1..7 of adaptation-math.md §4.4, plus the window's warm-up, eviction and input
-// checks. Values that Appendix A prints rounded are checked to their last printed digit.
+// The known answers KAT-THR-1..7, plus the window's warm-up, eviction and input
+// checks. Known answers given rounded are checked to their last digit.
 #include "kf/monitor/throughput.hpp"
 
 #include <gtest/gtest.h>

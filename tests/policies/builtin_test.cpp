@@ -2,7 +2,7 @@
 // The built-in policies without a cluster: synthetic PolicyInputs sequences go through each
 // policy's hooks the way PolicyRunner calls them, and the tests assert the decisions (step and
 // values), the gates (nothing before the inputs are valid or sufficient), hysteresis and
-// cool-down, bounds, the LR rules (KAT-EFF numbers of adaptation-math.md §3.5), Or et al.'s rule
+// cool-down, bounds, the LR rules (the KAT-EFF known answers), Or et al.'s rule
 // (KAT-THR-3), the algorithm switch and switch-back, and every bad-parameter message.
 #include "kf/policies/builtin.hpp"
 

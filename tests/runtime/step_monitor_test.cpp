@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // StepMonitor on hand-made control records: the GNS inputs it forms from the workers' reports
-// (checked against the data-parallel estimator of adaptation-math.md §2.3 directly), skipped
+// (checked against the data-parallel estimator directly), skipped
 // non-finite steps, one worker, the throughput window's restart, and the norm passes.
 #include "kf/runtime/step_monitor.hpp"
 
@@ -43,7 +43,7 @@ TEST(StepMonitor, FormsTheDataParallelEstimateFromTheWorkersReports) {
   std::map<std::string, double> metrics;
   const auto all = records({report(9.0, 4.0), report(7.0, 4.0)});
   EXPECT_FALSE(m.update(all, StepMonitor::kWords, 0, 2, metrics));
-  // A = (9 + 7)/2 = 8, C = 4, n = 2, b = 16 (§2.3).
+  // A = (9 + 7)/2 = 8, C = 4, n = 2, b = 16.
   const monitor::GnsPoint want = monitor::data_parallel_estimate(8.0, 4.0, 2, 16);
   EXPECT_DOUBLE_EQ(metrics.at("gns.step_sqr"), want.sqr);
   EXPECT_DOUBLE_EQ(metrics.at("gns.step_tr_sigma"), want.tr_sigma);

@@ -4,7 +4,7 @@
 // Two processes swap a small message, both sending at once and then both receiving, as two
 // workers of a 2-worker allreduce do. Layout "per-direction": each process sends on the
 // connection it dialled and receives on the one it accepted (kf's layout: one connection per
-// ordered pair, DESIGN.md). Layout "shared": one connection carries both directions (OpenMPI's
+// ordered pair, docs/design.md). Layout "shared": one connection carries both directions (OpenMPI's
 // TCP transport). The rounds alternate the layouts so that drift of the machine hits both.
 //
 // Besides the time, each row gives the TCP segments the host sent per exchange (the Tcp OutSegs

@@ -3,9 +3,10 @@
 // connection per ordered pair of workers that talk (opened lazily, authenticated with the job
 // token, kept open), and runs named asynchronous collectives over the current cluster.
 //
-// Ownership: the Peer owns its I/O context and the I/O thread ("kf-io") that drives every
-// socket; collectives run there as coroutines and complete a Handle. Buffers passed to a
-// collective belong to the caller, who keeps them alive until the handle completes.
+// Ownership: the Peer owns its I/O context and the I/O thread ("kf-io") that drives every socket;
+// collectives run on that context (driven by the I/O thread, or by a thread waiting on a Handle)
+// and complete a Handle. Buffers passed to a collective belong to the caller, who keeps them alive
+// until the handle completes.
 // Thread-safety: collective calls may be made from any thread; calls that must be ordered the
 // same way on every worker (collectives sharing a name) must be issued in the same order.
 #pragma once
@@ -65,16 +66,16 @@ struct PeerOptions {
   /// Same-host payloads this large or larger that do not go through a shared-memory ring
   /// (shm_frame_bytes) are copied by the receiver straight from the sender's memory
   /// (Transport::automatic only). Smaller ones go through the socket, where one extra copy
-  /// costs less than the reply that a single-copy transfer needs. Measured on the development
-  /// machine before the rings (kf-bench, 2 and 4 workers): frames up to 128 KiB were 10-15 %
-  /// faster through the socket, 512 KiB ones even, 1-2 MiB ones 10-25 % faster single-copy.
+  /// costs less than the reply that a single-copy transfer needs. Through the socket against
+  /// single copy (kf-bench, 2 and 4 workers, rings off): frames up to 128 KiB are 10-15 % faster
+  /// through the socket, 512 KiB ones even, 1-2 MiB ones 10-25 % faster single-copy.
   std::size_t single_copy_bytes = std::size_t{512} << 10;
   /// Same-host data frames up to this many payload bytes go through a shared-memory ring that
   /// the receiver polls, without a system call, while the receiver is awake and nothing waits
   /// in the connection's socket queue (Transport::automatic only; 0 turns the rings off; at
   /// most 1 MiB, the largest record of a ring). Larger ones, and frames to a receiver that
-  /// sleeps in the kernel, go single-copy or through the socket. Measured with kf-bench at 2
-  /// workers: 1 MiB allreduces (512 KiB frames) took 150-230 us through rings against 450-660
+  /// sleeps in the kernel, go single-copy or through the socket. With kf-bench at 2 workers,
+  /// 1 MiB allreduces (512 KiB frames) take 150-230 us through rings against 450-660
   /// single-copy, 2 MiB ones 610-740 us against 1180-1230.
   std::size_t shm_frame_bytes = std::size_t{1} << 20;
   /// SO_SNDBUF and SO_RCVBUF of every connection; 0: the system's for TCP and 4 MiB for
@@ -85,9 +86,9 @@ struct PeerOptions {
   /// plan's own limit for it) run on the express path: each round one frame to one partner,
   /// offered straight to the waiting collective, with no plan, lane or per-transfer request.
   /// Its frames are the plan's, so workers with different settings interoperate. 0 turns it
-  /// off (KF_EXPRESS_BYTES). Measured with kf-bench on 2 cores, same host: 2 workers 4 B
-  /// 1.1-1.3 -> 1.03-1.11 us, 16 KiB 7.4-7.6 -> 6.4 us, 32 KiB 12.3-12.8 -> 11.4-11.5 us;
-  /// 4 workers 4 B typically 9-14 -> 7.3-8 us, 16 KiB 28-31 -> 25.4-25.8 us; over TCP the same.
+  /// off (KF_EXPRESS_BYTES). It costs about 1.5k instructions per allreduce against 2.5k through
+  /// a plan (callgrind, 4 B); with kf-bench on 2 cores, same host, 2 workers at 16 KiB take 6.4
+  /// us with it and 7.4-7.6 us without, 4 workers at 4 B 7.3-8 us against 9-14 us.
   std::size_t express_bytes = std::size_t{64} << 10;
   std::size_t max_frame_bytes = std::size_t{64} << 20;       ///< larger transfers are split
   std::size_t max_unexpected_bytes = std::size_t{2} << 30;   ///< early-arrival buffer limit

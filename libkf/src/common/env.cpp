@@ -4,17 +4,20 @@
 #include <charconv>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <stdexcept>
 
 namespace kf {
 
-namespace {
-
-std::optional<std::string> get(const char* name) {
+std::optional<std::string> env::get(const char* name) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return std::nullopt;
   return std::string(v);
 }
+
+namespace {
+
+using env::get;
 
 std::string require(const char* name) {
   auto v = get(name);
@@ -24,15 +27,44 @@ std::string require(const char* name) {
 
 // The variable as an integer in [lo, hi], nullopt when unset. Throws: std::invalid_argument
 // naming the variable, its value and what it should be.
-std::optional<long> get_integer(const char* name, long lo, long hi, const char* what) {
+std::optional<std::int64_t> get_integer(const char* name, std::int64_t lo, std::int64_t hi,
+                                        const char* what) {
   auto t = get(name);
   if (!t) return std::nullopt;
-  long v = 0;
+  std::int64_t v = 0;
   auto [p, ec] = std::from_chars(t->data(), t->data() + t->size(), v);
   if (ec != std::errc{} || p != t->data() + t->size() || v < lo || v > hi) {
     throw std::invalid_argument(std::string(name) + "='" + *t + "' is not " + what);
   }
   return v;
+}
+
+// The variable as a number strictly between lo and hi, nullopt when unset. Throws: as above.
+std::optional<double> get_fraction(const char* name, double lo, double hi, const char* what) {
+  auto t = get(name);
+  if (!t) return std::nullopt;
+  double v = 0;
+  auto [p, ec] = std::from_chars(t->data(), t->data() + t->size(), v);
+  if (ec != std::errc{} || p != t->data() + t->size() || !(v > lo && v < hi)) {
+    throw std::invalid_argument(std::string(name) + "='" + *t + "' is not " + what);
+  }
+  return v;
+}
+
+// The variables of the runtime (kf::Session): checkpoint, monitors and metrics.
+void read_session_variables(Env& e) {
+  constexpr auto kMax = std::numeric_limits<std::int64_t>::max();
+  e.job_file = get(env::kJobFile);
+  e.checkpoint = get(env::kCheckpoint);
+  e.checkpoint_every = get_integer(env::kCheckpointEvery, 1, kMax, "an integer >= 1");
+  if (auto v = get_integer(env::kMonitors, 0, 1, "0 or 1")) e.monitors = *v == 1;
+  e.gns_theta = get_fraction(env::kGnsTheta, 0.0, 1.0, "a number in (0, 1)");
+  if (auto v = get_integer(env::kMetricsPort, 0, 65535, "a port number in 0-65535")) {
+    e.metrics_port = static_cast<std::uint16_t>(*v);
+  }
+  e.metrics_host = get(env::kMetricsHost);
+  e.metrics_jsonl = get(env::kMetricsJsonl);
+  e.metrics_every = get_integer(env::kMetricsEvery, 1, kMax, "an integer >= 1");
 }
 
 }  // namespace
@@ -85,6 +117,7 @@ Env Env::from_environment() {
   if (auto v = get_integer(env::kExpressBytes, 0, 65536, "a number of bytes in 0-65536")) {
     e.express_bytes = static_cast<std::size_t>(*v);
   }
+  read_session_variables(e);
   return e;
 }
 

@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf/common/log.hpp"
 
+#include <algorithm>
+#include <array>
 #include <cstdlib>
+#include <string_view>
 
 #include <spdlog/sinks/stdout_sinks.h>
 
@@ -14,9 +17,18 @@ spdlog::logger& logger() {
     auto l = std::make_shared<spdlog::logger>("kf",
                                               std::make_shared<spdlog::sinks::stderr_sink_mt>());
     l->set_pattern("%H:%M:%S.%e %^%l%$ %v");
-    const char* lvl = std::getenv(env::kLogLevel);
-    l->set_level(lvl ? spdlog::level::from_str(lvl) : spdlog::level::info);
+    // spdlog reads an unknown name as "off", which would hide every message, the complaint
+    // included: an unknown level is said and info is used.
+    constexpr std::array<std::string_view, 9> kNames{"trace", "debug", "info",     "warn", "warning",
+                                                     "err",   "error", "critical", "off"};
+    const auto lvl = env::get(env::kLogLevel);
+    const bool known = lvl && std::find(kNames.begin(), kNames.end(), *lvl) != kNames.end();
+    l->set_level(known ? spdlog::level::from_str(*lvl) : spdlog::level::info);
     l->flush_on(spdlog::level::warn);
+    if (lvl && !known) {
+      l->warn("{}='{}' is not one of trace, debug, info, warn, error, critical, off; using info",
+              env::kLogLevel, *lvl);
+    }
     return l;
   }();
   return *log;

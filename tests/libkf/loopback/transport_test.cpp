@@ -503,8 +503,8 @@ TEST(Transport, LongNamesMatchWhicheverComesFirst) {
 // A peer that leaves says goodbye on its open connections, but does not wait for connections it
 // is still dialling: at the end of a job the workers go one after another, and one that never
 // reached a peer before it left would otherwise hold its own exit up. Here three dials retry
-// against addresses nobody listens on (with a minute's connect timeout); leaving used to wait
-// 2 s for each of their goodbyes, until the destructor gave up after 5 s. Their handles must
+// against addresses nobody listens on (with a minute's connect timeout); waiting for their
+// goodbyes would take 2 s each, until the destructor gave up after 5 s. Their handles must
 // fail, not hang.
 // `auto` prices messages by the same-host link only where every worker is on this host and
 // the default transport carries them (rings, single copy); over TCP it keeps the default link.

@@ -222,6 +222,25 @@ INSTANTIATE_TEST_SUITE_P(
         std::pair{"slot", with("workers", {{{"host", "h"}, {"port", 80}, {"slot", -1}}})},
         std::pair{"agents", with("agents", "h:1")}));
 
+TEST_F(ServiceTest, MistypedSettingIs400NamingTheKeyAndTheExpectedType) {
+  Service s(options());
+  json body = two_workers(0);
+  body["settings"]["max_workers"] = "8";
+  const auto r = put(s, body);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(json::parse(r.body)["error"],
+            "settings.max_workers: expected an integer >= 0, got \"8\"");
+  body["settings"] = {{"lr", "fast"}, {"stop", 1}, {"min_workers", 2}};
+  EXPECT_EQ(json::parse(put(s, body).body)["error"],
+            "settings.lr: expected a finite number, got \"fast\"; "
+            "settings.stop: expected true or false, got 1");
+  EXPECT_EQ(s.version(), 0u);
+  // Keys kf does not read are the writer's own and pass as they are.
+  body["settings"] = {{"max_workers", 8}, {"note", "from a script"}};
+  EXPECT_EQ(put(s, body).status, 200);
+  EXPECT_EQ(s.version(), 1u);
+}
+
 TEST_F(ServiceTest, AcceptsAgents) {
   Service s(options());
   json doc = two_workers(0);

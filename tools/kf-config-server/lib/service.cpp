@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "kf/common/log.hpp"
+#include "kf/runtime/cluster_settings.hpp"
 
 namespace kf::config_server {
 
@@ -199,6 +200,12 @@ Response Service::put_cluster(const std::string& body) {
     proposed = Cluster::from_json(j);
   } catch (const std::invalid_argument& e) {
     return error(400, e.what());
+  }
+  // A setting kf reads must have its type: stored, a mistyped one would reach every worker.
+  if (const auto parsed = parse_cluster_settings(j["settings"]); !parsed.errors.empty()) {
+    std::string why;
+    for (const auto& e : parsed.errors) why += (why.empty() ? "" : "; ") + e;
+    return error(400, why);
   }
   const std::uint64_t current = state_.cluster.version;
   if (proposed.version != current) {

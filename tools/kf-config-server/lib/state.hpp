@@ -34,7 +34,7 @@ State load_state(const std::filesystem::path& file);
 /// Throws: std::runtime_error "state file F: <problem>" naming the step that failed.
 void save_state(const std::filesystem::path& file, const State& state);
 
-/// "2026-11-22T04:22:49.123Z": RFC 3339, UTC, milliseconds.
+/// "2025-01-31T09:15:02.137Z": RFC 3339, UTC, milliseconds.
 std::string format_rfc3339_ms(std::chrono::system_clock::time_point t);
 
 }  // namespace kf::config_server

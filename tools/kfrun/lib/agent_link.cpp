@@ -2,6 +2,8 @@
 #include "kfrun/lib/agent_link.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,8 +35,6 @@ namespace {
 
 constexpr std::chrono::milliseconds kFirstBackoff{50};
 constexpr int kMaxRemoveAttempts = 20;
-// How long ClusterWatcher::stop() waits for the thread to end before it detaches it.
-constexpr std::chrono::milliseconds kWatcherJoinWait{200};
 
 // Thrown inside a link thread that was told to stop while it waits.
 struct Stopped {};
@@ -84,29 +84,18 @@ ConfigClient make_client(const LinkConfig& config) {
   return ConfigClient(config.url, config.token, options);
 }
 
-// The watcher thread: see agent_link.hpp. Owns copies of everything it uses, so that it may
-// outlive its ClusterWatcher.
-class Watch {
+// What the watcher does before it watches (see agent_link.hpp), run by the ClusterWatch on its
+// thread with the watch's client: each call is retried on its own while the service is down, so
+// that the `note` event is posted once.
+class Bootstrapper {
  public:
-  Watch(const LinkConfig& config, Bootstrap bootstrap, std::shared_ptr<Mailbox> mailbox,
-        std::shared_ptr<Outage> outage, std::shared_ptr<LinkControl> control)
+  Bootstrapper(const LinkConfig& config, Bootstrap bootstrap, std::shared_ptr<Mailbox> mailbox,
+               std::shared_ptr<Outage> outage, std::shared_ptr<LinkControl> control)
       : config_(config),
         bootstrap_(std::move(bootstrap)),
         mailbox_(std::move(mailbox)),
         outage_(std::move(outage)),
-        control_(std::move(control)),
-        client_(make_client(config_)) {}
-
-  void operator()() noexcept {
-    block_pipe_signals();
-    try {
-      run();
-    } catch (const Stopped&) {
-    } catch (const std::exception& e) {
-      post(LinkFailed{std::string("config service: ") + e.what()});
-    }
-    mark_done(*control_);
-  }
+        control_(std::move(control)) {}
 
  private:
   template <class Call>
@@ -120,40 +109,16 @@ class Watch {
     }
   }
 
-  void run() {
-    const std::string hello = "kfrun agent on " + config_.host + " watching (" +
-                              std::to_string(bootstrap_.slots) + " slots)";
-    call([&] { return client_.post_event("note", "", hello, std::nullopt); });
-    Cluster current = call([&] { return client_.get_cluster(); });
-    if (bootstrap_.initial_ports && current.version == 0) current = write_initial();
-    post(ClusterSeen{current});
-    for (;;) {
-      // After a failed poll, a plain read tells at once that the service is back (a long-poll
-      // would answer only at the service's watch timeout when nothing changed).
-      bool failed = false;
-      Cluster next = call([&] {
-        if (failed) return client_.get_cluster();
-        failed = true;
-        Cluster c = client_.watch(current.version, config_.watch_timeout);
-        failed = false;
-        return c;
-      });
-      if (next.version == current.version) continue;  // the long-poll timed out
-      current = std::move(next);
-      post(ClusterSeen{current});
-    }
-  }
-
-  Cluster write_initial() {
+  Cluster write_initial(ConfigClient& client) {
     const auto& ports = *bootstrap_.initial_ports;
     Cluster initial = initial_cluster(config_.host, ports, bootstrap_.algorithm);
     initial.settings.update(bootstrap_.settings);
     const std::string what = std::to_string(ports.size()) + " workers on " + config_.host;
     try {
-      Cluster stored = call([&] { return client_.put_cluster(initial); });
+      Cluster stored = call([&] { return client.put_cluster(initial); });
       post(LinkNote{"wrote the initial cluster: v" + std::to_string(stored.version) + ", " + what});
       call([&] {
-        return client_.post_event("resized", "", "initial cluster: " + what, stored.version);
+        return client.post_event("resized", "", "initial cluster: " + what, stored.version);
       });
       return stored;
     } catch (const ConflictError& e) {
@@ -163,12 +128,47 @@ class Watch {
     }
   }
 
+ public:
+  // Helpers above: their return types are deduced.
+  // Throws: kf::Error (errc::cancelled once told to stop; others end the watch).
+  Cluster operator()(ConfigClient& client) {
+    block_pipe_signals();
+    try {
+      const std::string hello = "kfrun agent on " + config_.host + " watching (" +
+                                std::to_string(bootstrap_.slots) + " slots)";
+      call([&] { return client.post_event("note", "", hello, std::nullopt); });
+      Cluster current = call([&] { return client.get_cluster(); });
+      if (bootstrap_.initial_ports && current.version == 0) current = write_initial(client);
+      return current;
+    } catch (const Stopped&) {
+      throw Error(make_error_code(errc::cancelled), "kfrun agent: stopping");
+    }
+  }
+
+ private:
   LinkConfig config_;
   Bootstrap bootstrap_;
   std::shared_ptr<Mailbox> mailbox_;
   std::shared_ptr<Outage> outage_;
   std::shared_ptr<LinkControl> control_;
-  ConfigClient client_;
+};
+
+// Blocks the signals kfrun's loop takes through its pipe while it lives, so that a thread started
+// meanwhile (it inherits the mask) never takes them.
+class PipeSignalsBlocked {
+ public:
+  PipeSignalsBlocked() noexcept {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int sig : {SIGCHLD, SIGINT, SIGTERM}) sigaddset(&set, sig);
+    ::pthread_sigmask(SIG_BLOCK, &set, &previous_);
+  }
+  ~PipeSignalsBlocked() { ::pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
+  PipeSignalsBlocked(const PipeSignalsBlocked&) = delete;
+  PipeSignalsBlocked& operator=(const PipeSignalsBlocked&) = delete;
+
+ private:
+  sigset_t previous_;
 };
 
 }  // namespace
@@ -224,26 +224,37 @@ void Outage::up() {
 ClusterWatcher::ClusterWatcher(const LinkConfig& config, Bootstrap bootstrap,
                                std::shared_ptr<Mailbox> mailbox, std::shared_ptr<Outage> outage)
     : control_(std::make_shared<LinkControl>()) {
-  thread_ = std::thread(
-      Watch(config, std::move(bootstrap), std::move(mailbox), std::move(outage), control_));
+  ClusterWatchOptions options;
+  options.url = config.url;
+  options.token = config.token;
+  options.request_deadline = config.request_deadline;
+  options.poll = config.watch_timeout;
+  options.max_backoff = config.max_backoff;
+  options.start = Bootstrapper(config, std::move(bootstrap), mailbox, outage, control_);
+  ClusterWatchHandlers handlers;
+  handlers.on_cluster = [mailbox](const Cluster& c) { mailbox->post(ClusterSeen{c}); };
+  handlers.on_error = [mailbox, outage](const Error& e) {
+    if (e.code() == errc::service_unavailable) {
+      outage->down(e.what());
+      return true;
+    }
+    mailbox->post(LinkFailed{std::string("config service: ") + e.what()});
+    return false;
+  };
+  handlers.on_reached = [outage] { outage->up(); };
+  const PipeSignalsBlocked blocked;
+  watch_ = std::make_unique<ClusterWatch>(std::move(options), std::move(handlers));
 }
 
 ClusterWatcher::~ClusterWatcher() { stop(); }
 
 void ClusterWatcher::stop() noexcept {
-  if (!thread_.joinable()) return;
-  bool done = false;
   {
-    std::unique_lock lock(control_->mutex);
-    control_->stop = true;
-    control_->changed.notify_all();
-    done = control_->changed.wait_for(lock, kWatcherJoinWait, [&] { return control_->done; });
+    std::lock_guard lock(control_->mutex);
+    control_->stop = true;  // ends a bootstrap call's back-off
   }
-  if (done) {
-    thread_.join();
-  } else {
-    thread_.detach();
-  }
+  control_->changed.notify_all();
+  if (watch_) watch_->stop();
 }
 
 // ---- Reporter --------------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 // The agent's link to the config service: two threads that make all its blocking HTTP calls, so
 // that the agent's poll loop (agent.cpp) never waits on the network and keeps copying the
 // workers' output and reaping them while the service is slow or down.
-//  - ClusterWatcher: announces the agent (a `note` event, which also checks the token), writes
-//    the initial cluster when asked to and the service holds none, then long-polls the document
-//    and posts each new version.
+//  - ClusterWatcher: a kf::ClusterWatch (the same watch kf::Session uses) that first announces
+//    the agent (a `note` event, which also checks the token) and writes the initial cluster when
+//    asked to and the service holds none, then long-polls the document and posts each new
+//    version.
 //  - Reporter: runs the agent's requests in order: post an event, judge a worker's exit (re-read
 //    the document; remove a failed member by compare-and-swap), judge a departure (find the
 //    killed/revoked/removed event that explains it).
@@ -27,8 +28,10 @@
 #include <variant>
 #include <vector>
 
-#include "kf/cluster/cluster.hpp"
 #include <nlohmann/json.hpp>
+
+#include "kf/cluster/cluster.hpp"
+#include "kf/runtime/cluster_watch.hpp"
 
 #include "kfrun/lib/agent_rules.hpp"
 #include "kfrun/lib/unique_fd.hpp"
@@ -130,13 +133,12 @@ class ClusterWatcher {
   ClusterWatcher& operator=(const ClusterWatcher&) = delete;
   /// Calls stop().
   ~ClusterWatcher();
-  /// Stops the thread. A long-poll in flight cannot be cut short: when the thread has not ended
-  /// within a moment it is detached (it owns everything it uses) and ends when its poll returns.
+  /// Stops the watch: a long-poll or back-off in flight is cut short and the thread joined.
   void stop() noexcept;
 
  private:
   std::shared_ptr<LinkControl> control_;
-  std::thread thread_;
+  std::unique_ptr<ClusterWatch> watch_;
 };
 
 class Reporter {

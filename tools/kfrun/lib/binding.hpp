@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Which core a worker that kfrun starts is held to. With more workers on a host than cores
 // they take turns on the cores, and where the scheduler happens to put them decides how long
-// each turn waits: three on one core and one alone on the other made a 4-byte allreduce of 4
-// workers on 2 cores 2.3x slower than two on each, and a run kept whichever placement it began
+// each turn waits: three on one core and one alone on the other make a 4-byte allreduce of 4
+// workers on 2 cores 2.3x slower than two on each, and a run keeps whichever placement it begins
 // with (docs/performance.md). Held to core slot % cores, a host's workers are spread evenly and
 // stay so. With no more workers than cores nothing is held: each worker polls on a core of its
 // own wherever the scheduler puts it, and its threads (a framework's compute threads among

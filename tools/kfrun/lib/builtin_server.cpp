@@ -68,7 +68,7 @@ BuiltinServer::BuiltinServer(const BuiltinServerOptions& options) {
     service_options.token = token_;
     // The agent tells every change and event in its own words; the service's info lines would
     // only repeat them. KF_LOG_LEVEL still decides when it is set.
-    if (std::getenv(env::kLogLevel) == nullptr) logger().set_level(spdlog::level::warn);
+    if (!env::get(env::kLogLevel)) logger().set_level(spdlog::level::warn);
     service_ = std::make_unique<config_server::Service>(std::move(service_options));
     // 127.0.0.1, port 0; HttpServer::run() leaves the signals to kfrun.
     server_ = std::make_unique<config_server::HttpServer>(*service_, config_server::ServerOptions{});

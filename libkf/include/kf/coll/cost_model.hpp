@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The α–β–γ cost model of the collectives (adaptation-math.md §7): predicted time of every
+// The α–β–γ cost model of the collectives: predicted time of every
 // (operation, algorithm) pair for p ranks and n bytes, the argmin choice behind
 // Algorithm::auto_select, and the calibration of α and β from a timed size sweep.
 // Every prediction is linear in (α, β, γ): T = latency·α + bandwidth·n·β + reduction·n·γ, so a
@@ -18,7 +18,7 @@
 namespace kf::coll {
 
 /// Hockney parameters of one link class, in seconds. Links are full-duplex, a rank sends one
-/// message at a time, and there is no contention (§7.1).
+/// message at a time, and there is no contention.
 /// The defaults are rough loopback-TCP values for the development machines: a blocking loopback
 /// half round trip of about 11 µs plus framing (α = 15 µs), about 2.5 GB/s through the kernel
 /// (β), and a float sum at about 5 GB/s (γ). Calibrate real links with fit_alpha_beta.
@@ -35,11 +35,10 @@ struct LinkParams {
 
 /// The link `auto` assumes between workers that all share one host and kf's default transport
 /// (shared-memory rings up to 1 MiB, single copy above): a message costs about a quarter of a
-/// loopback TCP one. Measured with kf-bench on 2 cores (2026-11-25): ring and recursive
-/// doubling cross at 32-64 KiB there (2 workers at 64 KiB: ring 19.5-19.8 µs, recursive
-/// doubling 22.0-22.4 µs; 4 workers at 32 KiB: 41-42 against 47-52 µs), where over TCP
-/// recursive doubling still leads at 64 KiB (2 workers 35-36 against 42-43 µs), as the default
-/// LinkParams predict.
+/// loopback TCP one. Measured with kf-bench on 2 cores, ring and recursive doubling cross at 32-64
+/// KiB there (2 workers at 64 KiB: ring 19.5-19.8 µs, recursive doubling 22.0-22.4 µs; 4 workers at
+/// 32 KiB: 41-42 against 47-52 µs), where over TCP recursive doubling still leads at 64 KiB (2
+/// workers 35-36 against 42-43 µs), as the default LinkParams predict.
 inline constexpr LinkParams kSameHostLink{4e-6, 1.0 / 5e9, 1.0 / 5e9};
 
 /// T(n) = latency·α + bandwidth·n·β + reduction·n·γ. latency counts sequential messages;
@@ -50,9 +49,9 @@ struct CostCoefficients {
   double reduction = 0.0;
 };
 
-/// The allreduce formulas of §7.1, including some no kf Algorithm runs (recursive doubling,
-/// NCCL's pipelined tree), so that every KAT-AR number can be reproduced. lg p is exact for a
-/// power of two; see allreduce_coefficients for other p.
+/// The textbook allreduce formulas [Thakur, Rabenseifner, Gropp 2005], including some no kf
+/// Algorithm runs (recursive doubling, NCCL's pipelined tree), so that every KAT-AR number can be
+/// reproduced. lg p is exact for a power of two; see allreduce_coefficients for other p.
 enum class AllreduceModel : std::uint8_t {
   ring,                ///< 2(p−1)α + 2(p−1)/p·nβ + (p−1)/p·nγ
   recursive_doubling,  ///< lg p·(α + nβ + nγ), plus the fold when p is not a power of two
@@ -65,19 +64,19 @@ enum class AllreduceModel : std::uint8_t {
 
 /// Coefficients of one allreduce formula for p ranks; all zero for p = 1.
 /// recursive_doubling and halving_doubling on p that is not a power of two use the "fold"
-/// variant of §7.1: the r = p − p' extra ranks (p' = 2^⌊lg p⌋) first send their vectors to
+/// variant: the r = p − p' extra ranks (p' = 2^⌊lg p⌋) first send their vectors to
 /// partners (α + nβ + nγ), the p' ranks run the algorithm, and the result goes back (α + nβ).
 /// Precondition (KF_CHECK): p ≥ 1.
 CostCoefficients allreduce_coefficients(AllreduceModel model, int p) noexcept;
 
 /// Coefficients of kf's own algorithm `algorithm` running `op` on p ranks; all zero for p = 1.
 /// The formulas follow the shapes of coll/plan, one lane (pipelining across lanes is not
-/// modelled, as in §7.1), with L = ⌈lg p⌉, f = (p−1)/p and a single-port rank (its sends in one
+/// modelled), with L = ⌈lg p⌉, f = (p−1)/p and a single-port rank (its sends in one
 /// step go one after another) [Thakur, Rabenseifner, Gropp 2005].
 /// - allreduce, consensus: n is the buffer. star → star, ring → ring, clique → sharded_ps,
 ///   rhd → halving_doubling (folded), tree → binomial_tree. kf's tree is a binary tree (a parent
 ///   hears its two children one after the other); the binomial formula, with depth L and one
-///   message per level, is its optimistic bound, and measured throughput corrects it (§7.3).
+///   message per level, is its optimistic bound, and measured throughput corrects it.
 /// - barrier: an allreduce of no payload: the allreduce latency term only; n is ignored.
 /// - broadcast: n is the buffer. star, clique (the root sends to each) and ring (a chain):
 ///   (p−1)(α + nβ). tree and rhd (binomial): L(α + nβ).
@@ -106,7 +105,7 @@ double predict_seconds(CollOp op, Algorithm algorithm, int p, std::size_t bytes,
                        const LinkParams& link) noexcept;
 
 /// The algorithms choose() considers, in the order that breaks ties: ring first (it is
-/// topology-friendly, pipelines and handles any p, §7.1), then rhd, clique, tree, star.
+/// topology-friendly, pipelines and handles any p), then rhd, clique, tree, star.
 inline constexpr std::array<Algorithm, 5> kSelectableAlgorithms{
     Algorithm::ring, Algorithm::rhd, Algorithm::clique, Algorithm::tree, Algorithm::star};
 
@@ -152,7 +151,7 @@ struct CalibrationOptions {
   FitWeighting weighting = FitWeighting::inverse_time;
 };
 
-/// Calibrates α and β from a size sweep of one algorithm (§7.1, KAT-AR-5): fits
+/// Calibrates α and β from a size sweep of one algorithm (KAT-AR-5): fits
 /// T(n) − reduction·γ·n = c0 + c1·n with fit_line_nonnegative (weights from the measured T),
 /// then α = c0/latency and β = c1/bandwidth.
 /// Throws: std::invalid_argument as fit_line_nonnegative, or when the coefficients have no

@@ -48,7 +48,7 @@ enum class CollOp : std::uint8_t {
   allreduce, broadcast, allgather, reduce_scatter, gather, barrier, consensus
 };
 
-/// Algorithms (DESIGN.md "Collectives"). job_default takes the job's setting (KF_ALGORITHM or
+/// Algorithms (docs/design.md, "Collectives and algorithms"). job_default takes the job's setting (KF_ALGORITHM or
 /// the cluster settings' "algorithm"), whose own default is auto.
 enum class Algorithm : std::uint8_t { job_default, auto_select, star, ring, tree, clique, rhd };
 

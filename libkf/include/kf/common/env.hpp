@@ -1,10 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// Every KF_* environment variable kf reads, declared once. kfrun sets them for the workers it
-// starts; a worker reads them through Env::from_environment(). Thread-safety: value type.
+// Every KF_* environment variable kf reads, declared once and parsed once. kfrun sets them for the
+// workers it starts; a worker reads them all through Env::from_environment() into typed fields,
+// and nothing else in kf calls getenv for a KF_* variable (env::get is the one raw reader, for
+// the few variables a process reads before it is a worker, such as KF_LOG_LEVEL). Which source
+// wins when a variable, the job file and the cluster settings all give a value is decided in one
+// place, the runtime's worker configuration (docs/configuration.md).
+// Thread-safety: value type and free functions (the environment must not change meanwhile).
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -37,9 +43,13 @@ inline constexpr const char* kMetricsJsonl = "KF_METRICS_JSONL";  ///< metrics J
 inline constexpr const char* kMetricsEvery = "KF_METRICS_EVERY";  ///< steps between lines
 inline constexpr const char* kRank = "KF_RANK";                  ///< informational: initial rank
 inline constexpr const char* kSize = "KF_SIZE";                  ///< informational: initial size
+
+/// The value of variable `name`; nullopt when it is unset or empty.
+std::optional<std::string> get(const char* name);
 }  // namespace env
 
-/// The settings a worker takes from its environment.
+/// The settings a worker takes from its environment, each parsed once. An optional field is
+/// unset when its variable is unset or empty.
 struct Env {
   Endpoint self;
   Cluster cluster;
@@ -52,6 +62,15 @@ struct Env {
   std::optional<std::chrono::microseconds> spin;
   std::optional<std::size_t> express_bytes;
   std::optional<std::chrono::milliseconds> heartbeat_timeout;
+  std::optional<std::string> job_file;           ///< KF_JOB_FILE
+  std::optional<std::string> checkpoint;         ///< KF_CHECKPOINT
+  std::optional<std::int64_t> checkpoint_every;  ///< KF_CHECKPOINT_EVERY, >= 1
+  std::optional<bool> monitors;                  ///< KF_MONITORS, 0 or 1
+  std::optional<double> gns_theta;               ///< KF_GNS_THETA, in (0, 1)
+  std::optional<std::uint16_t> metrics_port;     ///< KF_METRICS_PORT, 0-65535 (0: any port)
+  std::optional<std::string> metrics_host;       ///< KF_METRICS_HOST
+  std::optional<std::string> metrics_jsonl;      ///< KF_METRICS_JSONL
+  std::optional<std::int64_t> metrics_every;     ///< KF_METRICS_EVERY, >= 1
 
   /// Reads the KF_* variables. Throws: std::invalid_argument naming the variable that is missing
   /// or malformed (e.g. "KF_CLUSTER: workers[1].port must be an integer in 1-65535").

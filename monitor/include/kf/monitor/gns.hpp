@@ -1,15 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// The gradient-noise-scale (GNS) operator of adaptation-math.md §2, and the quantities of §3
-// derived from it: AdaScale gain r(S), Pollux efficiency E(M), LR scaling rules, scale-invariant
-// progress, McCandlish's steps/examples trade-off.
-// Data parallelism gives two batch sizes per optimizer step for free: the n = K·s local
-// micro-batch gradients (batch b each, squared norms taken before the gradient allreduce) and
-// the synchronized mean gradient (batch M = n·b, squared norm C after it). GnsEstimator turns
-// them into unbiased per-step estimates of |G|² and tr(Σ) (2.4, 2.5), smooths numerator and
-// denominator separately (debiased EMA, θ = θ0^S; §2.4) and reads B_simple = tr(Σ)/|G|² out
-// with the guards of §2.5. Pure arithmetic: it does no I/O and never talks to other ranks; the
-// caller feeds it globally reduced scalars so that all ranks compute bit-identical values
-// (§1 rule 5; see docs/monitoring.md).
+// The gradient-noise-scale (GNS) operator (McCandlish et al. 2018), and the quantities derived from
+// it: AdaScale gain r(S), Pollux efficiency E(M), LR scaling rules, scale-invariant progress,
+// McCandlish's steps/examples trade-off.
+// Data parallelism gives two batch sizes per optimizer step for free: the n = K·s local micro-batch
+// gradients (batch b each, squared norms taken before the gradient allreduce) and the synchronized
+// mean gradient (batch M = n·b, squared norm C after it). GnsEstimator turns them into unbiased
+// per-step estimates of |G|² and tr(Σ), smooths numerator and denominator separately (debiased EMA,
+// θ = θ0^S) and reads B_simple = tr(Σ)/|G|² out with read-out guards. Pure arithmetic: it does no
+// I/O and never talks to other ranks; the caller feeds it globally reduced scalars so that all
+// ranks compute bit-identical values (see docs/monitoring.md).
 // Thread-safety: free functions are pure; GnsEstimator is not synchronized (one owner).
 #pragma once
 
@@ -24,36 +23,36 @@
 
 namespace kf::monitor {
 
-/// One step's unbiased estimates (unclamped: either can be negative; §1 rule 4).
+/// One step's unbiased estimates (unclamped: either can be negative).
 struct GnsPoint {
   double sqr = 0.0;       ///< |G|²^, squared norm of the true gradient
   double tr_sigma = 0.0;  ///< trΣ^, trace of the per-example gradient covariance
 };
 
-/// The two-batch estimator (2.2), (2.3) of McCandlish et al.: squared norms of mean gradients
+/// The two-batch estimator of McCandlish et al.: squared norms of mean gradients
 /// taken at the same parameters on a small batch (small_batch samples) and a large one
 /// (big_batch > small_batch samples).
 GnsPoint two_batch_estimate(double small_sqnorm, double small_batch, double big_sqnorm,
                             double big_batch) noexcept;
 
-/// The data-parallel form (2.4), (2.5): mean_local_sqnorm A = (1/n)·Σ_j |g_j|² over the n
+/// The data-parallel form: mean_local_sqnorm A = (1/n)·Σ_j |g_j|² over the n
 /// micro-batch gradients of local_batch b samples each, global_sqnorm C = |ḡ|² of their mean.
 /// With D = A − C: |G|²^ = C − D/(n−1), trΣ^ = b·n·D/(n−1). Expects count n ≥ 2.
 GnsPoint data_parallel_estimate(double mean_local_sqnorm, double global_sqnorm, double count,
                                 double local_batch) noexcept;
 
-/// KungFu's per-rank variant (§2.5; KAT-GNS-D2), for comparison only: (2.2), (2.3) with this
+/// KungFu's per-rank variant (KAT-GNS-D2), for comparison only: the two-batch estimators with this
 /// rank's own local norm as the small batch (b) and C as the big one (n·b). Ranks disagree,
-/// and the variance is higher than the averaged form's (§2.6). Negative values are returned
+/// and the variance is higher than the averaged form's. Negative values are returned
 /// unchanged. Expects count n ≥ 2.
 GnsPoint per_rank_estimate(double own_sqnorm, double global_sqnorm, double count,
                            double local_batch) noexcept;
 
 /// How the estimator averages the per-step estimates over steps.
 enum class GnsSmoothing : std::uint8_t {
-  debiased_ema,  ///< the spec (§2.4 (a)): θ_t = θ0^(M_t/M0)
+  debiased_ema,  ///< the default: θ_t = θ0^(M_t/M0)
   mean,          ///< the plain mean of every accepted step (θ_t = 1 − 1/t); for tests and
-                 ///< offline analysis (the statistical KATs of §2.8)
+                 ///< offline analysis (the statistical known-answer tests)
 };
 
 struct GnsOptions {
@@ -62,25 +61,25 @@ struct GnsOptions {
   /// θ0 of θ_t = θ0^(M_t/M0); 0 < θ0 < 1.
   double theta_base = 0.999;
   GnsSmoothing smoothing = GnsSmoothing::debiased_ema;
-  /// The estimate is not valid until n_eff reaches this (§2.5: 20).
+  /// The estimate is not valid until n_eff reaches this (20).
   double min_effective_steps = 20.0;
   /// ... and until this many base-equivalent steps (Σ_t M_t/M0) were accepted;
-  /// unset: 1/(1 − θ0) (§2.5).
+  /// unset: 1/(1 − θ0).
   std::optional<double> min_base_steps;
 };
 
-/// One optimizer step's inputs (§2.3, §2.7). Spans are per parameter group (P values each) and
+/// One optimizer step's inputs. Spans are per parameter group (P values each) and
 /// are read only during GnsEstimator::update.
-/// Every gradient is the mean over the samples of its micro-batch (§1 rule 2).
+/// Every gradient is the mean over the samples of its micro-batch.
 struct GnsStep {
   /// Σ_j |g_j|² over all n = workers·accumulation_steps micro-batch gradients of the step (the
   /// allreduce-sum of each worker's s local squared norms, taken before the gradient allreduce).
   /// May be of loss-scaled gradients: it is divided by loss_scale² here.
   std::span<const double> local_sqnorm_sum;
   /// C = |ḡ|² of the synchronized mean gradient, unscaled and divided by the accumulation
-  /// count (§2.3). With n = 1 it is |g_t|².
+  /// count. With n = 1 it is |g_t|².
   std::span<const double> global_sqnorm;
-  /// Only for n = 1 (one worker, no accumulation; §2.5 difference estimator):
+  /// Only for n = 1 (one worker, no accumulation; the difference estimator):
   /// |(g_{t−1} + g_t)/2|², unscaled, where g_{t−1} is the gradient of the last step given to
   /// update() that was not skipped. Empty when the caller holds no previous gradient.
   std::span<const double> pair_sqnorm;
@@ -93,7 +92,7 @@ struct GnsStep {
 
 enum class GnsStepStatus : std::uint8_t {
   accepted,            ///< the averages took the step
-  skipped_non_finite,  ///< a NaN/Inf input (or finite = false): nothing changed (§1 rule 3)
+  skipped_non_finite,  ///< a NaN/Inf input (or finite = false): nothing changed
   no_previous_step,    ///< n = 1 without a previous gradient: this step's norm is kept as the
                        ///< previous one, the averages did not change
 };
@@ -109,11 +108,11 @@ struct GnsStepResult {
   bool biased = false;
 };
 
-/// The smoothed read-out (§2.5, §2.7).
+/// The smoothed read-out.
 struct GnsEstimate {
   /// Σ_groups of the averaged |G|²^ and trΣ^, unclamped; NaN before the first accepted step.
   GnsPoint raw;
-  /// The read-out guards of §2.5: sqr = max(raw.sqr, 0), tr_sigma = max(raw.tr_sigma, 1e-6·M0).
+  /// The read-out guards: sqr = max(raw.sqr, 0), tr_sigma = max(raw.tr_sigma, 1e-6·M0).
   GnsPoint read;
   /// B_simple = read.tr_sigma / read.sqr (samples); +∞ when read.sqr = 0 ("noise dominated:
   /// any batch size up to the maximum is efficient"); NaN before the first accepted step.
@@ -122,20 +121,20 @@ struct GnsEstimate {
   double effective_steps = 0.0;  ///< n_eff = (Σw)²/Σw² of the averages' weights
   double base_steps = 0.0;       ///< Σ M_t/M0 over the accepted steps
   std::int64_t steps = 0;        ///< accepted steps since the last reset
-  /// Some accepted step came from the difference estimator (§2.5); cleared, with the averages,
+  /// Some accepted step came from the difference estimator; cleared, with the averages,
   /// at the first multi-sample step after them.
   bool biased = false;
   /// The last update's outcome (accepted when no step was given yet).
   GnsStepStatus last_step = GnsStepStatus::accepted;
-  /// Enough steps for a decision (§2.5): n_eff ≥ min_effective_steps and
+  /// Enough steps for a decision: n_eff ≥ min_effective_steps and
   /// base_steps ≥ min_base_steps. Consumers must not act on an estimate that is not valid.
   bool valid = false;
   /// Why the estimate is not valid; empty when valid.
   std::string reason;
 
-  /// AdaScale gain r(S) (3.1) of a candidate scale S = M/M0 from the guarded values.
+  /// AdaScale gain r(S) of a candidate scale S = M/M0 from the guarded values.
   double gain(double scale) const noexcept;
-  /// Pollux efficiency E(M) (3.2) of a candidate global batch M, with φ = b_simple.
+  /// Pollux efficiency E(M) of a candidate global batch M, with φ = b_simple.
   double efficiency(double global_batch) const noexcept;
 };
 
@@ -145,7 +144,7 @@ struct GnsEstimate {
 ///
 /// Per optimizer step (see GnsStep for the exact inputs):
 ///   1. If any input is NaN/Inf or finite is false: skip the step, change nothing.
-///   2. n = K·s ≥ 2: A = local_sqnorm_sum/(n·L²), D = A − C, estimate (2.4), (2.5);
+///   2. n = K·s ≥ 2: A = local_sqnorm_sum/(n·L²), D = A − C, estimate |G|²^ and trΣ^;
 ///      scale S = n·b/M0. If the averages hold difference-estimator samples, reset them first
 ///      (AdaptDL does the same when it switches from biased to unbiased samples).
 ///   3. n = 1: with a previous local norm and pair_sqnorm, the two steps are n = 2 samples:
@@ -167,7 +166,7 @@ class GnsEstimator {
   /// The guarded read-out.
   GnsEstimate estimate() const;
 
-  /// Group i's averages, unclamped (for per-group gain, §3.1); NaN before the first accepted
+  /// Group i's averages, unclamped (for per-group gain); NaN before the first accepted
   /// step. Expects i < groups().
   GnsPoint group(std::size_t i) const noexcept;
   std::size_t groups() const noexcept { return groups_.size(); }
@@ -197,16 +196,16 @@ class GnsEstimator {
   GnsStepStatus last_step_ = GnsStepStatus::accepted;
 };
 
-/// AdaScale gain ratio (3.1): r(S) = (σ² + μ²)/(σ²/S + μ²) with σ² = tr_sigma/M0 and
+/// AdaScale gain ratio: r(S) = (σ² + μ²)/(σ²/S + μ²) with σ² = tr_sigma/M0 and
 /// μ² = sqr. Pass guarded values (GnsEstimate::read): then 1 ≤ r ≤ S. 1 when the denominator
 /// is 0 (AdaptDL's fallback).
 double gain_ratio(GnsPoint guarded, double base_batch, double scale) noexcept;
 
-/// Pollux statistical efficiency (3.2): E(M) = (φ + M0)/(φ + M), φ = B_simple (PGNS for
+/// Pollux statistical efficiency: E(M) = (φ + M0)/(φ + M), φ = B_simple (PGNS for
 /// adaptive optimizers). φ = +∞ gives 1 for every M; φ = 0 gives M0/M. Equals r(S)/S.
 double efficiency(double phi, double base_batch, double global_batch) noexcept;
 
-/// LR scaling rules of §3.3: the factor η/η0 for batch scale S = M/M0.
+/// LR scaling rules: the factor η/η0 for batch scale S = M/M0.
 enum class LrScaling : std::uint8_t {
   linear,       ///< S (Goyal et al.)
   square_root,  ///< √S (Krizhevsky)
@@ -216,10 +215,10 @@ enum class LrScaling : std::uint8_t {
 
 /// η/η0 under `rule`; gain is r(S), read only by adascale and adamscale. Compute it from the
 /// current S including accumulation, multiply the group LR before the optimizer step and
-/// restore it after (§3.3).
+/// restore it after.
 double lr_factor(LrScaling rule, double scale, double gain) noexcept;
 
-/// Scale-invariant iterations τ (§3.1): τ ← τ + r_t after each step. LR schedules and stopping
+/// Scale-invariant iterations τ: τ ← τ + r_t after each step. LR schedules and stopping
 /// rules are evaluated at τ (base-batch steps) instead of the step count.
 class ScaleInvariantProgress {
  public:
@@ -230,7 +229,7 @@ class ScaleInvariantProgress {
   double base_steps_ = 0.0;
 };
 
-/// McCandlish et al.'s trade-off (§2.1, KAT-EFF-McC) at batch B for noise scale B_noise.
+/// McCandlish et al.'s trade-off (KAT-EFF-McC) at batch B for noise scale B_noise.
 struct BatchTradeoff {
   double steps_ratio = 0.0;      ///< N_steps/N_steps,min = 1 + B_noise/B
   double examples_ratio = 0.0;   ///< N_ex/N_ex,min = 1 + B/B_noise

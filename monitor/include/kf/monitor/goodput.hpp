@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The forward model of Pollux's throughput and goodput (adaptation-math.md §3.4, KAT-GOODPUT):
+// The forward model of Pollux's throughput and goodput (KAT-GOODPUT):
 // iteration time from fitted performance parameters, throughput M/T_iter, and
 // goodput = throughput × efficiency(M). Fitting the parameters and searching batch sizes are
-// the job of the policy that uses them; only the forward model (3.3) lives here.
+// the job of the policy that uses them; only the forward model lives here.
 // Thread-safety: pure functions over value types.
 #pragma once
 
@@ -34,11 +34,11 @@ double gradient_seconds(const PerfParams& params, double local_batch) noexcept;
 /// T_sync: 0 for K = 1 (AdaptDL uses 1e-8), α_r + β_r·max(K−2, 0) on one node, otherwise
 /// α_n + β_n·max(K−2, 0).
 double sync_seconds(const PerfParams& params, int nodes, int replicas) noexcept;
-/// (3.3): T_iter = q·T_grad + (T_grad^γ + T_sync^γ)^(1/γ).
+/// T_iter = q·T_grad + (T_grad^γ + T_sync^γ)^(1/γ).
 double iteration_seconds(const PerfParams& params, const Placement& placement) noexcept;
 /// M / T_iter (samples/s).
 double throughput(const PerfParams& params, const Placement& placement) noexcept;
-/// THROUGHPUT × EFFICIENCY(M) with φ = noise_scale and M0 = base_batch (§3.2, §3.4).
+/// THROUGHPUT × EFFICIENCY(M) with φ = noise_scale and M0 = base_batch.
 double goodput(const PerfParams& params, const Placement& placement, double noise_scale,
                double base_batch) noexcept;
 

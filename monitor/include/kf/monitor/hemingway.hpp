@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// Hemingway's models (adaptation-math.md §6; Pan et al. 2016, with Ernest's system model,
+// Hemingway's models (Pan et al. 2016, with Ernest's system model,
 // Venkataraman et al., NSDI 2016): the time per iteration on m machines
-//   f(m) = θ0 + θ1·size/m + θ2·ln m + θ3·m          (6.1)
+//   f(m) = θ0 + θ1·size/m + θ2·ln m + θ3·m
 // the loss (or suboptimality) after i iterations on m machines as a non-negative combination of
 // basis functions (the default {1/i, m/i, 1/i²})
-//   g(i, m) = Σ_j λ_j·φ_j(i, m)                      (6.2)
+//   g(i, m) = Σ_j λ_j·φ_j(i, m)
 // both fitted with NNLS (nnls.hpp), and their combination h(t, m) = g(t/f(m), m) with the two
-// decisions of §6.3: the machine count for a time budget and the one for an error target.
+// decisions: the machine count for a time budget and the one for an error target.
 // Thread-safety: pure functions; the value types are not synchronized.
 #pragma once
 
@@ -21,7 +21,7 @@
 
 namespace kf::monitor {
 
-// ---- system model (§6.1) -------------------------------------------------------------------
+// ---- system model -------------------------------------------------------------------
 
 /// f(m) = θ0 + θ1·size/m + θ2·ln m + θ3·m: seconds per iteration (natural log).
 struct SystemModel {
@@ -61,7 +61,7 @@ struct SystemFit {
 SystemFit fit_system_model(std::span<const SystemPoint> points,
                            const SystemFitOptions& options = {});
 
-// ---- convergence model (§6.2) --------------------------------------------------------------
+// ---- convergence model --------------------------------------------------------------
 
 /// The basis functions of g; every one is non-increasing in i, so that g is.
 enum class ConvergenceTerm : std::uint8_t {
@@ -73,7 +73,7 @@ enum class ConvergenceTerm : std::uint8_t {
 };
 std::string_view to_string(ConvergenceTerm term) noexcept;
 
-/// The default dictionary of §6.2: {1/i, m/i, 1/i²}.
+/// The default dictionary: {1/i, m/i, 1/i²}.
 std::vector<ConvergenceTerm> default_convergence_terms();
 
 struct ConvergenceModel {
@@ -115,7 +115,7 @@ struct ConvergenceFit {
 ConvergenceFit fit_convergence_model(std::span<const ConvergencePoint> points,
                                      const ConvergenceFitOptions& options = {});
 
-// ---- combined model and decisions (§6.3) ---------------------------------------------------
+// ---- combined model and decisions ---------------------------------------------------
 
 /// The inputs of a decision: both models, the data scale of an iteration, the candidate machine
 /// counts [min_machines, max_machines], and the iterations already done (0 for a fresh run; an

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The metrics registry (DESIGN.md "Monitoring inside the dataflow"): named counters, gauges and
+// The metrics registry (docs/monitoring.md, "Metrics"): named counters, gauges and
 // summaries with Prometheus labels. A metric is registered once and then updated through the
 // reference that registration returns: an update takes no registry lock and allocates nothing.
 // The exporters (prometheus_text.hpp, jsonl_writer.hpp, metrics_server.hpp) read a snapshot().

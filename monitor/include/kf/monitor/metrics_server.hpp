@@ -4,8 +4,9 @@
 //   GET /healthz  200, "ok"
 //   other paths 404; other methods on these two paths 405 (HEAD is answered like GET).
 // It serves from a background thread ("kf-metrics") with an io_context of its own, not the
-// runtime's: the monitor sits below the runtime (STYLE.md §2), and a slow scraper must never
-// delay the I/O thread that carries the collectives. Asio and Beast stay in metrics_server.cpp.
+// runtime's: the monitor sits below the runtime (docs/design.md, "Parts and folders"), and a slow
+// scraper must never delay the I/O thread that carries the collectives. Asio and Beast stay in
+// metrics_server.cpp.
 // Ownership: the server keeps a reference to the registry, which must outlive it.
 // Thread-safety: port() and address() from any thread; construct and destroy on one thread.
 #pragma once

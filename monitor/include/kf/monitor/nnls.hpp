@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// Non-negative least squares (adaptation-math.md §5.3): minimize ‖Ax − y‖₂ subject to x ≥ 0 with
-// Lawson and Hanson's active-set method, for the small dense fits of the performance models
-// (Optimus §5, Hemingway §6: a few columns, tens of rows). Every passive-set subproblem is solved
-// with Householder QR, never the normal equations, because the model features differ by orders
-// of magnitude (M/w next to w). Columns are scaled to unit norm before solving.
+// Non-negative least squares: minimize ‖Ax − y‖₂ subject to x ≥ 0 with Lawson and Hanson's
+// active-set method, for the small dense fits of the performance models (the Optimus and Hemingway
+// models: a few columns, tens of rows). Every passive-set subproblem is solved with Householder QR,
+// never the normal equations, because the model features differ by orders of magnitude (M/w next to
+// w). Columns are scaled to unit norm before solving.
 // Thread-safety: pure functions.
 #pragma once
 
@@ -18,12 +18,12 @@ using DesignRows = std::vector<std::vector<double>>;
 
 struct NnlsOptions {
   /// Dual (KKT) tolerance factor: a column may enter while its scaled gradient exceeds
-  /// dual_tolerance·max(1, max|Aᵀy|) (§5.3: 1e-12).
+  /// dual_tolerance·max(1, max|Aᵀy|) (1e-12).
   double dual_tolerance = 1e-12;
   /// A column whose part orthogonal to the passive columns is below rank_tolerance × its norm
   /// is linearly dependent on them and never enters (the design is rank-deficient there).
   double rank_tolerance = 1e-10;
-  /// Outer iterations allowed per column (§5.3: 3n in all).
+  /// Outer iterations allowed per column (3n in all).
   std::size_t iterations_per_column = 3;
 };
 

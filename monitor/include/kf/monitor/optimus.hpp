@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// Optimus's performance models (adaptation-math.md §5; Peng et al., EuroSys 2018): the loss
+// Optimus's performance models (Peng et al., EuroSys 2018): the loss
 // model l(k) = 1/(β0·k + β1) + β2 fitted to the training loss and the epochs it predicts are
-// left (§5.1), the speed model t(w) = θ0·M/w + θ1 + θ3·w of the seconds per step on w
-// allreduce workers, or its parameter-server form (§5.2), both fitted with NNLS (nnls.hpp), and
-// the worker count chosen by the marginal rules of §5.2 (Optimus §4.1 for one job: add workers
-// while each saves enough of the remaining time). The validity gates of §8 rule 2 (enough
+// left, the speed model t(w) = θ0·M/w + θ1 + θ3·w of the seconds per step on w
+// allreduce workers, or its parameter-server form, both fitted with NNLS (nnls.hpp), and
+// the worker count chosen by Optimus's marginal rules (Optimus §4.1 for one job: add workers
+// while each saves enough of the remaining time). The validity gates (enough
 // distinct configurations, a full-rank design, a residual bound) are reported with each fit.
 // Thread-safety: pure functions; the value types are not synchronized.
 #pragma once
@@ -30,7 +30,7 @@ enum class FitStatus : std::uint8_t {
 };
 std::string_view to_string(FitStatus status) noexcept;
 
-// ---- loss model (§5.1) ---------------------------------------------------------------------
+// ---- loss model ---------------------------------------------------------------------
 
 /// l(k) = 1/(β0·k + β1) + β2 with β ≥ 0; k in epochs (samples processed / N).
 struct LossModel {
@@ -41,16 +41,16 @@ struct LossModel {
   double loss(double k) const noexcept { return 1.0 / (beta0 * k + beta1) + beta2; }
   /// k* = (1/(l* − β2) − β1)/β0 (clamped at 0), +∞ when l* ≤ β2 (never reached).
   double epochs_to_target(double target_loss) const noexcept;
-  /// The smallest integer k ≥ 0 with l(k) − l(k+1) < δ (closed form of §5.1); +∞ when β0 = 0
+  /// The smallest integer k ≥ 0 with l(k) − l(k+1) < δ (closed form); +∞ when β0 = 0
   /// or δ ≤ 0 cannot be met, 0 when it already holds at k = 0.
   double epochs_to_convergence(double delta) const noexcept;
 };
 
-/// Remaining epochs max(0, k* − k_now) (§5.1); +∞ when k* is.
+/// Remaining epochs max(0, k* − k_now); +∞ when k* is.
 double remaining_epochs(double target_epoch, double k_now) noexcept;
 
 struct LossFitOptions {
-  double c_min = 1e-6;  ///< the log grid of c = β0/β1 (§5.1)
+  double c_min = 1e-6;  ///< the log grid of c = β0/β1
   double c_max = 1e2;
   int grid_points = 401;
   int golden_iterations = 200;  ///< golden-section refinement on log c
@@ -69,14 +69,14 @@ struct LossFit {
   double c = 0.0;             ///< β0/β1 at the optimum
 };
 
-/// Fits (5.1) by profiling over c (log grid, then golden section) with a two-column NNLS in
-/// (a, β2) for each c (§5.1). `weights` may be empty (all 1). Needs at least 3 distinct k.
+/// Fits the loss model by profiling over c (log grid, then golden section) with a two-column NNLS in
+/// (a, β2) for each c. `weights` may be empty (all 1). Needs at least 3 distinct k.
 /// Throws: std::invalid_argument when the spans differ in length, a value is not finite, a k is
 /// negative, a weight is not positive, or the options are out of range.
 LossFit fit_loss_model(std::span<const double> k, std::span<const double> loss,
                        std::span<const double> weights = {}, const LossFitOptions& options = {});
 
-// ---- speed model (§5.2) --------------------------------------------------------------------
+// ---- speed model --------------------------------------------------------------------
 
 /// The allreduce form t(w) = θ0·M/w + θ1 + θ3·w (seconds per step at global batch M), or the
 /// parameter-server form t(p, w) = θ0·M/w + θ1 + θ2·w/p + θ3·w + θ4·p.
@@ -99,7 +99,7 @@ struct SpeedPoint {
   double workers = 0.0;
   double global_batch = 0.0;  ///< M, samples per step over all workers
   double step_time = 0.0;     ///< seconds
-  double weight = 1.0;        ///< e.g. the number of steps measured (§5.2)
+  double weight = 1.0;        ///< e.g. the number of steps measured
   double servers = 1.0;       ///< p, for the PS form only
 };
 
@@ -118,13 +118,13 @@ struct SpeedFit {
 };
 
 /// NNLS fit of the step time over the features [M/w, 1, w] (or [M/w, 1, w/p, w, p]), each row
-/// weighted by √weight. Gates (§5.2, §8.2): at least as many distinct configurations as
+/// weighted by √weight. Gates: at least as many distinct configurations as
 /// parameters (3 or 5) and a full-rank design.
 /// Throws: std::invalid_argument when a value is not finite, a worker count, batch, server count,
 /// step time or weight is not positive.
 SpeedFit fit_speed_model(std::span<const SpeedPoint> points, const SpeedFitOptions& options = {});
 
-// ---- choosing the worker count (§5.2, Optimus §4.1) ----------------------------------------
+// ---- choosing the worker count (Optimus §4.1) ----------------------------------------
 
 /// A worker range [min_workers, max_workers] at global batch M.
 struct WorkerRange {

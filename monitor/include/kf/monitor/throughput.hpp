@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// Throughput monitoring (adaptation-math.md §4): window throughput as total samples ÷ total
+// Throughput monitoring: window throughput as total samples ÷ total
 // time (never the mean of per-step rates), the step-time EMA, Or et al.'s scale-out rule by
 // throughput gain per added worker with its cost/utility variant, KungFu's interference vote,
 // Or et al.'s straggler score, and the nccl-tests bus bandwidth.
 // Everything here is arithmetic on values the caller measured; the caller takes the step time
 // Δ_k at the step boundary (after the allreduce and the update; from rank 0 or the maximum over
-// ranks, §4.1) and feeds it in.
+// ranks) and feeds it in.
 // Thread-safety: free functions are pure; the classes are not synchronized (one owner).
 #pragma once
 
@@ -33,12 +33,12 @@ struct StepSample {
 
 struct ThroughputWindowOptions {
   std::size_t window_steps = 100;  ///< W: the last W steps count
-  /// Steps discarded after construction and after each restart() (§4.1: N_warm = 2); the
+  /// Steps discarded after construction and after each restart (N_warm = 2); the
   /// first steps after a change carry connection set-up and warm-up.
   std::size_t warmup_steps = 2;
 };
 
-/// Throughput over the last W steps (§4.1): Σ samples / Σ time, the harmonic mean of the
+/// Throughput over the last W steps: Σ samples / Σ time, the harmonic mean of the
 /// per-step rates. The arithmetic mean of rates overstates throughput whenever step times vary.
 class ThroughputWindow {
  public:
@@ -65,7 +65,7 @@ class ThroughputWindow {
   std::size_t to_discard_;
 };
 
-/// Debiased EMA of the step time (§4.1: smooth seconds per step, then invert; never smooth a
+/// Debiased EMA of the step time (smooth seconds per step, then invert; never smooth a
 /// rate).
 class StepTimeEma {
  public:
@@ -89,11 +89,11 @@ struct ScalingPair {
   int to_workers = 0;              ///< k_b > k_a
   double slope = 0.0;              ///< (R_b − R_a)/(k_b − k_a): samples/s per added worker
   double per_worker_before = 0.0;  ///< R_a/k_a
-  double efficiency = 0.0;         ///< (4.1): slope / per_worker_before
+  double efficiency = 0.0;         ///< slope / per_worker_before
   bool pass = false;               ///< efficiency > threshold
 };
 
-/// Throughput scaling efficiency (4.1): s(k_a→k_b) = ((R_b − R_a)/(k_b − k_a)) / (R_a/k_a).
+/// Throughput scaling efficiency: s(k_a→k_b) = ((R_b − R_a)/(k_b − k_a)) / (R_a/k_a).
 double scaling_efficiency(int from_workers, double from_throughput, int to_workers,
                           double to_throughput) noexcept;
 
@@ -112,7 +112,7 @@ struct ScaleOutDecision {
   std::vector<ScalingPair> pairs;  ///< consecutive distinct k, ascending
 };
 
-/// Or et al.'s scale-out rule (§4.3) over the average global throughput R_k (samples/s)
+/// Or et al.'s scale-out rule over the average global throughput R_k (samples/s)
 /// measured at each worker count k tried. The policy's bookkeeping around it (evaluate every N
 /// steps on one rank, min_batches_for_staying, min_consecutive_passes_for_remove) is state of
 /// the policy that calls this, not of the rule.
@@ -127,7 +127,7 @@ struct WorkerThroughput {
   double samples_per_second = 0.0;
 };
 
-/// The job's remaining work and prices for the cost/utility variant of §4.3.
+/// The job's remaining work and prices for Or et al.'s cost/utility variant.
 struct ScaleOutCostModel {
   double global_batch = 0.0;             ///< M (samples per step)
   double remaining_steps = 0.0;          ///< remaining batches
@@ -146,23 +146,23 @@ struct ScaleOutCostCheck {
   bool pass = false;               ///< utility_gain > cost_after − cost_before
 };
 
-/// Or et al.'s cost condition (§4.3): a change passes if the utility of the earlier completion
+/// Or et al.'s cost condition: a change passes if the utility of the earlier completion
 /// outweighs the extra cost. utility: a decreasing function of the completion time in seconds.
 ScaleOutCostCheck check_scale_out_cost(const ScaleOutCostModel& model, WorkerThroughput before,
                                        WorkerThroughput after,
                                        const std::function<double(double)>& utility);
 
-/// KungFu's interference vote (§4.2): 1 when current < threshold·reference (0.8 there).
+/// KungFu's interference vote: 1 when current < threshold·reference (0.8 there).
 bool interference_vote(double reference, double current, double threshold = 0.8) noexcept;
 /// KungFu's switch rule: a strict majority, votes > ⌊ranks/2⌋.
 bool strict_majority(int votes, int ranks) noexcept;
 
 /// Each worker's compute throughput divided by the median over workers (numpy's median: the
-/// mean of the two middle values for an even count) (§4.3 straggler rule).
+/// mean of the two middle values for an even count), as Or et al.'s straggler rule takes it.
 /// Throws: std::invalid_argument when empty or the median is not positive.
 std::vector<double> median_fractions(std::span<const double> compute_throughputs);
 
-/// Or et al.'s straggler score of one worker (§4.3): an EWMA with weight alpha on the new
+/// Or et al.'s straggler score of one worker: an EWMA with weight alpha on the new
 /// fraction, initialised with the first one; a straggler while below threshold.
 class StragglerScore {
  public:

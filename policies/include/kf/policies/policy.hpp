@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The C++ policy API (DESIGN.md "Policies", docs/policies.md). A policy is a class with hooks
+// The C++ policy API (docs/policies.md). A policy is a class with hooks
 // that the runtime calls on every worker with the same inputs: the step, the cluster, its
 // settings and the step's metrics averaged over all workers (they travel in the step's control
 // collective). A hook reads them and proposes changes through its PolicyContext; the runtime

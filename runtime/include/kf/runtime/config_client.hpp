@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // kf::ConfigClient: a blocking HTTP/1.1 client of the config service (docs/config-server.md): read,
 // long-poll and compare-and-swap the cluster document, post and read events. Each request opens its
-// own connection and has a deadline. Asio and Beast stay in the .cpp. Thread-safety: one object may
-// not be used from two threads at once (each call runs its own io_context, so distinct objects may
-// be used from distinct threads).
+// own connection and has a deadline; the calling thread drives the client's one io_context, which
+// lives as long as the client. Asio and Beast stay in the .cpp. Thread-safety: one object may not
+// be used from two threads at once, except cancel(), which any thread may call at any time
+// (distinct objects may be used from distinct threads).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -52,6 +54,13 @@ class ConfigClient {
   /// job token presented on mutations. Throws: std::invalid_argument naming the URL when it is not
   /// of that form.
   ConfigClient(std::string_view url, std::string token, ConfigClientOptions options = {});
+  ~ConfigClient();
+  ConfigClient(ConfigClient&&) noexcept;
+  ConfigClient& operator=(ConfigClient&&) noexcept;
+
+  /// Cuts short the request in flight, if any, and every later one: they throw kf::Error with
+  /// errc::cancelled. Thread-safe; for stopping a thread that waits in a long-poll.
+  void cancel() noexcept;
 
   /// The host and port of a "http://HOST:PORT" URL (brackets of an IPv6 host removed). Throws:
   /// std::invalid_argument naming the URL.
@@ -61,8 +70,8 @@ class ConfigClient {
 
   // Throws (all requests): kf::Error with errc::service_unavailable when the server cannot be
   // reached, breaks the connection or misses the deadline (or answers 5xx); errc::auth_failed on
-  // 401; errc::invalid_argument on 400 or 413; errc::protocol_error for an unexpected answer. The
-  // message holds the server's reason.
+  // 401; errc::invalid_argument on 400 or 413; errc::protocol_error for an unexpected answer;
+  // errc::cancelled after cancel(). The message holds the server's reason.
 
   /// GET /v1/cluster.
   Cluster get_cluster();
@@ -85,9 +94,12 @@ class ConfigClient {
   std::vector<ConfigEvent> get_events(std::uint64_t after_seq = 0);
 
  private:
+  class Connection;  // the io_context and the cancellation flag
+
   Endpoint server_;
   std::string token_;
   ConfigClientOptions options_;
+  std::unique_ptr<Connection> connection_;
 };
 
 }  // namespace kf

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // kf::Session: one worker's membership in an elastic job, and the step-boundary protocol of
-// DESIGN.md ("The step boundary"). A training loop wraps each step in Session::step(); at the end
+// docs/elastic.md ("The step boundary"). A training loop wraps each step in Session::step(); at the end
 // of every step the workers run one small control collective (allgather of a 32-byte record: the
 // newest cluster version each has seen, its commit count, and readiness of pending joiners), so
 // they all see the same inputs and take the same decision:
@@ -15,8 +15,8 @@
 //     newest commit is synced to the others, so nothing committed is lost.
 // See docs/elastic.md for the protocol, its phases and timings, and how to write the loop.
 //
-// Ownership: the Session owns the Peer and a background thread that long-polls the config
-// service; the State is the caller's and must outlive the session.
+// Ownership: the Session owns the Peer and its link to the config service (a kf::ClusterWatch and
+// a thread that posts events); the State is the caller's and must outlive the session.
 // Thread-safety: use a Session from one thread (the training loop).
 #pragma once
 
@@ -45,6 +45,11 @@ class MetricsRegistry;
 class MetricsServer;
 class JsonlWriter;
 }  // namespace monitor
+
+namespace detail {
+class ServiceLink;
+struct RecordLayout;
+}  // namespace detail
 
 struct SessionOptions {
   /// URL of the config service (KF_CONFIG_SERVER). Without one the job is static: it never
@@ -227,9 +232,6 @@ class Session {
   double last_check_us() const noexcept { return last_check_us_; }
 
  private:
-  class Watch;
-  struct Record;
-
   Outcome form_after_failure(ChangeRecord rec);
   bool form(const Cluster& target, const Cluster* previous, bool fresh, ChangeRecord& rec);
   Outcome switch_to(const Cluster& target, ChangeRecord rec);
@@ -241,6 +243,14 @@ class Session {
   void adopt_settings(const nlohmann::json& settings);
   void apply(const Proposal& proposal, const char* hook);
   void export_metrics();
+  // The step boundary (step_boundary.cpp): pack, commit the step, take a newer cluster.
+  std::vector<std::int64_t> pack_record(const detail::RecordLayout& layout,
+                                        std::chrono::steady_clock::time_point now,
+                                        std::string* newest_json, std::int64_t* newest_seen_us);
+  void commit_step(std::span<const std::int64_t> all, const detail::RecordLayout& layout,
+                   std::chrono::steady_clock::time_point began);
+  Outcome take_newer(int root, std::size_t doc_bytes, const std::string& own_json,
+                     std::int64_t seen_us, std::int64_t boundary_us);
   void average_gradients(std::span<float> sum, double local_sqnorm,
                          std::chrono::steady_clock::time_point started, double local_batch);
 
@@ -248,7 +258,7 @@ class Session {
   Cluster initial_;
   State& state_;
   SessionOptions options_;
-  std::unique_ptr<Watch> watch_;
+  std::unique_ptr<detail::ServiceLink> link_;  ///< the config service; null in a static job
   std::int64_t* commits_;
   std::int64_t* steps_;
   bool joined_ = false;

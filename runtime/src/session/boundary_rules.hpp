@@ -1,0 +1,104 @@
+// SPDX-License-Identifier: Apache-2.0
+// The pure rules of the step boundary (docs/elastic.md). At the end of every step each worker
+// packs a control record, the workers allgather them, and every worker runs the same rules over
+// the same records in rank order, so every worker takes the same decision without talking again:
+//
+//   1. pack:     BoundaryRecord (newest version seen, commits, size of that version's document,
+//                pending version whose joiners this worker has reached), then the monitors'
+//                words, then one word per registered metric (a double's bits);
+//   2. exchange: allgather of every worker's record (kf::Session, step_boundary.cpp);
+//   3. decide:   decide() below: stay, keep waiting for joiners, switch to the pending cluster, or
+//                fetch a newer document from the worker that holds it (broadcast), after which
+//                judge_newer() says whether to refuse it, switch at once or wait for its joiners;
+//   4. apply:    kf::Session carries the decision out (membership.cpp).
+//
+// No I/O here: these functions have unit tests without sockets (tests/runtime/boundary_rules_test).
+// Thread-safety: free functions and value types.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kf/cluster/cluster.hpp"
+#include "kf/runtime/cluster_settings.hpp"
+
+namespace kf::detail {
+
+/// The fixed fields of one worker's control record.
+struct BoundaryRecord {
+  std::uint64_t version_seen = 0;   ///< newest cluster version this worker's watch holds
+  std::int64_t commits = 0;         ///< its commit count
+  std::uint64_t doc_bytes = 0;      ///< size of that version's document (0: not newer)
+  std::uint64_t ready_version = 0;  ///< pending version whose joiners it has reached (0: none)
+};
+
+/// Where the parts of a record lie, in 64-bit words.
+struct RecordLayout {
+  static constexpr std::size_t kFixedWords = 4;
+  std::size_t monitor_words = 0;  ///< StepMonitor::kWords with the monitors on, else 0
+  std::size_t metrics = 0;        ///< registered metrics
+
+  std::size_t monitor_at() const noexcept { return kFixedWords; }
+  std::size_t metrics_at() const noexcept { return kFixedWords + monitor_words; }
+  std::size_t words() const noexcept { return metrics_at() + metrics; }
+};
+
+/// Writes `record` and `metrics` into `out` (layout.words() words; the monitor words are left as
+/// they are for StepMonitor::pack).
+void pack(const BoundaryRecord& record, std::span<const double> metrics,
+          const RecordLayout& layout, std::span<std::int64_t> out);
+
+/// The fixed fields of every worker's record, in rank order, from the allgathered words.
+std::vector<BoundaryRecord> unpack(std::span<const std::int64_t> all, const RecordLayout& layout);
+
+/// Each registered metric averaged over the workers, summed in rank order (the same bits on every
+/// worker).
+std::vector<double> average_metrics(std::span<const std::int64_t> all,
+                                    const RecordLayout& layout);
+
+/// What the rules see besides the records: this worker's view before the boundary.
+struct BoundaryView {
+  const Cluster& current;         ///< the cluster the workers run now
+  const Cluster* pending;         ///< a change that waits for its joiners; nullptr: none
+  std::uint64_t refused_version;  ///< a version refused before (over max_workers); 0: none
+};
+
+struct BoundaryDecision {
+  enum class Action {
+    stay,               ///< nothing newer: go on with the current cluster
+    wait_for_joiners,   ///< a pending change whose joiners some survivor has not reached yet
+    switch_to_pending,  ///< every survivor reached every joiner of the pending change
+    fetch_newer,        ///< a newer version exists: `root` broadcasts its document
+  };
+  Action action = Action::stay;
+  int root = -1;              ///< fetch_newer: the lowest rank holding the newest version
+  std::size_t doc_bytes = 0;  ///< fetch_newer: the size of that document
+  friend bool operator==(const BoundaryDecision&, const BoundaryDecision&) = default;
+};
+
+/// The decision of one boundary from every worker's record (rank order of `view.current`).
+/// Rules, in order: a pending change is applied once every survivor's ready_version equals its
+/// version (a newer version than the pending one supersedes it); then a version newer than the
+/// current one, and not refused before, is fetched from the lowest rank that has seen it.
+BoundaryDecision decide(const BoundaryView& view, std::span<const BoundaryRecord> records);
+
+struct NewerVerdict {
+  enum class Action {
+    refuse,            ///< over max_workers: stay, and do not fetch this version again
+    switch_now,        ///< no joiners: every worker switches at this boundary
+    wait_for_joiners,  ///< joiners: invite them, switch once every survivor reached them
+  };
+  Action action = Action::switch_now;
+  std::string kind;    ///< "settings" (same workers) or "resize"
+  std::string reason;  ///< refuse: why, for the log
+};
+
+/// What to do with the newer cluster `target` fetched at a boundary, whose settings read as
+/// `settings` (a mistyped bound is absent there, so it bounds nothing).
+NewerVerdict judge_newer(const Cluster& target, const ClusterSettings& settings,
+                         const Cluster& current);
+
+}  // namespace kf::detail

@@ -1,0 +1,244 @@
+// SPDX-License-Identifier: Apache-2.0
+// kf::Session's membership changes (docs/elastic.md): forming a cluster (invite the joiners, agree
+// on whose state is newest and sync it), switching to a newer one decided at a boundary, and
+// recovering from a failure (roll back, remove the lost workers by compare-and-swap, form the
+// successor).
+#include <algorithm>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "kf/common/log.hpp"
+#include "kf/runtime/cluster_settings.hpp"
+#include "kf/runtime/config_client.hpp"
+#include "kf/runtime/session.hpp"
+#include "session/service_link.hpp"
+#include "session/support.hpp"
+
+namespace kf {
+
+using detail::contains;
+using detail::is_peer_failure;
+using detail::join_endpoints;
+using detail::now_us;
+using SteadyClock = std::chrono::steady_clock;
+
+// Moves the peer to `target`, invites its joiners, agrees with every member on whose state is
+// newest and syncs it to those behind. Returns true on success; throws kf::Error on a failure.
+bool Session::form(const Cluster& target, const Cluster* previous, bool fresh,
+                   ChangeRecord& rec) {
+  attempted_version_ = std::max(attempted_version_, target.version);
+  if (peer_->size() == 0 || peer_->version() < target.version) peer_->update(target);
+  if (fresh ? peer_->rank() == 0 : previous != nullptr) {
+    invite_joiners(target, fresh ? Cluster{} : *previous, fresh);
+  }
+  for (auto& h : invites_) h.wait();  // a joiner that cannot be reached fails the formation
+  // Agreement: whose state is newest? (-1: this worker holds none.)
+  std::int64_t mine = state_.has_commit() ? *commits_ : -1;
+  std::vector<std::int64_t> all(static_cast<std::size_t>(peer_->size()));
+  peer_->allgather("kf.join", buffer(&mine, 1), buffer(all.data(), all.size())).wait();
+  rec.connected_us = now_us();
+  const auto newest = std::max_element(all.begin(), all.end());
+  const int root = static_cast<int>(newest - all.begin());
+  // A new job (nobody holds state) takes rank 0's initial values, as Horovod's broadcast of the
+  // initial parameters does.
+  const bool behind = *newest < 0 || std::any_of(all.begin(), all.end(),
+                                                 [&](std::int64_t c) { return c != *newest; });
+  if (behind) {
+    state_.sync(*peer_, root);
+    rec.sync_bytes = state_.bytes();
+  } else if (!state_.has_commit()) {
+    state_.commit();
+  }
+  rec.synced_us = now_us();
+  invites_.clear();
+  invited_version_ = 0;
+  // The monitors' throughput window measured the old cluster; a half-measured step is dropped.
+  if (monitor_) monitor_->membership_changed();
+  report_ = StepReport{};
+  samples_reported_ = false;
+  step_began_ = SteadyClock::now();
+  const bool resized = joined_;
+  joined_ = true;
+  adopt_settings(peer_->cluster().settings);
+  if (resized && policies_ != nullptr && !policies_->empty()) {
+    apply(policies_->run(PolicyHook::on_membership_change, policy_inputs()),
+          "on_membership_change");
+  }
+  return true;
+}
+
+void Session::invite_joiners(const Cluster& target, const Cluster& previous, bool fresh) {
+  if (invited_version_ == target.version) return;
+  invites_.clear();
+  nlohmann::json doc = {{"cluster", target.to_json()}, {"fresh", fresh}};
+  const std::string payload = doc.dump();
+  for (const auto& w : target.workers) {
+    if (w.endpoint == peer_->endpoint() || contains(previous, w.endpoint)) continue;
+    invites_.push_back(peer_->invite(w.endpoint, payload));
+  }
+  invited_version_ = target.version;
+}
+
+bool Session::invites_delivered() {
+  for (auto& h : invites_) {
+    if (!h.ready()) return false;
+    if (h.wait_status()) {
+      KF_LOG(warn, "session", "{}", h.message());
+      invited_version_ = 0;  // try again at the next boundary
+      return false;
+    }
+  }
+  return true;
+}
+
+Session::Outcome Session::switch_to(const Cluster& target, ChangeRecord rec) {
+  const Cluster previous = peer_->cluster();
+  if (!contains(target, peer_->endpoint())) {
+    rec.kind = "left";
+    KF_LOG(info, "session", "{} (rank {}, v{}): not a member of v{}; leaving after {} commits",
+           peer_->endpoint().str(), peer_->rank(), previous.version, target.version, *commits_);
+    if (link_) {
+      link_->post("left", peer_->endpoint().str(),
+                   "left at commit " + std::to_string(*commits_), target.version);
+    }
+    changes_.push_back(rec);
+    invites_.clear();
+    return Outcome::left;
+  }
+  try {
+    bool joiners = false;
+    for (const auto& w : target.workers) joiners = joiners || !contains(previous, w.endpoint);
+    if (joiners) {
+      form(target, &previous, false, rec);
+    } else {
+      peer_->update(target);
+      rec.connected_us = rec.synced_us = now_us();
+      adopt_settings(target.settings);
+      if (target.size() != previous.size() && policies_ != nullptr && !policies_->empty()) {
+        apply(policies_->run(PolicyHook::on_membership_change, policy_inputs()),
+              "on_membership_change");
+      }
+    }
+  } catch (const Error& e) {
+    if (!is_peer_failure(e.code())) throw;
+    return recover(e);
+  }
+  resuming_ = rec;
+  return Outcome::committed;
+}
+
+Session::Outcome Session::recover(const std::exception& error) {
+  const auto* kf_error = dynamic_cast<const Error*>(&error);
+  if (!link_) {
+    KF_LOG(err, "session", "{} (rank {}, v{}): {}; a static job (no config service) cannot "
+           "recover", peer_->endpoint().str(), peer_->rank(), peer_->version(), error.what());
+    if (kf_error) throw *kf_error;
+    throw std::runtime_error(error.what());
+  }
+  ChangeRecord rec;
+  rec.kind = "recovery";
+  rec.detail = error.what();
+  rec.from_version = peer_->version();
+  rec.from_size = peer_->size();
+  rec.commit = *commits_;
+  rec.detected_us = rec.boundary_us = now_us();
+  KF_LOG(warn, "session", "{} (rank {}, v{}): step failed: {}; rolling back to commit {}",
+         peer_->endpoint().str(), peer_->rank(), peer_->version(), error.what(), *commits_);
+  pending_.reset();
+  pending_record_.reset();
+  invites_.clear();
+  invited_version_ = 0;
+  return form_after_failure(std::move(rec));
+}
+
+Session::Outcome Session::form_after_failure(ChangeRecord rec) {
+  std::string last;
+  for (int attempt = 0; attempt < options_.max_recovery_attempts; ++attempt) {
+    if (state_.has_commit()) state_.restore();
+    const auto lost = peer_->lost_peers();
+    Cluster target = remove_lost(lost);
+    if (!contains(target, peer_->endpoint())) {
+      return switch_to(target, std::move(rec));  // removed by the others: leave
+    }
+    rec.agreed_us = now_us();
+    rec.to_version = target.version;
+    rec.to_size = target.size();
+    if (!lost.empty() && rec.detail.find("lost:") == std::string::npos) {
+      rec.detail += " (lost: " + join_endpoints(lost) + ")";
+    }
+    const Cluster previous = peer_->cluster();
+    const auto min_workers = parse_cluster_settings(target.settings).typed.min_workers;
+    if (min_workers && target.size() < *min_workers) {
+      KF_LOG(warn, "session", "{}: {} workers left, fewer than min_workers {}; going on",
+             peer_->endpoint().str(), target.size(), *min_workers);
+    }
+    try {
+      form(target, &previous, false, rec);
+      resuming_ = rec;
+      return Outcome::rolled_back;
+    } catch (const Error& e) {
+      if (!is_peer_failure(e.code())) throw;
+      last = e.what();
+      KF_LOG(warn, "session", "{}: recovery into v{} failed: {}; trying again",
+             peer_->endpoint().str(), target.version, e.what());
+    }
+  }
+  throw Error(make_error_code(errc::peer_lost),
+              "Session: gave up after " + std::to_string(options_.max_recovery_attempts) +
+                  " failed recoveries; last: " + last);
+}
+
+// Writes "the cluster without `lost`" to the config service by compare-and-swap, re-reading on a
+// conflict, and returns the document to form next: the stored one, or a newer one that already
+// lacks them. When nothing is to be removed (a silent timeout, a peer that moved on), the version
+// is still moved past the current one, so that the survivors form a version none of them has
+// used. Waits for the service while it is unreachable.
+Cluster Session::remove_lost(const std::vector<Endpoint>& lost) {
+  ConfigClient client(link_->url(), link_->token());
+  std::chrono::milliseconds backoff{50};
+  bool said_down = false;
+  for (;;) {
+    try {
+      Cluster current = client.get_cluster();
+      for (int conflicts = 0;; ++conflicts) {
+        Cluster next = current;
+        std::erase_if(next.workers, [&](const WorkerSpec& w) {
+          return std::find(lost.begin(), lost.end(), w.endpoint) != lost.end();
+        });
+        const bool removes = next.workers.size() != current.workers.size();
+        if (!removes && current.version > peer_->version()) {
+          link_->offer(current);
+          return current;
+        }
+        if (next.workers.empty()) return next;  // nobody left (not even this worker)
+        try {
+          Cluster stored = client.put_cluster(next);
+          for (const auto& ep : lost) {
+            if (contains(current, ep)) {
+              link_->post("failed", ep.str(), "lost by the job; removed by " +
+                                                   peer_->endpoint().str(), stored.version);
+            }
+          }
+          link_->offer(stored);
+          return stored;
+        } catch (const ConflictError& e) {
+          current = e.current();
+        }
+      }
+    } catch (const ConflictError&) {
+      throw;  // not reached: conflicts are handled above
+    } catch (const Error& e) {
+      if (e.code() != errc::service_unavailable) throw;
+      if (!said_down) {
+        KF_LOG(warn, "session", "{}: config service unreachable during recovery ({}); waiting",
+               peer_->endpoint().str(), e.what());
+      }
+      said_down = true;
+      std::this_thread::sleep_for(backoff);  // retry pacing while the service is down
+      backoff = std::min(backoff * 2, std::chrono::milliseconds{1000});
+    }
+  }
+}
+
+}  // namespace kf

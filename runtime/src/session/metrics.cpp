@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: Apache-2.0
+// kf::Session's metrics: the registered per-step scalars, the monitors' reports of the current
+// step, and their export (Prometheus gauges, rank 0's JSON lines).
+#include <algorithm>
+#include <cctype>
+#include <stdexcept>
+
+#include "kf/common/log.hpp"
+#include "kf/monitor/jsonl_writer.hpp"
+#include "kf/monitor/metrics.hpp"
+#include "kf/runtime/session.hpp"
+
+namespace kf {
+
+int Session::add_metric(const std::string& name) {
+  if (joined_) throw std::logic_error("Session::add_metric('" + name + "'): call before join()");
+  if (std::find(metric_names_.begin(), metric_names_.end(), name) != metric_names_.end()) {
+    throw std::invalid_argument("Session::add_metric: '" + name + "' is registered twice");
+  }
+  metric_names_.push_back(name);
+  metric_values_.push_back(0.0);
+  return static_cast<int>(metric_names_.size()) - 1;
+}
+
+void Session::set_metric(int slot, double value) {
+  if (slot < 0 || static_cast<std::size_t>(slot) >= metric_values_.size()) {
+    throw std::out_of_range("Session::set_metric: no metric slot " + std::to_string(slot));
+  }
+  metric_values_[static_cast<std::size_t>(slot)] = value;
+}
+
+void Session::report_gradients(double local_sqnorm, double global_sqnorm, double local_batch,
+                               int micro_batches, bool finite) {
+  if (micro_batches < 1 || !(local_batch > 0)) {
+    throw std::invalid_argument("Session::report_gradients: micro_batches must be >= 1 and "
+                                "local_batch > 0");
+  }
+  report_.local_sqnorm += local_sqnorm;
+  report_.global_sqnorm = global_sqnorm;
+  report_.local_batch = local_batch;
+  report_.micro_batches += micro_batches;
+  if (!finite) report_.nonfinite = 1;
+  if (!samples_reported_) report_.samples += local_batch * micro_batches;
+}
+
+void Session::report_samples(double samples) {
+  if (!samples_reported_) report_.samples = 0;  // replaces what gradients implied
+  samples_reported_ = true;
+  report_.samples += samples;
+}
+
+void Session::report_comm(double seconds, double bytes) {
+  report_.comm_time += seconds;
+  report_.comm_bytes += bytes;
+}
+
+// Every metric as a gauge "kf_<name>" (dots become underscores), plus the job's shape; rank 0
+// appends a JSON line every metrics_every steps.
+void Session::export_metrics() {
+  auto& r = *registry_;
+  r.gauge("kf_steps", "steps finished by every worker").set(static_cast<double>(*steps_));
+  r.gauge("kf_commits", "commits of the training state").set(static_cast<double>(*commits_));
+  r.gauge("kf_workers", "workers in the cluster").set(peer_->size());
+  r.gauge("kf_cluster_version", "cluster version").set(static_cast<double>(peer_->version()));
+  r.gauge("kf_rank", "this worker's rank").set(peer_->rank());
+  if (auto b = settings_.find("batch_size"); b != settings_.end() && b->is_number()) {
+    r.gauge("kf_batch_size", "global batch size (settings)").set(b->get<double>());
+  }
+  if (auto lr = settings_.find("lr"); lr != settings_.end() && lr->is_number()) {
+    r.gauge("kf_learning_rate", "learning rate (settings)").set(lr->get<double>());
+  }
+  for (const auto& [name, value] : metrics_) {
+    std::string m = "kf_" + name;
+    for (char& c : m) {
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != ':') c = '_';
+    }
+    if (!monitor::is_valid_metric_name(m)) continue;
+    r.gauge(m, "step metric '" + name + "', averaged over the workers").set(value);
+  }
+  if (options_.metrics_jsonl && peer_->rank() == 0 && *steps_ % options_.metrics_every == 0) {
+    try {
+      if (!metrics_jsonl_) {
+        metrics_jsonl_ = std::make_unique<monitor::JsonlWriter>(*options_.metrics_jsonl);
+      }
+      metrics_jsonl_->write(*steps_, r);
+    } catch (const std::exception& e) {
+      // Metrics are for people: losing them must not stop training.
+      KF_LOG(err, "session", "{}: {}; metrics lines are no longer written", peer_->endpoint().str(),
+             e.what());
+      options_.metrics_jsonl.reset();
+    }
+  }
+}
+
+}  // namespace kf

@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: Apache-2.0
+// kf::Session's policies and settings: the inputs policies see, running a hook, adopting the
+// settings of a cluster version, and applying a proposal on every worker at once.
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
+#include "kf/common/log.hpp"
+#include "kf/runtime/cluster_settings.hpp"
+#include "kf/runtime/config_client.hpp"
+#include "kf/runtime/session.hpp"
+#include "session/free_port.hpp"
+#include "session/service_link.hpp"
+
+namespace kf {
+
+PolicyInputs Session::policy_inputs() const {
+  PolicyInputs in;
+  in.step = *steps_;
+  in.epoch = epoch_;
+  in.workers = peer_->size();
+  in.version = peer_->version();
+  in.settings = settings_;
+  in.metrics = metrics_;
+  return in;
+}
+
+Proposal Session::run_hook(PolicyHook hook, std::int64_t epoch) {
+  if (epoch >= 0) epoch_ = epoch;
+  if (policies_ == nullptr || policies_->empty()) return {};
+  Proposal p = policies_->run(hook, policy_inputs());
+  apply(p, to_string(hook));
+  return p;
+}
+
+// A setting of the wrong type is logged and left out: one bad write to the config service must
+// not end the job (every worker reads the same document, so every worker leaves out the same).
+void Session::adopt_settings(const nlohmann::json& settings) {
+  // Settings a static job changed locally stay until a cluster version says otherwise.
+  if (!link_ && !settings_.empty()) return;
+  ParsedSettings parsed = parse_cluster_settings(settings);
+  for (const auto& error : parsed.errors) {
+    KF_LOG(err, "session", "{} (v{}): {}; ignoring it", peer_->endpoint().str(), peer_->version(),
+           error);
+  }
+  settings_ = std::move(parsed.valid);
+  if (parsed.typed.algorithm) peer_->set_default_algorithm(*parsed.typed.algorithm);
+}
+
+// Applies a proposal on every worker at once. Every worker computed the same proposal from the
+// same inputs; in an elastic job rank 0 alone writes it as one new cluster version (all changes
+// together), which every worker then takes up at the same boundary. In a static job the
+// settings change here, on every worker, at this boundary.
+void Session::apply(const Proposal& proposal, const char* hook) {
+  if (proposal.empty() || proposal.changes_nothing(peer_->size(), settings_)) return;
+  std::string why;
+  for (const auto& r : proposal.reasons) why += (why.empty() ? "" : "; ") + r;
+  // Captures a copy: the elastic branch runs it later, on the poster thread.
+  const auto edit_settings = [p = proposal](nlohmann::json& st) {
+    if (p.batch_size) st["batch_size"] = *p.batch_size;
+    if (p.learning_rate) st["lr"] = *p.learning_rate;
+    if (p.algorithm) st["algorithm"] = *p.algorithm;
+    if (p.stop) st["stop"] = true;
+  };
+  if (!link_) {
+    if (proposal.workers && *proposal.workers != peer_->size()) {
+      KF_LOG(warn, "session", "{}: a static job cannot resize ({})", peer_->endpoint().str(), why);
+    }
+    nlohmann::json st = settings_;
+    edit_settings(st);
+    settings_ = st;
+    if (proposal.algorithm) peer_->set_default_algorithm(*parse_algorithm(*proposal.algorithm));
+    KF_LOG(info, "session", "{} (rank {}) step {}: {} applied {}", peer_->endpoint().str(),
+           peer_->rank(), *steps_, hook, why);
+    return;
+  }
+  if (peer_->rank() != 0) return;
+  // Rank 0 writes the change off the training thread: a slow or absent config service must not
+  // stall the step (the change then simply comes later, or is proposed again).
+  const Endpoint self = peer_->endpoint();
+  const std::int64_t step = *steps_;
+  detail::ServiceLink* watch = link_.get();
+  link_->submit(proposal.to_json().dump(), [=](ConfigClient& client) {
+    Cluster c = client.get_cluster();
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      Cluster next = c;
+      edit_settings(next.settings);
+      if (proposal.workers) {
+        const auto want = static_cast<std::size_t>(*proposal.workers);
+        if (want < next.workers.size()) next.workers.resize(want);
+        int slot = 0;
+        for (const auto& w : next.workers) {
+          if (w.endpoint.host == self.host) slot = std::max(slot, w.slot + 1);
+        }
+        while (next.workers.size() < want) {
+          const std::uint16_t port = detail::free_port(self.host, next);
+          next.workers.push_back(WorkerSpec{Endpoint{self.host, port}, slot++});
+        }
+      }
+      if (next.workers == c.workers && next.settings == c.settings) return;  // already there
+      try {
+        const Cluster stored = client.put_cluster(next);
+        KF_LOG(info, "session", "{} (rank 0) step {}: {} wrote v{}: {}", self.str(), step, hook,
+               stored.version, why);
+        watch->post(proposal.workers ? "resized" : "note", "", "policy: " + why, stored.version);
+        return;
+      } catch (const ConflictError& e) {
+        c = e.current();
+      }
+    }
+  });
+}
+
+}  // namespace kf

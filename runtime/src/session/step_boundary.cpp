@@ -1,0 +1,188 @@
+// SPDX-License-Identifier: Apache-2.0
+// kf::Session::end_step(): the step boundary as pack -> exchange -> decide -> apply. The rules
+// are pure (session/boundary_rules.hpp); this file packs this worker's record, runs the control
+// collectives, commits the step and carries the decision out.
+#include <bit>
+
+#include <nlohmann/json.hpp>
+
+#include "kf/common/log.hpp"
+#include "kf/runtime/cluster_settings.hpp"
+#include "kf/runtime/session.hpp"
+#include "session/boundary_rules.hpp"
+#include "session/service_link.hpp"
+#include "session/support.hpp"
+
+namespace kf {
+
+using detail::BoundaryDecision;
+using detail::contains;
+using detail::is_peer_failure;
+using detail::NewerVerdict;
+using detail::now_us;
+using detail::RecordLayout;
+using SteadyClock = std::chrono::steady_clock;
+
+// This worker's record: the newest version its watch holds (and that document), its commits, the
+// pending version whose joiners it has reached, the monitors' words and the metrics.
+std::vector<std::int64_t> Session::pack_record(const RecordLayout& layout,
+                                               SteadyClock::time_point now,
+                                               std::string* newest_json,
+                                               std::int64_t* newest_seen_us) {
+  detail::BoundaryRecord rec;
+  rec.version_seen = peer_->version();
+  rec.commits = *commits_;
+  if (link_ && link_->version() > peer_->version()) {
+    auto newest = link_->latest();
+    rec.version_seen = newest.cluster.version;
+    rec.doc_bytes = newest.json.size();
+    *newest_json = std::move(newest.json);
+    *newest_seen_us = newest.seen_us;
+  }
+  if (pending_ && invited_version_ == pending_->version && invites_delivered()) {
+    rec.ready_version = pending_->version;
+  } else if (pending_ && invited_version_ != pending_->version &&
+             contains(*pending_, peer_->endpoint())) {
+    invite_joiners(*pending_, peer_->cluster(), false);  // a failed invitation: try again
+  }
+  std::vector<std::int64_t> words(layout.words(), 0);
+  detail::pack(rec, metric_values_, layout, words);
+  if (monitor_) {
+    report_.step_time = std::chrono::duration<double>(now - step_began_).count();
+    StepMonitor::pack(report_,
+                      std::span<std::int64_t>(words).subspan(layout.monitor_at(),
+                                                             layout.monitor_words));
+  }
+  return words;
+}
+
+// Every worker finished the step: count and commit it, average the metrics, feed the monitors,
+// export, and run the after_step policies.
+void Session::commit_step(std::span<const std::int64_t> all, const RecordLayout& layout,
+                          SteadyClock::time_point began) {
+  ++*steps_;
+  if (*steps_ % options_.commit_every == 0) {
+    ++*commits_;
+    state_.commit();
+  }
+  after_commit();
+  const auto means = detail::average_metrics(all, layout);
+  for (std::size_t i = 0; i < metric_names_.size(); ++i) metrics_[metric_names_[i]] = means[i];
+  std::fill(metric_values_.begin(), metric_values_.end(), 0.0);
+  if (monitor_) {
+    if (auto said = monitor_->update(all, layout.words(), layout.monitor_at(), peer_->size(),
+                                     metrics_)) {
+      KF_LOG(info, "monitor", "{} (rank {}): {}", peer_->endpoint().str(), peer_->rank(), *said);
+    }
+    report_ = StepReport{};
+    samples_reported_ = false;
+  }
+  step_began_ = began;
+  if (registry_) export_metrics();
+  if (policies_ != nullptr && !policies_->empty()) {
+    apply(policies_->run(PolicyHook::after_step, policy_inputs()), "after_step");
+  }
+}
+
+Session::Outcome Session::end_step() {
+  const auto t0 = SteadyClock::now();
+  const std::int64_t boundary_us = now_us();
+  ++boundary_;
+  const RecordLayout layout{monitor_ ? StepMonitor::kWords : 0, metric_values_.size()};
+  // 1. pack
+  std::string newest_json;
+  std::int64_t newest_seen_us = 0;
+  const auto mine = pack_record(layout, t0, &newest_json, &newest_seen_us);
+  // 2. exchange
+  std::vector<std::int64_t> all(static_cast<std::size_t>(peer_->size()) * layout.words());
+  try {
+    peer_->allgather("kf.ctl", buffer(mine.data(), mine.size()), buffer(all.data(), all.size()))
+        .wait();
+  } catch (const Error& e) {
+    if (!is_peer_failure(e.code())) throw;
+    return recover(e);
+  }
+  const auto checked = SteadyClock::now();
+  commit_step(all, layout, t0);
+  const auto committed = SteadyClock::now();
+  // 3. decide
+  const auto records = detail::unpack(all, layout);
+  const auto decision = detail::decide(
+      detail::BoundaryView{peer_->cluster(), pending_ ? &*pending_ : nullptr, refused_version_},
+      records);
+  // 4. apply
+  switch (decision.action) {
+    case BoundaryDecision::Action::stay:
+      last_check_us_ = std::chrono::duration<double, std::micro>(SteadyClock::now() - committed +
+                                                                 (checked - t0))
+                           .count();
+      return Outcome::committed;
+    case BoundaryDecision::Action::wait_for_joiners:
+      return Outcome::committed;
+    case BoundaryDecision::Action::switch_to_pending: {
+      Cluster target = std::move(*pending_);
+      ChangeRecord rec = std::move(*pending_record_);
+      rec.switch_us = boundary_us;
+      pending_.reset();
+      pending_record_.reset();
+      return switch_to(target, std::move(rec));
+    }
+    case BoundaryDecision::Action::fetch_newer:
+      break;
+  }
+  return take_newer(decision.root, decision.doc_bytes, newest_json, newest_seen_us, boundary_us);
+}
+
+// A newer cluster: the worker that holds it sends it to all, so everyone decides on the same
+// document whatever its own watch has seen by now; then judge_newer() says what to do with it.
+Session::Outcome Session::take_newer(int root, std::size_t doc_bytes, const std::string& own_json,
+                                     std::int64_t seen_us, std::int64_t boundary_us) {
+  const std::uint64_t current = peer_->version();
+  std::string doc(doc_bytes, '\0');
+  if (root == peer_->rank()) doc = own_json;
+  CollOptions o;
+  o.root = root;
+  try {
+    peer_->broadcast("kf.ctl/doc", buffer(reinterpret_cast<std::uint8_t*>(doc.data()), doc.size()),
+                     o)
+        .wait();
+  } catch (const Error& e) {
+    if (!is_peer_failure(e.code())) throw;
+    return recover(e);
+  }
+  Cluster target = Cluster::from_json(nlohmann::json::parse(doc));
+  if (link_) link_->offer(target);
+  const ParsedSettings settings = parse_cluster_settings(target.settings);
+  const NewerVerdict verdict = detail::judge_newer(target, settings.typed, peer_->cluster());
+  if (verdict.action == NewerVerdict::Action::refuse) {
+    if (refused_version_ != target.version) {
+      KF_LOG(err, "session", "{} (rank {}, v{}): ignoring v{}: {}", peer_->endpoint().str(),
+             peer_->rank(), current, target.version, verdict.reason);
+    }
+    refused_version_ = target.version;
+    return Outcome::committed;
+  }
+  ChangeRecord rec;
+  rec.kind = verdict.kind;
+  rec.from_version = current;
+  rec.from_size = peer_->size();
+  rec.to_version = target.version;
+  rec.to_size = target.size();
+  rec.commit = *commits_;
+  rec.detected_us = seen_us > 0 ? seen_us : boundary_us;
+  rec.boundary_us = boundary_us;
+  rec.agreed_us = now_us();
+  pending_.reset();
+  pending_record_.reset();
+  if (verdict.action == NewerVerdict::Action::switch_now) return switch_to(target, std::move(rec));
+  // Joiners first have to be reachable: invite them now and switch at the first boundary where
+  // every survivor has reached every joiner, so that nobody waits here for a process to start.
+  if (contains(target, peer_->endpoint())) invite_joiners(target, peer_->cluster(), false);
+  KF_LOG(info, "session", "{} (rank {}, v{}): v{} adds workers; switching once they are reachable",
+         peer_->endpoint().str(), peer_->rank(), current, target.version);
+  pending_ = std::move(target);
+  pending_record_ = std::move(rec);
+  return Outcome::committed;
+}
+
+}  // namespace kf

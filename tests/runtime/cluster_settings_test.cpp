@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kf/runtime/cluster_settings.hpp"
+
+#include <gtest/gtest.h>
+
+namespace kf {
+namespace {
+
+using nlohmann::json;
+
+TEST(ClusterSettings, ReadsEveryKnownKeyIntoItsType) {
+  const auto p = parse_cluster_settings({{"algorithm", "ring"}, {"batch_size", 64},
+                                         {"lr", 0.5}, {"min_workers", 1}, {"max_workers", 8},
+                                         {"finished", true}, {"stop", false}, {"mine", "kept"}});
+  EXPECT_TRUE(p.errors.empty());
+  EXPECT_EQ(p.typed.algorithm, Algorithm::ring);
+  EXPECT_EQ(p.typed.batch_size, 64);
+  EXPECT_EQ(p.typed.learning_rate, 0.5);
+  EXPECT_EQ(p.typed.min_workers, 1);
+  EXPECT_EQ(p.typed.max_workers, 8);
+  EXPECT_TRUE(p.typed.finished);
+  EXPECT_FALSE(p.typed.stop);
+  EXPECT_EQ(p.valid["mine"], "kept");
+}
+
+TEST(ClusterSettings, AMistypedKeyIsNamedAndLeftOutAndTheOthersStay) {
+  const auto p = parse_cluster_settings({{"max_workers", "8"}, {"batch_size", 32}});
+  ASSERT_EQ(p.errors.size(), 1u);
+  EXPECT_EQ(p.errors[0], "settings.max_workers: expected an integer >= 0, got \"8\"");
+  EXPECT_FALSE(p.typed.max_workers);
+  EXPECT_EQ(p.typed.batch_size, 32);
+  EXPECT_EQ(p.valid, (json{{"batch_size", 32}}));
+}
+
+TEST(ClusterSettings, RejectsOutOfRangeAndUnknownValues) {
+  const auto p = parse_cluster_settings({{"batch_size", 0},
+                                         {"algorithm", "fastest"},
+                                         {"finished", "yes"},
+                                         {"min_workers", -1},
+                                         {"lr", nullptr}});
+  EXPECT_EQ(p.errors.size(), 5u);
+  EXPECT_EQ(p.valid, json::object());
+  EXPECT_FALSE(p.typed.finished);
+}
+
+TEST(ClusterSettings, ANonObjectIsOneErrorAndNullIsEmpty) {
+  const auto p = parse_cluster_settings(json::array({1}));
+  ASSERT_EQ(p.errors.size(), 1u);
+  EXPECT_EQ(p.errors[0], "settings: expected an object, got [1]");
+  EXPECT_TRUE(parse_cluster_settings(json()).errors.empty());
+}
+
+}  // namespace
+}  // namespace kf
