@@ -41,7 +41,13 @@ class PeerImpl {
   void start(const Cluster& c);
   void update(const Cluster& c);
   std::vector<Endpoint> lost_peers();
+  /// Checks a collective's arguments and hands it to the backend of its buffers' device
+  /// (backend/submit.cpp).
   Handle submit(std::shared_ptr<CollCtx> ctx);
+  /// Completes `c` at once with invalid_argument and `why`; its handle.
+  Handle fail_request(CollCtx& c, const std::string& why);
+  /// What is wrong with a collective's arguments, or nothing.
+  std::string check_arguments(const CollCtx& c) const;
   Handle invite(const Endpoint& to, std::string payload);
   std::optional<Invitation> wait_invitation(std::chrono::milliseconds timeout);
   Algorithm resolve(CollOp op, Algorithm a, std::size_t bytes) const noexcept;
@@ -166,7 +172,7 @@ class PeerImpl {
   }
   void break_version(std::error_code ec, const std::string& why);
 
-  // ---- the collective engine (coll/exec/executor.cpp) ----
+  // ---- the collective engine (engine/*.cpp) ----
   /// Prepares the work buffer and plan of a submitted collective and runs its lanes as far as
   /// they go without waiting; the rest happens as their events are set. Runs on whichever
   /// thread holds the context (the submitting one, when it is free).
@@ -174,6 +180,8 @@ class PeerImpl {
   /// start_collective's first part: the work buffer, the plan and the lanes; completes the
   /// collective itself when it fails or has nothing to do.
   void prepare_collective(const std::shared_ptr<CollCtx>& ctx);
+  /// prepare_collective's work buffer, and the plan request's count.
+  void prepare_work(CollCtx& c, coll::PlanRequest& req);
   /// Runs a lane until it must wait, fails, or finishes, or has reduced kReduceSliceBytes: then
   /// the rest of it is posted to the context, after whatever else is ready there.
   void advance(LaneRun& l);

@@ -15,7 +15,7 @@
 
 #include <boost/container/small_vector.hpp>
 
-#include "coll/exec/range_set.hpp"
+#include "engine/range_set.hpp"
 #include "coll/plan/plan.hpp"
 #include "common/scratch_pool.hpp"
 #include "driver/driver.hpp"

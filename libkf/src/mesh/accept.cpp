@@ -104,6 +104,7 @@ awaitable<bool> PeerImpl::admit(Incoming& in, const std::string& from) {
 // the handler of its type. A frame that fails validation ends the connection (and the peer
 // counts as lost); a goodbye ends it quietly.
 awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in, std::string from) {
+  KF_DCHECK_IO(*driver_);
   if (!co_await admit(*in, from)) co_return;
   const int peer = in->peer;
   peers_[static_cast<std::size_t>(peer)].in.push_back(in);
@@ -174,6 +175,7 @@ awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in, std::stri
 
 void PeerImpl::close_incoming(const std::shared_ptr<Incoming>& in, bool said_bye,
                               std::error_code ec, std::string why) {
+  KF_DCHECK_IO(*driver_);
   const int peer = in->peer;
   if (!in->closed_why.empty()) {
     why = in->closed_why;

@@ -56,6 +56,7 @@ awaitable<std::error_code> PeerImpl::receive_data(Incoming& in, int peer, const 
 std::error_code PeerImpl::store_frame(int peer, const MailKeyView& key,
                                       std::span<const std::byte> payload,
                                       ScratchPool::Block* owned, std::string& why) {
+  KF_DCHECK_IO(*driver_);
   bool stale = false;
   const std::error_code ec =
       mailbox_.store(key, payload, owned, io_cluster_.version, stale, why);
@@ -68,6 +69,7 @@ std::error_code PeerImpl::store_frame(int peer, const MailKeyView& key,
 
 std::shared_ptr<RecvReq> PeerImpl::post_recv(const MailKeyView& key, std::byte* dst,
                                              std::size_t bytes, const ReduceOnArrival* reduce) {
+  KF_DCHECK_IO(*driver_);
   KF_LOG(trace, "transport", "{}: post recv '{}' tag {} from {} ({} bytes)", identity_, key.name,
          key.tag, peers_[key.peer].key, bytes);
   // The frame came first (a peer a moment ahead): delivered now, with no request of its own
@@ -78,6 +80,7 @@ std::shared_ptr<RecvReq> PeerImpl::post_recv(const MailKeyView& key, std::byte* 
 }
 
 std::error_code PeerImpl::receive_refusal(int peer, std::uint64_t version) const {
+  KF_DCHECK_IO(*driver_);
   const auto& ps = peers_[static_cast<std::size_t>(peer)];
   if (ps.lost || ps.departed) return make_error_code(errc::peer_lost);
   if (broken_ && version == io_cluster_.version) return broken_;

@@ -28,6 +28,7 @@ awaitable<std::error_code> PeerImpl::wait_progress(Event& ev, int peer,
 }
 
 void PeerImpl::force_close(int peer) {
+  KF_DCHECK_IO(*driver_);
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   boost::system::error_code ignored;
   for (auto& in : ps.in) in->sock.close(ignored);
@@ -41,6 +42,7 @@ void PeerImpl::force_close(int peer) {
 // ---- failure bookkeeping ------------------------------------------------------------------
 
 void PeerImpl::mark_lost(int peer, std::error_code ec, const std::string& why) {
+  KF_DCHECK_IO(*driver_);
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   if (ps.lost || stopping_) return;
   // A peer that said goodbye is gone by its own choice: what waited on it has already failed
@@ -54,6 +56,7 @@ void PeerImpl::mark_lost(int peer, std::error_code ec, const std::string& why) {
 }
 
 void PeerImpl::mark_departed(int peer) {
+  KF_DCHECK_IO(*driver_);
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   ps.departed = true;
   KF_LOG(debug, "transport", "{}: peer {} said goodbye", identity_, ps.key);
@@ -62,6 +65,7 @@ void PeerImpl::mark_departed(int peer) {
 }
 
 void PeerImpl::note_version(int peer, std::uint64_t version) {
+  KF_DCHECK_IO(*driver_);
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   if (version <= ps.max_version) return;
   ps.max_version = version;
@@ -73,6 +77,7 @@ void PeerImpl::note_version(int peer, std::uint64_t version) {
 // A member is gone, so every collective of this cluster version fails on this worker and on
 // every worker we can still tell (they may be waiting on someone other than the lost peer).
 void PeerImpl::break_version(std::error_code ec, const std::string& why) {
+  KF_DCHECK_IO(*driver_);
   if (broken_) return;
   broken_ = ec;
   broken_why_ = why;
@@ -106,6 +111,7 @@ void PeerImpl::break_version(std::error_code ec, const std::string& why) {
 // after this one (PeerLoss.AHostWidePauseLosesNobody). The price: a process starved without
 // pause finds its silent peers late (the collectives' own deadlines still hold).
 awaitable<void> PeerImpl::watchdog() {
+  KF_DCHECK_IO(*driver_);
   const auto timeout = opts_.heartbeat_timeout;
   asio::steady_timer t(ex());
   const auto tick = std::max(timeout / 4, std::chrono::milliseconds(10));
@@ -145,6 +151,7 @@ awaitable<void> PeerImpl::watchdog() {
 // connect timeout. From the start nothing is marked lost and nothing new is dialled: a peer
 // that leaves has nobody left to tell.
 awaitable<void> PeerImpl::shutdown() {
+  KF_DCHECK_IO(*driver_);
   stopping_ = true;
   std::vector<std::shared_ptr<SendReq>> byes;
   for (std::size_t i = 0; i < peers_.size(); ++i) {

@@ -66,6 +66,7 @@ awaitable<boost::system::error_code> PeerImpl::connect(Outgoing& out, const Endp
 }
 
 awaitable<std::error_code> PeerImpl::dial(Outgoing& out) {
+  KF_DCHECK_IO(*driver_);
   const Endpoint ep = peers_[static_cast<std::size_t>(out.peer)].ep;
   const auto give_up = Clock::now() + opts_.connect_timeout;
   std::chrono::milliseconds backoff{2};
@@ -145,6 +146,7 @@ awaitable<std::error_code> PeerImpl::dial(Outgoing& out) {
 
 
 awaitable<void> PeerImpl::run_outgoing(std::shared_ptr<Outgoing> out) {
+  KF_DCHECK_IO(*driver_);
   std::error_code ec = co_await dial(*out);
   out->connected = !ec;
   // Non-blocking for post_send's own writes (write_now, which it skips should this fail);
@@ -198,6 +200,7 @@ awaitable<void> PeerImpl::run_outgoing(std::shared_ptr<Outgoing> out) {
 std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h,
                                              std::string_view name, const std::byte* data,
                                              bool copy_if_queued) {
+  KF_DCHECK_IO(*driver_);
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   auto refused = [&](std::error_code ec) {
     auto req = std::make_shared<SendReq>(ex());
@@ -261,6 +264,7 @@ std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h,
 
 std::shared_ptr<SendReq> PeerImpl::post_control(int peer, FrameType t,
                                                 std::vector<std::byte> payload) {
+  KF_DCHECK_IO(*driver_);
   FrameHeader h;
   h.type = t;
   h.cluster_version = io_cluster_.version;
@@ -277,6 +281,7 @@ std::shared_ptr<SendReq> PeerImpl::post_control(int peer, FrameType t,
 }
 
 void PeerImpl::cancel(const std::shared_ptr<SendReq>& r, std::error_code ec) {
+  KF_DCHECK_IO(*driver_);
   if (r->ev.done || r->in_progress) return;
   r->cancelled = true;
   r->ev.set(ec);

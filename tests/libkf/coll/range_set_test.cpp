@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// RangeSet (libkf/src/coll/exec/range_set.hpp) against a plain bitmap: random adds, and after
+// RangeSet (libkf/src/engine/range_set.hpp) against a plain bitmap: random adds, and after
 // each one every query agrees with the model.
-#include "coll/exec/range_set.hpp"
+#include "engine/range_set.hpp"
 
 #include <gtest/gtest.h>
 

@@ -14,6 +14,7 @@ using transport::FrameType;
 
 awaitable<std::error_code> PeerImpl::offer_ring(Outgoing& out, Incoming& reader,
                                                 std::string& why) {
+  KF_DCHECK_IO(*driver_);
   std::error_code cec;
   auto ring = transport::ShmRing::create(cec);
   if (!ring) {
@@ -43,6 +44,7 @@ awaitable<std::error_code> PeerImpl::offer_ring(Outgoing& out, Incoming& reader,
 awaitable<std::error_code> PeerImpl::accept_ring(const std::shared_ptr<Incoming>& in,
                                                  const std::vector<std::byte>& payload,
                                                  std::string& why) {
+  KF_DCHECK_IO(*driver_);
   if (in->pid <= 0) {
     why = "shared-memory ring offered over a connection from another host";
     co_return make_error_code(errc::protocol_error);
@@ -70,6 +72,7 @@ awaitable<std::error_code> PeerImpl::accept_ring(const std::shared_ptr<Incoming>
 }
 
 std::size_t PeerImpl::drain_ring(Incoming& in) {
+  KF_DCHECK_IO(*driver_);
   if (!in.ring || !in.closed_why.empty()) return 0;
   std::size_t taken = 0;
   transport::ShmRing::Record rec;
@@ -103,6 +106,7 @@ std::size_t PeerImpl::drain_ring(Incoming& in) {
 }
 
 std::size_t PeerImpl::poll_rings() {
+  KF_DCHECK_IO(*driver_);
   std::size_t n = 0;
   for (std::size_t i = 0; i < ring_readers_.size(); ++i) n += drain_ring(*ring_readers_[i]);
   return n;
@@ -112,6 +116,7 @@ std::size_t PeerImpl::poll_rings() {
 // socket, which wakes it), and looks once more: a record published before a writer could see
 // the flag is taken now instead of waiting for the next socket event.
 bool PeerImpl::rings_asleep(bool asleep) {
+  KF_DCHECK_IO(*driver_);
   if (ring_readers_.empty()) return true;
   for (auto& in : ring_readers_) in->ring->set_reader_sleeping(asleep);
   if (!asleep || poll_rings() == 0) return true;

@@ -38,6 +38,7 @@ std::error_code drop_peeked(Incoming& in) {
 }  // namespace
 
 awaitable<std::error_code> PeerImpl::read_exact(Incoming& in, std::byte* dst, std::size_t n) {
+  KF_DCHECK_IO(*driver_);
   const std::size_t have = std::min(n, in.end - in.begin);
   if (have > 0) {
     if (dst) std::memcpy(dst, in.buf.data() + in.begin, have);
@@ -82,6 +83,7 @@ awaitable<std::error_code> PeerImpl::read_exact(Incoming& in, std::byte* dst, st
 awaitable<std::error_code> PeerImpl::read_payload(Incoming& in, PayloadSource& src,
                                                   std::byte* dst, std::size_t n,
                                                   std::string& why) {
+  KF_DCHECK_IO(*driver_);
   if (!src.remote) co_return co_await read_exact(in, dst, n);
   // From the sender's memory, in cache-sized pieces. The copy never waits, so before each piece
   // this coroutine steps aside for everything else that is ready: above all the sends this

@@ -11,6 +11,7 @@ using transport::FrameHeader;
 using transport::FrameType;
 
 awaitable<std::error_code> PeerImpl::write_frame(Outgoing& out, SendReq& req) {
+  KF_DCHECK_IO(*driver_);
   const std::byte* data = req.owned.empty() ? req.data : req.owned.data();
   // peers_ may grow while this waits: index it afresh after every co_await.
   auto touch = [&] { peers_[static_cast<std::size_t>(out.peer)].last_tx = coarse_now(); };
@@ -89,6 +90,7 @@ awaitable<std::error_code> PeerImpl::write_frame(Outgoing& out, SendReq& req) {
 
 std::size_t PeerImpl::write_now(Outgoing& out, const transport::HeaderBytes& header,
                                std::string_view name, const std::byte* data, std::size_t bytes) {
+  KF_DCHECK_IO(*driver_);
   const std::array<asio::const_buffer, 3> bufs{asio::buffer(header),
                                                asio::buffer(name.data(), name.size()),
                                                asio::buffer(data, bytes)};

@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: Apache-2.0
+// A collective's way in: its arguments are checked, its algorithm resolved, and it goes to
+// the backend of its buffers' device (backend/backend.hpp).
+#include <array>
+
+#include "backend/backend.hpp"
+#include "kf/coll/cost_model.hpp"
+#include "peer_impl.hpp"
+
+namespace kf::detail {
+
+Algorithm PeerImpl::resolve(CollOp op, Algorithm a, std::size_t bytes) const noexcept {
+  if (a == Algorithm::job_default) a = default_algorithm_.load(std::memory_order_relaxed);
+  if (a == Algorithm::job_default) a = Algorithm::auto_select;
+  if (a != Algorithm::auto_select) return a;
+  const int p = std::max(1, cluster_.size());
+  // choose() is a pure function of these three and costs as much as a small collective's
+  // bookkeeping; jobs repeat the same few sizes, so each thread remembers its last answers.
+  struct Memo {
+    CollOp op;
+    int p = 0;
+    std::size_t bytes = 0;
+    Algorithm a;
+    bool same_host = false;
+  };
+  thread_local std::array<Memo, 16> memo{};
+  const bool local = same_host_link_;
+  Memo& m = memo[(bytes * 31 + static_cast<std::size_t>(p) * 7 + static_cast<std::size_t>(op)) %
+                 memo.size()];
+  if (m.p != p || m.bytes != bytes || m.op != op || m.same_host != local) {
+    m = Memo{op, p, bytes,
+             coll::choose(op, bytes, p, local ? coll::kSameHostLink : coll::LinkParams{}), local};
+  }
+  return m.a;
+}
+
+Handle PeerImpl::submit(std::shared_ptr<CollCtx> ctx) {
+  ctx->state = std::make_shared<OpState>();
+  ctx->state->driver = driver_;
+  Handle h(ctx->state);
+  if (cluster_.workers.empty()) return fail_request(*ctx, "the peer has no cluster yet (call start())");
+  const BackendKind backend = backend_for(ctx->send, ctx->recv);
+  ctx->version = cluster_.version;
+  ctx->rank = rank_;
+  ctx->size = cluster_.size();
+  if (const std::string why = check_arguments(*ctx); !why.empty()) return fail_request(*ctx, why);
+  ctx->timeout = ctx->opts.timeout.count() > 0 ? ctx->opts.timeout : opts_.timeout;
+  ctx->algorithm = resolve(ctx->op, ctx->opts.algorithm, ctx->send.bytes());
+  ctx->rank_to_peer = rank_to_peer_;
+  switch (backend) {
+    case BackendKind::host:
+      // Started here when the context is free (the I/O thread parked on a waiter's lease): its
+      // first frames leave now, not when the next thread to run the context gets to it.
+      driver_->start([this, ctx = std::move(ctx)]() mutable {
+        const std::uint64_t posted = handlers_posted_;
+        start_collective(std::move(ctx));
+        return handlers_posted_ != posted;
+      });
+      break;
+    case BackendKind::device:
+      // The device backend plugs in here, beside the host engine: it moves the data, while the
+      // mesh, the mailbox and the step boundary stay on kf's own transport.
+      return fail_request(*ctx, kNoDeviceBackend);
+  }
+  return h;
+}
+
+Handle PeerImpl::fail_request(CollCtx& c, const std::string& why) {
+  c.state->complete(make_error_code(errc::invalid_argument),
+                    std::string(to_string(c.op)) + " '" + c.name + "': " + why);
+  return Handle(c.state);
+}
+
+std::string PeerImpl::check_arguments(const CollCtx& c) const {
+  const auto p = static_cast<std::size_t>(c.size);
+  if (c.opts.root < 0 || c.opts.root >= c.size) {
+    return "root " + std::to_string(c.opts.root) + " is not a rank of this " +
+           std::to_string(c.size) + "-worker cluster";
+  }
+  if (c.name.empty() || c.name.size() > transport::kMaxNameBytes) {
+    return "a collective needs a name of 1-" + std::to_string(transport::kMaxNameBytes) + " bytes";
+  }
+  const Buffer& s = c.send;
+  const Buffer& r = c.recv;
+  switch (c.op) {
+    case CollOp::allreduce:
+      if (s.count != r.count || s.dtype != r.dtype) return "send and recv differ in shape";
+      break;
+    case CollOp::allgather:
+    case CollOp::gather:
+      if (s.dtype != r.dtype) return "send and recv differ in dtype";
+      if ((c.op == CollOp::allgather || c.rank == c.opts.root) && r.count != s.count * p) {
+        return "recv needs size*send.count = " + std::to_string(s.count * p) + " elements";
+      }
+      break;
+    case CollOp::reduce_scatter:
+      if (s.dtype != r.dtype) return "send and recv differ in dtype";
+      if (s.count != r.count * p) {
+        return "send needs size*recv.count = " + std::to_string(r.count * p) + " elements";
+      }
+      break;
+    default:
+      break;
+  }
+  const bool recv_unused = c.op == CollOp::gather && c.rank != c.opts.root;
+  if ((s.count > 0 && s.data == nullptr) || (r.count > 0 && r.data == nullptr && !recv_unused)) {
+    return "null buffer";
+  }
+  return {};
+}
+
+}  // namespace kf::detail

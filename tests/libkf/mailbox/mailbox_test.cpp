@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: Apache-2.0
+// The mailbox on its own, without sockets: frames meet their receives in either order, early
+// frames stay within their limit, the claimer sees frames first, and (debug builds) calling it
+// from a thread that does not run the I/O context is caught.
+#include "mailbox/mailbox.hpp"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace kf::detail {
+namespace {
+
+class MailboxTest : public ::testing::Test {
+ protected:
+  asio::io_context ioc_{1};
+  Driver driver_{ioc_};
+  Driver::Running running_{driver_};  // this thread plays the context's runner
+  Mailbox box_{driver_, ioc_.get_executor(), 1024};
+  std::string why_;
+
+  std::error_code store(const MailKeyView& k, const std::vector<std::byte>& payload,
+                        std::uint64_t current = 1) {
+    bool stale = false;
+    return box_.store(k, payload, nullptr, current, stale, why_);
+  }
+};
+
+std::vector<std::byte> bytes_of(std::initializer_list<int> v) {
+  std::vector<std::byte> out;
+  for (int x : v) out.push_back(static_cast<std::byte>(x));
+  return out;
+}
+
+TEST_F(MailboxTest, AFrameFillsTheReceivePostedBeforeIt) {
+  std::byte dst[3] = {};
+  const MailKeyView key{0, 1, 0, "g"};
+  auto req = box_.post(key, dst, 3, nullptr, {});
+  EXPECT_FALSE(req->ev.done);
+  EXPECT_FALSE(store(key, bytes_of({7, 8, 9})));
+  EXPECT_TRUE(req->ev.done);
+  EXPECT_FALSE(req->ev.ec);
+  EXPECT_EQ(dst[2], std::byte{9});
+  EXPECT_EQ(box_.early_bytes(), 0u);
+}
+
+TEST_F(MailboxTest, AnEarlyFrameIsDeliveredWhenItsReceiveIsPosted) {
+  const MailKeyView key{1, 1, 2, "a-long-name-that-does-not-fit-the-quick-early-frames-list"};
+  EXPECT_FALSE(store(key, bytes_of({1, 2})));
+  EXPECT_EQ(box_.early_bytes(), 2u);
+  std::byte dst[2] = {};
+  auto req = box_.take_early_into(key, dst, 2, nullptr);
+  ASSERT_NE(req, nullptr);
+  EXPECT_TRUE(req->ev.done);
+  EXPECT_FALSE(req->ev.ec);
+  EXPECT_EQ(dst[0], std::byte{1});
+  // Taken: a second receive for the key waits.
+  EXPECT_EQ(box_.take_early_into(key, dst, 2, nullptr), nullptr);
+}
+
+TEST_F(MailboxTest, AnEarlyFrameOfTheWrongSizeFailsItsReceive) {
+  const MailKeyView key{0, 1, 0, "w"};
+  EXPECT_FALSE(store(key, bytes_of({1, 2, 3})));
+  std::byte dst[2] = {};
+  auto req = box_.take_early_into(key, dst, 2, nullptr);
+  ASSERT_NE(req, nullptr);
+  EXPECT_EQ(req->ev.ec, make_error_code(errc::protocol_error));
+}
+
+TEST_F(MailboxTest, EarlyFramesPastTheLimitEndTheConnection) {
+  const std::vector<std::byte> big(1000);
+  EXPECT_FALSE(store(MailKeyView{0, 1, 0, "one"}, big));
+  EXPECT_EQ(store(MailKeyView{0, 1, 0, "two"}, big), make_error_code(errc::protocol_error));
+  EXPECT_NE(why_.find("limit of 1024 bytes"), std::string::npos) << why_;
+}
+
+TEST_F(MailboxTest, AStaleFrameThatNobodyWaitsForIsDropped) {
+  bool stale = false;
+  const auto payload = bytes_of({1});
+  EXPECT_FALSE(box_.store(MailKeyView{0, 3, 0, "old"}, payload, nullptr, 4, stale, why_));
+  EXPECT_TRUE(stale);
+  EXPECT_EQ(box_.early_bytes(), 0u);
+}
+
+TEST_F(MailboxTest, ARefusedReceiveFailsAtOnce) {
+  std::byte dst[1];
+  auto req = box_.post(MailKeyView{0, 1, 0, "r"}, dst, 1, nullptr,
+                       make_error_code(errc::peer_lost));
+  EXPECT_TRUE(req->ev.done);
+  EXPECT_EQ(req->ev.ec, make_error_code(errc::peer_lost));
+}
+
+TEST_F(MailboxTest, FailPostedFailsOnlyTheMatchingReceives) {
+  std::byte d1[1], d2[1];
+  auto from0 = box_.post(MailKeyView{0, 1, 0, "x"}, d1, 1, nullptr, {});
+  auto from1 = box_.post(MailKeyView{1, 1, 0, "x"}, d2, 1, nullptr, {});
+  box_.fail_posted([](const auto& k) { return k.peer == 0; }, make_error_code(errc::peer_lost));
+  EXPECT_EQ(from0->ev.ec, make_error_code(errc::peer_lost));
+  EXPECT_FALSE(from1->ev.done);
+}
+
+TEST_F(MailboxTest, TheClaimerSeesFramesFirstWhileClaiming) {
+  int claimed = 0;
+  box_.set_claimer(
+      [](void* self, const MailKeyView&, std::span<const std::byte>, std::error_code&,
+         std::string&) {
+        ++*static_cast<int*>(self);
+        return true;
+      },
+      &claimed);
+  const MailKeyView key{0, 1, 0, "c"};
+  EXPECT_FALSE(store(key, bytes_of({1})));
+  EXPECT_EQ(claimed, 0) << "not asked while not claiming";
+  box_.set_claiming(true);
+  EXPECT_FALSE(store(key, bytes_of({1})));
+  EXPECT_EQ(claimed, 1);
+}
+
+TEST(MailboxConfinement, ACallOffTheContextsRunnerIsCaughtInDebugBuilds) {
+#ifdef NDEBUG
+  GTEST_SKIP() << "KF_DCHECK_IO compiles to nothing in release builds (NDEBUG)";
+#else
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  asio::io_context ioc{1};
+  Driver driver{ioc};
+  Mailbox box{driver, ioc.get_executor(), 1024};
+  EXPECT_DEATH(box.take_early(MailKeyView{0, 1, 0, "x"}), "off the I/O context's runner");
+  Driver::Running running{driver};
+  EXPECT_FALSE(box.take_early(MailKeyView{0, 1, 0, "x"}).has_value());
+#endif
+}
+
+}  // namespace
+}  // namespace kf::detail
