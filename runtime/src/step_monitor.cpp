@@ -185,7 +185,7 @@ std::optional<std::string> StepMonitor::update(std::span<const std::int64_t> all
     }
   } publish{out, metrics};
 
-  // Step time and throughput (§4.1). The job's step takes as long as its slowest worker; the
+  // Step time and throughput. The job's step takes as long as its slowest worker; the
   // mean over workers is within the boundary's wait of it and is what every worker can agree on.
   const double step_time = sum[kStepTime] / n;
   const double samples = sum[kSamples];
@@ -208,8 +208,16 @@ std::optional<std::string> StepMonitor::update(std::span<const std::int64_t> all
   put(kOutCommBytes, comm_bytes);
   if (comm_time > 0 && comm_bytes > 0) put(kOutAlgbw, comm_bytes / comm_time);
 
-  // Gradient noise scale (§2.3): only when every worker reported its gradient norms.
+  // Gradient noise scale: only when every worker reported its gradient norms.
   if (!every_gradient) return std::nullopt;
+  // The reduced gradient's norm is identical on every worker after the reduce: rank 0's.
+  return update_gns(sum, word(0, kGlobalSqnorm), workers, put);
+}
+
+template <typename Put>
+std::optional<std::string> StepMonitor::update_gns(const double* sum, double global_sqnorm,
+                                                   int workers, Put& put) {
+  const double n = static_cast<double>(workers);
   const double micro = sum[kMicroBatches];  // n = K·s micro-batch gradients
   const double local_batch = sum[kLocalBatch] / n;
   const bool finite = sum[kNonfinite] == 0 && std::isfinite(sum[kLocalSqnorm]) &&
@@ -232,7 +240,7 @@ std::optional<std::string> StepMonitor::update(std::span<const std::int64_t> all
     gns_ = std::make_unique<monitor::GnsEstimator>(o);
   }
   const double local = sum[kLocalSqnorm];
-  const double global = word(0, kGlobalSqnorm);  // identical on every worker after the reduce
+  const double global = global_sqnorm;
   monitor::GnsStep in;
   in.local_sqnorm_sum = std::span<const double>(&local, 1);
   in.global_sqnorm = std::span<const double>(&global, 1);

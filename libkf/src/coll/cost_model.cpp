@@ -16,7 +16,7 @@ namespace {
 int floor_log2(int p) noexcept { return std::bit_width(static_cast<unsigned>(p)) - 1; }
 int ceil_log2(int p) noexcept { return std::bit_width(static_cast<unsigned>(p) - 1u); }
 
-// Adds the §7.1 fold when p is not a power of two: the extra ranks send their vectors in
+// Adds the fold to a power of two when p is not one: the extra ranks send their vectors in
 // (α + nβ + nγ) and get the result back (α + nβ).
 CostCoefficients with_fold(CostCoefficients c, int p) noexcept {
   if (std::has_single_bit(static_cast<unsigned>(p))) return c;

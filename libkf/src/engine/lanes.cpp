@@ -197,7 +197,7 @@ void PeerImpl::arm_deadline(Clock::time_point t) {
   });
 }
 
-// As a coroutine's wait used to: a wait times out once its deadline passed and its peer has
+// A wait times out once its deadline passed and its peer has
 // been silent (sent nothing, taken nothing) for the collective's timeout.
 void PeerImpl::check_deadlines() {
   KF_DCHECK_IO(*driver_);

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The built-in monitors of a Session (docs/monitoring.md, "The monitors in a job"): step time and
-// throughput (adaptation-math.md §4.1), communication time and bandwidth, and the gradient noise
-// scale (§2). Each worker measures its step into a StepReport; the Session sends the report's
+// throughput, communication time and bandwidth, and the gradient noise scale (docs/monitoring.md
+// gives the estimators). Each worker measures its step into a StepReport; the Session sends the report's
 // words in the step's control collective, and every worker feeds the same allgathered words, in
 // rank order, to its StepMonitor. So every worker computes bit-identical metrics, and policies
-// decide the same on every worker (§8 rule 4).
+// decide the same on every worker.
 //
 // The metrics it publishes (names policies read through PolicyContext::metric):
 //   step_time, step_time_ema (s); samples (job samples of the step); throughput (job samples/s,
@@ -51,11 +51,11 @@ struct StepMonitorOptions {
   /// M0 of the GNS operator: the global batch the base learning rate was tuned for. 0: the
   /// job's batch the first time gradients are reported.
   double base_batch = 0;
-  /// θ0 of the GNS averages (θ = θ0^(M/M0), §2.4). The estimate is valid after about
-  /// 1/(1 − θ0) base-batch steps and 20 effective ones (§2.5), so 0.999 waits ~1000 steps;
+  /// θ0 of the GNS averages (θ = θ0^(M/M0)). The estimate is valid after about
+  /// 1/(1 − θ0) base-batch steps and 20 effective ones, so 0.999 waits ~1000 steps;
   /// a short job or a test takes a smaller one (it must stay above 0.95 for 20 effective steps).
   double gns_theta = 0.999;
-  /// Steps in the throughput window (§4.1), and the steps discarded after a restart.
+  /// Steps in the throughput window, and the steps discarded after a restart.
   std::size_t window_steps = 20;
   std::size_t warmup_steps = 2;
 };
@@ -82,10 +82,16 @@ class StepMonitor {
                                     std::map<std::string, double>& metrics);
 
   /// After a membership change: the throughput window starts again (its steps measured another
-  /// cluster); the GNS averages stay (they are in batch-invariant units, §8 rule 5).
+  /// cluster); the GNS averages stay (they are in batch-invariant units).
   void membership_changed() noexcept;
 
  private:
+  /// update()'s gradient noise scale part, once every worker reported its gradient norms:
+  /// `sum` holds the record's words summed over the workers, `put` publishes a metric.
+  template <typename Put>
+  std::optional<std::string> update_gns(const double* sum, double global_sqnorm, int workers,
+                                        Put& put);
+
   StepMonitorOptions options_;
   std::unique_ptr<monitor::GnsEstimator> gns_;
   std::unique_ptr<monitor::ThroughputWindow> window_;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The LibTorch adapter (DESIGN.md "Framework adapters", docs/torch.md): a distributed optimizer
+// The LibTorch adapter (docs/torch.md): a distributed optimizer
 // that wraps any torch::optim optimizer. Gradients are averaged over the workers in buckets whose
 // allreduce starts, from a gradient hook, as soon as backward has produced every gradient of the
 // bucket, so communication overlaps the rest of backward. The two passes the exchange needs
