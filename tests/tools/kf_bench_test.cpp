@@ -3,7 +3,7 @@
 // that measure collectives over TCP on 127.0.0.1; the tests parse rank 0's JSON rows and check
 // that every row is complete and correct, and that bad arguments are usage errors (exit 2).
 // kf-bench compare starts kfrun itself (found beside kf-bench in the build tree), for kf only, so
-// that the test needs neither OpenMPI nor Gloo.
+// that the test needs neither OpenMPI nor Gloo; --against runs this build beside itself.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -220,6 +220,51 @@ TEST_F(KfBench, CompareRunsKfOverBothTransportsAndWritesRowsAndPlot) {
   }
   EXPECT_EQ(polylines, 2u) << svg;
   std::filesystem::remove_all(dir);
+}
+
+// --against this very build: both sides are real kfrun + kf-bench jobs in the same rounds, and
+// the A/B table appears; what it says about speed is not checked.
+TEST_F(KfBench, CompareAgainstABuildRunsBothSidesInTheSameRounds) {
+  const std::filesystem::path self = env_path("KF_BENCH");
+  const std::string build = self.parent_path().parent_path().parent_path().string();
+  std::string dir = (std::filesystem::temp_directory_path() / "kf_bench_against.XXXXXX").string();
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const Captured r = run({env_path("KF_BENCH"), "compare", "--impl", "kf-tcp", "--np", "2",
+                          "--sizes", "4", "--rounds", "2", "--iters", "5", "--warmup", "1",
+                          "--out", dir, "--timeout-s", "60", "--against", build});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("kf-tcp kf-tcp@old"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("this build (new) against " + build + " (old)"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("spread new"), std::string::npos) << r.out;
+  // Round 1 runs this build first, round 2 the other.
+  const auto at = [&r](const std::string& what) { return r.err.find(what); };
+  EXPECT_LT(at("round 1/2 kf-tcp "), at("round 1/2 kf-tcp@old")) << r.err;
+  EXPECT_LT(at("round 2/2 kf-tcp@old"), at("round 2/2 kf-tcp ")) << r.err;
+
+  std::ifstream jsonl(dir + "/compare.jsonl");
+  std::set<std::string> seen;
+  for (std::string line; std::getline(jsonl, line);) {
+    const auto row = nlohmann::json::parse(line);
+    expect_complete_and_correct(row);
+    EXPECT_EQ(row.value("class", ""), "tcp") << line;
+    seen.insert(row.value("impl", "") + "/" + std::to_string(row.value("round", 0)));
+  }
+  EXPECT_EQ(seen, (std::set<std::string>{"kf-tcp/1", "kf-tcp/2", "kf-tcp@old/1",
+                                         "kf-tcp@old/2"}));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(KfBench, CompareAgainstADirectoryWithoutABuildIsAUsageError) {
+  std::string dir = (std::filesystem::temp_directory_path() / "kf_bench_no_build.XXXXXX").string();
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const Captured c = run({env_path("KF_BENCH"), "compare", "--against", dir});
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(c.exit_code, 2) << c.out << c.err;
+  EXPECT_NE(c.err.find("--against"), std::string::npos) << c.err;
+  EXPECT_NE(c.err.find("kfrun not found"), std::string::npos) << c.err;
+  EXPECT_NE(c.err.find("kf-bench not found"), std::string::npos) << c.err;
+  EXPECT_EQ(c.out, "");  // nothing ran
 }
 
 TEST_F(KfBench, CompareNamesTheOptionOfABadValue) {

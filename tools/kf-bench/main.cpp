@@ -6,7 +6,7 @@
 // or compares kf's allreduce with OpenMPI's and Gloo's, starting the jobs itself
 // (lib/compare.hpp):
 //   kf-bench compare [--impl I,...] [--np N,...] [--sizes S,...] [--rounds K] [--iters K]
-//         [--warmup W] [--out DIR] [--timeout-s T]
+//         [--warmup W] [--out DIR] [--timeout-s T] [--against BUILD_DIR]
 // Exit codes: 0 when every row is correct; 1 when one is not or a collective (compare: a run)
 // fails; 2 for a usage error.
 #include <CLI/CLI.hpp>

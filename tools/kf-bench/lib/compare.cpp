@@ -63,11 +63,14 @@ bool is_kf(std::string_view impl) noexcept {
 
 namespace {
 
+// The place of `impl` among the results: known_impls() order, each one run from the other build
+// right after this build's, so that the two sit side by side in the tables.
 std::size_t impl_order(const std::string& impl) {
   const auto& known = known_impls();
+  const std::string_view base = base_impl(impl);
   const auto it = std::find_if(known.begin(), known.end(),
-                               [&impl](const ImplSpec& s) { return s.name == impl; });
-  return static_cast<std::size_t>(it - known.begin());
+                               [base](const ImplSpec& s) { return s.name == base; });
+  return 2 * static_cast<std::size_t>(it - known.begin()) + (is_other_build(impl) ? 1 : 0);
 }
 
 }  // namespace
@@ -99,6 +102,19 @@ const ImplSpec* find_impl(std::string_view name) noexcept {
 
 std::string_view kf_impl_of(TransportClass transport) noexcept {
   return transport == TransportClass::tcp ? "kf-tcp" : "kf";
+}
+
+std::string other_build_impl(std::string_view impl) {
+  return std::string(impl) + std::string(kOtherBuildSuffix);
+}
+
+bool is_other_build(std::string_view impl) noexcept {
+  return impl.size() > kOtherBuildSuffix.size() && impl.ends_with(kOtherBuildSuffix);
+}
+
+std::string_view base_impl(std::string_view impl) noexcept {
+  if (is_other_build(impl)) impl.remove_suffix(kOtherBuildSuffix.size());
+  return impl;
 }
 
 Binaries find_binaries(const std::string& self, std::string_view path) {
@@ -244,6 +260,8 @@ std::vector<Point> aggregate(const std::vector<RunRows>& runs) {
     std::tie(p.np, std::ignore, p.impl, p.bytes) = key;
     p.runs = static_cast<int>(s.median_us.size());
     p.median_us = quantile(s.median_us, 0.5);
+    p.min_us = *std::min_element(s.median_us.begin(), s.median_us.end());
+    p.max_us = *std::max_element(s.median_us.begin(), s.median_us.end());
     p.p90_us = quantile(s.p90_us, 0.5);
     if (p.median_us > 0) {
       p.algbw_gbps =
@@ -283,7 +301,7 @@ std::optional<BestBaseline> best_baseline(const std::vector<Point>& points, int 
 
 nlohmann::ordered_json annotated_row(const nlohmann::ordered_json& row, const RunRows& run) {
   nlohmann::ordered_json j = row;
-  const ImplSpec* spec = find_impl(run.impl);
+  const ImplSpec* spec = find_impl(base_impl(run.impl));
   j["impl"] = run.impl;
   j["class"] = spec != nullptr ? to_string(spec->transport) : "unknown";
   j["round"] = run.round;

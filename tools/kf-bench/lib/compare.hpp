@@ -11,7 +11,10 @@
 //      their p90_us; algbw and busbw from that median; correct only if every run's row was;
 //   4. per np, a table of time and busbw, the time ratio of kf to the fastest baseline of its
 //      transport class, and a plot of busbw against size; every raw row goes to a JSON-lines
-//      file.
+//      file;
+//   5. with another build (--against, compare_builds.hpp), each of kf's implementations also
+//      runs from that build's executables as "<impl>@old", beside this build's in every round,
+//      and a table per np gives new/old per cell with each side's run-to-run spread.
 // Thread-safety: pure functions, except run_compare() (children, files, its streams).
 #pragma once
 
@@ -51,6 +54,16 @@ bool is_kf(std::string_view impl) noexcept;
 /// kf's implementation in `transport`'s class: kf-tcp for tcp, kf for local.
 std::string_view kf_impl_of(TransportClass transport) noexcept;
 
+/// What marks an implementation run from the other build (--against): "kf-tcp@old".
+inline constexpr std::string_view kOtherBuildSuffix = "@old";
+
+/// `impl` run from the other build: "kf" -> "kf@old".
+std::string other_build_impl(std::string_view impl);
+/// Whether `impl` runs from the other build.
+bool is_other_build(std::string_view impl) noexcept;
+/// `impl` without the other build's suffix: "kf@old" -> "kf"; other names unchanged.
+std::string_view base_impl(std::string_view impl) noexcept;
+
 /// kf-bench compare's command line.
 struct CompareOptions {
   std::vector<int> nps{2, 4};
@@ -61,6 +74,7 @@ struct CompareOptions {
   int warmup = 5;
   std::string out_dir;  ///< empty: a new directory under the system's temporary directory
   int timeout_s = 300;  ///< per run, from start to SIGTERM
+  std::string against;  ///< another kf build to run kf from as well (compare_builds.hpp); or ""
 };
 
 /// The executables the runs need; an empty path where one was not found.
@@ -121,6 +135,8 @@ struct Point {
   std::size_t bytes = 0;
   int runs = 0;          ///< rows aggregated
   double median_us = 0;  ///< median over the runs of their median_us
+  double min_us = 0;     ///< the fastest run's median_us
+  double max_us = 0;     ///< the slowest run's median_us
   double p90_us = 0;     ///< median over the runs of their p90_us
   double algbw_gbps = 0;
   double busbw_gbps = 0;
@@ -152,7 +168,7 @@ void print_tables(std::ostream& out, const std::vector<Point>& points, int np, i
 /// The plot of `np`: busbw against size, one series per implementation (dashed: tcp class).
 Plot busbw_plot(const std::vector<Point>& points, int np);
 
-/// `row` with impl, class, round and np added, for compare.jsonl.
+/// `row` with impl, class, round and np added, for compare.jsonl; the class of "kf@old" is kf's.
 nlohmann::ordered_json annotated_row(const nlohmann::ordered_json& row, const RunRows& run);
 
 /// kf-bench compare: the runs, the tables on `out`, progress and failures on `err`, the files in

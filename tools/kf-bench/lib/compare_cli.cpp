@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf-bench/lib/compare_cli.hpp"
 
+#include <algorithm>
+
 #include "kf-bench/lib/cli_check.hpp"
+#include "kf-bench/lib/compare_builds.hpp"
 #include "kf-bench/lib/parse.hpp"
 
 namespace kf::tools::bench {
@@ -26,6 +29,12 @@ CLI::App* add_compare_command(CLI::App& app, CompareCommand& command) {
       "large payloads single-copy), kf-unix (local: KF_TRANSPORT=unix, every payload through "
       "the socket), kf-tcp (tcp: KF_TRANSPORT=tcp), mpi-tcp (tcp), mpi-shm (local), gloo-ring, gloo-ring_chunked, "
       "gloo-halving_doubling (tcp). A baseline whose executables are missing is skipped.\n"
+      "With --against DIR, each of kf's implementations chosen also runs from the kf build in "
+      "DIR as <impl>@old (kf@old, kf-unix@old, kf-tcp@old), right beside this build's in every "
+      "round, which of the two first alternating by round; per np a further table gives, per "
+      "size and implementation, new/old of the medians over the rounds, each side's spread (its "
+      "slowest per-round median / its fastest), and SLOWER where new/old exceeds 1.05 x the "
+      "larger spread.\n"
       "Exit code: 0 when every run completed and every row was correct, 1 otherwise, 2 for a "
       "usage error.");
   std::string names;
@@ -57,6 +66,21 @@ CLI::App* add_compare_command(CLI::App& app, CompareCommand& command) {
                   "limit per run in seconds; then its processes are stopped and it fails")
       ->check(CLI::Range(1, kMaxTimeoutS))
       ->capture_default_str();
+  sub->add_option("--against", o.against,
+                  "another kf build (its build directory, or a directory holding its kfrun and "
+                  "kf-bench) whose kf runs beside this one's, as <impl>@old")
+      ->check(CLI::Validator(
+          [](std::string& dir) { return missing_in_build(find_other_build(dir)); }, "",
+          "a kf build"))
+      ->type_name("DIR");
+  // Twins are made of kf's implementations only; with none chosen there is nothing to compare.
+  sub->callback([&o] {
+    if (!o.against.empty() && !o.impls.empty() &&
+        std::none_of(o.impls.begin(), o.impls.end(),
+                     [](const std::string& i) { return is_kf(i); })) {
+      throw CLI::ValidationError("--against", "needs one of kf, kf-unix, kf-tcp in --impl");
+    }
+  });
   return sub;
 }
 

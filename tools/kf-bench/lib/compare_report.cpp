@@ -35,8 +35,10 @@ Layout layout_of(const std::vector<Point>& points, int np) {
 }
 
 std::string label_of(const std::string& impl) {
-  const ImplSpec* spec = find_impl(impl);
-  return spec != nullptr ? std::string(spec->label) : impl.substr(0, 15);
+  const ImplSpec* spec = find_impl(base_impl(impl));
+  if (spec == nullptr) return impl.substr(0, 15);
+  return std::string(spec->label) +
+         (is_other_build(impl) ? std::string(kOtherBuildSuffix) : std::string());
 }
 
 void print_times(std::ostream& out, const std::vector<Point>& points, int np, const Layout& l,
@@ -140,7 +142,7 @@ Plot busbw_plot(const std::vector<Point>& points, int np) {
   for (const std::string& impl : layout_of(points, np).impls) {
     PlotSeries s;
     s.name = impl;
-    const ImplSpec* spec = find_impl(impl);
+    const ImplSpec* spec = find_impl(base_impl(impl));
     s.dashed = spec != nullptr && spec->transport == TransportClass::tcp;
     for (const Point& p : points) {
       if (p.np == np && p.impl == impl)

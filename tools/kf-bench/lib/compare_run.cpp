@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // compare's runs (run_compare, declared in compare.hpp): the children, compare.jsonl and the
-// plots.
+// plots; with --against, the other build's runs too (compare_builds.hpp).
 #include <stdlib.h>
 
 #include <algorithm>
@@ -9,10 +9,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 #include <system_error>
 
 #include "kf-bench/lib/compare.hpp"
+#include "kf-bench/lib/compare_builds.hpp"
 #include "kf-bench/lib/parse.hpp"
 
 namespace kf::tools::bench {
@@ -62,8 +64,10 @@ class Compare {
 
   int run() {
     const char* path = std::getenv("PATH");
-    bin_ = find_binaries(fs::read_symlink("/proc/self/exe").string(), path ? path : "");
+    const std::string self = fs::read_symlink("/proc/self/exe").string();
+    bin_ = find_binaries(self, path ? path : "");
     if (!choose_impls()) return 1;
+    if (!o_.against.empty() && !add_other_build(self)) return 1;
     dir_ = o_.out_dir.empty() ? make_temp_dir("kf-bench-compare") : fs::path(o_.out_dir);
     fs::create_directories(dir_);
     jsonl_.open(dir_ / "compare.jsonl", std::ios::trunc);
@@ -71,7 +75,7 @@ class Compare {
     print_plan();
     for (const int np : o_.nps) {
       for (int round = 1; round <= o_.rounds && interrupted_by_ == 0; ++round) {
-        for (const std::string& impl : impls_) {
+        for (const std::string& impl : round_order(impls_, round)) {
           if (interrupted_by_ == 0) run_one(impl, np, round);
         }
       }
@@ -106,6 +110,26 @@ class Compare {
     return !impls_.empty();
   }
 
+  // With --against: the other build's executables, and its twin of each of kf's implementations
+  // chosen; false when the build lacks an executable or no kf implementation was chosen.
+  bool add_other_build(const std::string& self) {
+    other_ = find_other_build(o_.against);
+    if (const std::string missing = missing_in_build(other_); !missing.empty()) {
+      err_ << "kf-bench compare: --against " << o_.against << ": " << missing << "\n";
+      return false;
+    }
+    if (std::none_of(impls_.begin(), impls_.end(), [](const std::string& i) { return is_kf(i); })) {
+      err_ << "kf-bench compare: --against needs one of kf's implementations in --impl\n";
+      return false;
+    }
+    other_bin_.kf_bench = other_.kf_bench;
+    other_bin_.kfrun = other_.kfrun;
+    own_lib_dir_ = own_lib_dir(self);
+    if (const char* ld = std::getenv("LD_LIBRARY_PATH")) ld_library_path_ = ld;
+    impls_ = with_other_build(impls_);
+    return true;
+  }
+
   void print_plan() {
     std::vector<std::string> nps;
     for (const int np : o_.nps) nps.push_back(std::to_string(np));
@@ -113,16 +137,28 @@ class Compare {
     for (const std::size_t s : o_.sizes) sizes.push_back(format_bytes(s));
     out_ << "# kf-bench compare: f32 sum allreduce; np " << join(nps, ",") << "; sizes "
          << join(sizes, ",") << "; " << o_.rounds << " round(s) of " << join(impls_, " ")
-         << "\n# output: " << dir_.string() << std::endl;
+         << "\n";
+    if (!o_.against.empty()) {
+      out_ << "# old: " << other_.kfrun << " and "
+           << other_.kf_bench << "; new: " << bin_.kfrun << " and " << bin_.kf_bench << "\n";
+    }
+    out_ << "# output: " << dir_.string() << std::endl;
   }
 
   void run_one(const std::string& impl, int np, int round) {
-    RunRequest request{impl, np, o_.sizes, o_.iters, o_.warmup, {}};
+    const bool other = is_other_build(impl);
+    RunRequest request{std::string(base_impl(impl)), np, o_.sizes, o_.iters, o_.warmup, {}};
     const bool gloo = impl.starts_with("gloo-");
     if (gloo) request.store_dir = make_temp_dir("kf-bench-gloo").string();
+    std::vector<Command> commands = commands_for(request, other ? other_bin_ : bin_);
+    if (!o_.against.empty() && is_kf(request.impl)) {
+      const auto change = library_path_change(other ? other_.lib_dir : own_lib_dir_,
+                                              ld_library_path_);
+      if (change) commands[0].env.push_back(*change);
+    }
     const auto start = Clock::now();
-    const GroupResult r = run_group(commands_for(request, bin_),
-                                    GroupLimits{std::chrono::seconds(o_.timeout_s), kStopGrace});
+    const GroupResult r =
+        run_group(commands, GroupLimits{std::chrono::seconds(o_.timeout_s), kStopGrace});
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     if (gloo) {
       std::error_code ec;
@@ -159,6 +195,10 @@ class Compare {
     for (const int np : o_.nps) {
       out_ << "\n";
       print_tables(out_, points, np, o_.rounds);
+      if (!o_.against.empty()) {
+        out_ << "\n";
+        print_build_table(out_, points, np, o_.rounds, o_.against);
+      }
       const fs::path svg = dir_ / ("compare-np" + std::to_string(np) + ".svg");
       std::ofstream file(svg, std::ios::trunc);
       file << svg_plot(busbw_plot(points, np));
@@ -172,6 +212,10 @@ class Compare {
   std::ostream& out_;
   std::ostream& err_;
   Binaries bin_;
+  OtherBuild other_;    // with --against
+  Binaries other_bin_;  // its kfrun and kf-bench
+  std::string own_lib_dir_;
+  std::optional<std::string> ld_library_path_;
   std::vector<std::string> impls_;
   fs::path dir_;
   std::ofstream jsonl_;
