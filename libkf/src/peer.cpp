@@ -84,14 +84,14 @@ std::optional<Invitation> Peer::wait_invitation(std::chrono::milliseconds timeou
   return impl_->wait_invitation(timeout);
 }
 TransportStats Peer::transport_stats() const noexcept {
-  const auto& c = impl_->counters_;
+  const auto& c = impl_->counters();
   TransportStats t;
   t.tcp_bytes = c.tcp_bytes.load(std::memory_order_relaxed);
   t.socket_bytes = c.socket_bytes.load(std::memory_order_relaxed);
   t.single_copy_bytes = c.single_copy_bytes.load(std::memory_order_relaxed);
   t.single_copy_refused = c.single_copy_refused.load(std::memory_order_relaxed);
   t.shm_bytes = c.shm_bytes.load(std::memory_order_relaxed);
-  t.early_bytes = impl_->mailbox_.early_bytes();
+  t.early_bytes = impl_->mailbox().early_bytes();
   return t;
 }
 

@@ -52,9 +52,9 @@ Handle PeerImpl::submit(std::shared_ptr<CollCtx> ctx) {
       // Started here when the context is free (the I/O thread parked on a waiter's lease): its
       // first frames leave now, not when the next thread to run the context gets to it.
       driver_->start([this, ctx = std::move(ctx)]() mutable {
-        const std::uint64_t posted = handlers_posted_;
-        start_collective(std::move(ctx));
-        return handlers_posted_ != posted;
+        const std::uint64_t posted = driver_->handlers_posted;
+        engine_.start_collective(std::move(ctx));
+        return driver_->handlers_posted != posted;
       });
       break;
     case BackendKind::device:

@@ -98,6 +98,11 @@ struct Driver {
   // Whether this peer reads any shared-memory ring (PeerImpl::ring_readers_ is not empty);
   // touched only under `mu`.
   bool reads_rings = false;
+  // Counts what the mesh and the engine post to the context (a writer to wake, a coroutine to
+  // start): a collective's start that posted nothing needs no poll of the context after it,
+  // which with nothing ready would be an epoll_wait system call on the submitting thread.
+  // Touched only by the runner.
+  std::uint64_t handlers_posted = 0;
   // Something was posted to the context that should run soon (a lane that stopped to let it
   // run: PeerImpl::advance): the next polling round polls the context even where it would
   // skip it. Touched only under `mu`.

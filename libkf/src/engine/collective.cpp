@@ -7,7 +7,7 @@
 #include "kf/coll/cost_model.hpp"
 #include "engine/engine_util.hpp"
 #include "kf/common/log.hpp"
-#include "peer_impl.hpp"
+#include "engine/engine.hpp"
 
 namespace kf::detail {
 
@@ -32,8 +32,22 @@ constexpr std::size_t kEagerFillBytes = 256;
 
 }  // namespace
 
-void PeerImpl::start_collective(std::shared_ptr<CollCtx> ctx) {
-  KF_DCHECK_IO(*driver_);
+Engine::Engine(const PeerOptions& opts, asio::io_context& ioc, Driver& driver, Mailbox& mailbox,
+               Mesh& mesh)
+    : opts_(opts), ioc_(ioc), driver_(driver), mailbox_(mailbox), mesh_(mesh) {
+  mailbox_.set_claimer(
+      [](void* self, const MailKeyView& key, std::span<const std::byte> payload,
+         std::error_code& conn, std::string& why) {
+        return static_cast<Engine*>(self)->express_take(key, payload, conn, why);
+      },
+      [](void* self, const KeyMatch& match, std::error_code ec) {
+        static_cast<Engine*>(self)->fail_express_if(match, ec);
+      },
+      this);
+}
+
+void Engine::start_collective(std::shared_ptr<CollCtx> ctx) {
+  KF_DCHECK_IO(driver_);
   CollCtx& c = *ctx;
   try {
     prepare_collective(ctx);
@@ -53,7 +67,7 @@ void PeerImpl::start_collective(std::shared_ptr<CollCtx> ctx) {
 
 // The work buffer of each operation (see coll/plan/plan.hpp for its layout), and the
 // request's element count.
-void PeerImpl::prepare_work(CollCtx& c, coll::PlanRequest& req) {
+void Engine::prepare_work(CollCtx& c, coll::PlanRequest& req) {
   const std::size_t es = dtype_bytes(c.send.dtype);
   const auto p = static_cast<std::size_t>(c.size);
   switch (c.op) {
@@ -118,12 +132,13 @@ void PeerImpl::prepare_work(CollCtx& c, coll::PlanRequest& req) {
   }
 }
 
-void PeerImpl::prepare_collective(const std::shared_ptr<CollCtx>& ctx) {
-  KF_DCHECK_IO(*driver_);
+void Engine::prepare_collective(const std::shared_ptr<CollCtx>& ctx) {
+  KF_DCHECK_IO(driver_);
   CollCtx& c = *ctx;
-  if (broken_) {
-    c.state->complete(broken_, label(c) + ": cluster version " + std::to_string(c.version) +
-                                   " is broken: " + broken_why_);
+  if (mesh_.broken()) {
+    c.state->complete(mesh_.broken(), label(c) + ": cluster version " +
+                                          std::to_string(c.version) +
+                                          " is broken: " + mesh_.broken_why());
     return;
   }
   if (express_eligible(c)) return start_express(ctx);
@@ -171,8 +186,8 @@ void PeerImpl::prepare_collective(const std::shared_ptr<CollCtx>& ctx) {
   if (lanes.empty()) finish_collective(c);
 }
 
-void PeerImpl::finish_collective(CollCtx& c) {
-  KF_DCHECK_IO(*driver_);
+void Engine::finish_collective(CollCtx& c) {
+  KF_DCHECK_IO(driver_);
   // The collective leaves runs_ now and is destroyed when `keep` goes, at the end.
   std::shared_ptr<CollCtx> keep;
   if (c.run_index < runs_.size() && runs_[c.run_index].get() == &c) {
@@ -227,12 +242,12 @@ void PeerImpl::finish_collective(CollCtx& c) {
   }
   scratch_.release(std::move(c.pooled));
   if (ec == make_error_code(errc::timeout) || ec == make_error_code(errc::peer_lost)) {
-    if (broken_ && ec != broken_) ec = broken_;
+    if (mesh_.broken() && ec != mesh_.broken()) ec = mesh_.broken();
   }
   const std::string msg = label(c) + " (" + std::string(to_string(c.algorithm)) + ", v" +
                           std::to_string(c.version) + ") failed: " +
-                          (broken_why_.empty() ? c.why : broken_why_);
-  KF_LOG(debug, "coll", "{}: {}", identity_, msg);
+                          (mesh_.broken_why().empty() ? c.why : mesh_.broken_why());
+  KF_LOG(debug, "coll", "{}: {}", mesh_.identity(), msg);
   c.state->complete(ec, msg);
 }
 

@@ -6,7 +6,7 @@
 #include "engine/engine_util.hpp"
 #include "kf/coll/cost_model.hpp"
 #include "kf/common/log.hpp"
-#include "peer_impl.hpp"
+#include "engine/engine.hpp"
 
 namespace kf::detail {
 
@@ -21,7 +21,7 @@ namespace kf::detail {
 // runs the same collective through the plan interoperates, and both partners reduce the same
 // two operands (commutative): their results stay bitwise identical.
 
-bool PeerImpl::express_eligible(const CollCtx& c) const noexcept {
+bool Engine::express_eligible(const CollCtx& c) const noexcept {
   if (c.algorithm != Algorithm::rhd) return false;
   // A power of two; not std::has_single_bit, which without -mpopcnt is a call into libgcc.
   if (c.size < 2 || (c.size & (c.size - 1)) != 0) return false;
@@ -35,8 +35,8 @@ bool PeerImpl::express_eligible(const CollCtx& c) const noexcept {
          coll::default_lanes(c.op, c.algorithm, bytes, c.size) == 1;
 }
 
-void PeerImpl::start_express(const std::shared_ptr<CollCtx>& ctx) {
-  KF_DCHECK_IO(*driver_);
+void Engine::start_express(const std::shared_ptr<CollCtx>& ctx) {
+  KF_DCHECK_IO(driver_);
   CollCtx& c = *ctx;
   if (c.op == CollOp::barrier) {
     c.count = 1;
@@ -52,15 +52,14 @@ void PeerImpl::start_express(const std::shared_ptr<CollCtx>& ctx) {
   c.x_dist = 1;
   express_step(c);
   // The partner's frame may be in a ring already: taken now, it needs no wait at all.
-  if (!express_waiting_.empty() && !ring_readers_.empty()) poll_rings();
+  if (!express_waiting_.empty() && mesh_.reads_rings()) mesh_.poll_rings();
 }
 
-void PeerImpl::express_step(CollCtx& c) {
-  KF_DCHECK_IO(*driver_);
+void Engine::express_step(CollCtx& c) {
+  KF_DCHECK_IO(driver_);
   const std::size_t bytes = c.count * dtype_bytes(c.send.dtype);
   while (c.x_dist < c.size) {
     const int peer = (*c.rank_to_peer)[static_cast<std::size_t>(c.rank ^ c.x_dist)];
-    const auto& ps = peers_[static_cast<std::size_t>(peer)];
     transport::FrameHeader h;
     h.type = transport::FrameType::data;
     h.cluster_version = c.version;
@@ -75,7 +74,7 @@ void PeerImpl::express_step(CollCtx& c) {
     if (c.x_dist == 1 && c.op == CollOp::allreduce && c.send.data != c.recv.data) {
       data = static_cast<const std::byte*>(c.send.data);
     }
-    post_send(peer, h, c.name, data, /*copy_if_queued=*/true);
+    mesh_.post_send(peer, h, c.name, data, /*copy_if_queued=*/true);
     if (data != c.work) std::memmove(c.work, data, bytes);
     // The frame came before this round: reduced at once.
     if (auto taken = mailbox_.take_early(MailKeyView{peer, c.version, 0, c.name})) {
@@ -84,14 +83,14 @@ void PeerImpl::express_step(CollCtx& c) {
       mailbox_.recycle(std::move(taken->block));
       if (got != bytes) {
         return fail_express(c, make_error_code(errc::protocol_error),
-                            "receiving from " + ps.key + ": a frame of " + std::to_string(got) +
+                            "receiving from " + mesh_.peer_key(peer) + ": a frame of " + std::to_string(got) +
                                 " bytes, " + std::to_string(bytes) + " expected");
       }
       c.x_dist <<= 1;
       continue;
     }
     // Refused as post_recv refuses a receive that can never complete.
-    if (const std::error_code ec = receive_refusal(peer, c.version)) {
+    if (const std::error_code ec = mesh_.receive_refusal(peer, c.version)) {
       return fail_express(c, ec, transfer_failure(true, peer, ec));
     }
     c.x_peer = peer;
@@ -103,9 +102,9 @@ void PeerImpl::express_step(CollCtx& c) {
   finish_collective(c);
 }
 
-bool PeerImpl::express_take(const MailKeyView& key, std::span<const std::byte> payload,
+bool Engine::express_take(const MailKeyView& key, std::span<const std::byte> payload,
                             std::error_code& conn, std::string& why) {
-  KF_DCHECK_IO(*driver_);
+  KF_DCHECK_IO(driver_);
   if (key.tag != 0) return false;
   CollCtx* found = nullptr;
   for (CollCtx* c : express_waiting_) {
@@ -142,8 +141,8 @@ bool PeerImpl::express_take(const MailKeyView& key, std::span<const std::byte> p
   return true;
 }
 
-void PeerImpl::fail_express(CollCtx& c, std::error_code ec, std::string why) {
-  KF_DCHECK_IO(*driver_);
+void Engine::fail_express(CollCtx& c, std::error_code ec, std::string why) {
+  KF_DCHECK_IO(driver_);
   if (c.x_waiting) express_done_waiting(c);
   if (!c.first) {
     c.first = ec;
@@ -152,5 +151,17 @@ void PeerImpl::fail_express(CollCtx& c, std::error_code ec, std::string why) {
   finish_collective(c);
 }
 
+
+void Engine::fail_express_if(const KeyMatch& match, std::error_code ec) {
+  KF_DCHECK_IO(driver_);
+  if (express_waiting_.empty()) return;
+  StepVec<std::shared_ptr<CollCtx>> hit;
+  for (CollCtx* c : express_waiting_) {
+    if (match(MailKeyView{c->x_peer, c->version, 0, c->name})) hit.push_back(runs_[c->run_index]);
+  }
+  for (const auto& c : hit) {
+    if (c->x_waiting) fail_express(*c, ec, transfer_failure(true, c->x_peer, ec));
+  }
+}
 
 }  // namespace kf::detail

@@ -6,7 +6,7 @@
 // buffers, so no buffer is used after the handle completes.
 #include "engine/engine_util.hpp"
 #include "kf/common/log.hpp"
-#include "peer_impl.hpp"
+#include "engine/engine.hpp"
 #include "transport/stream/socket_io.hpp"
 
 namespace kf::detail {
@@ -16,7 +16,7 @@ namespace {
 // Receives of at least this size that are a step's only reduction are reduced on arrival.
 constexpr std::size_t kStreamReduceMinBytes = 64 * 1024;
 // The most a lane reduces in one go before it lets the context run what else is ready
-// (PeerImpl::advance). Without a bound a star or tree root reduced every peer's whole buffer
+// (Engine::advance). Without a bound a star or tree root reduced every peer's whole buffer
 // in one handler, and sent no heartbeat meanwhile: 2 x 3.6 MB took 150-400 ms under TSan on
 // 2 cores, enough, with the heartbeat interval on top, for its peers to count it lost. 1 MiB
 // takes about 0.2 ms here at release speed, against a post of about 1 us.
@@ -28,8 +28,8 @@ bool overlaps(const coll::Xfer& a, const coll::Xfer& b) {
 
 }  // namespace
 
-void PeerImpl::post_step(LaneRun& l) {
-  KF_DCHECK_IO(*driver_);
+void Engine::post_step(LaneRun& l) {
+  KF_DCHECK_IO(driver_);
   CollCtx& c = *l.coll;
   const coll::Step& st = l.lane->steps[l.step];
   const DType dt = c.send.dtype;
@@ -69,7 +69,7 @@ void PeerImpl::post_step(LaneRun& l) {
       h.tag = l.tag;
       h.name_bytes = static_cast<std::uint32_t>(c.name.size());
       h.payload_bytes = x.count * es;
-      l.sends.push_back(post_send(peer, h, c.name, from));
+      l.sends.push_back(mesh_.post_send(peer, h, c.name, from));
       l.send_peer.push_back(peer);
       continue;
     }
@@ -83,19 +83,19 @@ void PeerImpl::post_step(LaneRun& l) {
       } else {
         fill(c, es, x.offset, x.count);
       }
-      l.recvs.push_back(post_recv(key, at, x.count * es, &how));
+      l.recvs.push_back(mesh_.post_recv(key, at, x.count * es, &how));
     } else if (x.kind == coll::XferKind::recv_reduce) {
-      l.recvs.push_back(post_recv(key, l.scratch.data.get() + sc, x.count * es));
+      l.recvs.push_back(mesh_.post_recv(key, l.scratch.data.get() + sc, x.count * es));
       sc += x.count * es;
     } else {
-      l.recvs.push_back(post_recv(key, at, x.count * es));
+      l.recvs.push_back(mesh_.post_recv(key, at, x.count * es));
     }
     l.recv_peer.push_back(peer);
   }
 }
 
-bool PeerImpl::reduce_step(LaneRun& l, std::size_t& budget) {
-  KF_DCHECK_IO(*driver_);
+bool Engine::reduce_step(LaneRun& l, std::size_t& budget) {
+  KF_DCHECK_IO(driver_);
   // What was received into scratch is reduced in plan order (deterministic); then the ranges
   // of the work buffer that now hold data are recorded. A transfer's range is recorded as
   // filled only once it is reduced whole: until then each slice of it chooses the same way
@@ -131,8 +131,8 @@ bool PeerImpl::reduce_step(LaneRun& l, std::size_t& budget) {
   return true;
 }
 
-void PeerImpl::advance(LaneRun& l) {
-  KF_DCHECK_IO(*driver_);
+void Engine::advance(LaneRun& l) {
+  KF_DCHECK_IO(driver_);
   try {
     const auto& steps = l.lane->steps;
     std::size_t budget = kReduceSliceBytes;
@@ -142,9 +142,9 @@ void PeerImpl::advance(LaneRun& l) {
         l.posted = true;
         // A receive whose frame is in a shared-memory ring already is taken now: then it
         // needs no wait at all.
-        if (!ring_readers_.empty() &&
+        if (mesh_.reads_rings() &&
             std::any_of(l.recvs.begin(), l.recvs.end(), [](const auto& r) { return !r->ev.done; })) {
-          poll_rings();
+          mesh_.poll_rings();
         }
       }
       // The first failure fails the lane; the first unfinished transfer is waited for. (What
@@ -162,9 +162,9 @@ void PeerImpl::advance(LaneRun& l) {
       if (!reduce_step(l, budget)) {
         // The rest after what is ready in the context (a heartbeat, a frame to read). The lane
         // waits on nothing meanwhile; its collective stays in runs_ until the lane finishes.
-        ++handlers_posted_;
-        driver_->context_due = true;
-        asio::post(ex(), [this, &l, keep = runs_[l.coll->run_index]] { advance(l); });
+        ++driver_.handlers_posted;
+        driver_.context_due = true;
+        asio::post(ioc_, [this, &l, keep = runs_[l.coll->run_index]] { advance(l); });
         return;
       }
       l.posted = false;
@@ -178,8 +178,8 @@ void PeerImpl::advance(LaneRun& l) {
   lane_finished(l, {}, {});
 }
 
-void PeerImpl::wait_for(LaneRun& l, Event& ev, int peer) {
-  KF_DCHECK_IO(*driver_);
+void Engine::wait_for(LaneRun& l, Event& ev, int peer) {
+  KF_DCHECK_IO(driver_);
   l.waiting_on = &ev;
   ev.waiter = &l;
   l.wait_peer = peer;
@@ -187,8 +187,8 @@ void PeerImpl::wait_for(LaneRun& l, Event& ev, int peer) {
   arm_deadline(l.deadline);
 }
 
-void PeerImpl::arm_deadline(Clock::time_point t) {
-  KF_DCHECK_IO(*driver_);
+void Engine::arm_deadline(Clock::time_point t) {
+  KF_DCHECK_IO(driver_);
   if (t >= deadline_due_) return;
   deadline_due_ = t;
   deadline_timer_.expires_at(t);
@@ -199,8 +199,8 @@ void PeerImpl::arm_deadline(Clock::time_point t) {
 
 // A wait times out once its deadline passed and its peer has
 // been silent (sent nothing, taken nothing) for the collective's timeout.
-void PeerImpl::check_deadlines() {
-  KF_DCHECK_IO(*driver_);
+void Engine::check_deadlines() {
+  KF_DCHECK_IO(driver_);
   deadline_due_ = Clock::time_point::max();
   const auto now = Clock::now();
   auto next = Clock::time_point::max();
@@ -209,8 +209,7 @@ void PeerImpl::check_deadlines() {
   // peer's last sign of life plus the timeout, and keeps the earliest deadline in `next`.
   auto expired_wait = [&](Clock::time_point& deadline, int peer, std::chrono::milliseconds t) {
     if (deadline <= now) {
-      const auto& ps = peers_[static_cast<std::size_t>(peer)];
-      const auto last = std::max(ps.last_rx, ps.last_tx) + t;
+      const auto last = mesh_.last_progress(peer) + t;
       if (now >= last) return true;
       deadline = last;
     }
@@ -239,14 +238,14 @@ void PeerImpl::check_deadlines() {
     if (!c->x_waiting) continue;
     const int peer = c->x_peer;
     const auto timeout = make_error_code(errc::timeout);
-    mark_lost(peer, timeout, no_progress(c->timeout));
+    mesh_.mark_lost(peer, timeout, no_progress(c->timeout));
     if (c->x_waiting) fail_express(*c, timeout, transfer_failure(true, peer, timeout));
   }
   if (next != Clock::time_point::max()) arm_deadline(next);
 }
 
-std::size_t PeerImpl::run_woken() {
-  KF_DCHECK_IO(*driver_);
+std::size_t Engine::run_woken() {
+  KF_DCHECK_IO(driver_);
   if (woken_.empty()) return 0;
   // Advancing a lane may wake others (its sends and receives, its rings): they are appended
   // and run in this same pass. A woken lane is unfinished, so its collective is alive.
@@ -256,22 +255,22 @@ std::size_t PeerImpl::run_woken() {
   return i;
 }
 
-std::string PeerImpl::transfer_failure(bool recv, int peer, std::error_code ec) const {
-  return (recv ? "receiving from " : "sending to ") + peers_[static_cast<std::size_t>(peer)].key +
+std::string Engine::transfer_failure(bool recv, int peer, std::error_code ec) const {
+  return (recv ? "receiving from " : "sending to ") + mesh_.peer_key(peer) +
          ": " + ec.message();
 }
 
-void PeerImpl::fail_transfer(LaneRun& l, bool recv, int peer, std::error_code ec) {
+void Engine::fail_transfer(LaneRun& l, bool recv, int peer, std::error_code ec) {
   fail_lane(l, ec, transfer_failure(recv, peer, ec));
 }
 
-void PeerImpl::fail_lane(LaneRun& l, std::error_code ec, std::string why) {
-  KF_DCHECK_IO(*driver_);
+void Engine::fail_lane(LaneRun& l, std::error_code ec, std::string why) {
+  KF_DCHECK_IO(driver_);
   l.stop_waiting();
-  ++handlers_posted_;
+  ++driver_.handlers_posted;
   std::shared_ptr<CollCtx> keep = runs_[l.coll->run_index];
   asio::co_spawn(
-      ex(),
+      ioc_,
       [this, &l, keep = std::move(keep), ec, why = std::move(why)]() mutable -> awaitable<void> {
         co_await abandon_step(*keep, l.sends, l.send_peer, l.recvs, l.recv_peer, ec);
         lane_finished(l, ec, std::move(why));
@@ -279,8 +278,8 @@ void PeerImpl::fail_lane(LaneRun& l, std::error_code ec, std::string why) {
       asio::detached);
 }
 
-void PeerImpl::lane_finished(LaneRun& l, std::error_code ec, std::string why) {
-  KF_DCHECK_IO(*driver_);
+void Engine::lane_finished(LaneRun& l, std::error_code ec, std::string why) {
+  KF_DCHECK_IO(driver_);
   scratch_.release(std::move(l.scratch));
   CollCtx& c = *l.coll;
   if (ec && !c.first) {
@@ -290,7 +289,7 @@ void PeerImpl::lane_finished(LaneRun& l, std::error_code ec, std::string why) {
   if (--c.lanes_left == 0) finish_collective(c);
 }
 
-awaitable<void> PeerImpl::abandon_step(CollCtx& ctx,
+awaitable<void> Engine::abandon_step(CollCtx& ctx,
                                        const StepVec<std::shared_ptr<SendReq>>& sends,
                                        const StepVec<int>& send_peer,
                                        const StepVec<std::shared_ptr<RecvReq>>& recvs,
@@ -299,20 +298,20 @@ awaitable<void> PeerImpl::abandon_step(CollCtx& ctx,
   if (result == make_error_code(errc::timeout)) {
     const std::string stall = no_progress(ctx.timeout);
     for (std::size_t i = 0; i < recvs.size(); ++i) {
-      if (!recvs[i]->ev.done) mark_lost(recv_peer[i], result, stall);
+      if (!recvs[i]->ev.done) mesh_.mark_lost(recv_peer[i], result, stall);
     }
     for (std::size_t i = 0; i < sends.size(); ++i) {
-      if (!sends[i]->ev.done) mark_lost(send_peer[i], result, stall);
+      if (!sends[i]->ev.done) mesh_.mark_lost(send_peer[i], result, stall);
     }
   }
   for (auto& r : recvs) mailbox_.cancel(r, result);
-  for (auto& s : sends) cancel(s, result);
+  for (auto& s : sends) mesh_.cancel(s, result);
   // Transfers already touching the caller's buffers finish or fail on their own (a broken
   // connection's coroutine completes them); close the connection if they do not.
   auto drain = [&](Event& ev, int peer) -> awaitable<void> {
     if (ev.done) co_return;
-    if (co_await wait_progress(ev, peer, ctx.timeout)) {
-      force_close(peer);
+    if (co_await mesh_.wait_progress(ev, peer, ctx.timeout)) {
+      mesh_.force_close(peer);
       ev.timer().expires_at(Clock::time_point::max());
       while (!ev.done) co_await ev.timer().async_wait(kTuple);
     }

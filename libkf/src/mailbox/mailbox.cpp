@@ -180,6 +180,24 @@ void Mailbox::cancel(const std::shared_ptr<RecvReq>& r, std::error_code ec) {
   r->ev.set(ec);
 }
 
+void Mailbox::fail_posted(const KeyMatch& match, std::error_code ec) {
+  KF_DCHECK_IO(driver_);
+  for (auto it = slots_.begin(); it != slots_.end();) {
+    if (match(it->first) && !it->second.posted.empty()) {
+      for (auto& r : it->second.posted) {
+        if (!r->in_progress) r->ev.set(ec);
+      }
+      it->second.drop_idle();
+      if (it->second.empty()) {
+        it = slots_.erase(it);
+        continue;
+      }
+    }
+    ++it;
+  }
+  if (claiming_) fail_claims_(claimer_, match, ec);
+}
+
 void Mailbox::drop_older(std::uint64_t version) {
   KF_DCHECK_IO(driver_);
   std::erase_if(slots_, [&](auto& kv) {

@@ -75,6 +75,17 @@ struct Slot {
   }
 };
 
+/// Which keys a failure covers: one peer's or every peer's, of versions below `below` or of
+/// every version.
+struct KeyMatch {
+  int peer = -1;  // every peer
+  std::uint64_t below = UINT64_MAX;
+  template <typename Key>
+  bool operator()(const Key& k) const noexcept {
+    return (peer < 0 || k.peer == peer) && (below == UINT64_MAX || k.version < below);
+  }
+};
+
 /// How a receive reduces its payload into its destination on arrival (RecvReq::reduce).
 struct ReduceOnArrival {
   const std::byte* src = nullptr;
@@ -88,12 +99,15 @@ class Mailbox {
   /// an error (with `why`) ends the frame's connection.
   using ClaimFn = bool (*)(void* self, const MailKeyView& key, std::span<const std::byte> payload,
                            std::error_code& conn, std::string& why);
+  /// Fails the claims waiting for keys that `match` covers (fail_posted tells the claimer too).
+  using FailClaimsFn = void (*)(void* self, const KeyMatch& match, std::error_code ec);
 
   Mailbox(const Driver& driver, const asio::any_io_executor& ex, std::size_t max_unexpected_bytes);
 
   /// The claimer, asked first while `claiming` is on (Mailbox::set_claiming).
-  void set_claimer(ClaimFn fn, void* self) noexcept {
-    claim_ = fn;
+  void set_claimer(ClaimFn claim, FailClaimsFn fail, void* self) noexcept {
+    claim_ = claim;
+    fail_claims_ = fail;
     claimer_ = self;
   }
   void set_claiming(bool on) noexcept { claiming_ = on; }
@@ -135,25 +149,9 @@ class Mailbox {
   std::optional<EarlyFrame> take_early(const MailKeyView& key);
   /// Takes a receive that is not being filled off the mailbox and completes it with `ec`.
   void cancel(const std::shared_ptr<RecvReq>& r, std::error_code ec);
-  /// Fails with `ec` every posted receive whose key satisfies `match` and that is not being
-  /// filled right now, and drops the slots left empty.
-  template <typename Match>
-  void fail_posted(Match match, std::error_code ec) {
-    KF_DCHECK_IO(driver_);
-    for (auto it = slots_.begin(); it != slots_.end();) {
-      if (match(it->first) && !it->second.posted.empty()) {
-        for (auto& r : it->second.posted) {
-          if (!r->in_progress) r->ev.set(ec);
-        }
-        it->second.drop_idle();
-        if (it->second.empty()) {
-          it = slots_.erase(it);
-          continue;
-        }
-      }
-      ++it;
-    }
-  }
+  /// Fails with `ec` every posted receive whose key `match` covers and that is not being filled
+  /// right now, drops the slots left empty, and has the claimer fail its matching claims.
+  void fail_posted(const KeyMatch& match, std::error_code ec);
   /// Drops what is kept for versions older than `version` (a new cluster version took over).
   void drop_older(std::uint64_t version);
 
@@ -182,6 +180,7 @@ class Mailbox {
   asio::any_io_executor ex_;
   std::size_t max_unexpected_bytes_;
   ClaimFn claim_ = nullptr;
+  FailClaimsFn fail_claims_ = nullptr;
   void* claimer_ = nullptr;
   bool claiming_ = false;
   Slots slots_;

@@ -6,7 +6,7 @@
 #include <boost/asio/experimental/awaitable_operators.hpp>
 
 #include "kf/common/log.hpp"
-#include "peer_impl.hpp"
+#include "mesh/mesh.hpp"
 #include "transport/stream/socket_io.hpp"
 #include "transport/auth.hpp"
 #include "transport/single_copy.hpp"
@@ -18,7 +18,7 @@ using transport::FrameHeader;
 using transport::FrameType;
 
 template <typename Acceptor>
-awaitable<void> PeerImpl::accept_loop(Acceptor& acceptor) {
+awaitable<void> Mesh::accept_loop(Acceptor& acceptor) {
   while (!stopping_) {
     auto [ec, sock] = co_await acceptor.async_accept(kTuple);
     if (ec) {
@@ -38,10 +38,10 @@ awaitable<void> PeerImpl::accept_loop(Acceptor& acceptor) {
   }
 }
 
-template awaitable<void> PeerImpl::accept_loop(tcp::acceptor&);
-template awaitable<void> PeerImpl::accept_loop(local_stream::acceptor&);
+template awaitable<void> Mesh::accept_loop(tcp::acceptor&);
+template awaitable<void> Mesh::accept_loop(local_stream::acceptor&);
 
-awaitable<std::error_code> PeerImpl::accept_handshake(Incoming& in, std::string& why) {
+awaitable<std::error_code> Mesh::accept_handshake(Incoming& in, std::string& why) {
   const transport::Nonce nonce = transport::random_nonce();
   std::vector<std::byte> ch(nonce.begin(), nonce.end());
   if (auto ec = co_await write_control(in.sock, FrameType::challenge, ch)) co_return ec;
@@ -78,7 +78,7 @@ awaitable<std::error_code> PeerImpl::accept_handshake(Incoming& in, std::string&
   co_return std::error_code{};
 }
 
-awaitable<bool> PeerImpl::admit(Incoming& in, const std::string& from) {
+awaitable<bool> Mesh::admit(Incoming& in, const std::string& from) {
   std::string why;
   // The handshake, raced against the connect deadline so a silent client cannot hold a socket.
   asio::steady_timer deadline(ex(), opts_.connect_timeout);
@@ -89,7 +89,7 @@ awaitable<bool> PeerImpl::admit(Incoming& in, const std::string& from) {
   if (!hec) co_return true;
   if (why.empty() && hec == std::errc::connection_reset) {
     // Closed before it said anything: a dialer that found the same-host socket after all
-    // (PeerImpl::connect), or a port probe. Nothing was rejected.
+    // (Mesh::connect), or a port probe. Nothing was rejected.
     KF_LOG(debug, "transport", "{}: connection from {} closed before its hello", identity_, from);
   } else {
     KF_LOG(warn, "transport", "{}: rejected connection from {}: {} ({})", identity_, from,
@@ -103,8 +103,8 @@ awaitable<bool> PeerImpl::admit(Incoming& in, const std::string& from) {
 // The reader of one incoming connection: after the handshake, frame after frame, each handed to
 // the handler of its type. A frame that fails validation ends the connection (and the peer
 // counts as lost); a goodbye ends it quietly.
-awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in, std::string from) {
-  KF_DCHECK_IO(*driver_);
+awaitable<void> Mesh::serve_incoming(std::shared_ptr<Incoming> in, std::string from) {
+  KF_DCHECK_IO(driver_);
   if (!co_await admit(*in, from)) co_return;
   const int peer = in->peer;
   peers_[static_cast<std::size_t>(peer)].in.push_back(in);
@@ -173,16 +173,16 @@ awaitable<void> PeerImpl::serve_incoming(std::shared_ptr<Incoming> in, std::stri
   close_incoming(in, said_bye, ec, why);
 }
 
-void PeerImpl::close_incoming(const std::shared_ptr<Incoming>& in, bool said_bye,
+void Mesh::close_incoming(const std::shared_ptr<Incoming>& in, bool said_bye,
                               std::error_code ec, std::string why) {
-  KF_DCHECK_IO(*driver_);
+  KF_DCHECK_IO(driver_);
   const int peer = in->peer;
   if (!in->closed_why.empty()) {
     why = in->closed_why;
     ec = make_error_code(errc::protocol_error);
   }
   std::erase(ring_readers_, in);
-  driver_->reads_rings = !ring_readers_.empty();
+  driver_.reads_rings = !ring_readers_.empty();
   boost::system::error_code ignored;
   in->sock.close(ignored);
   auto& ins = peers_[static_cast<std::size_t>(peer)].in;
@@ -199,8 +199,8 @@ void PeerImpl::close_incoming(const std::shared_ptr<Incoming>& in, bool said_bye
 // The whole frame is in the read-ahead buffer already (a small frame usually arrives in one
 // piece): delivered from there, without the four coroutine calls of the general path (1.9k of
 // the 14.6k instructions a 4-byte allreduce cost over TCP, callgrind).
-std::error_code PeerImpl::on_data_read_ahead(Incoming& in, const FrameHeader& h, std::string& why) {
-  KF_DCHECK_IO(*driver_);
+std::error_code Mesh::on_data_read_ahead(Incoming& in, const FrameHeader& h, std::string& why) {
+  KF_DCHECK_IO(driver_);
   const std::byte* at = in.buf.data() + in.begin;
   const MailKeyView key{in.peer, h.cluster_version, h.tag,
                         std::string_view(reinterpret_cast<const char*>(at), h.name_bytes)};
@@ -213,7 +213,7 @@ std::error_code PeerImpl::on_data_read_ahead(Incoming& in, const FrameHeader& h,
 // A data frame read piece by piece: its name, then (single-copy) the sender's address, then
 // its payload, into its receive or kept as an early frame (receive_data). A single-copy frame
 // is answered: copied, or "send it inline" when this side cannot copy from the sender.
-awaitable<std::error_code> PeerImpl::on_data(Incoming& in, const FrameHeader& h,
+awaitable<std::error_code> Mesh::on_data(Incoming& in, const FrameHeader& h,
                                              std::string& name, std::string& why) {
   name.resize(h.name_bytes);
   if (auto ec = co_await read_exact(in, reinterpret_cast<std::byte*>(name.data()), name.size())) {
@@ -233,7 +233,7 @@ awaitable<std::error_code> PeerImpl::on_data(Incoming& in, const FrameHeader& h,
   co_return std::error_code{};
 }
 
-awaitable<std::error_code> PeerImpl::take_remote_address(Incoming& in, const FrameHeader& h,
+awaitable<std::error_code> Mesh::take_remote_address(Incoming& in, const FrameHeader& h,
                                                          PayloadSource& src, std::string& why) {
   if (in.pid <= 0) {
     why = "single-copy frame over a connection from another host";
@@ -264,12 +264,12 @@ awaitable<std::error_code> PeerImpl::take_remote_address(Incoming& in, const Fra
   co_return std::error_code{};
 }
 
-awaitable<std::error_code> PeerImpl::skip_payload(Incoming& in, const FrameHeader& h) {
+awaitable<std::error_code> Mesh::skip_payload(Incoming& in, const FrameHeader& h) {
   std::vector<std::byte> payload(h.payload_bytes);
   co_return co_await read_exact(in, payload.data(), payload.size());
 }
 
-awaitable<std::error_code> PeerImpl::on_notice_lost(Incoming& in, const FrameHeader& h) {
+awaitable<std::error_code> Mesh::on_notice_lost(Incoming& in, const FrameHeader& h) {
   std::string who(h.payload_bytes, '\0');
   if (auto ec = co_await read_exact(in, reinterpret_cast<std::byte*>(who.data()), who.size())) {
     co_return ec;
@@ -283,7 +283,7 @@ awaitable<std::error_code> PeerImpl::on_notice_lost(Incoming& in, const FrameHea
   co_return std::error_code{};
 }
 
-awaitable<std::error_code> PeerImpl::on_invite(Incoming& in, const FrameHeader& h) {
+awaitable<std::error_code> Mesh::on_invite(Incoming& in, const FrameHeader& h) {
   std::string payload(h.payload_bytes, '\0');
   if (auto ec = co_await read_exact(in, reinterpret_cast<std::byte*>(payload.data()),
                                     payload.size())) {
@@ -299,7 +299,7 @@ awaitable<std::error_code> PeerImpl::on_invite(Incoming& in, const FrameHeader& 
   co_return std::error_code{};
 }
 
-awaitable<std::error_code> PeerImpl::on_ring_offer(const std::shared_ptr<Incoming>& in,
+awaitable<std::error_code> Mesh::on_ring_offer(const std::shared_ptr<Incoming>& in,
                                                    const FrameHeader& h, std::string& why) {
   std::vector<std::byte> name(h.payload_bytes);
   if (auto ec = co_await read_exact(*in, name.data(), name.size())) co_return ec;

@@ -3,7 +3,7 @@
 // mailbox, and the engine's receives are posted there, refused at once when the mesh knows
 // they can never complete.
 #include "kf/common/log.hpp"
-#include "peer_impl.hpp"
+#include "mesh/mesh.hpp"
 #include "transport/stream/socket_io.hpp"
 
 namespace kf::detail {
@@ -11,10 +11,10 @@ namespace kf::detail {
 using transport::FrameHeader;
 using transport::FrameType;
 
-awaitable<std::error_code> PeerImpl::receive_data(Incoming& in, int peer, const FrameHeader& h,
+awaitable<std::error_code> Mesh::receive_data(Incoming& in, int peer, const FrameHeader& h,
                                                   const std::string& name, PayloadSource& src,
                                                   std::string& why) {
-  KF_DCHECK_IO(*driver_);
+  KF_DCHECK_IO(driver_);
   const MailKeyView key{peer, h.cluster_version, h.tag, name};
   KF_LOG(trace, "transport", "{}: frame '{}' tag {} from {} ({} bytes{})", identity_, name, h.tag,
          peers_[peer].key, h.payload_bytes, src.remote ? ", single copy" : "");
@@ -53,10 +53,10 @@ awaitable<std::error_code> PeerImpl::receive_data(Incoming& in, int peer, const 
   co_return ec;
 }
 
-std::error_code PeerImpl::store_frame(int peer, const MailKeyView& key,
+std::error_code Mesh::store_frame(int peer, const MailKeyView& key,
                                       std::span<const std::byte> payload,
                                       ScratchPool::Block* owned, std::string& why) {
-  KF_DCHECK_IO(*driver_);
+  KF_DCHECK_IO(driver_);
   bool stale = false;
   const std::error_code ec =
       mailbox_.store(key, payload, owned, io_cluster_.version, stale, why);
@@ -67,9 +67,9 @@ std::error_code PeerImpl::store_frame(int peer, const MailKeyView& key,
   return ec;
 }
 
-std::shared_ptr<RecvReq> PeerImpl::post_recv(const MailKeyView& key, std::byte* dst,
+std::shared_ptr<RecvReq> Mesh::post_recv(const MailKeyView& key, std::byte* dst,
                                              std::size_t bytes, const ReduceOnArrival* reduce) {
-  KF_DCHECK_IO(*driver_);
+  KF_DCHECK_IO(driver_);
   KF_LOG(trace, "transport", "{}: post recv '{}' tag {} from {} ({} bytes)", identity_, key.name,
          key.tag, peers_[key.peer].key, bytes);
   // The frame came first (a peer a moment ahead): delivered now, with no request of its own
@@ -79,8 +79,8 @@ std::shared_ptr<RecvReq> PeerImpl::post_recv(const MailKeyView& key, std::byte* 
   return mailbox_.post(key, dst, bytes, reduce, receive_refusal(key.peer, key.version));
 }
 
-std::error_code PeerImpl::receive_refusal(int peer, std::uint64_t version) const {
-  KF_DCHECK_IO(*driver_);
+std::error_code Mesh::receive_refusal(int peer, std::uint64_t version) const {
+  KF_DCHECK_IO(driver_);
   const auto& ps = peers_[static_cast<std::size_t>(peer)];
   if (ps.lost || ps.departed) return make_error_code(errc::peer_lost);
   if (broken_ && version == io_cluster_.version) return broken_;

@@ -3,7 +3,7 @@
 // connection, silence past the heartbeat timeout, a peer's report), departure (a goodbye),
 // versions moving on, and the goodbye of this peer at shutdown.
 #include "kf/common/log.hpp"
-#include "peer_impl.hpp"
+#include "mesh/mesh.hpp"
 #include "transport/stream/socket_io.hpp"
 
 namespace kf::detail {
@@ -11,7 +11,7 @@ namespace kf::detail {
 using transport::FrameHeader;
 using transport::FrameType;
 
-awaitable<std::error_code> PeerImpl::wait_progress(Event& ev, int peer,
+awaitable<std::error_code> Mesh::wait_progress(Event& ev, int peer,
                                                    std::chrono::milliseconds timeout) {
   auto deadline = Clock::now() + timeout;
   while (!ev.done) {
@@ -27,8 +27,8 @@ awaitable<std::error_code> PeerImpl::wait_progress(Event& ev, int peer,
   co_return ev.ec;
 }
 
-void PeerImpl::force_close(int peer) {
-  KF_DCHECK_IO(*driver_);
+void Mesh::force_close(int peer) {
+  KF_DCHECK_IO(driver_);
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   boost::system::error_code ignored;
   for (auto& in : ps.in) in->sock.close(ignored);
@@ -41,8 +41,8 @@ void PeerImpl::force_close(int peer) {
 
 // ---- failure bookkeeping ------------------------------------------------------------------
 
-void PeerImpl::mark_lost(int peer, std::error_code ec, const std::string& why) {
-  KF_DCHECK_IO(*driver_);
+void Mesh::mark_lost(int peer, std::error_code ec, const std::string& why) {
+  KF_DCHECK_IO(driver_);
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   if (ps.lost || stopping_) return;
   // A peer that said goodbye is gone by its own choice: what waited on it has already failed
@@ -55,33 +55,33 @@ void PeerImpl::mark_lost(int peer, std::error_code ec, const std::string& why) {
   if (member) break_version(ec, "peer " + ps.key + " lost: " + why);
 }
 
-void PeerImpl::mark_departed(int peer) {
-  KF_DCHECK_IO(*driver_);
+void Mesh::mark_departed(int peer) {
+  KF_DCHECK_IO(driver_);
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   ps.departed = true;
   KF_LOG(debug, "transport", "{}: peer {} said goodbye", identity_, ps.key);
-  fail_receives([peer](const auto& k) { return k.peer == peer; },
+  mailbox_.fail_posted(KeyMatch{peer},
                 make_error_code(errc::peer_lost));
 }
 
-void PeerImpl::note_version(int peer, std::uint64_t version) {
-  KF_DCHECK_IO(*driver_);
+void Mesh::note_version(int peer, std::uint64_t version) {
+  KF_DCHECK_IO(driver_);
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   if (version <= ps.max_version) return;
   ps.max_version = version;
   KF_LOG(debug, "transport", "{}: {} moved to version {}", identity_, ps.key, version);
-  fail_receives([&](const auto& k) { return k.peer == peer && k.version < version; },
+  mailbox_.fail_posted(KeyMatch{peer, version},
                 make_error_code(errc::stale_version));
 }
 
 // A member is gone, so every collective of this cluster version fails on this worker and on
 // every worker we can still tell (they may be waiting on someone other than the lost peer).
-void PeerImpl::break_version(std::error_code ec, const std::string& why) {
-  KF_DCHECK_IO(*driver_);
+void Mesh::break_version(std::error_code ec, const std::string& why) {
+  KF_DCHECK_IO(driver_);
   if (broken_) return;
   broken_ = ec;
   broken_why_ = why;
-  fail_receives([](const auto&) { return true; }, ec);
+  mailbox_.fail_posted(KeyMatch{}, ec);
   std::vector<std::string> lost;
   for (auto& ps : peers_) {
     if (ps.lost) lost.push_back(ps.key);
@@ -110,8 +110,8 @@ void PeerImpl::break_version(std::error_code ec, const std::string& why) {
 // did first, lost members across two stalls in a row, and whenever a peer got its core back
 // after this one (PeerLoss.AHostWidePauseLosesNobody). The price: a process starved without
 // pause finds its silent peers late (the collectives' own deadlines still hold).
-awaitable<void> PeerImpl::watchdog() {
-  KF_DCHECK_IO(*driver_);
+awaitable<void> Mesh::watchdog() {
+  KF_DCHECK_IO(driver_);
   const auto timeout = opts_.heartbeat_timeout;
   asio::steady_timer t(ex());
   const auto tick = std::max(timeout / 4, std::chrono::milliseconds(10));
@@ -150,8 +150,8 @@ awaitable<void> PeerImpl::watchdog() {
 // the peers go one after another), and waiting for the dial would hold the shutdown up to the
 // connect timeout. From the start nothing is marked lost and nothing new is dialled: a peer
 // that leaves has nobody left to tell.
-awaitable<void> PeerImpl::shutdown() {
-  KF_DCHECK_IO(*driver_);
+awaitable<void> Mesh::shutdown() {
+  KF_DCHECK_IO(driver_);
   stopping_ = true;
   std::vector<std::shared_ptr<SendReq>> byes;
   for (std::size_t i = 0; i < peers_.size(); ++i) {

@@ -4,7 +4,7 @@
 #include <boost/asio/experimental/awaitable_operators.hpp>
 
 #include "kf/common/log.hpp"
-#include "peer_impl.hpp"
+#include "mesh/mesh.hpp"
 #include "transport/stream/socket_io.hpp"
 #include "transport/auth.hpp"
 
@@ -14,11 +14,11 @@ using namespace boost::asio::experimental::awaitable_operators;
 using transport::FrameHeader;
 using transport::FrameType;
 
-bool PeerImpl::same_host(const Endpoint& ep) const {
+bool Mesh::same_host(const Endpoint& ep) const {
   return opts_.transport != Transport::tcp && local_acceptor_.is_open() && on_this_host(ep);
 }
 
-bool PeerImpl::on_this_host(const Endpoint& ep) const {
+bool Mesh::on_this_host(const Endpoint& ep) const {
   if (ep.host == self_.host) return true;
   boost::system::error_code e1, e2;
   const auto a = asio::ip::make_address(ep.host, e1);
@@ -26,7 +26,7 @@ bool PeerImpl::on_this_host(const Endpoint& ep) const {
   return !e1 && !e2 && a.is_loopback() && b.is_loopback();
 }
 
-awaitable<boost::system::error_code> PeerImpl::connect(Outgoing& out, const Endpoint& ep) {
+awaitable<boost::system::error_code> Mesh::connect(Outgoing& out, const Endpoint& ep) {
   out.local = false;
   out.single_copy = false;
   out.ring.reset();
@@ -65,8 +65,8 @@ awaitable<boost::system::error_code> PeerImpl::connect(Outgoing& out, const Endp
   co_return ec;
 }
 
-awaitable<std::error_code> PeerImpl::dial(Outgoing& out) {
-  KF_DCHECK_IO(*driver_);
+awaitable<std::error_code> Mesh::dial(Outgoing& out) {
+  KF_DCHECK_IO(driver_);
   const Endpoint ep = peers_[static_cast<std::size_t>(out.peer)].ep;
   const auto give_up = Clock::now() + opts_.connect_timeout;
   std::chrono::milliseconds backoff{2};
@@ -145,8 +145,8 @@ awaitable<std::error_code> PeerImpl::dial(Outgoing& out) {
 }
 
 
-awaitable<void> PeerImpl::run_outgoing(std::shared_ptr<Outgoing> out) {
-  KF_DCHECK_IO(*driver_);
+awaitable<void> Mesh::run_outgoing(std::shared_ptr<Outgoing> out) {
+  KF_DCHECK_IO(driver_);
   std::error_code ec = co_await dial(*out);
   out->connected = !ec;
   // Non-blocking for post_send's own writes (write_now, which it skips should this fail);
@@ -197,10 +197,10 @@ awaitable<void> PeerImpl::run_outgoing(std::shared_ptr<Outgoing> out) {
   }
 }
 
-std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h,
+std::shared_ptr<SendReq> Mesh::post_send(int peer, const FrameHeader& h,
                                              std::string_view name, const std::byte* data,
                                              bool copy_if_queued) {
-  KF_DCHECK_IO(*driver_);
+  KF_DCHECK_IO(driver_);
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   auto refused = [&](std::error_code ec) {
     auto req = std::make_shared<SendReq>(ex());
@@ -216,7 +216,7 @@ std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h,
   if (!ps.out) {
     ps.out = std::make_shared<Outgoing>(ex(), peer);
     asio::co_spawn(ex(), run_outgoing(ps.out), asio::detached);
-    ++handlers_posted_;
+    ++driver_.handlers_posted;
   }
   // The shared-memory ring, while the receiver polls and nothing queued for the socket has to
   // go first. The send is complete here (its payload is in the ring already): it needs no
@@ -258,13 +258,13 @@ std::shared_ptr<SendReq> PeerImpl::post_send(int peer, const FrameHeader& h,
   if (copy_if_queued && req->bytes > 0) req->owned.assign(data, data + req->bytes);
   ps.out->queue.push_back(req);
   ps.out->signal.cancel();
-  ++handlers_posted_;
+  ++driver_.handlers_posted;
   return req;
 }
 
-std::shared_ptr<SendReq> PeerImpl::post_control(int peer, FrameType t,
+std::shared_ptr<SendReq> Mesh::post_control(int peer, FrameType t,
                                                 std::vector<std::byte> payload) {
-  KF_DCHECK_IO(*driver_);
+  KF_DCHECK_IO(driver_);
   FrameHeader h;
   h.type = t;
   h.cluster_version = io_cluster_.version;
@@ -280,8 +280,8 @@ std::shared_ptr<SendReq> PeerImpl::post_control(int peer, FrameType t,
   return req;
 }
 
-void PeerImpl::cancel(const std::shared_ptr<SendReq>& r, std::error_code ec) {
-  KF_DCHECK_IO(*driver_);
+void Mesh::cancel(const std::shared_ptr<SendReq>& r, std::error_code ec) {
+  KF_DCHECK_IO(driver_);
   if (r->ev.done || r->in_progress) return;
   r->cancelled = true;
   r->ev.set(ec);

@@ -96,26 +96,48 @@ TEST_F(MailboxTest, FailPostedFailsOnlyTheMatchingReceives) {
   std::byte d1[1], d2[1];
   auto from0 = box_.post(MailKeyView{0, 1, 0, "x"}, d1, 1, nullptr, {});
   auto from1 = box_.post(MailKeyView{1, 1, 0, "x"}, d2, 1, nullptr, {});
-  box_.fail_posted([](const auto& k) { return k.peer == 0; }, make_error_code(errc::peer_lost));
+  box_.fail_posted(KeyMatch{0}, make_error_code(errc::peer_lost));
   EXPECT_EQ(from0->ev.ec, make_error_code(errc::peer_lost));
   EXPECT_FALSE(from1->ev.done);
 }
 
-TEST_F(MailboxTest, TheClaimerSeesFramesFirstWhileClaiming) {
-  int claimed = 0;
+struct Claims {
+  int taken = 0;
+  int failed_for_peer = -2;
+};
+
+TEST_F(MailboxTest, TheClaimerSeesFramesAndFailuresFirstWhileClaiming) {
+  Claims claims;
   box_.set_claimer(
       [](void* self, const MailKeyView&, std::span<const std::byte>, std::error_code&,
          std::string&) {
-        ++*static_cast<int*>(self);
+        ++static_cast<Claims*>(self)->taken;
         return true;
       },
-      &claimed);
+      [](void* self, const KeyMatch& match, std::error_code) {
+        static_cast<Claims*>(self)->failed_for_peer = match.peer;
+      },
+      &claims);
   const MailKeyView key{0, 1, 0, "c"};
   EXPECT_FALSE(store(key, bytes_of({1})));
-  EXPECT_EQ(claimed, 0) << "not asked while not claiming";
+  box_.fail_posted(KeyMatch{3}, make_error_code(errc::peer_lost));
+  EXPECT_EQ(claims.taken, 0) << "not asked while not claiming";
+  EXPECT_EQ(claims.failed_for_peer, -2);
   box_.set_claiming(true);
   EXPECT_FALSE(store(key, bytes_of({1})));
-  EXPECT_EQ(claimed, 1);
+  box_.fail_posted(KeyMatch{3}, make_error_code(errc::peer_lost));
+  EXPECT_EQ(claims.taken, 1);
+  EXPECT_EQ(claims.failed_for_peer, 3);
+}
+
+TEST(KeyMatch, CoversAPeerAndTheVersionsBelowALimit) {
+  const MailKeyView k{2, 5, 0, "k"};
+  EXPECT_TRUE(KeyMatch{}(k));
+  EXPECT_TRUE(KeyMatch{2}(k));
+  EXPECT_FALSE(KeyMatch{1}(k));
+  EXPECT_TRUE((KeyMatch{2, 6})(k));
+  EXPECT_FALSE((KeyMatch{2, 5})(k));
+  EXPECT_TRUE((KeyMatch{-1, 6})(k));
 }
 
 TEST(MailboxConfinement, ACallOffTheContextsRunnerIsCaughtInDebugBuilds) {

@@ -4,7 +4,7 @@
 // while the socket keeps the connection's order (each record carries the socket frame count
 // it follows). Whoever runs the context polls the rings (Driver::poll_rings).
 #include "kf/common/log.hpp"
-#include "peer_impl.hpp"
+#include "mesh/mesh.hpp"
 #include "transport/stream/socket_io.hpp"
 
 namespace kf::detail {
@@ -12,9 +12,9 @@ namespace kf::detail {
 using transport::FrameHeader;
 using transport::FrameType;
 
-awaitable<std::error_code> PeerImpl::offer_ring(Outgoing& out, Incoming& reader,
+awaitable<std::error_code> Mesh::offer_ring(Outgoing& out, Incoming& reader,
                                                 std::string& why) {
-  KF_DCHECK_IO(*driver_);
+  KF_DCHECK_IO(driver_);
   std::error_code cec;
   auto ring = transport::ShmRing::create(cec);
   if (!ring) {
@@ -41,10 +41,10 @@ awaitable<std::error_code> PeerImpl::offer_ring(Outgoing& out, Incoming& reader,
   co_return std::error_code{};
 }
 
-awaitable<std::error_code> PeerImpl::accept_ring(const std::shared_ptr<Incoming>& in,
+awaitable<std::error_code> Mesh::accept_ring(const std::shared_ptr<Incoming>& in,
                                                  const std::vector<std::byte>& payload,
                                                  std::string& why) {
-  KF_DCHECK_IO(*driver_);
+  KF_DCHECK_IO(driver_);
   if (in->pid <= 0) {
     why = "shared-memory ring offered over a connection from another host";
     co_return make_error_code(errc::protocol_error);
@@ -67,12 +67,12 @@ awaitable<std::error_code> PeerImpl::accept_ring(const std::shared_ptr<Incoming>
   in->ring = std::move(ring);
   in->socket_frames = 0;
   ring_readers_.push_back(in);
-  driver_->reads_rings = true;
+  driver_.reads_rings = true;
   co_return co_await write_reply(in->sock, transport::RemoteReply::copied);
 }
 
-std::size_t PeerImpl::drain_ring(Incoming& in) {
-  KF_DCHECK_IO(*driver_);
+std::size_t Mesh::drain_ring(Incoming& in) {
+  KF_DCHECK_IO(driver_);
   if (!in.ring || !in.closed_why.empty()) return 0;
   std::size_t taken = 0;
   transport::ShmRing::Record rec;
@@ -105,8 +105,8 @@ std::size_t PeerImpl::drain_ring(Incoming& in) {
   return taken;
 }
 
-std::size_t PeerImpl::poll_rings() {
-  KF_DCHECK_IO(*driver_);
+std::size_t Mesh::poll_rings() {
+  KF_DCHECK_IO(driver_);
   std::size_t n = 0;
   for (std::size_t i = 0; i < ring_readers_.size(); ++i) n += drain_ring(*ring_readers_[i]);
   return n;
@@ -115,8 +115,8 @@ std::size_t PeerImpl::poll_rings() {
 // Before it sleeps, the thread running the context tells every writer so (writers then use the
 // socket, which wakes it), and looks once more: a record published before a writer could see
 // the flag is taken now instead of waiting for the next socket event.
-bool PeerImpl::rings_asleep(bool asleep) {
-  KF_DCHECK_IO(*driver_);
+bool Mesh::rings_asleep(bool asleep) {
+  KF_DCHECK_IO(driver_);
   if (ring_readers_.empty()) return true;
   for (auto& in : ring_readers_) in->ring->set_reader_sleeping(asleep);
   if (!asleep || poll_rings() == 0) return true;

@@ -7,7 +7,7 @@
 #include <cerrno>
 
 #include "kf/common/log.hpp"
-#include "peer_impl.hpp"
+#include "mesh/mesh.hpp"
 #include "transport/stream/socket_io.hpp"
 #include "transport/single_copy.hpp"
 
@@ -37,8 +37,8 @@ std::error_code drop_peeked(Incoming& in) {
 
 }  // namespace
 
-awaitable<std::error_code> PeerImpl::read_exact(Incoming& in, std::byte* dst, std::size_t n) {
-  KF_DCHECK_IO(*driver_);
+awaitable<std::error_code> Mesh::read_exact(Incoming& in, std::byte* dst, std::size_t n) {
+  KF_DCHECK_IO(driver_);
   const std::size_t have = std::min(n, in.end - in.begin);
   if (have > 0) {
     if (dst) std::memcpy(dst, in.buf.data() + in.begin, have);
@@ -60,7 +60,7 @@ awaitable<std::error_code> PeerImpl::read_exact(Incoming& in, std::byte* dst, st
       // Not with more workers than cores: there the drop's system call and the step aside
       // before it cost more of the shared cores than the ACK's place on the path does (4
       // workers over TCP, 4 B 33.6-37.2 -> 37.0-43.5 us, 64 KiB 113-115 -> 126-130).
-      const bool peek = in.peek && !driver_->yield.load(std::memory_order_relaxed);
+      const bool peek = in.peek && !driver_.yield.load(std::memory_order_relaxed);
       auto [ec, got] = co_await in.sock.async_receive(
           asio::buffer(in.buf), peek ? asio::socket_base::message_peek : 0, kTuple);
       if (ec) co_return to_std(ec);
@@ -80,10 +80,10 @@ awaitable<std::error_code> PeerImpl::read_exact(Incoming& in, std::byte* dst, st
   co_return std::error_code{};
 }
 
-awaitable<std::error_code> PeerImpl::read_payload(Incoming& in, PayloadSource& src,
+awaitable<std::error_code> Mesh::read_payload(Incoming& in, PayloadSource& src,
                                                   std::byte* dst, std::size_t n,
                                                   std::string& why) {
-  KF_DCHECK_IO(*driver_);
+  KF_DCHECK_IO(driver_);
   if (!src.remote) co_return co_await read_exact(in, dst, n);
   // From the sender's memory, in cache-sized pieces. The copy never waits, so before each piece
   // this coroutine steps aside for everything else that is ready: above all the sends this

@@ -88,7 +88,7 @@ inline awaitable<std::error_code> read_control(Self& self, Incoming& in, transpo
   transport::HeaderBytes hb;
   if (auto ec = co_await self.read_exact(in, hb.data(), hb.size())) co_return ec;
   transport::FrameHeader h;
-  if (!transport::decode(hb, self.opts_.max_frame_bytes, h, why)) {
+  if (!transport::decode(hb, self.max_frame_bytes(), h, why)) {
     co_return make_error_code(errc::protocol_error);
   }
   if (h.type != want) {

@@ -2,7 +2,7 @@
 // Writing frames to a connection (TCP or the same-host socket): the writer coroutine's frame,
 // single-copy payloads left in place for the receiver, and small frames written at once.
 #include "kf/common/log.hpp"
-#include "peer_impl.hpp"
+#include "mesh/mesh.hpp"
 #include "transport/stream/socket_io.hpp"
 
 namespace kf::detail {
@@ -10,8 +10,8 @@ namespace kf::detail {
 using transport::FrameHeader;
 using transport::FrameType;
 
-awaitable<std::error_code> PeerImpl::write_frame(Outgoing& out, SendReq& req) {
-  KF_DCHECK_IO(*driver_);
+awaitable<std::error_code> Mesh::write_frame(Outgoing& out, SendReq& req) {
+  KF_DCHECK_IO(driver_);
   const std::byte* data = req.owned.empty() ? req.data : req.owned.data();
   // peers_ may grow while this waits: index it afresh after every co_await.
   auto touch = [&] { peers_[static_cast<std::size_t>(out.peer)].last_tx = coarse_now(); };
@@ -88,9 +88,9 @@ awaitable<std::error_code> PeerImpl::write_frame(Outgoing& out, SendReq& req) {
   co_return to_std(ec);
 }
 
-std::size_t PeerImpl::write_now(Outgoing& out, const transport::HeaderBytes& header,
+std::size_t Mesh::write_now(Outgoing& out, const transport::HeaderBytes& header,
                                std::string_view name, const std::byte* data, std::size_t bytes) {
-  KF_DCHECK_IO(*driver_);
+  KF_DCHECK_IO(driver_);
   const std::array<asio::const_buffer, 3> bufs{asio::buffer(header),
                                                asio::buffer(name.data(), name.size()),
                                                asio::buffer(data, bytes)};
