@@ -70,7 +70,6 @@ class LrPlateau : public kf::Policy {
 }  // namespace
 
 extern "C" void kf_register_policies(kf::PolicyRegistry* registry) {
-  registry->add("lr-plateau", [](const nlohmann::json& params) {
-    return std::make_unique<LrPlateau>(params);
-  });
+  registry->add("lr-plateau",
+                [](const nlohmann::json& params) { return std::make_unique<LrPlateau>(params); });
 }

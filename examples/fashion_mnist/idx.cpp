@@ -16,8 +16,8 @@ namespace {
 std::vector<std::uint8_t> read_all(const std::string& path) {
   gzFile f = ::gzopen(path.c_str(), "rb");
   if (f == nullptr) {
-    throw std::runtime_error(path + ": cannot open: " +
-                             (errno != 0 ? std::strerror(errno) : "out of memory"));
+    throw std::runtime_error(
+        path + ": cannot open: " + (errno != 0 ? std::strerror(errno) : "out of memory"));
   }
   std::vector<std::uint8_t> data;
   std::uint8_t chunk[1 << 16];
@@ -105,9 +105,8 @@ Split read_split(const std::string& dir, const std::string& prefix) {
   s.images = read_images(images_path);
   s.labels = read_labels(labels_path);
   if (s.labels.size() != s.images.count) {
-    throw std::runtime_error(labels_path + ": " + std::to_string(s.labels.size()) +
-                             " labels for " + std::to_string(s.images.count) + " images in " +
-                             images_path);
+    throw std::runtime_error(labels_path + ": " + std::to_string(s.labels.size()) + " labels for " +
+                             std::to_string(s.images.count) + " images in " + images_path);
   }
   for (std::size_t i = 0; i < s.labels.size(); ++i) {
     if (s.labels[i] > 9) {

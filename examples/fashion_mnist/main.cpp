@@ -68,7 +68,8 @@ TORCH_MODULE(Cnn);
 class FashionMnist : public torch::data::datasets::Dataset<FashionMnist> {
  public:
   FashionMnist(const fmnist::Split& split, std::size_t limit)
-      : split_(split), size_(limit > 0 ? std::min(limit, split.images.count) : split.images.count) {}
+      : split_(split),
+        size_(limit > 0 ? std::min(limit, split.images.count) : split.images.count) {}
   torch::data::Example<> get(std::size_t i) override {
     torch::Tensor x = torch::empty({784});
     float* px = x.data_ptr<float>();
@@ -247,8 +248,7 @@ int main(int argc, char** argv) {
   try {
     // The job's length may be changed while it runs (cluster settings "epochs").
     while (epoch < session->settings().value("epochs", static_cast<std::int64_t>(epochs)) &&
-           !session->stop_requested() &&
-           !(stop_at > 0 && test_accuracy() >= stop_at)) {
+           !session->stop_requested() && !(stop_at > 0 && test_accuracy() >= stop_at)) {
       const std::int64_t gbatch = session->settings().value("batch_size", batch);
       const double rate = session->settings().value("lr", lr);
       if (rate != opt->learning_rate()) opt->set_learning_rate(rate);
@@ -256,8 +256,8 @@ int main(int argc, char** argv) {
         batches.emplace_back(session->steps(), gbatch);
       }
       sampler.start_epoch(epoch, static_cast<std::size_t>(position));
-      const auto mine = sampler.batch(session->rank(), session->size(),
-                                      static_cast<std::size_t>(gbatch));
+      const auto mine =
+          sampler.batch(session->rank(), session->size(), static_cast<std::size_t>(gbatch));
       const auto total = sampler.step_samples(static_cast<std::size_t>(gbatch));
       const auto outcome = session->step([&] {
         opt->zero_grad();
@@ -270,22 +270,22 @@ int main(int argc, char** argv) {
           const torch::Tensor loss = torch::nn::functional::cross_entropy(out, y);
           loss.backward();
           session->set_metric(loss_slot, loss.item<double>());
-          session->set_metric(acc_slot,
-                              out.argmax(1).eq(y).sum().item<double>() / static_cast<double>(mine.size()));
+          session->set_metric(acc_slot, out.argmax(1).eq(y).sum().item<double>() /
+                                            static_cast<double>(mine.size()));
         }
         opt->step();
         sampler.advance(static_cast<std::size_t>(gbatch));
         position = static_cast<std::int64_t>(sampler.position());
         const std::int64_t trained =
             epoch * static_cast<std::int64_t>(train_count) + position;  // samples so far
-        if (eval_every > 0 && trained / eval_every != (trained - static_cast<std::int64_t>(total)) /
-                                                           eval_every) {
+        if (eval_every > 0 &&
+            trained / eval_every != (trained - static_cast<std::int64_t>(total)) / eval_every) {
           const double acc = evaluate();
           if (session->rank() == 0) {
-            std::printf("eval samples %lld step %lld train_time %.3f test accuracy %.4f batch %lld\n",
-                        static_cast<long long>(trained),
-                        static_cast<long long>(session->steps() + 1), train_seconds(), acc,
-                        static_cast<long long>(gbatch));
+            std::printf(
+                "eval samples %lld step %lld train_time %.3f test accuracy %.4f batch %lld\n",
+                static_cast<long long>(trained), static_cast<long long>(session->steps() + 1),
+                train_seconds(), acc, static_cast<long long>(gbatch));
             std::fflush(stdout);
           }
         }
@@ -294,10 +294,10 @@ int main(int argc, char** argv) {
           ++epoch;
           position = 0;
           if (session->rank() == 0) {
-            std::printf("epoch %lld test accuracy %.4f (%.1f s)\n", static_cast<long long>(epoch),
-                        test_accuracy(),
-                        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start)
-                            .count());
+            std::printf(
+                "epoch %lld test accuracy %.4f (%.1f s)\n", static_cast<long long>(epoch),
+                test_accuracy(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
             std::fflush(stdout);
           }
         }
@@ -308,11 +308,12 @@ int main(int argc, char** argv) {
           session->steps() % log_every == 0) {
         const auto& m = session->metrics();
         const auto get = [&](const char* k) { return m.count(k) ? m.at(k) : 0.0; };
-        std::printf("epoch %lld step %lld loss %.4f acc %.3f workers %d batch %lld lr %.4g "
-                    "samples/s %.0f\n",
-                    static_cast<long long>(epoch), static_cast<long long>(session->steps()),
-                    get("loss"), get("train_accuracy"), session->size(),
-                    static_cast<long long>(gbatch), rate, get("throughput"));
+        std::printf(
+            "epoch %lld step %lld loss %.4f acc %.3f workers %d batch %lld lr %.4g "
+            "samples/s %.0f\n",
+            static_cast<long long>(epoch), static_cast<long long>(session->steps()), get("loss"),
+            get("train_accuracy"), session->size(), static_cast<long long>(gbatch), rate,
+            get("throughput"));
         std::fflush(stdout);
       }
     }

@@ -128,8 +128,7 @@ Handle Peer::broadcast(std::string_view name, Buffer buf, const CollOptions& o) 
 Handle Peer::allgather(std::string_view name, Buffer send, Buffer recv, const CollOptions& o) {
   return impl_->submit(make_ctx(CollOp::allgather, name, send, recv, o));
 }
-Handle Peer::reduce_scatter(std::string_view name, Buffer send, Buffer recv,
-                            const CollOptions& o) {
+Handle Peer::reduce_scatter(std::string_view name, Buffer send, Buffer recv, const CollOptions& o) {
   return impl_->submit(make_ctx(CollOp::reduce_scatter, name, send, recv, o));
 }
 Handle Peer::gather(std::string_view name, Buffer send, Buffer recv, const CollOptions& o) {

@@ -108,9 +108,9 @@ void PeerImpl::start(const Cluster& c) { update(c); }
 void PeerImpl::update(const Cluster& c) {
   auto r = c.rank_of(mesh_.self());
   if (!r) {
-    throw Error(make_error_code(errc::not_member),
-                "this peer (" + mesh_.identity() + ") is not a worker of cluster version " +
-                    std::to_string(c.version));
+    throw Error(make_error_code(errc::not_member), "this peer (" + mesh_.identity() +
+                                                       ") is not a worker of cluster version " +
+                                                       std::to_string(c.version));
   }
   if (!cluster_.workers.empty() && c.version <= cluster_.version) {
     throw Error(make_error_code(errc::stale_version),

@@ -51,10 +51,8 @@ GnsPoint per_rank_estimate(double own_sqnorm, double global_sqnorm, double count
 
 const char* to_string(GnsStepStatus status) noexcept {
   switch (status) {
-    case GnsStepStatus::accepted:
-      return "accepted";
-    case GnsStepStatus::skipped_non_finite:
-      return "skipped: non-finite input";
+    case GnsStepStatus::accepted: return "accepted";
+    case GnsStepStatus::skipped_non_finite: return "skipped: non-finite input";
     case GnsStepStatus::no_previous_step:
       return "single worker: no previous step for the difference estimator";
   }
@@ -268,14 +266,10 @@ double efficiency(double phi, double base_batch, double global_batch) noexcept {
 
 double lr_factor(LrScaling rule, double scale, double gain) noexcept {
   switch (rule) {
-    case LrScaling::linear:
-      return scale;
-    case LrScaling::square_root:
-      return std::sqrt(scale);
-    case LrScaling::adascale:
-      return gain;
-    case LrScaling::adamscale:
-      return std::sqrt(gain);
+    case LrScaling::linear: return scale;
+    case LrScaling::square_root: return std::sqrt(scale);
+    case LrScaling::adascale: return gain;
+    case LrScaling::adamscale: return std::sqrt(gain);
   }
   return kNaN;
 }

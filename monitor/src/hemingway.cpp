@@ -22,16 +22,11 @@ void require(bool ok, const std::string& what) {
 
 double basis(ConvergenceTerm term, double i, double m) noexcept {
   switch (term) {
-    case ConvergenceTerm::constant:
-      return 1.0;
-    case ConvergenceTerm::inv_i:
-      return 1.0 / i;
-    case ConvergenceTerm::m_over_i:
-      return m / i;
-    case ConvergenceTerm::inv_i2:
-      return 1.0 / (i * i);
-    case ConvergenceTerm::inv_sqrt_i:
-      return 1.0 / std::sqrt(i);
+    case ConvergenceTerm::constant: return 1.0;
+    case ConvergenceTerm::inv_i: return 1.0 / i;
+    case ConvergenceTerm::m_over_i: return m / i;
+    case ConvergenceTerm::inv_i2: return 1.0 / (i * i);
+    case ConvergenceTerm::inv_sqrt_i: return 1.0 / std::sqrt(i);
   }
   return 0.0;
 }
@@ -98,16 +93,11 @@ SystemFit fit_system_model(std::span<const SystemPoint> points, const SystemFitO
 
 std::string_view to_string(ConvergenceTerm term) noexcept {
   switch (term) {
-    case ConvergenceTerm::constant:
-      return "1";
-    case ConvergenceTerm::inv_i:
-      return "1/i";
-    case ConvergenceTerm::m_over_i:
-      return "m/i";
-    case ConvergenceTerm::inv_i2:
-      return "1/i^2";
-    case ConvergenceTerm::inv_sqrt_i:
-      return "1/sqrt(i)";
+    case ConvergenceTerm::constant: return "1";
+    case ConvergenceTerm::inv_i: return "1/i";
+    case ConvergenceTerm::m_over_i: return "m/i";
+    case ConvergenceTerm::inv_i2: return "1/i^2";
+    case ConvergenceTerm::inv_sqrt_i: return "1/sqrt(i)";
   }
   return "?";
 }

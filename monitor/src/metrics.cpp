@@ -115,12 +115,9 @@ Labels checked_labels(MetricType type, std::string_view name, std::string_view h
 
 std::string_view to_string(MetricType type) noexcept {
   switch (type) {
-    case MetricType::counter:
-      return "counter";
-    case MetricType::gauge:
-      return "gauge";
-    case MetricType::summary:
-      return "summary";
+    case MetricType::counter: return "counter";
+    case MetricType::gauge: return "gauge";
+    case MetricType::summary: return "summary";
   }
   return "untyped";
 }

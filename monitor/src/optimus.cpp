@@ -108,20 +108,13 @@ void check_range(WorkerRange range, const char* who) {
 
 std::string_view to_string(FitStatus status) noexcept {
   switch (status) {
-    case FitStatus::ok:
-      return "ok";
-    case FitStatus::too_few_points:
-      return "too few distinct points";
-    case FitStatus::rank_deficient:
-      return "rank-deficient design";
-    case FitStatus::no_trend:
-      return "no decreasing trend";
-    case FitStatus::saturated:
-      return "saturated (beta1 ~ 0)";
-    case FitStatus::not_converged:
-      return "NNLS did not converge";
-    case FitStatus::residual_too_large:
-      return "residual above its bound";
+    case FitStatus::ok: return "ok";
+    case FitStatus::too_few_points: return "too few distinct points";
+    case FitStatus::rank_deficient: return "rank-deficient design";
+    case FitStatus::no_trend: return "no decreasing trend";
+    case FitStatus::saturated: return "saturated (beta1 ~ 0)";
+    case FitStatus::not_converged: return "NNLS did not converge";
+    case FitStatus::residual_too_large: return "residual above its bound";
   }
   return "unknown";
 }

@@ -81,16 +81,11 @@ Options read_options(const nlohmann::json& params) {
 
 double lr_factor(LrRule rule, double scale, double gain) {
   switch (rule) {
-    case LrRule::linear:
-      return monitor::lr_factor(monitor::LrScaling::linear, scale, gain);
-    case LrRule::sqrt:
-      return monitor::lr_factor(monitor::LrScaling::square_root, scale, gain);
-    case LrRule::adascale:
-      return monitor::lr_factor(monitor::LrScaling::adascale, scale, gain);
-    case LrRule::adamscale:
-      return monitor::lr_factor(monitor::LrScaling::adamscale, scale, gain);
-    case LrRule::none:
-      break;
+    case LrRule::linear: return monitor::lr_factor(monitor::LrScaling::linear, scale, gain);
+    case LrRule::sqrt: return monitor::lr_factor(monitor::LrScaling::square_root, scale, gain);
+    case LrRule::adascale: return monitor::lr_factor(monitor::LrScaling::adascale, scale, gain);
+    case LrRule::adamscale: return monitor::lr_factor(monitor::LrScaling::adamscale, scale, gain);
+    case LrRule::none: break;
   }
   return 1.0;
 }

@@ -21,7 +21,8 @@ PolicyInputs PolicyInputs::from_json(const nlohmann::json& j) {
   if (!j.is_object()) throw std::invalid_argument("policy inputs: not a JSON object");
   PolicyInputs in;
   const auto need = [&](const char* key) -> const nlohmann::json& {
-    if (!j.contains(key)) throw std::invalid_argument(std::string("policy inputs: no \"") + key + "\"");
+    if (!j.contains(key))
+      throw std::invalid_argument(std::string("policy inputs: no \"") + key + "\"");
     return j.at(key);
   };
   try {
@@ -30,11 +31,14 @@ PolicyInputs PolicyInputs::from_json(const nlohmann::json& j) {
     in.workers = need("workers").get<int>();
     in.version = j.value("version", std::uint64_t{0});
     in.settings = j.value("settings", nlohmann::json::object());
-    if (!in.settings.is_object()) throw std::invalid_argument("policy inputs: settings is not an object");
+    if (!in.settings.is_object())
+      throw std::invalid_argument("policy inputs: settings is not an object");
     const nlohmann::json metrics = j.value("metrics", nlohmann::json::object());
-    if (!metrics.is_object()) throw std::invalid_argument("policy inputs: metrics is not an object");
+    if (!metrics.is_object())
+      throw std::invalid_argument("policy inputs: metrics is not an object");
     for (const auto& [k, v] : metrics.items()) {
-      if (!v.is_number()) throw std::invalid_argument("policy inputs: metric '" + k + "' is not a number");
+      if (!v.is_number())
+        throw std::invalid_argument("policy inputs: metric '" + k + "' is not a number");
       in.metrics[k] = v.get<double>();
     }
   } catch (const nlohmann::json::exception& e) {
@@ -95,13 +99,15 @@ void PolicyContext::note(std::string_view field, std::string_view why) {
 }
 
 void PolicyContext::resize(int n, std::string_view why) {
-  if (n < 1) throw std::invalid_argument(policy_ + ": resize(" + std::to_string(n) + "): need >= 1 worker");
+  if (n < 1)
+    throw std::invalid_argument(policy_ + ": resize(" + std::to_string(n) + "): need >= 1 worker");
   proposal_.workers = n;
   note("workers=" + std::to_string(n), why);
 }
 
 void PolicyContext::set_batch_size(std::int64_t b, std::string_view why) {
-  if (b < 1) throw std::invalid_argument(policy_ + ": set_batch_size(" + std::to_string(b) + "): need >= 1");
+  if (b < 1)
+    throw std::invalid_argument(policy_ + ": set_batch_size(" + std::to_string(b) + "): need >= 1");
   proposal_.batch_size = b;
   note("batch_size=" + std::to_string(b), why);
 }
@@ -151,8 +157,8 @@ std::unique_ptr<Policy> PolicyRegistry::make(const std::string& name,
   if (it == factories_.end()) {
     std::string known;
     for (const auto& [k, f] : factories_) known += (known.empty() ? "" : ", ") + k;
-    throw std::invalid_argument("unknown policy '" + name + "' (known: " +
-                                (known.empty() ? "none" : known) + ")");
+    throw std::invalid_argument("unknown policy '" + name +
+                                "' (known: " + (known.empty() ? "none" : known) + ")");
   }
   auto p = it->second(params.is_null() ? nlohmann::json::object() : params);
   if (!p) throw std::invalid_argument("policy '" + name + "': its factory returned nothing");

@@ -56,17 +56,17 @@ void start(const std::shared_ptr<Exchange>& x, const Endpoint& server) {
         x->stream.async_connect(results, [x, fail](beast::error_code connect_ec,
                                                    const tcp::endpoint&) {
           if (connect_ec) return fail(connect_ec);
-          http::async_write(x->stream, x->request, [x, fail](beast::error_code write_ec,
-                                                             std::size_t) {
-            if (write_ec) return fail(write_ec);
-            http::async_read(x->stream, x->buffer, x->response,
-                             [x, fail](beast::error_code read_ec, std::size_t) {
-                               if (read_ec) return fail(read_ec);
-                               beast::error_code ignored;
-                               x->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-                               x->done = true;
-                             });
-          });
+          http::async_write(
+              x->stream, x->request, [x, fail](beast::error_code write_ec, std::size_t) {
+                if (write_ec) return fail(write_ec);
+                http::async_read(x->stream, x->buffer, x->response,
+                                 [x, fail](beast::error_code read_ec, std::size_t) {
+                                   if (read_ec) return fail(read_ec);
+                                   beast::error_code ignored;
+                                   x->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+                                   x->done = true;
+                                 });
+              });
         });
       });
 }
@@ -185,8 +185,8 @@ beast::error_code ConfigClient::Connection::run(const std::shared_ptr<Exchange>&
 }
 
 Answer ConfigClient::Connection::call(const Endpoint& server, const std::string& token,
-                                      http::verb verb, const std::string& target,
-                                      const json* body, std::chrono::milliseconds deadline) {
+                                      http::verb verb, const std::string& target, const json* body,
+                                      std::chrono::milliseconds deadline) {
   const std::string what = std::string(http::to_string(verb)) + " http://" + server.str() + target;
   if (cancelled_.load()) throw Error(make_error_code(errc::cancelled), what + ": cancelled");
   auto x = std::make_shared<Exchange>(ioc_);
@@ -242,14 +242,15 @@ ConfigClient& ConfigClient::operator=(ConfigClient&&) noexcept = default;
 void ConfigClient::cancel() noexcept { connection_->cancel(); }
 
 Cluster ConfigClient::get_cluster() {
-  const Answer a =
-      connection_->call(server_, token_, http::verb::get, "/v1/cluster", nullptr, options_.deadline);
+  const Answer a = connection_->call(server_, token_, http::verb::get, "/v1/cluster", nullptr,
+                                     options_.deadline);
   return cluster_from(a, "GET /v1/cluster");
 }
 
 Cluster ConfigClient::put_cluster(const Cluster& next) {
   const json body = next.to_json();
-  const Answer a = connection_->call(server_, token_, http::verb::put, "/v1/cluster", &body, options_.deadline);
+  const Answer a =
+      connection_->call(server_, token_, http::verb::put, "/v1/cluster", &body, options_.deadline);
   if (a.status == 409) {
     json current = a.body.is_object() && a.body.contains("current") ? a.body["current"] : json();
     throw ConflictError("PUT /v1/cluster: 409 " + reason_of(a),
@@ -287,13 +288,15 @@ ConfigEvent ConfigClient::post_event(const std::string& type, const std::string&
   if (!worker.empty()) body["worker"] = worker;
   if (!detail.empty()) body["detail"] = detail;
   if (version) body["version"] = *version;
-  const Answer a = connection_->call(server_, token_, http::verb::post, "/v1/events", &body, options_.deadline);
+  const Answer a =
+      connection_->call(server_, token_, http::verb::post, "/v1/events", &body, options_.deadline);
   return event_from_json(a.body);
 }
 
 std::vector<ConfigEvent> ConfigClient::get_events(std::uint64_t after_seq) {
   const std::string target = "/v1/events?after=" + std::to_string(after_seq);
-  const Answer a = connection_->call(server_, token_, http::verb::get, target, nullptr, options_.deadline);
+  const Answer a =
+      connection_->call(server_, token_, http::verb::get, target, nullptr, options_.deadline);
   std::vector<ConfigEvent> events;
   if (!a.body.is_object() || !a.body.contains("events") || !a.body["events"].is_array()) {
     throw Error(make_error_code(errc::protocol_error), "GET " + target + ": no events array");

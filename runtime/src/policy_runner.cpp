@@ -57,9 +57,8 @@ Proposal PolicyRunner::run(PolicyHook hook, const PolicyInputs& inputs) {
     merged.merge(ctx.proposal());
   }
   if (record_) {
-    nlohmann::json line = {{"hook", to_string(hook)},
-                           {"inputs", inputs.to_json()},
-                           {"proposal", merged.to_json()}};
+    nlohmann::json line = {
+        {"hook", to_string(hook)}, {"inputs", inputs.to_json()}, {"proposal", merged.to_json()}};
     *record_ << line.dump() << '\n';
     record_->flush();
     if (!*record_) throw std::runtime_error("cannot write policy record '" + record_path_ + "'");

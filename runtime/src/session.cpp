@@ -49,8 +49,8 @@ std::string ChangeRecord::summary() const {
                 "(%zu bytes), resume %.1f ms; pause %.1f ms",
                 static_cast<unsigned long long>(from_version),
                 static_cast<unsigned long long>(to_version), from_size, to_size, kind.c_str(),
-                ms(detected_us, boundary_us), ms(boundary_us, agreed_us),
-                ms(agreed_us, switch_us), ms(switch_us > 0 ? switch_us : agreed_us, connected_us),
+                ms(detected_us, boundary_us), ms(boundary_us, agreed_us), ms(agreed_us, switch_us),
+                ms(switch_us > 0 ? switch_us : agreed_us, connected_us),
                 ms(connected_us, synced_us), sync_bytes, ms(synced_us, resumed_us),
                 ms(switch_us > 0 ? switch_us : boundary_us, synced_us));
   std::string s = buf;
@@ -69,10 +69,12 @@ const char* to_string(Session::Outcome o) noexcept {
 
 // ---- Session ----------------------------------------------------------------------------------
 
-Session::Session(std::unique_ptr<Peer> peer, Cluster initial, State& state,
-                 SessionOptions options)
-    : peer_(std::move(peer)), initial_(std::move(initial)), state_(state),
-      options_(std::move(options)), commits_(&state.counter("kf.commits")),
+Session::Session(std::unique_ptr<Peer> peer, Cluster initial, State& state, SessionOptions options)
+    : peer_(std::move(peer)),
+      initial_(std::move(initial)),
+      state_(state),
+      options_(std::move(options)),
+      commits_(&state.counter("kf.commits")),
       steps_(&state.counter("kf.steps")) {
   if (options_.commit_every < 1) throw std::invalid_argument("Session: commit_every must be >= 1");
   if (!peer_) throw std::invalid_argument("Session: no peer");
@@ -86,11 +88,12 @@ Session::Session(std::unique_ptr<Peer> peer, Cluster initial, State& state,
     if (options_.job_token.empty()) {
       throw std::invalid_argument("Session: a config service needs the job token");
     }
-    link_ = std::make_unique<detail::ServiceLink>(*options_.config_server, options_.job_token, initial_,
-                                     options_.watch_poll);
+    link_ = std::make_unique<detail::ServiceLink>(*options_.config_server, options_.job_token,
+                                                  initial_, options_.watch_poll);
   }
   if (options_.monitors) monitor_ = std::make_unique<StepMonitor>(options_.monitor);
-  if (options_.metrics_every < 1) throw std::invalid_argument("Session: metrics_every must be >= 1");
+  if (options_.metrics_every < 1)
+    throw std::invalid_argument("Session: metrics_every must be >= 1");
   if (options_.metrics_port || options_.metrics_jsonl) {
     registry_ = std::make_unique<monitor::MetricsRegistry>();
   }
@@ -184,8 +187,8 @@ bool Session::join() {
       } catch (const Error& e) {
         if (!is_peer_failure(e.code()) || !link_) throw;
         last_error = e.what();
-        KF_LOG(warn, "session", "{}: forming cluster v{} failed: {}", self.str(),
-               newest.version, e.what());
+        KF_LOG(warn, "session", "{}: forming cluster v{} failed: {}", self.str(), newest.version,
+               e.what());
       }
     }
     const auto left = deadline - SteadyClock::now();
@@ -196,8 +199,7 @@ bool Session::join() {
                       (last_error.empty() ? "" : " (last failure: " + last_error + ")"));
     }
     auto inv = peer_->wait_invitation(std::min<std::chrono::milliseconds>(
-        std::chrono::milliseconds(100),
-        std::chrono::ceil<std::chrono::milliseconds>(left)));
+        std::chrono::milliseconds(100), std::chrono::ceil<std::chrono::milliseconds>(left)));
     if (!inv) continue;
     Cluster target;
     try {
@@ -226,7 +228,6 @@ bool Session::join() {
     }
   }
 }
-
 
 Session::Outcome Session::step(const std::function<void()>& body) {
   if (!joined_) throw std::logic_error("Session::step: call join() first");

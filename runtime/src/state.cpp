@@ -96,8 +96,8 @@ void State::sync(Peer& peer, int root) {
   std::vector<std::uint8_t> bytes(lay.begin(), lay.end());
   peer.consensus("kf.state/layout", buffer(bytes.data(), bytes.size()), &same).wait();
   if (!same) {
-    throw std::runtime_error("State::sync: workers registered different state (this worker: " +
-                             lay + ")");
+    throw std::runtime_error(
+        "State::sync: workers registered different state (this worker: " + lay + ")");
   }
   CollOptions o;
   o.root = root;
@@ -140,8 +140,8 @@ void State::save(const std::string& path) const {
   }
   ::close(fd);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    throw std::runtime_error("cannot rename '" + tmp + "' to '" + path + "': " +
-                             std::strerror(errno));
+    throw std::runtime_error("cannot rename '" + tmp + "' to '" + path +
+                             "': " + std::strerror(errno));
   }
 }
 

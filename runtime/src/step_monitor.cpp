@@ -3,9 +3,9 @@
 
 #include <algorithm>
 #include <array>
-#include <string_view>
 #include <bit>
 #include <cmath>
+#include <string_view>
 #include <vector>
 
 #include "kf/monitor/gns.hpp"
@@ -131,16 +131,16 @@ double copy_scaled(std::span<const float> src, std::span<float> dst, float facto
 
 StepMonitor::StepMonitor(StepMonitorOptions options)
     : options_(options),
-      window_(std::make_unique<monitor::ThroughputWindow>(monitor::ThroughputWindowOptions{
-          options.window_steps, options.warmup_steps})),
+      window_(std::make_unique<monitor::ThroughputWindow>(
+          monitor::ThroughputWindowOptions{options.window_steps, options.warmup_steps})),
       ema_(std::make_unique<monitor::StepTimeEma>()) {}
 
 StepMonitor::~StepMonitor() = default;
 
 void StepMonitor::pack(const StepReport& r, std::span<std::int64_t> words) noexcept {
-  const double v[kWords] = {r.step_time,    r.samples,      r.local_sqnorm,
+  const double v[kWords] = {r.step_time,     r.samples,     r.local_sqnorm,
                             r.global_sqnorm, r.local_batch, r.micro_batches,
-                            r.nonfinite,    r.comm_time,    r.comm_bytes};
+                            r.nonfinite,     r.comm_time,   r.comm_bytes};
   for (std::size_t i = 0; i < kWords && i < words.size(); ++i) {
     words[i] = std::bit_cast<std::int64_t>(v[i]);
   }
@@ -149,8 +149,7 @@ void StepMonitor::pack(const StepReport& r, std::span<std::int64_t> words) noexc
 void StepMonitor::membership_changed() noexcept { window_->restart(); }
 
 std::optional<std::string> StepMonitor::update(std::span<const std::int64_t> all,
-                                               std::size_t stride, std::size_t offset,
-                                               int workers,
+                                               std::size_t stride, std::size_t offset, int workers,
                                                std::map<std::string, double>& metrics) {
   const auto p = static_cast<std::size_t>(workers);
   const auto word = [&](std::size_t rank, Word w) {
@@ -220,15 +219,16 @@ std::optional<std::string> StepMonitor::update_gns(const double* sum, double glo
   const double n = static_cast<double>(workers);
   const double micro = sum[kMicroBatches];  // n = K·s micro-batch gradients
   const double local_batch = sum[kLocalBatch] / n;
-  const bool finite = sum[kNonfinite] == 0 && std::isfinite(sum[kLocalSqnorm]) &&
-                      std::isfinite(sum[kGlobalSqnorm]);
+  const bool finite =
+      sum[kNonfinite] == 0 && std::isfinite(sum[kLocalSqnorm]) && std::isfinite(sum[kGlobalSqnorm]);
   put(kOutGnsSkipped, finite ? 0.0 : 1.0);
   std::optional<std::string> said;
   if (micro < 2) {
     if (!said_single_) {
       said_single_ = true;
-      said = "one worker without gradient accumulation gives no gradient noise scale estimate "
-             "(it needs two micro-batch gradients per step)";
+      said =
+          "one worker without gradient accumulation gives no gradient noise scale estimate "
+          "(it needs two micro-batch gradients per step)";
     }
     put(kOutGnsValid, 0);
     return said;

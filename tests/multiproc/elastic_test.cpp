@@ -59,9 +59,8 @@ TEST(Elastic, RevokedWorkerFinishesItsStepAndLeavesCleanly) {
   ASSERT_TRUE(job.wait_size(2)) << job.err();
   ASSERT_TRUE(eventually(
       [&] {
-        return job.has_event([&](const ConfigEvent& e) {
-          return e.type == "exited" && e.worker == leaver;
-        });
+        return job.has_event(
+            [&](const ConfigEvent& e) { return e.type == "exited" && e.worker == leaver; });
       },
       30s))
       << job.err();
@@ -95,9 +94,8 @@ TEST(Elastic, SurvivesKillNineOfARandomWorkerAtARandomStep) {
     ASSERT_TRUE(job.wait_size(np - 1)) << job.err();
     job.finish_soon();
     job.expect_clean_finish(job.wait(), np - 1);
-    EXPECT_TRUE(job.has_event([&](const ConfigEvent& e) {
-      return e.type == "failed" && e.worker == victim;
-    }));
+    EXPECT_TRUE(job.has_event(
+        [&](const ConfigEvent& e) { return e.type == "failed" && e.worker == victim; }));
     if (::testing::Test::HasFailure()) break;
   }
 }
@@ -145,8 +143,7 @@ TEST(Elastic, JoinerWhoseStartFailsIsDroppedAndTrainingGoesOn) {
   auto r = job.member("add");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_TRUE(eventually(
-      [&] { return job.has_event([](const ConfigEvent& e) { return e.type == "failed"; }); },
-      30s))
+      [&] { return job.has_event([](const ConfigEvent& e) { return e.type == "failed"; }); }, 30s))
       << job.err();
   ASSERT_TRUE(eventually([&] { return job.client().get_cluster().size() == 2; }, 30s));
   const long at = job.progress();
@@ -247,7 +244,8 @@ TEST(ElasticPolicies, ReplayReproducesTheDecisionsOfALiveRun) {
         });
       },
       60s))
-      << "the live run never changed the learning rate\n" << job.err();
+      << "the live run never changed the learning rate\n"
+      << job.err();
   job.finish_soon();
   job.expect_clean_finish(job.wait(), 2);
   int replayed = 0;
@@ -297,8 +295,8 @@ TEST(ElasticPolicies, JobFilePoliciesRunWithoutCodeInTheProgram) {
                       << "policies:\n"
                       << "  - name: lr-plateau\n"
                       << "    params: {patience: 5, min_delta: 1.0e+9, min_lr: 0.0001, lr: 0.05}\n";
-  const Ran r = run_shell("KF_LOG_LEVEL=info " + env_or_empty("KFRUN") + " --job " +
-                          yaml.string() + " -- " + env_or_empty("KF_ELASTIC_WORKER") +
+  const Ran r = run_shell("KF_LOG_LEVEL=info " + env_or_empty("KFRUN") + " --job " + yaml.string() +
+                          " -- " + env_or_empty("KF_ELASTIC_WORKER") +
                           " --samples 2000 --dim 8 --batch 64 --epochs 2");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   // min_delta is huge, so the loss never improves enough: the LR is cut after 5 steps.

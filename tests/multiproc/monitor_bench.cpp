@@ -44,18 +44,18 @@ int main(int argc, char** argv) {
   const std::string worker = sibling(argv[0], "synthetic-worker");
   const std::regex re(R"(median_ms=([0-9.]+))");
 
-  std::printf("%-8s %-6s %-14s %-14s %-8s\n", "workers", "pairs", "off median ms",
-              "on median ms", "on/off");
+  std::printf("%-8s %-6s %-14s %-14s %-8s\n", "workers", "pairs", "off median ms", "on median ms",
+              "on/off");
   for (int np : counts) {
     std::vector<double> off, on, ratios;
     for (int r = 0; r < runs; ++r) {
       // Alternate which goes first, so that drift of the machine hits both alike.
       for (int k = 0; k < 2; ++k) {
         const bool monitors = (k == 0) == (r % 2 == 1);
-        const auto ran = kf::test::run_shell(
-            "KF_MONITORS=" + std::string(monitors ? "1" : "0") + " " + kfrun + " -np " +
-            std::to_string(np) + " -- " + worker + " --params " + std::to_string(params) +
-            " --steps " + std::to_string(steps) + " 2>&1");
+        const auto ran = kf::test::run_shell("KF_MONITORS=" + std::string(monitors ? "1" : "0") +
+                                             " " + kfrun + " -np " + std::to_string(np) + " -- " +
+                                             worker + " --params " + std::to_string(params) +
+                                             " --steps " + std::to_string(steps) + " 2>&1");
         std::smatch m;
         if (ran.exit_code != 0 || !std::regex_search(ran.output, m, re)) {
           std::cerr << "monitor-bench: a job failed:\n" << ran.output << "\n";

@@ -85,9 +85,10 @@ TEST_P(PeerLoss, KilledWorkerMakesEveryOtherWorkerFailWithinTheTimeout) {
   for (int i = 0; i < np; ++i) {
     if (i == victim) continue;
     auto status = test::wait_exit(kids[i], killed_at + std::chrono::milliseconds(2 * timeout_ms));
-    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed_at);
-    ASSERT_TRUE(status.has_value()) << "worker " << i << " still running " << 2 * timeout_ms
-                                    << " ms after the kill";
+    const auto took =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed_at);
+    ASSERT_TRUE(status.has_value())
+        << "worker " << i << " still running " << 2 * timeout_ms << " ms after the kill";
     ASSERT_TRUE(WIFEXITED(*status));
     EXPECT_EQ(WEXITSTATUS(*status), 3) << "worker " << i << " output: " << kids[i].pending;
     EXPECT_NE(kids[i].pending.find("failure code=peer_lost"), std::string::npos)
@@ -114,8 +115,8 @@ TEST(PeerLoss, StoppedWorkerIsDetectedByHeartbeats) {
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - stopped_at);
     ASSERT_TRUE(status.has_value()) << "worker " << i << " did not notice the stopped peer";
     EXPECT_EQ(WEXITSTATUS(*status), 3) << kids[i].pending;
-    std::cout << "worker " << i << " failed " << took.count() << " ms after SIGSTOP: "
-              << kids[i].pending;
+    std::cout << "worker " << i << " failed " << took.count()
+              << " ms after SIGSTOP: " << kids[i].pending;
   }
   kill(kids[victim].pid, SIGKILL);
   test::wait_exit(kids[victim], Clock::now() + std::chrono::seconds(5));
@@ -129,8 +130,8 @@ TEST(PeerLoss, StoppedWorkerIsDetectedByHeartbeats) {
 // Both must go on streaming allreduces.
 TEST(PeerLoss, AHostWidePauseLosesNobody) {
   const int np = 2, heartbeat_ms = 2000;
-  auto kids = start_ready(np, "stream",
-                          {"KF_TIMEOUT_MS=30000", "KF_HEARTBEAT_MS=" + std::to_string(heartbeat_ms)});
+  auto kids = start_ready(
+      np, "stream", {"KF_TIMEOUT_MS=30000", "KF_HEARTBEAT_MS=" + std::to_string(heartbeat_ms)});
   ASSERT_FALSE(HasFailure());
   kill(kids[1].pid, SIGSTOP);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -169,7 +170,8 @@ TEST_P(PeerLossRecovery, SurvivorsFormTheNextVersionAndContinue) {
     ASSERT_TRUE(WIFEXITED(*status));
     EXPECT_EQ(WEXITSTATUS(*status), 0) << "worker " << i << ": " << kids[i].pending;
     EXPECT_NE(kids[i].pending.find("recovered size=3 v2"), std::string::npos) << kids[i].pending;
-    const auto took = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - killed_at);
+    const auto took =
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - killed_at);
     std::cout << "worker " << i << ": " << kids[i].pending << "  (exit " << took.count() / 1000.0
               << " ms after the kill)\n";
   }

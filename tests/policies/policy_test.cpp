@@ -27,7 +27,8 @@ PolicyInputs inputs(std::int64_t step, int workers) {
 
 class Fixed : public Policy {
  public:
-  Fixed(std::string n, std::function<void(PolicyContext&)> f) : n_(std::move(n)), f_(std::move(f)) {}
+  Fixed(std::string n, std::function<void(PolicyContext&)> f)
+      : n_(std::move(n)), f_(std::move(f)) {}
   std::string name() const override { return n_; }
   void after_step(PolicyContext& c) override { f_(c); }
 
@@ -84,13 +85,15 @@ TEST(PolicyRegistry, UnknownNamesAndBadPluginsGiveClearErrors) {
   r.add("fixed", [](const nlohmann::json&) {
     return std::make_unique<Fixed>("fixed", [](PolicyContext&) {});
   });
-  EXPECT_THROW(r.add("fixed", [](const nlohmann::json&) { return nullptr; }), std::invalid_argument);
+  EXPECT_THROW(r.add("fixed", [](const nlohmann::json&) { return nullptr; }),
+               std::invalid_argument);
   EXPECT_EQ(r.make("fixed", nullptr)->name(), "fixed");
   try {
     r.make("nope", {});
     ADD_FAILURE();
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown policy 'nope' (known: fixed)"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("unknown policy 'nope' (known: fixed)"),
+              std::string::npos);
   }
   try {
     r.load_plugin("/nonexistent/libpolicy.so");
@@ -101,9 +104,9 @@ TEST(PolicyRegistry, UnknownNamesAndBadPluginsGiveClearErrors) {
 }
 
 TEST(PolicyRunner, DisablesAThrowingPolicyAndRecordsEveryRun) {
-  const auto path = (std::filesystem::temp_directory_path() /
-                     ("kf-policy-record-" + std::to_string(::getpid())))
-                        .string();
+  const auto path =
+      (std::filesystem::temp_directory_path() / ("kf-policy-record-" + std::to_string(::getpid())))
+          .string();
   std::filesystem::remove(path);
   PolicyRunner runner;
   int calls = 0;
@@ -112,7 +115,8 @@ TEST(PolicyRunner, DisablesAThrowingPolicyAndRecordsEveryRun) {
     if (c.step() == 2) throw std::runtime_error("boom");
     c.set_learning_rate(0.5);
   }));
-  runner.add(std::make_unique<Fixed>("grower", [](PolicyContext& c) { c.resize(c.workers() + 1); }));
+  runner.add(
+      std::make_unique<Fixed>("grower", [](PolicyContext& c) { c.resize(c.workers() + 1); }));
   runner.record_to(path);
   for (std::int64_t s = 1; s <= 4; ++s) {
     const Proposal p = runner.run(PolicyHook::after_step, inputs(s, 2));

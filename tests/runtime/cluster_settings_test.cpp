@@ -9,9 +9,14 @@ namespace {
 using nlohmann::json;
 
 TEST(ClusterSettings, ReadsEveryKnownKeyIntoItsType) {
-  const auto p = parse_cluster_settings({{"algorithm", "ring"}, {"batch_size", 64},
-                                         {"lr", 0.5}, {"min_workers", 1}, {"max_workers", 8},
-                                         {"finished", true}, {"stop", false}, {"mine", "kept"}});
+  const auto p = parse_cluster_settings({{"algorithm", "ring"},
+                                         {"batch_size", 64},
+                                         {"lr", 0.5},
+                                         {"min_workers", 1},
+                                         {"max_workers", 8},
+                                         {"finished", true},
+                                         {"stop", false},
+                                         {"mine", "kept"}});
   EXPECT_TRUE(p.errors.empty());
   EXPECT_EQ(p.typed.algorithm, Algorithm::ring);
   EXPECT_EQ(p.typed.batch_size, 64);

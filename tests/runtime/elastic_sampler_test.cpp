@@ -31,7 +31,7 @@ TEST(ElasticSampler, EverySampleOnceAcrossRandomResizesAndBatchSizes) {
         EXPECT_EQ(taken, s.step_samples(batch));
         s.advance(batch);
         if (rng() % 4 == 0) size = 1 + static_cast<int>(rng() % 8);  // resize
-        if (rng() % 5 == 0) batch = 8 + rng() % 200;                   // new batch size
+        if (rng() % 5 == 0) batch = 8 + rng() % 200;                 // new batch size
       }
       for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(seen[i], 1) << "sample " << i;
     }

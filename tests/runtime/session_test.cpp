@@ -20,8 +20,8 @@
 #include <string>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
 
@@ -82,8 +82,8 @@ TEST(Session, StaticJobRollsBackNothingAndReportsALostPeer) {
     State state;
     std::vector<float> v(4, 1.f);
     state.add("v", buffer(v.data(), v.size()));
-    auto s = std::make_unique<Session>(std::move(job.peers[r]), job.cluster, state,
-                                       SessionOptions{});
+    auto s =
+        std::make_unique<Session>(std::move(job.peers[r]), job.cluster, state, SessionOptions{});
     ASSERT_TRUE(s->join());
     ++joined;
     ASSERT_EQ(s->step([] {}), Session::Outcome::committed);
@@ -107,9 +107,9 @@ TEST(Session, StaticJobRollsBackNothingAndReportsALostPeer) {
 
 // Every worker lost: a new job with the same checkpoint path goes on from the last saved commit.
 TEST(Session, NewJobContinuesFromTheCheckpoint) {
-  const auto path = (std::filesystem::temp_directory_path() /
-                     ("kf-session-ckpt-" + std::to_string(::getpid())))
-                        .string();
+  const auto path =
+      (std::filesystem::temp_directory_path() / ("kf-session-ckpt-" + std::to_string(::getpid())))
+          .string();
   std::filesystem::remove(path);
   SessionOptions o;
   o.checkpoint_path = path;
@@ -241,14 +241,15 @@ TEST(Session, MonitorsGiveEveryWorkerTheSameEstimatesAndServeThem) {
         } else {
           s.allreduce_gradients(std::span<const float>(g), mean, 16);
         }
-      }), Session::Outcome::committed);
+      }),
+                Session::Outcome::committed);
       skipped[r].push_back(s.metrics().count("gns.skipped") ? s.metrics().at("gns.skipped") : -1);
       b_simple[r].push_back(s.metrics().count("gns.b_simple") ? s.metrics().at("gns.b_simple")
                                                               : -1);
     }
     last[r] = s.metrics();
-    scraped[r] = run_command("curl -s http://127.0.0.1:" + std::to_string(s.metrics_port()) +
-                             "/metrics");
+    scraped[r] =
+        run_command("curl -s http://127.0.0.1:" + std::to_string(s.metrics_port()) + "/metrics");
   });
   for (int r = 0; r < n; ++r) {
     EXPECT_EQ(last[r], last[0]) << "rank " << r << " holds other metrics than rank 0";

@@ -13,8 +13,8 @@ namespace kf {
 namespace {
 
 std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() /
-          (name + "-" + std::to_string(::getpid()))).string();
+  return (std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid())))
+      .string();
 }
 
 TEST(State, RestoreReturnsToTheLastCommit) {

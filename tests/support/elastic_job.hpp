@@ -86,11 +86,11 @@ class ElasticJob {
   /// Starts `kfrun --watch` with `np` initial workers running `program args`.
   void start_program(int np, const std::string& program, const std::string& args) {
     program_ = program;
-    const std::string cmd =
-        "exec " + env_or_empty("KFRUN") + " --watch --config-server " + url() +
-        " --slots 8 -np " + std::to_string(np) + " --job-token-file " +
-        (dir_ / "token").string() + " --leave-grace-ms 20000 -- " + program + " " + args +
-        " > " + (dir_ / "out").string() + " 2> " + (dir_ / "err").string();
+    const std::string cmd = "exec " + env_or_empty("KFRUN") + " --watch --config-server " + url() +
+                            " --slots 8 -np " + std::to_string(np) + " --job-token-file " +
+                            (dir_ / "token").string() + " --leave-grace-ms 20000 -- " + program +
+                            " " + args + " > " + (dir_ / "out").string() + " 2> " +
+                            (dir_ / "err").string();
     agent_ = spawn({"/bin/sh", "-c", cmd}, {"KF_LOG_LEVEL=info"});
   }
 
@@ -217,6 +217,5 @@ class ElasticJob {
   std::string program_;
   Child agent_;
 };
-
 
 }  // namespace kf::test

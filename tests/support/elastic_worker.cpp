@@ -12,9 +12,9 @@
 // hash=<hex> check_us=<mean per-step boundary cost without change>".
 #include <chrono>
 #include <cinttypes>
-#include <cstdlib>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <random>
@@ -26,9 +26,9 @@
 
 #include "kf/common/error.hpp"
 #include "kf/peer.hpp"
-#include "kf/runtime/elastic_sampler.hpp"
 #include "kf/policies/builtin.hpp"
 #include "kf/policies/policy.hpp"
+#include "kf/runtime/elastic_sampler.hpp"
 #include "kf/runtime/job_file.hpp"
 #include "kf/runtime/policy_runner.hpp"
 #include "kf/runtime/session.hpp"
@@ -84,7 +84,8 @@ class ThrowingPolicy : public kf::Policy {
   explicit ThrowingPolicy(std::int64_t at) : at_(at) {}
   std::string name() const override { return "test-thrower"; }
   void after_step(kf::PolicyContext& ctx) override {
-    if (ctx.step() >= at_) throw std::runtime_error("thrown on purpose at step " + std::to_string(ctx.step()));
+    if (ctx.step() >= at_)
+      throw std::runtime_error("thrown on purpose at step " + std::to_string(ctx.step()));
   }
 
  private:
@@ -181,7 +182,8 @@ int main(int argc, char** argv) {
     }
     if (!policy_record.empty()) {
       const char* self = std::getenv("KF_SELF");
-      const std::string who = self ? std::string(self).substr(std::string(self).rfind(':') + 1) : "0";
+      const std::string who =
+          self ? std::string(self).substr(std::string(self).rfind(':') + 1) : "0";
       policies.record_to(policy_record + "-" + who + ".jsonl");
     }
     session = kf::Session::from_environment(state);
@@ -212,9 +214,8 @@ int main(int argc, char** argv) {
       }
       auto t1 = Clock::now();
       for (int i = 0; i < block; ++i) {
-        session->step([&] {
-          session->peer().allreduce("b", kf::buffer(&v, 1), kf::buffer(&v, 1)).wait();
-        });
+        session->step(
+            [&] { session->peer().allreduce("b", kf::buffer(&v, 1), kf::buffer(&v, 1)).wait(); });
       }
       auto t2 = Clock::now();
       plain_us += std::chrono::duration<double, std::micro>(t1 - t0).count();
@@ -249,16 +250,16 @@ int main(int argc, char** argv) {
            !session->stop_requested()) {
       // The global batch follows the policies (settings "batch_size"), at the same step on all.
       const int gbatch = session->settings().value("batch_size", batch);
-      const std::string setting = "workers=" + std::to_string(session->size()) +
-                                  " batch=" + std::to_string(gbatch);
+      const std::string setting =
+          "workers=" + std::to_string(session->size()) + " batch=" + std::to_string(gbatch);
       if (setting != last_setting) {
         std::cout << "setting step=" << step << " " << setting << " version=" << session->version()
                   << std::endl;
         last_setting = setting;
       }
       sampler.start_epoch(epoch, static_cast<std::size_t>(position));
-      const auto mine = sampler.batch(session->rank(), session->size(),
-                                      static_cast<std::size_t>(gbatch));
+      const auto mine =
+          sampler.batch(session->rank(), session->size(), static_cast<std::size_t>(gbatch));
       const auto outcome = session->step([&] {
         std::fill(buf.begin(), buf.end(), 0.0);
         double loss = 0;
@@ -336,9 +337,7 @@ int main(int argc, char** argv) {
       }
     }
     bool same = false;
-    session->peer()
-        .consensus("final/w", kf::buffer(w.data(), w.size()), &same)
-        .wait();
+    session->peer().consensus("final/w", kf::buffer(w.data(), w.size()), &same).wait();
     if (!same) broken("workers hold different parameters at the end");
     session->finish();
   } catch (const std::exception& e) {
@@ -355,7 +354,8 @@ int main(int argc, char** argv) {
   std::snprintf(hash, sizeof hash, "%016" PRIx64, fnv1a(w.data(), w.size() * sizeof(double)));
   for (const auto& d : policies.disabled()) std::cout << "policy disabled: " << d << std::endl;
   std::cout << "final step=" << step << " workers=" << session->size() << " hash=" << hash
-            << " loss=" << loss / samples << " check_us="
-            << (check_n > 0 ? check_sum / static_cast<double>(check_n) : 0.0) << std::endl;
+            << " loss=" << loss / samples
+            << " check_us=" << (check_n > 0 ? check_sum / static_cast<double>(check_n) : 0.0)
+            << std::endl;
   return 0;
 }

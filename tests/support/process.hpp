@@ -74,7 +74,8 @@ inline std::optional<int> wait_exit(Child& c, std::chrono::steady_clock::time_po
     if (r == c.pid) {
       char buf[4096];
       ssize_t n;
-      while ((n = read(c.out_fd, buf, sizeof buf)) > 0) c.pending.append(buf, static_cast<std::size_t>(n));
+      while ((n = read(c.out_fd, buf, sizeof buf)) > 0)
+        c.pending.append(buf, static_cast<std::size_t>(n));
       return status;
     }
     // Block on the child's stdout instead of sleeping: EOF or output wakes us early.

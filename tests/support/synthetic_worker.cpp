@@ -38,9 +38,9 @@ int main(int argc, char** argv) {
     const int rank = session->rank();
     for (std::size_t i = 0; i < params; ++i) {
       // A fixed "signal" plus a per-worker "noise" pattern.
-      pattern[i] = 0.01f + 0.05f * static_cast<float>(((i * 2654435761u + rank * 40503u) % 1000)) /
-                               1000.0f -
-                   0.025f;
+      pattern[i] =
+          0.01f + 0.05f * static_cast<float>(((i * 2654435761u + rank * 40503u) % 1000)) / 1000.0f -
+          0.025f;
     }
     std::vector<double> ms;
     for (int s = 0; s < warmup + steps; ++s) {
@@ -51,19 +51,19 @@ int main(int argc, char** argv) {
         session->allreduce_gradients(g, batch);
         for (std::size_t i = 0; i < params; ++i) w[i] -= 0.01f * g[i];
       });
-      const double t = std::chrono::duration<double, std::milli>(
-                           std::chrono::steady_clock::now() - t0)
-                           .count();
+      const double t =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (s >= warmup) ms.push_back(t);
     }
     if (rank == 0) {
       const double mean = std::accumulate(ms.begin(), ms.end(), 0.0) / ms.size();
       std::sort(ms.begin(), ms.end());
       const auto& m = session->metrics();
-      std::printf("synthetic workers=%d params=%zu monitors=%s steps=%d median_ms=%.3f "
-                  "mean_ms=%.3f b_simple=%g\n",
-                  session->size(), params, m.count("gns.skipped") ? "on" : "off", steps,
-                  ms[ms.size() / 2], mean, m.count("gns.b_simple") ? m.at("gns.b_simple") : -1.0);
+      std::printf(
+          "synthetic workers=%d params=%zu monitors=%s steps=%d median_ms=%.3f "
+          "mean_ms=%.3f b_simple=%g\n",
+          session->size(), params, m.count("gns.skipped") ? "on" : "off", steps, ms[ms.size() / 2],
+          mean, m.count("gns.b_simple") ? m.at("gns.b_simple") : -1.0);
     }
   } catch (const std::exception& e) {
     std::cerr << "synthetic-worker: " << e.what() << "\n";

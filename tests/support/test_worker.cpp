@@ -75,7 +75,8 @@ bool sweep(kf::Peer& peer) {
       kf::CollOptions og = o;
       og.root = p - 1;
       std::vector<float> ga(r == og.root ? n * p : 0);
-      peer.gather("ga/" + id, kf::buffer(in.data(), n), kf::buffer(ga.data(), ga.size()), og).wait();
+      peer.gather("ga/" + id, kf::buffer(in.data(), n), kf::buffer(ga.data(), ga.size()), og)
+          .wait();
       if (r == og.root) {
         ok = true;
         for (int q = 0; q < p; ++q) {
@@ -133,8 +134,10 @@ int recover(kf::Peer& peer) {
       return 1;
     }
   }
-  const auto ms = std::chrono::duration_cast<std::chrono::microseconds>(
-                      std::chrono::steady_clock::now() - t0).count() / 1000.0;
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+          .count() /
+      1000.0;
   std::cout << "recovered size=" << peer.size() << " v" << peer.version() << " resume_ms=" << ms
             << std::endl;
   return 0;

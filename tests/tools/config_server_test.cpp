@@ -247,9 +247,9 @@ TEST_F(ConfigServerTest, UsageErrorsExit2) {
 TEST_F(ConfigServerTest, TakenPortExits1NamingTheAddress) {
   ServerProcess first(dir_);
   ASSERT_FALSE(first.address().empty());
-  const Ran r = run_shell(server_path() + " --token-file " + (dir_ / "token").string() +
-                          " --state " + (dir_ / "other.json").string() + " --listen " +
-                          first.address());
+  const Ran r =
+      run_shell(server_path() + " --token-file " + (dir_ / "token").string() + " --state " +
+                (dir_ / "other.json").string() + " --listen " + first.address());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("cannot listen on " + first.address()), std::string::npos) << r.output;
 }

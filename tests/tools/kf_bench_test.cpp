@@ -229,13 +229,13 @@ TEST_F(KfBench, CompareAgainstABuildRunsBothSidesInTheSameRounds) {
   const std::string build = self.parent_path().parent_path().parent_path().string();
   std::string dir = (std::filesystem::temp_directory_path() / "kf_bench_against.XXXXXX").string();
   ASSERT_NE(::mkdtemp(dir.data()), nullptr);
-  const Captured r = run({env_path("KF_BENCH"), "compare", "--impl", "kf-tcp", "--np", "2",
-                          "--sizes", "4", "--rounds", "2", "--iters", "5", "--warmup", "1",
-                          "--out", dir, "--timeout-s", "60", "--against", build});
+  const Captured r =
+      run({env_path("KF_BENCH"), "compare", "--impl",    "kf-tcp", "--np",     "2", "--sizes", "4",
+           "--rounds",           "2",       "--iters",   "5",      "--warmup", "1", "--out",   dir,
+           "--timeout-s",        "60",      "--against", build});
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("kf-tcp kf-tcp@old"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("this build (new) against " + build + " (old)"), std::string::npos)
-      << r.out;
+  EXPECT_NE(r.out.find("this build (new) against " + build + " (old)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("spread new"), std::string::npos) << r.out;
   // Round 1 runs this build first, round 2 the other.
   const auto at = [&r](const std::string& what) { return r.err.find(what); };
@@ -250,8 +250,7 @@ TEST_F(KfBench, CompareAgainstABuildRunsBothSidesInTheSameRounds) {
     EXPECT_EQ(row.value("class", ""), "tcp") << line;
     seen.insert(row.value("impl", "") + "/" + std::to_string(row.value("round", 0)));
   }
-  EXPECT_EQ(seen, (std::set<std::string>{"kf-tcp/1", "kf-tcp/2", "kf-tcp@old/1",
-                                         "kf-tcp@old/2"}));
+  EXPECT_EQ(seen, (std::set<std::string>{"kf-tcp/1", "kf-tcp/2", "kf-tcp@old/1", "kf-tcp@old/2"}));
   std::filesystem::remove_all(dir);
 }
 

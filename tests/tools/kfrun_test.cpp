@@ -6,10 +6,10 @@
 
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -357,8 +357,7 @@ TEST_F(Kfrun, HoldsEachWorkerToOneCoreOnlyWhenThereAreMoreWorkersThanCores) {
   options.np = 3;  // 3 workers, 2 cores: slot s on core s mod 2
   auto r = run_in_process(options);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(cpus_by_rank(r.out),
-            (std::map<int, std::set<int>>{{0, {a}}, {1, {b}}, {2, {a}}}))
+  EXPECT_EQ(cpus_by_rank(r.out), (std::map<int, std::set<int>>{{0, {a}}, {1, {b}}, {2, {a}}}))
       << r.out;
 
   options.bind = Bind::none;
@@ -372,8 +371,7 @@ TEST_F(Kfrun, HoldsEachWorkerToOneCoreOnlyWhenThereAreMoreWorkersThanCores) {
   options.np = 2;  // a core each: left free
   r = run_in_process(options);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(cpus_by_rank(r.out), (std::map<int, std::set<int>>{{0, {a, b}}, {1, {a, b}}}))
-      << r.out;
+  EXPECT_EQ(cpus_by_rank(r.out), (std::map<int, std::set<int>>{{0, {a, b}}, {1, {a, b}}})) << r.out;
 }
 
 TEST_F(Kfrun, RejectsAnUnknownBinding) {

@@ -168,7 +168,12 @@ class KfrunProcess {
       std::istringstream fields(line.substr(at + 8));
       for (std::string field; std::getline(fields, field, '|');) f.push_back(field);
       if (f.size() != 7) continue;
-      WorkerInfo w{f[0], std::stoi(f[1]), std::stoi(f[2]), f[3], f[4], f[5],
+      WorkerInfo w{f[0],
+                   std::stoi(f[1]),
+                   std::stoi(f[2]),
+                   f[3],
+                   f[4],
+                   f[5],
                    kf::Cluster::from_json(nlohmann::json::parse(f[6]))};
       found[w.self] = w;
     }
@@ -210,8 +215,9 @@ class KfrunWatch : public ::testing::Test {
   // Starts kfrun --watch with the builtin service, `np` initial workers and `extra` options, and
   // waits until it told the service's URL and token file and its workers announced themselves.
   void start_builtin(int slots, int np, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args{"--watch", "--config-server", "builtin", "--slots",
-                                  std::to_string(slots), "-np", std::to_string(np)};
+    std::vector<std::string> args{"--watch",         "--config-server",     "builtin",
+                                  "--slots",         std::to_string(slots), "-np",
+                                  std::to_string(np)};
     args.insert(args.end(), extra.begin(), extra.end());
     start(args);
     ASSERT_TRUE(agent_->wait_for_text("kfrun: job token file ")) << agent_->output();
@@ -221,8 +227,8 @@ class KfrunWatch : public ::testing::Test {
     ASSERT_TRUE(agent_->wait_for_workers(static_cast<std::size_t>(np))) << agent_->output();
   }
   void start(std::vector<std::string> args) {
-    for (const std::string& a : {std::string("--"), std::string("/bin/sh"), std::string("-c"),
-                                 worker_script(dir_)}) {
+    for (const std::string& a :
+         {std::string("--"), std::string("/bin/sh"), std::string("-c"), worker_script(dir_)}) {
       args.push_back(a);
     }
     agent_ = std::make_unique<KfrunProcess>(args);
@@ -465,8 +471,8 @@ TEST_F(KfrunWatch, KeepsItsWorkersWhileTheConfigServerRestarts) {
   ASSERT_FALSE(server->url().empty());
   url_ = server->url();
   token_file_ = (dir_ / "token").string();
-  start({"--watch", "--config-server", url_, "--job-token-file", token_file_, "--slots", "2",
-         "-np", "1"});
+  start({"--watch", "--config-server", url_, "--job-token-file", token_file_, "--slots", "2", "-np",
+         "1"});
   ASSERT_TRUE(agent_->wait_for_workers(1)) << agent_->output();
   const std::string first = self_of_rank(0);
   EXPECT_EQ(agent_->workers().at(first).token_file, token_file_);

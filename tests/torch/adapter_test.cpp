@@ -4,8 +4,8 @@
 // give those of one process on the whole batch; a worker with other initial values starts from
 // rank 0's exact state; bucketed overlapped and single-allreduce exchanges agree bit for bit;
 // and the gradient noise scale is fed from the exchange.
-#include "kf/torch/distributed_optimizer.hpp"
 #include "kf/torch/data.hpp"
+#include "kf/torch/distributed_optimizer.hpp"
 
 #include <gtest/gtest.h>
 
@@ -106,7 +106,8 @@ Trained train_kf(int n, Opt which, int steps, const Data& d, DistributedOptimize
         dist.begin_step(hi - lo, rows);
         torch::nn::functional::cross_entropy(nets[r]->forward(x), y).backward();
         dist.step();
-      }), Session::Outcome::committed);
+      }),
+                Session::Outcome::committed);
     }
     t.params[r] = params_of(nets[r]);
     t.metrics[r] = s.metrics();

@@ -54,7 +54,8 @@ TEST(ElasticTorch, ResizedTwoThreeTwoEveryWorkerHoldsTheSameModel) {
   std::map<std::string, std::map<std::string, std::string>> by_version;  // version -> worker -> H
   std::map<std::string, int> size_of;
   std::istringstream in(out);
-  const std::regex re(R"(^\[([^\]]+)\] membership v(\d+) step \d+ workers (\d+) params ([0-9a-f]+))");
+  const std::regex re(
+      R"(^\[([^\]]+)\] membership v(\d+) step \d+ workers (\d+) params ([0-9a-f]+))");
   for (std::string line; std::getline(in, line);) {
     std::smatch m;
     if (std::regex_search(line, m, re)) {

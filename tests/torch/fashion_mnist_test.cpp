@@ -29,8 +29,8 @@ class IdxFiles : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   // An IDX file of unsigned bytes with `dims`, holding `payload` bytes (gzip when gz).
-  void write(const std::string& name, std::vector<std::uint32_t> dims, std::size_t payload,
-             bool gz, std::uint32_t magic = 0) {
+  void write(const std::string& name, std::vector<std::uint32_t> dims, std::size_t payload, bool gz,
+             std::uint32_t magic = 0) {
     std::string bytes;
     const auto put = [&](std::uint32_t v) {
       for (int s = 24; s >= 0; s -= 8) bytes.push_back(static_cast<char>((v >> s) & 0xff));
@@ -69,13 +69,11 @@ TEST_F(IdxFiles, ReadsGzipAndPlainFiles) {
 }
 
 TEST_F(IdxFiles, EveryBadFileIsNamedWithWhatIsWrong) {
-  EXPECT_NE(error_of("train").find("train-images-idx3-ubyte.gz: no such file"),
-            std::string::npos)
+  EXPECT_NE(error_of("train").find("train-images-idx3-ubyte.gz: no such file"), std::string::npos)
       << error_of("train");
   write("train-images-idx3-ubyte.gz", {3, 28, 28}, 3 * 784 - 5, true);  // truncated
   write("train-labels-idx1-ubyte.gz", {3}, 3, true);
-  EXPECT_NE(error_of("train").find("truncated or corrupt"), std::string::npos)
-      << error_of("train");
+  EXPECT_NE(error_of("train").find("truncated or corrupt"), std::string::npos) << error_of("train");
   write("train-images-idx3-ubyte.gz", {3, 28, 28}, 3 * 784, true, 0x12345678);  // bad magic
   EXPECT_NE(error_of("train").find("magic 0x12345678"), std::string::npos) << error_of("train");
   write("train-images-idx3-ubyte.gz", {3, 28, 28}, 3 * 784, true);

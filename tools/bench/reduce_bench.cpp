@@ -19,7 +19,8 @@ namespace {
 std::vector<unsigned char> operand(kf::DType t, std::size_t n, int seed) {
   std::vector<unsigned char> v(n * kf::dtype_bytes(t));
   for (std::size_t i = 0; i < n; ++i) {
-    const double x = 0.5 + static_cast<double>((i * 7 + static_cast<std::size_t>(seed)) % 97) / 97.0;
+    const double x =
+        0.5 + static_cast<double>((i * 7 + static_cast<std::size_t>(seed)) % 97) / 97.0;
     unsigned char* at = &v[i * kf::dtype_bytes(t)];
     switch (t) {
       case kf::DType::f32: {
@@ -65,8 +66,8 @@ void reduce(benchmark::State& state, kf::DType t, kf::ReduceOp op) {
 int register_all() {
   for (kf::DType t : {kf::DType::f32, kf::DType::f64, kf::DType::f16, kf::DType::bf16,
                       kf::DType::i32, kf::DType::i64, kf::DType::u8}) {
-    for (kf::ReduceOp op : {kf::ReduceOp::sum, kf::ReduceOp::prod, kf::ReduceOp::min,
-                            kf::ReduceOp::max}) {
+    for (kf::ReduceOp op :
+         {kf::ReduceOp::sum, kf::ReduceOp::prod, kf::ReduceOp::min, kf::ReduceOp::max}) {
       const std::string name =
           "reduce/" + std::string(kf::to_string(t)) + "/" + std::string(kf::to_string(op));
       benchmark::RegisterBenchmark(name.c_str(), reduce, t, op)->Arg(64 << 10)->Arg(8 << 20);

@@ -22,8 +22,8 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
-#include <csignal>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -164,8 +164,8 @@ void exchange(int tx, int rx, std::size_t bytes, int count, std::vector<char>& i
 }
 
 struct Result {
-  double us = 0;            // per exchange
-  double segments = -1;     // TCP segments the host sent per exchange; < 0: unknown
+  double us = 0;         // per exchange
+  double segments = -1;  // TCP segments the host sent per exchange; < 0: unknown
 };
 
 // One round in one layout: forks the other process, warms up, times `iters` exchanges.
@@ -242,8 +242,9 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters, "timed exchanges per round (after 1000 untimed)")
       ->check(CLI::Range(1, 100000000));
   app.add_option("--rounds", rounds, "rounds per layout")->check(CLI::Range(1, 1000));
-  app.add_option("--bytes", bytes, "message bytes each way (48: a kf frame of a 4-byte "
-                                   "allreduce)")
+  app.add_option("--bytes", bytes,
+                 "message bytes each way (48: a kf frame of a 4-byte "
+                 "allreduce)")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
   CLI11_PARSE(app, argc, argv);
 

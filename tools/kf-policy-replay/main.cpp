@@ -35,9 +35,10 @@ std::string brief(const kf::PolicyInputs& in) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Runs a job file's policies over a recording of policy runs and prints each "
-               "decision with the step and the inputs that caused it.",
-               "kf-policy-replay"};
+  CLI::App app{
+      "Runs a job file's policies over a recording of policy runs and prints each "
+      "decision with the step and the inputs that caused it.",
+      "kf-policy-replay"};
   std::string job_path, record_path;
   bool check = false, all = false;
   app.add_option("--job", job_path, "the job file naming the policies and plugins")->required();

@@ -19,10 +19,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include "kf/runtime/job_file.hpp"
 #include "kfrun/lib/agent.hpp"
 #include "kfrun/lib/launcher.hpp"
 #include "kfrun/lib/ports.hpp"
-#include "kf/runtime/job_file.hpp"
 
 namespace {
 
@@ -101,8 +101,7 @@ int main(int argc, char** argv) {
   app.add_option("--config-server", agent.config_server,
                  "config service URL http://HOST:PORT, or 'builtin' to run one in kfrun")
       ->needs(watch);
-  app.add_option("--slots", agent.slots, "most workers running at once on this host")
-      ->needs(watch);
+  app.add_option("--slots", agent.slots, "most workers running at once on this host")->needs(watch);
   app.add_option("--state", agent.state_file, "state file of the builtin config service")
       ->needs(watch);
   app.add_option("--leave-grace-ms", leave_grace_ms,

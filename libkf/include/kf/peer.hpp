@@ -45,7 +45,7 @@ std::optional<Transport> parse_transport(std::string_view text) noexcept;
 struct PeerOptions {
   Endpoint listen{"127.0.0.1", 0};  ///< port 0 picks a free port (see Peer::endpoint())
   std::string job_id = "kf";
-  std::string job_token;            ///< must be non-empty
+  std::string job_token;  ///< must be non-empty
   /// A collective fails when a peer it waits on shows no progress for this long.
   std::chrono::milliseconds timeout{3000};
   /// How long a new connection may take to open and authenticate (peers may start late).
@@ -90,8 +90,8 @@ struct PeerOptions {
   /// a plan (callgrind, 4 B); with kf-bench on 2 cores, same host, 2 workers at 16 KiB take 6.4
   /// us with it and 7.4-7.6 us without, 4 workers at 4 B 7.3-8 us against 9-14 us.
   std::size_t express_bytes = std::size_t{64} << 10;
-  std::size_t max_frame_bytes = std::size_t{64} << 20;       ///< larger transfers are split
-  std::size_t max_unexpected_bytes = std::size_t{2} << 30;   ///< early-arrival buffer limit
+  std::size_t max_frame_bytes = std::size_t{64} << 20;      ///< larger transfers are split
+  std::size_t max_unexpected_bytes = std::size_t{2} << 30;  ///< early-arrival buffer limit
 };
 
 /// Payload bytes of the data frames this peer has sent, by the path they took.
@@ -180,8 +180,7 @@ class Peer {
   Handle allgather(std::string_view name, Buffer send, Buffer recv, const CollOptions& o = {});
   /// send has size * recv.count elements; worker r gets block r of the reduction. recv may
   /// overlap send (e.g. be its first block).
-  Handle reduce_scatter(std::string_view name, Buffer send, Buffer recv,
-                        const CollOptions& o = {});
+  Handle reduce_scatter(std::string_view name, Buffer send, Buffer recv, const CollOptions& o = {});
   /// recv on opts.root (size * send.count elements) = every worker's send; ignored elsewhere.
   Handle gather(std::string_view name, Buffer send, Buffer recv, const CollOptions& o = {});
   /// Completes on every worker once all workers have entered it.

@@ -17,7 +17,7 @@ enum class BackendKind : std::uint8_t { host, device };
 /// memory, the device backend otherwise.
 inline BackendKind backend_for(const Buffer& send, const Buffer& recv) noexcept {
   return send.device == Device::cpu && recv.device == Device::cpu ? BackendKind::host
-                                                                   : BackendKind::device;
+                                                                  : BackendKind::device;
 }
 
 /// Why a collective on device buffers fails.

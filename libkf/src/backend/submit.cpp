@@ -38,7 +38,8 @@ Handle PeerImpl::submit(std::shared_ptr<CollCtx> ctx) {
   ctx->state = std::make_shared<OpState>();
   ctx->state->driver = driver_;
   Handle h(ctx->state);
-  if (cluster_.workers.empty()) return fail_request(*ctx, "the peer has no cluster yet (call start())");
+  if (cluster_.workers.empty())
+    return fail_request(*ctx, "the peer has no cluster yet (call start())");
   const BackendKind backend = backend_for(ctx->send, ctx->recv);
   ctx->version = cluster_.version;
   ctx->rank = rank_;
@@ -99,8 +100,7 @@ std::string PeerImpl::check_arguments(const CollCtx& c) const {
         return "send needs size*recv.count = " + std::to_string(r.count * p) + " elements";
       }
       break;
-    default:
-      break;
+    default: break;
   }
   const bool recv_unused = c.op == CollOp::gather && c.rank != c.opts.root;
   if ((s.count > 0 && s.data == nullptr) || (r.count > 0 && r.data == nullptr && !recv_unused)) {

@@ -80,8 +80,8 @@ Cluster Cluster::from_json(const nlohmann::json& j) {
   }
   Cluster c;
   if (j.contains("version")) {
-    if (!j["version"].is_number_unsigned() && !(j["version"].is_number_integer() &&
-                                                j["version"].get<std::int64_t>() >= 0)) {
+    if (!j["version"].is_number_unsigned() &&
+        !(j["version"].is_number_integer() && j["version"].get<std::int64_t>() >= 0)) {
       throw std::invalid_argument("cluster.version must be a non-negative integer");
     }
     c.version = j["version"].get<std::uint64_t>();
@@ -108,7 +108,8 @@ Cluster Cluster::from_json(const nlohmann::json& j) {
     }
   }
   if (j.contains("settings")) {
-    if (!j["settings"].is_object()) throw std::invalid_argument("cluster.settings must be an object");
+    if (!j["settings"].is_object())
+      throw std::invalid_argument("cluster.settings must be an object");
     c.settings = j["settings"];
   }
   if (auto why = c.validate(); !why.empty()) throw std::invalid_argument(why);

@@ -32,13 +32,24 @@ std::string_view to_string(ReduceOp op) noexcept {
 }
 
 std::optional<DType> parse_dtype(std::string_view s) noexcept {
-  struct Name { std::string_view name; DType t; };
-  static constexpr std::array<Name, 14> kNames{{
-      {"f32", DType::f32}, {"float32", DType::f32}, {"f64", DType::f64},
-      {"float64", DType::f64}, {"f16", DType::f16}, {"float16", DType::f16},
-      {"bf16", DType::bf16}, {"bfloat16", DType::bf16}, {"i32", DType::i32},
-      {"int32", DType::i32}, {"i64", DType::i64}, {"int64", DType::i64},
-      {"u8", DType::u8}, {"uint8", DType::u8}}};
+  struct Name {
+    std::string_view name;
+    DType t;
+  };
+  static constexpr std::array<Name, 14> kNames{{{"f32", DType::f32},
+                                                {"float32", DType::f32},
+                                                {"f64", DType::f64},
+                                                {"float64", DType::f64},
+                                                {"f16", DType::f16},
+                                                {"float16", DType::f16},
+                                                {"bf16", DType::bf16},
+                                                {"bfloat16", DType::bf16},
+                                                {"i32", DType::i32},
+                                                {"int32", DType::i32},
+                                                {"i64", DType::i64},
+                                                {"int64", DType::i64},
+                                                {"u8", DType::u8},
+                                                {"uint8", DType::u8}}};
   for (const auto& n : kNames) {
     if (n.name == s) return n.t;
   }

@@ -14,13 +14,13 @@ namespace kf {
 
 spdlog::logger& logger() {
   static std::shared_ptr<spdlog::logger> log = [] {
-    auto l = std::make_shared<spdlog::logger>("kf",
-                                              std::make_shared<spdlog::sinks::stderr_sink_mt>());
+    auto l =
+        std::make_shared<spdlog::logger>("kf", std::make_shared<spdlog::sinks::stderr_sink_mt>());
     l->set_pattern("%H:%M:%S.%e %^%l%$ %v");
     // spdlog reads an unknown name as "off", which would hide every message, the complaint
     // included: an unknown level is said and info is used.
-    constexpr std::array<std::string_view, 9> kNames{"trace", "debug", "info",     "warn", "warning",
-                                                     "err",   "error", "critical", "off"};
+    constexpr std::array<std::string_view, 9> kNames{
+        "trace", "debug", "info", "warn", "warning", "err", "error", "critical", "off"};
     const auto lvl = env::get(env::kLogLevel);
     const bool known = lvl && std::find(kNames.begin(), kNames.end(), *lvl) != kNames.end();
     l->set_level(known ? spdlog::level::from_str(*lvl) : spdlog::level::info);

@@ -103,9 +103,8 @@ struct F16 {
     const std::uint32_t man = h & 0x3ffu;
     const std::uint32_t normal = ((exp + 112u) << 23) | (man << 13);
     // Subnormal: man * 2^-24, a normal float (so flush-to-zero modes leave it alone).
-    const std::uint32_t sub =
-        std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(man)) *
-                                     5.9604644775390625e-08f);
+    const std::uint32_t sub = std::bit_cast<std::uint32_t>(
+        static_cast<float>(static_cast<std::int32_t>(man)) * 5.9604644775390625e-08f);
     const std::uint32_t special = 0x7f800000u | (man << 13) | (man != 0 ? 0x00400000u : 0u);
     const std::uint32_t mag = exp == 0 ? sub : (exp == 31 ? special : normal);
     return std::bit_cast<float>(sign | mag);
@@ -119,7 +118,7 @@ struct F16 {
         std::bit_cast<std::uint32_t>(std::bit_cast<float>(abs) + 0.5f) - 0x3f000000u;
     // Normal: rebias the exponent and round the 13 dropped bits to nearest-even.
     const std::uint32_t normal = (abs + 0xc8000fffu + ((abs >> 13) & 1u)) >> 13;
-    const std::uint32_t mag = abs > 0x7f800000u   ? 0x7e00u
+    const std::uint32_t mag = abs > 0x7f800000u    ? 0x7e00u
                               : abs >= 0x477ff000u ? 0x7c00u
                               : abs < 0x38800000u  ? sub
                                                    : normal;
@@ -207,10 +206,12 @@ void divide_typed(T* buf, std::size_t n, std::size_t d) noexcept {
 template <typename H>
 void divide_half(std::uint16_t* buf, std::size_t n, std::size_t d) noexcept {
   const float dv = static_cast<float>(d);
-  for (std::size_t i = 0; i < n; ++i) buf[i] = H::from_float(quiet_if_nan(H::to_float(buf[i]) / dv));
+  for (std::size_t i = 0; i < n; ++i)
+    buf[i] = H::from_float(quiet_if_nan(H::to_float(buf[i]) / dv));
 }
 
-// ---- f16 and bf16 with AVX2 and F16C (x86-64) ----------------------------------------------------------------
+// ---- f16 and bf16 with AVX2 and F16C (x86-64)
+// ----------------------------------------------------------------
 
 #ifdef KF_REDUCE_X86
 

@@ -38,7 +38,7 @@ inline constexpr auto kCrowdedSpin = std::chrono::microseconds(1000);
 /// holding `mu`, so handlers still need no locks of their own.
 struct Driver {
   explicit Driver(asio::io_context& c) : ioc(&c) {}
-  std::mutex mu;                  // held by whichever thread runs the context
+  std::mutex mu;  // held by whichever thread runs the context
 #ifndef NDEBUG
   std::atomic<std::thread::id> runner{};  // debug builds: the thread that holds `mu`
 #endif
@@ -68,7 +68,7 @@ struct Driver {
     runner.store(on ? std::this_thread::get_id() : std::thread::id{}, std::memory_order_relaxed);
 #endif
   }
-  std::atomic<int> wanted{0};     // user threads in drive_until(); the I/O thread parks meanwhile
+  std::atomic<int> wanted{0};       // user threads in drive_until(); the I/O thread parks meanwhile
   std::atomic<bool> closed{false};  // the peer is shutting down: nobody else may drive
   asio::io_context* ioc;
   // Set just before the peer stops the context. The polling loops look at this and not at
@@ -194,8 +194,8 @@ struct OpState {
   std::atomic<bool> claimed{false};  // complete() was called: the first call wins
   std::atomic<int> sleepers{0};      // waiters that sleep, or are about to
   std::atomic<bool> ready{false};
-  std::error_code ec;                // written once, before `ready`
-  std::string what;                  // written once, before `ready`
+  std::error_code ec;              // written once, before `ready`
+  std::string what;                // written once, before `ready`
   std::shared_ptr<Driver> driver;  // set for collectives: a waiter may run the I/O itself
 
   /// The first call wins: a waiter that saw `ready` reads `ec` and `what`.

@@ -4,10 +4,10 @@
 // the express path (engine/express.cpp) instead.
 #include <openssl/evp.h>
 
-#include "kf/coll/cost_model.hpp"
-#include "engine/engine_util.hpp"
-#include "kf/common/log.hpp"
 #include "engine/engine.hpp"
+#include "engine/engine_util.hpp"
+#include "kf/coll/cost_model.hpp"
+#include "kf/common/log.hpp"
 
 namespace kf::detail {
 
@@ -136,8 +136,7 @@ void Engine::prepare_collective(const std::shared_ptr<CollCtx>& ctx) {
   KF_DCHECK_IO(driver_);
   CollCtx& c = *ctx;
   if (mesh_.broken()) {
-    c.state->complete(mesh_.broken(), label(c) + ": cluster version " +
-                                          std::to_string(c.version) +
+    c.state->complete(mesh_.broken(), label(c) + ": cluster version " + std::to_string(c.version) +
                                           " is broken: " + mesh_.broken_why());
     return;
   }
@@ -233,8 +232,7 @@ void Engine::finish_collective(CollCtx& c) {
         if (c.agreed) *c.agreed = same;
         break;
       }
-      default:
-        break;
+      default: break;
     }
     scratch_.release(std::move(c.pooled));
     c.state->complete({}, {});
@@ -245,11 +243,10 @@ void Engine::finish_collective(CollCtx& c) {
     if (mesh_.broken() && ec != mesh_.broken()) ec = mesh_.broken();
   }
   const std::string msg = label(c) + " (" + std::string(to_string(c.algorithm)) + ", v" +
-                          std::to_string(c.version) + ") failed: " +
-                          (mesh_.broken_why().empty() ? c.why : mesh_.broken_why());
+                          std::to_string(c.version) +
+                          ") failed: " + (mesh_.broken_why().empty() ? c.why : mesh_.broken_why());
   KF_LOG(debug, "coll", "{}: {}", mesh_.identity(), msg);
   c.state->complete(ec, msg);
 }
-
 
 }  // namespace kf::detail

@@ -15,10 +15,10 @@
 
 #include <boost/container/small_vector.hpp>
 
-#include "engine/range_set.hpp"
 #include "coll/plan/plan.hpp"
 #include "common/scratch_pool.hpp"
 #include "driver/driver.hpp"
+#include "engine/range_set.hpp"
 #include "kf/peer.hpp"
 #include "mailbox/request.hpp"
 
@@ -40,8 +40,8 @@ struct LaneRun : Waiter {
   CollCtx* coll = nullptr;
   const coll::Lane* lane = nullptr;
   std::uint32_t tag = 0;
-  std::size_t step = 0;   // the step being run
-  bool posted = false;    // the step's transfers are posted
+  std::size_t step = 0;  // the step being run
+  bool posted = false;   // the step's transfers are posted
   ScratchPool::Block scratch;
   const coll::Xfer* stream = nullptr;  // the step's receive reduced on arrival, if any
   // How far the step's reduction got (PeerImpl::reduce_step): the transfer, the elements of it
@@ -87,11 +87,11 @@ struct CollCtx {
 
   // ---- while it runs (PeerImpl::start_collective to PeerImpl::finish_collective) ----
   std::shared_ptr<const coll::Plan> plan;
-  std::size_t count = 0;                 // elements of the plan's work buffer per rank block
-  std::byte* work = nullptr;             // the plan's work buffer
-  ScratchPool::Block pooled;             // the work buffer when the caller's cannot serve
-  std::array<std::byte, 64> digest{};    // consensus: the work buffer
-  std::byte barrier_byte{1};             // barrier: the work buffer
+  std::size_t count = 0;               // elements of the plan's work buffer per rank block
+  std::byte* work = nullptr;           // the plan's work buffer
+  ScratchPool::Block pooled;           // the work buffer when the caller's cannot serve
+  std::array<std::byte, 64> digest{};  // consensus: the work buffer
+  std::byte barrier_byte{1};           // barrier: the work buffer
   boost::container::small_vector<LaneRun, 1> lanes;  // sized once: lanes do not move
   std::size_t lanes_left = 0;
   std::error_code first;  // the first lane failure, and its reason
@@ -101,9 +101,9 @@ struct CollCtx {
   // ---- express: a tiny allreduce run by recursive doubling without plan, lanes or requests
   // (PeerImpl::start_express). The same frames as the plan's, so workers that run the same
   // collective either way interoperate. ----
-  int x_dist = 0;            // the current round's distance: the partner is rank ^ x_dist
-  int x_peer = -1;           // the partner's peer index while waiting for its frame
-  bool x_waiting = false;    // in PeerImpl::express_waiting_
+  int x_dist = 0;          // the current round's distance: the partner is rank ^ x_dist
+  int x_peer = -1;         // the partner's peer index while waiting for its frame
+  bool x_waiting = false;  // in PeerImpl::express_waiting_
   Clock::time_point x_deadline{};
 
   // User-provided, so that make_shared's value-initialisation runs the member initialisers only

@@ -3,10 +3,10 @@
 // requests.
 #include <bit>
 
+#include "engine/engine.hpp"
 #include "engine/engine_util.hpp"
 #include "kf/coll/cost_model.hpp"
 #include "kf/common/log.hpp"
-#include "engine/engine.hpp"
 
 namespace kf::detail {
 
@@ -83,8 +83,9 @@ void Engine::express_step(CollCtx& c) {
       mailbox_.recycle(std::move(taken->block));
       if (got != bytes) {
         return fail_express(c, make_error_code(errc::protocol_error),
-                            "receiving from " + mesh_.peer_key(peer) + ": a frame of " + std::to_string(got) +
-                                " bytes, " + std::to_string(bytes) + " expected");
+                            "receiving from " + mesh_.peer_key(peer) + ": a frame of " +
+                                std::to_string(got) + " bytes, " + std::to_string(bytes) +
+                                " expected");
       }
       c.x_dist <<= 1;
       continue;
@@ -103,7 +104,7 @@ void Engine::express_step(CollCtx& c) {
 }
 
 bool Engine::express_take(const MailKeyView& key, std::span<const std::byte> payload,
-                            std::error_code& conn, std::string& why) {
+                          std::error_code& conn, std::string& why) {
   KF_DCHECK_IO(driver_);
   if (key.tag != 0) return false;
   CollCtx* found = nullptr;
@@ -150,7 +151,6 @@ void Engine::fail_express(CollCtx& c, std::error_code ec, std::string why) {
   }
   finish_collective(c);
 }
-
 
 void Engine::fail_express_if(const KeyMatch& match, std::error_code ec) {
   KF_DCHECK_IO(driver_);

@@ -4,9 +4,9 @@
 // what came in plan order, so every worker computes every element with the same grouping. A
 // failed step cancels what it can and waits for transfers already touching the caller's
 // buffers, so no buffer is used after the handle completes.
+#include "engine/engine.hpp"
 #include "engine/engine_util.hpp"
 #include "kf/common/log.hpp"
-#include "engine/engine.hpp"
 #include "transport/stream/socket_io.hpp"
 
 namespace kf::detail {
@@ -142,8 +142,8 @@ void Engine::advance(LaneRun& l) {
         l.posted = true;
         // A receive whose frame is in a shared-memory ring already is taken now: then it
         // needs no wait at all.
-        if (mesh_.reads_rings() &&
-            std::any_of(l.recvs.begin(), l.recvs.end(), [](const auto& r) { return !r->ev.done; })) {
+        if (mesh_.reads_rings() && std::any_of(l.recvs.begin(), l.recvs.end(),
+                                               [](const auto& r) { return !r->ev.done; })) {
           mesh_.poll_rings();
         }
       }
@@ -256,8 +256,7 @@ std::size_t Engine::run_woken() {
 }
 
 std::string Engine::transfer_failure(bool recv, int peer, std::error_code ec) const {
-  return (recv ? "receiving from " : "sending to ") + mesh_.peer_key(peer) +
-         ": " + ec.message();
+  return (recv ? "receiving from " : "sending to ") + mesh_.peer_key(peer) + ": " + ec.message();
 }
 
 void Engine::fail_transfer(LaneRun& l, bool recv, int peer, std::error_code ec) {
@@ -289,11 +288,10 @@ void Engine::lane_finished(LaneRun& l, std::error_code ec, std::string why) {
   if (--c.lanes_left == 0) finish_collective(c);
 }
 
-awaitable<void> Engine::abandon_step(CollCtx& ctx,
-                                       const StepVec<std::shared_ptr<SendReq>>& sends,
-                                       const StepVec<int>& send_peer,
-                                       const StepVec<std::shared_ptr<RecvReq>>& recvs,
-                                       const StepVec<int>& recv_peer, std::error_code result) {
+awaitable<void> Engine::abandon_step(CollCtx& ctx, const StepVec<std::shared_ptr<SendReq>>& sends,
+                                     const StepVec<int>& send_peer,
+                                     const StepVec<std::shared_ptr<RecvReq>>& recvs,
+                                     const StepVec<int>& recv_peer, std::error_code result) {
   // A peer that stops making progress counts as lost; everyone else is told.
   if (result == make_error_code(errc::timeout)) {
     const std::string stall = no_progress(ctx.timeout);

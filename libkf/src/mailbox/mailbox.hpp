@@ -69,9 +69,9 @@ struct Slot {
   bool empty() const noexcept { return posted.empty() && unexpected.empty(); }
   /// Removes the posted receives that are not being filled right now.
   void drop_idle() {
-    posted.erase(std::remove_if(posted.begin(), posted.end(),
-                                [](const auto& r) { return !r->in_progress; }),
-                 posted.end());
+    posted.erase(
+        std::remove_if(posted.begin(), posted.end(), [](const auto& r) { return !r->in_progress; }),
+        posted.end());
   }
 };
 

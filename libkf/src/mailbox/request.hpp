@@ -138,8 +138,8 @@ struct RecvReq {
 /// Puts n payload bytes that belong at `offset` of the request's destination in place.
 /// Copies n payload bytes to dst, or with `reduce` stores dst[i] = (src ? src : dst)[i] OP
 /// data[i].
-inline void deliver_to(std::byte* dst, bool reduce, const std::byte* src, DType dtype,
-                       ReduceOp op, const std::byte* data, std::size_t n) {
+inline void deliver_to(std::byte* dst, bool reduce, const std::byte* src, DType dtype, ReduceOp op,
+                       const std::byte* data, std::size_t n) {
   if (n == 0) return;
   if (!reduce) {
     std::memcpy(dst, data, n);

@@ -7,9 +7,9 @@
 
 #include "kf/common/log.hpp"
 #include "mesh/mesh.hpp"
-#include "transport/stream/socket_io.hpp"
 #include "transport/auth.hpp"
 #include "transport/single_copy.hpp"
+#include "transport/stream/socket_io.hpp"
 
 namespace kf::detail {
 
@@ -56,8 +56,8 @@ awaitable<std::error_code> Mesh::accept_handshake(Incoming& in, std::string& why
     why = "hello for job '" + hello->job_id + "', this is job '" + opts_.job_id + "'";
     co_return make_error_code(errc::auth_failed);
   }
-  const auto want = transport::handshake_mac(opts_.job_token, "hello", hello->job_id,
-                                             hello->identity, nonce);
+  const auto want =
+      transport::handshake_mac(opts_.job_token, "hello", hello->job_id, hello->identity, nonce);
   if (!transport::mac_equal(want, hello->mac)) {
     why = "hello from '" + hello->identity + "' does not prove the job token";
     co_return make_error_code(errc::auth_failed);
@@ -69,8 +69,8 @@ awaitable<std::error_code> Mesh::accept_handshake(Incoming& in, std::string& why
     why = e.what();
     co_return make_error_code(errc::protocol_error);
   }
-  transport::Welcome w{identity_, transport::handshake_mac(opts_.job_token, "welcome",
-                                                           opts_.job_id, identity_, hello->nonce)};
+  transport::Welcome w{identity_, transport::handshake_mac(opts_.job_token, "welcome", opts_.job_id,
+                                                           identity_, hello->nonce)};
   if (auto ec = co_await write_control(in.sock, FrameType::welcome, transport::encode(w))) {
     co_return ec;
   }
@@ -83,8 +83,8 @@ awaitable<bool> Mesh::admit(Incoming& in, const std::string& from) {
   // The handshake, raced against the connect deadline so a silent client cannot hold a socket.
   asio::steady_timer deadline(ex(), opts_.connect_timeout);
   auto outcome = co_await (accept_handshake(in, why) || deadline.async_wait(kTuple));
-  std::error_code hec = outcome.index() == 0 ? std::get<0>(outcome)
-                                             : make_error_code(errc::timeout);
+  std::error_code hec =
+      outcome.index() == 0 ? std::get<0>(outcome) : make_error_code(errc::timeout);
   if (outcome.index() == 1) why = "handshake not completed in time";
   if (!hec) co_return true;
   if (why.empty() && hec == std::errc::connection_reset) {
@@ -145,22 +145,14 @@ awaitable<void> Mesh::serve_incoming(std::shared_ptr<Incoming> in, std::string f
           ec = co_await on_data(*in, h, name, why);
         }
         break;
-      case FrameType::heartbeat:
-        ec = co_await skip_payload(*in, h);
-        break;
-      case FrameType::notice_lost:
-        ec = co_await on_notice_lost(*in, h);
-        break;
-      case FrameType::invite:
-        ec = co_await on_invite(*in, h);
-        break;
+      case FrameType::heartbeat: ec = co_await skip_payload(*in, h); break;
+      case FrameType::notice_lost: ec = co_await on_notice_lost(*in, h); break;
+      case FrameType::invite: ec = co_await on_invite(*in, h); break;
       case FrameType::bye:
         said_bye = true;
         mark_departed(peer);
         break;
-      case FrameType::ring_offer:
-        ec = co_await on_ring_offer(in, h, why);
-        break;
+      case FrameType::ring_offer: ec = co_await on_ring_offer(in, h, why); break;
       default:
         why = "unexpected frame type " + std::to_string(static_cast<int>(h.type));
         ec = make_error_code(errc::protocol_error);
@@ -173,8 +165,8 @@ awaitable<void> Mesh::serve_incoming(std::shared_ptr<Incoming> in, std::string f
   close_incoming(in, said_bye, ec, why);
 }
 
-void Mesh::close_incoming(const std::shared_ptr<Incoming>& in, bool said_bye,
-                              std::error_code ec, std::string why) {
+void Mesh::close_incoming(const std::shared_ptr<Incoming>& in, bool said_bye, std::error_code ec,
+                          std::string why) {
   KF_DCHECK_IO(driver_);
   const int peer = in->peer;
   if (!in->closed_why.empty()) {
@@ -189,11 +181,12 @@ void Mesh::close_incoming(const std::shared_ptr<Incoming>& in, bool said_bye,
   std::erase(ins, in);
   if (said_bye || stopping_) return;
   if (ec == make_error_code(errc::protocol_error)) {
-    KF_LOG(warn, "transport", "{}: closed connection from {}: {}", identity_, peers_[peer].key, why);
+    KF_LOG(warn, "transport", "{}: closed connection from {}: {}", identity_, peers_[peer].key,
+           why);
   }
-  mark_lost(peer, make_error_code(errc::peer_lost),
-            "connection from " + peers_[peer].key + " broke: " +
-                (why.empty() ? ec.message() : why));
+  mark_lost(
+      peer, make_error_code(errc::peer_lost),
+      "connection from " + peers_[peer].key + " broke: " + (why.empty() ? ec.message() : why));
 }
 
 // The whole frame is in the read-ahead buffer already (a small frame usually arrives in one
@@ -213,8 +206,8 @@ std::error_code Mesh::on_data_read_ahead(Incoming& in, const FrameHeader& h, std
 // A data frame read piece by piece: its name, then (single-copy) the sender's address, then
 // its payload, into its receive or kept as an early frame (receive_data). A single-copy frame
 // is answered: copied, or "send it inline" when this side cannot copy from the sender.
-awaitable<std::error_code> Mesh::on_data(Incoming& in, const FrameHeader& h,
-                                             std::string& name, std::string& why) {
+awaitable<std::error_code> Mesh::on_data(Incoming& in, const FrameHeader& h, std::string& name,
+                                         std::string& why) {
   name.resize(h.name_bytes);
   if (auto ec = co_await read_exact(in, reinterpret_cast<std::byte*>(name.data()), name.size())) {
     co_return ec;
@@ -234,7 +227,7 @@ awaitable<std::error_code> Mesh::on_data(Incoming& in, const FrameHeader& h,
 }
 
 awaitable<std::error_code> Mesh::take_remote_address(Incoming& in, const FrameHeader& h,
-                                                         PayloadSource& src, std::string& why) {
+                                                     PayloadSource& src, std::string& why) {
   if (in.pid <= 0) {
     why = "single-copy frame over a connection from another host";
     co_return make_error_code(errc::protocol_error);
@@ -251,8 +244,10 @@ awaitable<std::error_code> Mesh::take_remote_address(Incoming& in, const FrameHe
   std::byte probe;
   const std::error_code pec = copy_from_process(in.pid, src.remote_addr, &probe, 1);
   if (pec && copy_refused(pec)) {
-    KF_LOG(info, "transport", "{}: cannot copy from {}'s memory ({}); its payloads come "
-           "through the socket", identity_, peers_[in.peer].key, pec.message());
+    KF_LOG(info, "transport",
+           "{}: cannot copy from {}'s memory ({}); its payloads come "
+           "through the socket",
+           identity_, peers_[in.peer].key, pec.message());
     in.single_copy = false;
     src.remote = false;
   } else if (pec == std::errc::bad_address) {
@@ -285,8 +280,8 @@ awaitable<std::error_code> Mesh::on_notice_lost(Incoming& in, const FrameHeader&
 
 awaitable<std::error_code> Mesh::on_invite(Incoming& in, const FrameHeader& h) {
   std::string payload(h.payload_bytes, '\0');
-  if (auto ec = co_await read_exact(in, reinterpret_cast<std::byte*>(payload.data()),
-                                    payload.size())) {
+  if (auto ec =
+          co_await read_exact(in, reinterpret_cast<std::byte*>(payload.data()), payload.size())) {
     co_return ec;
   }
   KF_LOG(debug, "transport", "{}: invitation from {} (v{}, {} bytes)", identity_,
@@ -300,7 +295,7 @@ awaitable<std::error_code> Mesh::on_invite(Incoming& in, const FrameHeader& h) {
 }
 
 awaitable<std::error_code> Mesh::on_ring_offer(const std::shared_ptr<Incoming>& in,
-                                                   const FrameHeader& h, std::string& why) {
+                                               const FrameHeader& h, std::string& why) {
   std::vector<std::byte> name(h.payload_bytes);
   if (auto ec = co_await read_exact(*in, name.data(), name.size())) co_return ec;
   co_return co_await accept_ring(in, name, why);

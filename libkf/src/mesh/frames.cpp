@@ -12,8 +12,8 @@ using transport::FrameHeader;
 using transport::FrameType;
 
 awaitable<std::error_code> Mesh::receive_data(Incoming& in, int peer, const FrameHeader& h,
-                                                  const std::string& name, PayloadSource& src,
-                                                  std::string& why) {
+                                              const std::string& name, PayloadSource& src,
+                                              std::string& why) {
   KF_DCHECK_IO(driver_);
   const MailKeyView key{peer, h.cluster_version, h.tag, name};
   KF_LOG(trace, "transport", "{}: frame '{}' tag {} from {} ({} bytes{})", identity_, name, h.tag,
@@ -54,12 +54,11 @@ awaitable<std::error_code> Mesh::receive_data(Incoming& in, int peer, const Fram
 }
 
 std::error_code Mesh::store_frame(int peer, const MailKeyView& key,
-                                      std::span<const std::byte> payload,
-                                      ScratchPool::Block* owned, std::string& why) {
+                                  std::span<const std::byte> payload, ScratchPool::Block* owned,
+                                  std::string& why) {
   KF_DCHECK_IO(driver_);
   bool stale = false;
-  const std::error_code ec =
-      mailbox_.store(key, payload, owned, io_cluster_.version, stale, why);
+  const std::error_code ec = mailbox_.store(key, payload, owned, io_cluster_.version, stale, why);
   if (stale) {
     KF_LOG(debug, "transport", "{}: dropped '{}' of stale version {} from {}", identity_, key.name,
            key.version, peers_[static_cast<std::size_t>(peer)].key);
@@ -67,8 +66,8 @@ std::error_code Mesh::store_frame(int peer, const MailKeyView& key,
   return ec;
 }
 
-std::shared_ptr<RecvReq> Mesh::post_recv(const MailKeyView& key, std::byte* dst,
-                                             std::size_t bytes, const ReduceOnArrival* reduce) {
+std::shared_ptr<RecvReq> Mesh::post_recv(const MailKeyView& key, std::byte* dst, std::size_t bytes,
+                                         const ReduceOnArrival* reduce) {
   KF_DCHECK_IO(driver_);
   KF_LOG(trace, "transport", "{}: post recv '{}' tag {} from {} ({} bytes)", identity_, key.name,
          key.tag, peers_[key.peer].key, bytes);

@@ -12,7 +12,7 @@ using transport::FrameHeader;
 using transport::FrameType;
 
 awaitable<std::error_code> Mesh::wait_progress(Event& ev, int peer,
-                                                   std::chrono::milliseconds timeout) {
+                                               std::chrono::milliseconds timeout) {
   auto deadline = Clock::now() + timeout;
   while (!ev.done) {
     ev.timer().expires_at(deadline);
@@ -60,8 +60,7 @@ void Mesh::mark_departed(int peer) {
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   ps.departed = true;
   KF_LOG(debug, "transport", "{}: peer {} said goodbye", identity_, ps.key);
-  mailbox_.fail_posted(KeyMatch{peer},
-                make_error_code(errc::peer_lost));
+  mailbox_.fail_posted(KeyMatch{peer}, make_error_code(errc::peer_lost));
 }
 
 void Mesh::note_version(int peer, std::uint64_t version) {
@@ -70,8 +69,7 @@ void Mesh::note_version(int peer, std::uint64_t version) {
   if (version <= ps.max_version) return;
   ps.max_version = version;
   KF_LOG(debug, "transport", "{}: {} moved to version {}", identity_, ps.key, version);
-  mailbox_.fail_posted(KeyMatch{peer, version},
-                make_error_code(errc::stale_version));
+  mailbox_.fail_posted(KeyMatch{peer, version}, make_error_code(errc::stale_version));
 }
 
 // A member is gone, so every collective of this cluster version fails on this worker and on
@@ -177,6 +175,5 @@ awaitable<void> Mesh::shutdown() {
   local_acceptor_.close(ignored);
   for (std::size_t i = 0; i < peers_.size(); ++i) force_close(static_cast<int>(i));
 }
-
 
 }  // namespace kf::detail

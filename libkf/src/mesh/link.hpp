@@ -30,7 +30,7 @@ struct Outgoing {
   bool closed = false;
   bool connected = false;  // dialled and through the handshake
   bool writing = false;    // write_frame is writing to `sock` (a heartbeat counts)
-  bool local = false;  // connected over the same-host (Unix-domain) socket
+  bool local = false;      // connected over the same-host (Unix-domain) socket
   // Large payloads are left in place for the receiver to copy (transport::kFlagRemote); off
   // once the receiver has answered that it cannot.
   bool single_copy = false;

@@ -135,7 +135,8 @@ namespace {
 struct PendingInvite {
   std::shared_ptr<OpState> state;
   std::string to;
-  PendingInvite(std::shared_ptr<OpState> s, std::string t) : state(std::move(s)), to(std::move(t)) {}
+  PendingInvite(std::shared_ptr<OpState> s, std::string t)
+      : state(std::move(s)), to(std::move(t)) {}
   PendingInvite(PendingInvite&&) noexcept = default;
   PendingInvite(const PendingInvite&) = delete;
   PendingInvite& operator=(const PendingInvite&) = delete;
@@ -169,10 +170,10 @@ Handle Mesh::invite(const Endpoint& to, std::string payload) {
         std::memcpy(bytes.data(), payload.data(), payload.size());
         auto req = post_control(peer, transport::FrameType::invite, std::move(bytes));
         if (!req->ev.done) co_await req->ev.timer().async_wait(asio::as_tuple(asio::use_awaitable));
-        pending.state->complete(req->ev.ec, req->ev.ec ? "invitation to " + to.str() +
-                                                             " was not delivered: " +
-                                                             req->ev.ec.message()
-                                                       : std::string());
+        pending.state->complete(req->ev.ec, req->ev.ec
+                                                ? "invitation to " + to.str() +
+                                                      " was not delivered: " + req->ev.ec.message()
+                                                : std::string());
       },
       asio::detached);
   return h;

@@ -182,8 +182,8 @@ class Mesh {
   /// A small data frame to a connection whose writer is idle: written straight into the socket
   /// without blocking, saving the hand-off to the writer coroutine. Returns the bytes of the
   /// frame (header, name, payload) that went; the caller queues the rest.
-  std::size_t write_now(Outgoing& out, const transport::HeaderBytes& header,
-                        std::string_view name, const std::byte* data, std::size_t bytes);
+  std::size_t write_now(Outgoing& out, const transport::HeaderBytes& header, std::string_view name,
+                        const std::byte* data, std::size_t bytes);
 
   // ---- reading (transport/stream/reads.cpp, mesh/frames.cpp) ----
   /// The next n payload bytes of the frame being read, into dst (from the socket, or copied

@@ -5,8 +5,8 @@
 
 #include "kf/common/log.hpp"
 #include "mesh/mesh.hpp"
-#include "transport/stream/socket_io.hpp"
 #include "transport/auth.hpp"
+#include "transport/stream/socket_io.hpp"
 
 namespace kf::detail {
 
@@ -129,8 +129,10 @@ awaitable<std::error_code> Mesh::dial(Outgoing& out) {
   if (ec && out.local && !stopping_ && !out.closed) {
     // Whoever answers on the peer's same-host socket name is not the peer (another process
     // took the name first): TCP still reaches the peer itself.
-    KF_LOG(warn, "transport", "{}: handshake over the same-host socket of {} failed ({}); "
-           "using TCP", identity_, ep.str(), why.empty() ? ec.message() : why);
+    KF_LOG(warn, "transport",
+           "{}: handshake over the same-host socket of {} failed ({}); "
+           "using TCP",
+           identity_, ep.str(), why.empty() ? ec.message() : why);
     peers_[static_cast<std::size_t>(out.peer)].no_local = true;
     boost::system::error_code ignored;
     out.sock.close(ignored);
@@ -143,7 +145,6 @@ awaitable<std::error_code> Mesh::dial(Outgoing& out) {
   }
   co_return std::error_code{};
 }
-
 
 awaitable<void> Mesh::run_outgoing(std::shared_ptr<Outgoing> out) {
   KF_DCHECK_IO(driver_);
@@ -197,9 +198,8 @@ awaitable<void> Mesh::run_outgoing(std::shared_ptr<Outgoing> out) {
   }
 }
 
-std::shared_ptr<SendReq> Mesh::post_send(int peer, const FrameHeader& h,
-                                             std::string_view name, const std::byte* data,
-                                             bool copy_if_queued) {
+std::shared_ptr<SendReq> Mesh::post_send(int peer, const FrameHeader& h, std::string_view name,
+                                         const std::byte* data, bool copy_if_queued) {
   KF_DCHECK_IO(driver_);
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   auto refused = [&](std::error_code ec) {
@@ -262,8 +262,7 @@ std::shared_ptr<SendReq> Mesh::post_send(int peer, const FrameHeader& h,
   return req;
 }
 
-std::shared_ptr<SendReq> Mesh::post_control(int peer, FrameType t,
-                                                std::vector<std::byte> payload) {
+std::shared_ptr<SendReq> Mesh::post_control(int peer, FrameType t, std::vector<std::byte> payload) {
   KF_DCHECK_IO(driver_);
   FrameHeader h;
   h.type = t;
@@ -286,6 +285,5 @@ void Mesh::cancel(const std::shared_ptr<SendReq>& r, std::error_code ec) {
   r->cancelled = true;
   r->ev.set(ec);
 }
-
 
 }  // namespace kf::detail

@@ -60,8 +60,8 @@ class Reader {
   explicit Reader(const std::vector<std::byte>& b) : b_(b) {}
   bool str(std::string& s) {
     if (pos_ + 2 > b_.size()) return false;
-    const std::size_t n = static_cast<std::size_t>(b_[pos_]) |
-                          (static_cast<std::size_t>(b_[pos_ + 1]) << 8);
+    const std::size_t n =
+        static_cast<std::size_t>(b_[pos_]) | (static_cast<std::size_t>(b_[pos_ + 1]) << 8);
     pos_ += 2;
     if (pos_ + n > b_.size()) return false;
     s.assign(reinterpret_cast<const char*>(b_.data() + pos_), n);

@@ -21,14 +21,14 @@ inline constexpr std::uint64_t kMaxControlPayload = 4096;
 inline constexpr std::uint64_t kMaxInvitePayload = std::uint64_t{1} << 20;
 
 enum class FrameType : std::uint8_t {
-  challenge = 1,  ///< acceptor -> dialer: nonce
-  hello = 2,      ///< dialer -> acceptor: job id, identity, nonce, HMAC
-  welcome = 3,    ///< acceptor -> dialer: identity, HMAC over the dialer's nonce
-  data = 4,       ///< a collective's message: name + tag identify it
+  challenge = 1,    ///< acceptor -> dialer: nonce
+  hello = 2,        ///< dialer -> acceptor: job id, identity, nonce, HMAC
+  welcome = 3,      ///< acceptor -> dialer: identity, HMAC over the dialer's nonce
+  data = 4,         ///< a collective's message: name + tag identify it
   notice_lost = 5,  ///< "this peer is gone": payload is its endpoint
-  bye = 6,        ///< the sender is leaving cleanly; no more frames follow
+  bye = 6,          ///< the sender is leaving cleanly; no more frames follow
   heartbeat = 7,
-  invite = 8,     ///< "join the job": payload is the session's invitation (JSON), sent to joiners
+  invite = 8,  ///< "join the job": payload is the session's invitation (JSON), sent to joiners
   /// dialer -> acceptor, first after the handshake on a same-host connection: the name of a
   /// shared-memory ring (ShmRing) for small data frames; answered with one RemoteReply byte
   /// (copied: the acceptor reads the ring from now on; send_inline: it declined).

@@ -34,7 +34,6 @@ std::error_code copy_from_process(pid_t pid, std::uint64_t addr, std::byte* dst,
   return {};
 }
 
-
 bool copy_refused(const std::error_code& ec) {
   return ec == std::errc::operation_not_permitted || ec == std::errc::permission_denied ||
          ec == std::errc::function_not_supported;

@@ -5,8 +5,8 @@
 
 namespace kf::detail {
 
-void pack(const BoundaryRecord& record, std::span<const double> metrics,
-          const RecordLayout& layout, std::span<std::int64_t> out) {
+void pack(const BoundaryRecord& record, std::span<const double> metrics, const RecordLayout& layout,
+          std::span<std::int64_t> out) {
   out[0] = static_cast<std::int64_t>(record.version_seen);
   out[1] = record.commits;
   out[2] = static_cast<std::int64_t>(record.doc_bytes);
@@ -16,21 +16,18 @@ void pack(const BoundaryRecord& record, std::span<const double> metrics,
   }
 }
 
-std::vector<BoundaryRecord> unpack(std::span<const std::int64_t> all,
-                                   const RecordLayout& layout) {
+std::vector<BoundaryRecord> unpack(std::span<const std::int64_t> all, const RecordLayout& layout) {
   const std::size_t words = layout.words();
   std::vector<BoundaryRecord> records(all.size() / words);
   for (std::size_t r = 0; r < records.size(); ++r) {
     const auto w = all.subspan(r * words, words);
     records[r] = BoundaryRecord{static_cast<std::uint64_t>(w[0]), w[1],
-                                static_cast<std::uint64_t>(w[2]),
-                                static_cast<std::uint64_t>(w[3])};
+                                static_cast<std::uint64_t>(w[2]), static_cast<std::uint64_t>(w[3])};
   }
   return records;
 }
 
-std::vector<double> average_metrics(std::span<const std::int64_t> all,
-                                    const RecordLayout& layout) {
+std::vector<double> average_metrics(std::span<const std::int64_t> all, const RecordLayout& layout) {
   const std::size_t words = layout.words();
   const std::size_t workers = all.size() / words;
   std::vector<double> mean(layout.metrics, 0.0);
@@ -72,8 +69,7 @@ NewerVerdict judge_newer(const Cluster& target, const ClusterSettings& settings,
   NewerVerdict v;
   v.kind = target.workers == current.workers ? "settings" : "resize";
   // Bounds from the job settings (kf-member checks them too; any writer may not).
-  if (settings.max_workers && *settings.max_workers > 0 &&
-      target.size() > *settings.max_workers) {
+  if (settings.max_workers && *settings.max_workers > 0 && target.size() > *settings.max_workers) {
     v.action = NewerVerdict::Action::refuse;
     v.reason = std::to_string(target.size()) + " workers exceed max_workers " +
                std::to_string(*settings.max_workers);

@@ -48,16 +48,15 @@ struct RecordLayout {
 
 /// Writes `record` and `metrics` into `out` (layout.words() words; the monitor words are left as
 /// they are for StepMonitor::pack).
-void pack(const BoundaryRecord& record, std::span<const double> metrics,
-          const RecordLayout& layout, std::span<std::int64_t> out);
+void pack(const BoundaryRecord& record, std::span<const double> metrics, const RecordLayout& layout,
+          std::span<std::int64_t> out);
 
 /// The fixed fields of every worker's record, in rank order, from the allgathered words.
 std::vector<BoundaryRecord> unpack(std::span<const std::int64_t> all, const RecordLayout& layout);
 
 /// Each registered metric averaged over the workers, summed in rank order (the same bits on every
 /// worker).
-std::vector<double> average_metrics(std::span<const std::int64_t> all,
-                                    const RecordLayout& layout);
+std::vector<double> average_metrics(std::span<const std::int64_t> all, const RecordLayout& layout);
 
 /// What the rules see besides the records: this worker's view before the boundary.
 struct BoundaryView {

@@ -13,8 +13,9 @@ using SteadyClock = std::chrono::steady_clock;
 void Session::allreduce_gradients(std::span<float> grads, double local_batch) {
   const double local = monitor_ ? squared_norm(grads) : 0.0;
   const auto t0 = SteadyClock::now();
-  peer_->allreduce("kf.grads", buffer(grads.data(), grads.size()),
-                   buffer(grads.data(), grads.size()))
+  peer_
+      ->allreduce("kf.grads", buffer(grads.data(), grads.size()),
+                  buffer(grads.data(), grads.size()))
       .wait();
   average_gradients(grads, local, t0, local_batch);
 }
@@ -37,8 +38,7 @@ void Session::allreduce_gradients(std::span<const float> local, std::span<float>
 
 // The allreduced sum → the mean, and the step's reports (|ḡ|² in the same pass).
 void Session::average_gradients(std::span<float> sum, double local_sqnorm,
-                                std::chrono::steady_clock::time_point started,
-                                double local_batch) {
+                                std::chrono::steady_clock::time_point started, double local_batch) {
   const double comm = std::chrono::duration<double>(SteadyClock::now() - started).count();
   const float factor = 1.0f / static_cast<float>(peer_->size());
   if (!monitor_) {

@@ -25,8 +25,7 @@ using SteadyClock = std::chrono::steady_clock;
 
 // Moves the peer to `target`, invites its joiners, agrees with every member on whose state is
 // newest and syncs it to those behind. Returns true on success; throws kf::Error on a failure.
-bool Session::form(const Cluster& target, const Cluster* previous, bool fresh,
-                   ChangeRecord& rec) {
+bool Session::form(const Cluster& target, const Cluster* previous, bool fresh, ChangeRecord& rec) {
   attempted_version_ = std::max(attempted_version_, target.version);
   if (peer_->size() == 0 || peer_->version() < target.version) peer_->update(target);
   if (fresh ? peer_->rank() == 0 : previous != nullptr) {
@@ -99,8 +98,8 @@ Session::Outcome Session::switch_to(const Cluster& target, ChangeRecord rec) {
     KF_LOG(info, "session", "{} (rank {}, v{}): not a member of v{}; leaving after {} commits",
            peer_->endpoint().str(), peer_->rank(), previous.version, target.version, *commits_);
     if (link_) {
-      link_->post("left", peer_->endpoint().str(),
-                   "left at commit " + std::to_string(*commits_), target.version);
+      link_->post("left", peer_->endpoint().str(), "left at commit " + std::to_string(*commits_),
+                  target.version);
     }
     changes_.push_back(rec);
     invites_.clear();
@@ -131,8 +130,10 @@ Session::Outcome Session::switch_to(const Cluster& target, ChangeRecord rec) {
 Session::Outcome Session::recover(const std::exception& error) {
   const auto* kf_error = dynamic_cast<const Error*>(&error);
   if (!link_) {
-    KF_LOG(err, "session", "{} (rank {}, v{}): {}; a static job (no config service) cannot "
-           "recover", peer_->endpoint().str(), peer_->rank(), peer_->version(), error.what());
+    KF_LOG(err, "session",
+           "{} (rank {}, v{}): {}; a static job (no config service) cannot "
+           "recover",
+           peer_->endpoint().str(), peer_->rank(), peer_->version(), error.what());
     if (kf_error) throw *kf_error;
     throw std::runtime_error(error.what());
   }
@@ -184,9 +185,9 @@ Session::Outcome Session::form_after_failure(ChangeRecord rec) {
              peer_->endpoint().str(), target.version, e.what());
     }
   }
-  throw Error(make_error_code(errc::peer_lost),
-              "Session: gave up after " + std::to_string(options_.max_recovery_attempts) +
-                  " failed recoveries; last: " + last);
+  throw Error(make_error_code(errc::peer_lost), "Session: gave up after " +
+                                                    std::to_string(options_.max_recovery_attempts) +
+                                                    " failed recoveries; last: " + last);
 }
 
 // Writes "the cluster without `lost`" to the config service by compare-and-swap, re-reading on a
@@ -216,8 +217,8 @@ Cluster Session::remove_lost(const std::vector<Endpoint>& lost) {
           Cluster stored = client.put_cluster(next);
           for (const auto& ep : lost) {
             if (contains(current, ep)) {
-              link_->post("failed", ep.str(), "lost by the job; removed by " +
-                                                   peer_->endpoint().str(), stored.version);
+              link_->post("failed", ep.str(),
+                          "lost by the job; removed by " + peer_->endpoint().str(), stored.version);
             }
           }
           link_->offer(stored);

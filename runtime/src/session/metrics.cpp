@@ -32,8 +32,9 @@ void Session::set_metric(int slot, double value) {
 void Session::report_gradients(double local_sqnorm, double global_sqnorm, double local_batch,
                                int micro_batches, bool finite) {
   if (micro_batches < 1 || !(local_batch > 0)) {
-    throw std::invalid_argument("Session::report_gradients: micro_batches must be >= 1 and "
-                                "local_batch > 0");
+    throw std::invalid_argument(
+        "Session::report_gradients: micro_batches must be >= 1 and "
+        "local_batch > 0");
   }
   report_.local_sqnorm += local_sqnorm;
   report_.global_sqnorm = global_sqnorm;

@@ -49,9 +49,8 @@ std::vector<std::int64_t> Session::pack_record(const RecordLayout& layout,
   detail::pack(rec, metric_values_, layout, words);
   if (monitor_) {
     report_.step_time = std::chrono::duration<double>(now - step_began_).count();
-    StepMonitor::pack(report_,
-                      std::span<std::int64_t>(words).subspan(layout.monitor_at(),
-                                                             layout.monitor_words));
+    StepMonitor::pack(
+        report_, std::span<std::int64_t>(words).subspan(layout.monitor_at(), layout.monitor_words));
   }
   return words;
 }
@@ -70,8 +69,8 @@ void Session::commit_step(std::span<const std::int64_t> all, const RecordLayout&
   for (std::size_t i = 0; i < metric_names_.size(); ++i) metrics_[metric_names_[i]] = means[i];
   std::fill(metric_values_.begin(), metric_values_.end(), 0.0);
   if (monitor_) {
-    if (auto said = monitor_->update(all, layout.words(), layout.monitor_at(), peer_->size(),
-                                     metrics_)) {
+    if (auto said =
+            monitor_->update(all, layout.words(), layout.monitor_at(), peer_->size(), metrics_)) {
       KF_LOG(info, "monitor", "{} (rank {}): {}", peer_->endpoint().str(), peer_->rank(), *said);
     }
     report_ = StepReport{};
@@ -113,12 +112,11 @@ Session::Outcome Session::end_step() {
   // 4. apply
   switch (decision.action) {
     case BoundaryDecision::Action::stay:
-      last_check_us_ = std::chrono::duration<double, std::micro>(SteadyClock::now() - committed +
-                                                                 (checked - t0))
-                           .count();
+      last_check_us_ =
+          std::chrono::duration<double, std::micro>(SteadyClock::now() - committed + (checked - t0))
+              .count();
       return Outcome::committed;
-    case BoundaryDecision::Action::wait_for_joiners:
-      return Outcome::committed;
+    case BoundaryDecision::Action::wait_for_joiners: return Outcome::committed;
     case BoundaryDecision::Action::switch_to_pending: {
       Cluster target = std::move(*pending_);
       ChangeRecord rec = std::move(*pending_record_);
@@ -127,8 +125,7 @@ Session::Outcome Session::end_step() {
       pending_record_.reset();
       return switch_to(target, std::move(rec));
     }
-    case BoundaryDecision::Action::fetch_newer:
-      break;
+    case BoundaryDecision::Action::fetch_newer: break;
   }
   return take_newer(decision.root, decision.doc_bytes, newest_json, newest_seen_us, boundary_us);
 }
@@ -143,8 +140,9 @@ Session::Outcome Session::take_newer(int root, std::size_t doc_bytes, const std:
   CollOptions o;
   o.root = root;
   try {
-    peer_->broadcast("kf.ctl/doc", buffer(reinterpret_cast<std::uint8_t*>(doc.data()), doc.size()),
-                     o)
+    peer_
+        ->broadcast("kf.ctl/doc", buffer(reinterpret_cast<std::uint8_t*>(doc.data()), doc.size()),
+                    o)
         .wait();
   } catch (const Error& e) {
     if (!is_peer_failure(e.code())) throw;

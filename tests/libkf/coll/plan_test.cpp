@@ -24,8 +24,7 @@ struct SimResult {
 };
 
 SimResult simulate(CollOp op, Algorithm a, int p, std::size_t count, int root, int lanes,
-                   const std::vector<Vec>& init, std::size_t max_xfer = 0,
-                   std::size_t rd_max = 0) {
+                   const std::vector<Vec>& init, std::size_t max_xfer = 0, std::size_t rd_max = 0) {
   SimResult res;
   res.work = init;
   std::vector<Plan> plans;
@@ -34,7 +33,10 @@ SimResult simulate(CollOp op, Algorithm a, int p, std::size_t count, int root, i
     plans.push_back(make_plan(req));
   }
   std::map<std::tuple<int, int, int>, std::deque<Vec>> queues;  // (src, dst, lane)
-  struct Cursor { std::size_t step = 0; bool started = false; };
+  struct Cursor {
+    std::size_t step = 0;
+    bool started = false;
+  };
   std::vector<std::vector<Cursor>> cur(p);
   for (int r = 0; r < p; ++r) cur[r].resize(plans[r].lanes.size());
   bool progress = true;
@@ -196,18 +198,18 @@ TEST_P(PlanSweep, GatherCollectsAtEveryRoot) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Plans, PlanSweep,
-    ::testing::Combine(::testing::Values(Algorithm::star, Algorithm::ring, Algorithm::tree,
-                                         Algorithm::clique, Algorithm::rhd),
-                       ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8, 9, 16),
-                       ::testing::Values(std::size_t{0}, std::size_t{1}, std::size_t{3},
-                                         std::size_t{17})),
-    [](const auto& tpi) {
-      return std::string(to_string(std::get<0>(tpi.param))) + "_p" +
-             std::to_string(std::get<1>(tpi.param)) + "_n" +
-             std::to_string(std::get<2>(tpi.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Plans, PlanSweep,
+                         ::testing::Combine(::testing::Values(Algorithm::star, Algorithm::ring,
+                                                              Algorithm::tree, Algorithm::clique,
+                                                              Algorithm::rhd),
+                                            ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8, 9, 16),
+                                            ::testing::Values(std::size_t{0}, std::size_t{1},
+                                                              std::size_t{3}, std::size_t{17})),
+                         [](const auto& tpi) {
+                           return std::string(to_string(std::get<0>(tpi.param))) + "_p" +
+                                  std::to_string(std::get<1>(tpi.param)) + "_n" +
+                                  std::to_string(std::get<2>(tpi.param));
+                         });
 
 TEST(PlanSplit, PartsCoverTheRangeInOrder) {
   for (std::size_t n : {0u, 1u, 5u, 16u, 101u}) {

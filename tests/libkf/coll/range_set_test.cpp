@@ -44,10 +44,12 @@ TEST(RangeSet, AgreesWithABitmapAfterEveryAdd) {
         for (std::size_t qe = qb + 1; qe <= kN; qe += 5) {  // non-empty queries
           bool none = true;
           for (std::size_t i = qb; i < qe; ++i) none = none && !set[i];
-          ASSERT_EQ(rs.disjoint(qb, qe), none) << "round " << round << " [" << qb << "," << qe << ")";
+          ASSERT_EQ(rs.disjoint(qb, qe), none)
+              << "round " << round << " [" << qb << "," << qe << ")";
           std::vector<std::pair<std::size_t, std::size_t>> got;
           rs.for_gaps(qb, qe, [&](std::size_t gb, std::size_t ge) { got.emplace_back(gb, ge); });
-          ASSERT_EQ(got, model_gaps(set, qb, qe)) << "round " << round << " [" << qb << "," << qe << ")";
+          ASSERT_EQ(got, model_gaps(set, qb, qe))
+              << "round " << round << " [" << qb << "," << qe << ")";
         }
       }
     }

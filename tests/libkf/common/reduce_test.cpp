@@ -59,10 +59,15 @@ std::uint16_t half_definition(const Half& h, std::uint16_t a, std::uint16_t b, R
 // special values (zeros, the smallest subnormal, infinities, NaNs, 1).
 void patterns(const Half& h, std::vector<std::uint16_t>& a, std::vector<std::uint16_t>& b) {
   const std::uint16_t inf = h.t == DType::f16 ? 0x7c00 : 0x7f80;
-  const std::uint16_t special[] = {0x0000, 0x8000, 0x0001, 0x8001, inf,
+  const std::uint16_t special[] = {0x0000,
+                                   0x8000,
+                                   0x0001,
+                                   0x8001,
+                                   inf,
                                    static_cast<std::uint16_t>(inf | 0x8000),
                                    static_cast<std::uint16_t>(inf | 1),
-                                   static_cast<std::uint16_t>(inf | 0x8001), h.encode(1.0f)};
+                                   static_cast<std::uint16_t>(inf | 0x8001),
+                                   h.encode(1.0f)};
   std::mt19937 rng(11);
   std::uniform_int_distribution<std::uint32_t> any(0, 0xffff);
   for (std::uint32_t x = 0; x <= 0xffff; ++x) {
@@ -132,9 +137,13 @@ std::vector<unsigned char> random_elements(DType t, std::size_t n, std::mt19937&
     }
   };
   if (t == DType::f32 || t == DType::f64) {
-    const double specials[] = {0.0, -0.0, std::numeric_limits<double>::infinity(),
+    const double specials[] = {0.0,
+                               -0.0,
+                               std::numeric_limits<double>::infinity(),
                                -std::numeric_limits<double>::infinity(),
-                               std::numeric_limits<double>::quiet_NaN(), 1.0, -2.5};
+                               std::numeric_limits<double>::quiet_NaN(),
+                               1.0,
+                               -2.5};
     for (std::size_t i = 0; i < n; i += 3) put(i, specials[rng() % 7]);
   }
   return v;
@@ -145,8 +154,8 @@ std::vector<unsigned char> random_elements(DType t, std::size_t n, std::mt19937&
 // the same reduction done one element at a time through the portable loop.
 TEST(ReduceKernels, EveryLengthInPlaceAndOutOfPlaceMatchesElementByElement) {
   std::mt19937 rng(5);
-  for (DType t : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64,
-                  DType::u8}) {
+  for (DType t :
+       {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::u8}) {
     const std::size_t w = dtype_bytes(t);
     for (ReduceOp op : kOps) {
       SCOPED_TRACE(testing::Message() << to_string(t) << " " << to_string(op));

@@ -44,7 +44,8 @@ TEST_F(Arguments, DeviceBuffersNameTheMissingBackend) {
 TEST_F(Arguments, RootOutsideTheClusterIsRefused) {
   CollOptions o;
   o.root = 2;
-  expect_refused(peer().broadcast("root", buffer(a_, 4), o), "root 2 is not a rank of this 2-worker");
+  expect_refused(peer().broadcast("root", buffer(a_, 4), o),
+                 "root 2 is not a rank of this 2-worker");
   o.root = -1;
   expect_refused(peer().gather("root", buffer(a_, 4), buffer(b_, 8), o), "root -1");
 }

@@ -37,8 +37,8 @@ TEST_P(Collectives, EveryOperationGivesTheExpectedResult) {
     Peer& peer = *peers[static_cast<std::size_t>(r)];
     CollOptions o;
     o.algorithm = algo;
-    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000},
-                          std::size_t{65537}}) {
+    for (std::size_t n :
+         {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{65537}}) {
       const std::string tag = "#" + std::to_string(n);
       // allreduce sum, in place and out of place
       std::vector<float> in(n), out(n);
@@ -57,7 +57,8 @@ TEST_P(Collectives, EveryOperationGivesTheExpectedResult) {
       peer.allreduce("max" + tag, buffer(m.data(), n), buffer(m.data(), n), om).wait();
       for (std::size_t i = 0; i < n; ++i) {
         std::int32_t want = 0;
-        for (int q = 0; q < p; ++q) want = std::max(want, static_cast<std::int32_t>((q * 7 + i) % 11));
+        for (int q = 0; q < p; ++q)
+          want = std::max(want, static_cast<std::int32_t>((q * 7 + i) % 11));
         if (m[i] != want) return fail(r, "allreduce max n=" + std::to_string(n));
       }
       // broadcast from the last rank
@@ -69,7 +70,8 @@ TEST_P(Collectives, EveryOperationGivesTheExpectedResult) {
       ob.root = p - 1;
       peer.broadcast("bc" + tag, buffer(b.data(), n), ob).wait();
       for (std::size_t i = 0; i < n; ++i) {
-        if (b[i] != static_cast<double>(i) * 0.5) return fail(r, "broadcast n=" + std::to_string(n));
+        if (b[i] != static_cast<double>(i) * 0.5)
+          return fail(r, "broadcast n=" + std::to_string(n));
       }
       // allgather
       std::vector<float> g(n * p, -1.f);
@@ -191,13 +193,13 @@ TEST(Express, WorkersWithAndWithoutItAgree) {
           avg[i] = in[i];
         }
         run(peer.barrier("b#" + std::to_string(n), o), "barrier");
-        run(peer.allreduce("sum#" + std::to_string(n), buffer(in.data(), n),
-                           buffer(out.data(), n), o),
+        run(peer.allreduce("sum#" + std::to_string(n), buffer(in.data(), n), buffer(out.data(), n),
+                           o),
             "sum");
         CollOptions oa = o;
         oa.op = ReduceOp::avg;
-        run(peer.allreduce("avg#" + std::to_string(n), buffer(avg.data(), n),
-                           buffer(avg.data(), n), oa),
+        run(peer.allreduce("avg#" + std::to_string(n), buffer(avg.data(), n), buffer(avg.data(), n),
+                           oa),
             "avg");
         sums[r].push_back(out);
         avgs[r].push_back(avg);
@@ -208,7 +210,8 @@ TEST(Express, WorkersWithAndWithoutItAgree) {
       run(peer.allreduce("max", buffer(&m, 1), buffer(&m, 1), om), "max");
       maxes[r].push_back(m);
     });
-    for (int r = 0; r < p; ++r) ASSERT_TRUE(failed[r].empty()) << "p=" << p << " rank " << r << ": " << failed[r];
+    for (int r = 0; r < p; ++r)
+      ASSERT_TRUE(failed[r].empty()) << "p=" << p << " rank " << r << ": " << failed[r];
     for (std::size_t k = 0; k < counts.size(); ++k) {
       const std::size_t n = counts[k];
       for (std::size_t i = 0; i < n; ++i) {
@@ -258,8 +261,8 @@ TEST(Express, APartnerThatLeavesFailsTheWaitingAllreduce) {
 // algorithm that runs lanes (star and clique do not), with up to 4 workers.
 TEST(LargeAllgather, LanesCollectEveryBlock) {
   const std::size_t n = (std::size_t{9} << 20) / 4 + 3;
-  for (const Algorithm algo : {Algorithm::ring, Algorithm::tree, Algorithm::rhd,
-                               Algorithm::auto_select}) {
+  for (const Algorithm algo :
+       {Algorithm::ring, Algorithm::tree, Algorithm::rhd, Algorithm::auto_select}) {
     for (const int p : {2, 3, 4}) {
       auto peers = test::make_local_cluster(p);
       std::vector<int> wrong(p, 0);

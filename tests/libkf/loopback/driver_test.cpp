@@ -207,7 +207,8 @@ TEST(Deadline, AMemberThatKeepsTalkingIsWaitedFor) {
     if (!mine) mine = ec;
   });
   for (int r = 0; r < 2; ++r) {
-    EXPECT_FALSE(got[static_cast<std::size_t>(r)]) << "rank " << r << ": " << got[static_cast<std::size_t>(r)].message();
+    EXPECT_FALSE(got[static_cast<std::size_t>(r)])
+        << "rank " << r << ": " << got[static_cast<std::size_t>(r)].message();
     EXPECT_EQ(late[static_cast<std::size_t>(r)], 3) << "rank " << r;
   }
 }

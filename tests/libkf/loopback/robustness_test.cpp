@@ -247,10 +247,10 @@ TEST(Robustness, BadSingleCopyFramesCloseTheConnection) {
 
   allreduce_works(peers, "after");
   const std::string text = log.text();
-  EXPECT_NE(text.find("single-copy frame over a connection from another host"),
-            std::string::npos) << text;
-  EXPECT_NE(text.find("single-copy frame names memory its sender does not have"),
-            std::string::npos) << text;
+  EXPECT_NE(text.find("single-copy frame over a connection from another host"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("single-copy frame names memory its sender does not have"), std::string::npos)
+      << text;
 }
 
 // Two small data frames in one write, so the second is parsed straight from the receiver's
@@ -280,7 +280,8 @@ TEST(Robustness, SmallFramesFromTheReadAheadBufferAreDeliveredOrRefused) {
   EXPECT_EQ(v.front(), 8);
   EXPECT_EQ(v.back(), 8);
   std::vector<std::int32_t> w(kCount, 1);
-  const Handle lie = peers[0]->allreduce("lie", buffer(w.data(), kCount), buffer(w.data(), kCount), o);
+  const Handle lie =
+      peers[0]->allreduce("lie", buffer(w.data(), kCount), buffer(w.data(), kCount), o);
   EXPECT_THROW(lie.wait(), Error);
   EXPECT_EQ(w.front(), 1);  // nothing delivered
   close(s);
@@ -312,8 +313,8 @@ TEST(Robustness, FramesThatArriveInPiecesOverTcpAreReadWhole) {
   append_data_frame(wire, "large", counting(kLarge, 5000));
   // Cut inside the first header, inside its name, inside its payload, inside the second
   // header, and three times inside the second payload.
-  const std::vector<std::size_t> cuts{10, 34, 200, second + 20, second + 900, second + 9000,
-                                      second + 17000, wire.size()};
+  const std::vector<std::size_t> cuts{
+      10, 34, 200, second + 20, second + 900, second + 9000, second + 17000, wire.size()};
   const std::uint64_t early_before = peers[0]->transport_stats().early_bytes;
   std::size_t at = 0;
   for (const std::size_t cut : cuts) {
@@ -361,8 +362,8 @@ TEST(Robustness, BadRingOffersAndRecordsAreRefused) {
   // Over TCP: no ring can be shared with another host.
   int s = connect_to(peers[0]->endpoint());
   ASSERT_TRUE(authenticate(s, "127.0.0.1:1"));
-  const std::vector<std::byte> name{std::byte{'/'}, std::byte{'k'}, std::byte{'f'},
-                                    std::byte{'-'}, std::byte{'1'}};
+  const std::vector<std::byte> name{std::byte{'/'}, std::byte{'k'}, std::byte{'f'}, std::byte{'-'},
+                                    std::byte{'1'}};
   send_frame(s, transport::FrameType::ring_offer, name);
   EXPECT_TRUE(closed_by_peer(s));
   close(s);
@@ -399,7 +400,8 @@ TEST(Robustness, BadRingOffersAndRecordsAreRefused) {
   allreduce_works(peers, "after");
   const std::string text = log.text();
   EXPECT_NE(text.find("shared-memory ring offered over a connection from another host"),
-            std::string::npos) << text;
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("not of the form"), std::string::npos) << text;
   EXPECT_NE(text.find("cannot open shared-memory ring /kf-no-such-ring"), std::string::npos)
       << text;

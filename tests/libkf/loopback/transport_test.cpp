@@ -84,7 +84,8 @@ bool has_same_host_listener(const Endpoint& ep) {
   std::ifstream in("/proc/net/unix");
   const std::string want = "@kf/" + ep.str();
   for (std::string line; std::getline(in, line);) {
-    if (line.size() >= want.size() && line.compare(line.size() - want.size(), want.size(), want) == 0) {
+    if (line.size() >= want.size() &&
+        line.compare(line.size() - want.size(), want.size(), want) == 0) {
       return true;
     }
   }
@@ -95,11 +96,11 @@ class TransportMix : public ::testing::TestWithParam<Algorithm> {};
 
 TEST_P(TransportMix, SameHostTcpAndMixedJobsGiveTheSameResults) {
   using T = Transport;
-  for (const auto& mix : {std::vector<T>{T::automatic, T::automatic, T::automatic},
-                          std::vector<T>{T::unix_socket, T::unix_socket, T::unix_socket},
-                          std::vector<T>{T::tcp, T::tcp, T::tcp},
-                          std::vector<T>{T::automatic, T::tcp, T::automatic},
-                          std::vector<T>{T::automatic, T::unix_socket, T::tcp}}) {
+  for (const auto& mix :
+       {std::vector<T>{T::automatic, T::automatic, T::automatic},
+        std::vector<T>{T::unix_socket, T::unix_socket, T::unix_socket},
+        std::vector<T>{T::tcp, T::tcp, T::tcp}, std::vector<T>{T::automatic, T::tcp, T::automatic},
+        std::vector<T>{T::automatic, T::unix_socket, T::tcp}}) {
     auto peers = make_cluster(mix);
     expect_allreduce_works(peers, GetParam());
   }
@@ -109,8 +110,8 @@ TEST_P(TransportMix, SameHostTcpAndMixedJobsGiveTheSameResults) {
 // reduce-on-arrival and frames that arrive before their receive is posted all work on that
 // path too.
 TEST_P(TransportMix, EveryFrameSingleCopyGivesTheSameResults) {
-  auto peers = make_cluster({Transport::automatic, Transport::automatic, Transport::automatic},
-                            1, 0);
+  auto peers =
+      make_cluster({Transport::automatic, Transport::automatic, Transport::automatic}, 1, 0);
   expect_allreduce_works(peers, GetParam());
   for (auto& p : peers) {
     const TransportStats t = p->transport_stats();
@@ -237,8 +238,8 @@ TEST(Transport, FramesWrittenByTheSenderAndFinishedByTheWriterArriveWhole) {
       // Connected first, so that the first frames below find an idle writer.
       int one = 1;
       peers[r]->allreduce("connect", buffer(&one, 1), buffer(&one, 1), o).wait();
-      warm_bytes[r] = peers[r]->transport_stats().tcp_bytes +
-                      peers[r]->transport_stats().socket_bytes;
+      warm_bytes[r] =
+          peers[r]->transport_stats().tcp_bytes + peers[r]->transport_stats().socket_bytes;
       std::vector<Handle> hs;
       bufs[r].assign(kFrames, std::vector<float>(kCount));
       for (int f = 0; f < kFrames; ++f) {
@@ -308,8 +309,8 @@ TEST(Transport, FramesThatArriveBeforeTheirReceiveAreKeptAndDelivered) {
         if (r == 0) {
           for (std::size_t k = 0; k < sizes.size(); ++k) ASSERT_FALSE(bcast(k));
         }
-        ASSERT_FALSE(peers[r]->allreduce("sync", buffer(&sync[r], 1), buffer(&sync[r], 1))
-                         .wait_status());
+        ASSERT_FALSE(
+            peers[r]->allreduce("sync", buffer(&sync[r], 1), buffer(&sync[r], 1)).wait_status());
         if (r == 1) {
           for (std::size_t k = 0; k < sizes.size(); ++k) ASSERT_FALSE(bcast(k));
           got = std::move(bufs);
@@ -354,7 +355,8 @@ TEST(Transport, AnEarlyFrameOfTheWrongSizeFailsOnlyItsReceive) {
         return peers[r]->allreduce(name, buffer(&sync, 1), buffer(&sync, 1)).wait_status();
       };
       if (r == 0) {
-        ASSERT_FALSE(peers[0]->broadcast("sized", buffer(small.data(), small.size())).wait_status());
+        ASSERT_FALSE(
+            peers[0]->broadcast("sized", buffer(small.data(), small.size())).wait_status());
         ASSERT_FALSE(peers[0]->broadcast("after", buffer(next.data(), next.size())).wait_status());
       }
       ASSERT_FALSE(sync_all("sync"));  // both frames are at rank 1 now: frames keep their order
@@ -424,8 +426,8 @@ TEST(Transport, EarlyFramesCountAgainstTheLimitUntilTaken) {
           ASSERT_FALSE(peers[0]->broadcast(name, buffer(v.data(), v.size())).wait_status()) << i;
         }
         int sync = 1;
-        ASSERT_FALSE(peers[r]->allreduce("s#" + std::to_string(i), buffer(&sync, 1),
-                                         buffer(&sync, 1))
+        ASSERT_FALSE(peers[r]
+                         ->allreduce("s#" + std::to_string(i), buffer(&sync, 1), buffer(&sync, 1))
                          .wait_status())
             << i;
         if (r == 1) {
@@ -482,9 +484,10 @@ TEST(Transport, LongNamesMatchWhicheverComesFirst) {
         // arrive in order, "sync" last). On time: rank 1 has posted before rank 0 sends.
         if (r == 0 && early) post();
         if (r == 1 && !early) post();
-        ASSERT_FALSE(peers[r]->allreduce(early ? "sync-e" : "sync-o", buffer(&sync[r], 1),
-                                         buffer(&sync[r], 1))
-                         .wait_status());
+        ASSERT_FALSE(
+            peers[r]
+                ->allreduce(early ? "sync-e" : "sync-o", buffer(&sync[r], 1), buffer(&sync[r], 1))
+                .wait_status());
         if (r == 0 && !early) post();
         if (r == 1 && early) post();
         for (auto& h : hs) ASSERT_FALSE(h.wait_status()) << h.message();
@@ -581,7 +584,8 @@ TEST(Express, FramesQueuedForTheSocketAreSentAsTheyWere) {
   test::run_all(2, [&](int r) {
     std::vector<std::int32_t> in(n), out(n);
     for (int k = 0; k < 4; ++k) {
-      for (std::size_t i = 0; i < n; ++i) in[i] = static_cast<std::int32_t>((r + 1) * (i % 1000 + k));
+      for (std::size_t i = 0; i < n; ++i)
+        in[i] = static_cast<std::int32_t>((r + 1) * (i % 1000 + k));
       const std::string name = "queued#" + std::to_string(k);
       if (peers[r]->allreduce(name, buffer(in.data(), n), buffer(out.data(), n)).wait_status()) {
         wrong[r] = n;
@@ -735,8 +739,9 @@ void run_refusing_pair(bool other_user) {
     int status = 0;
     ASSERT_EQ(waitpid(pids[r], &status, 0), pids[r]);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "rank " << r << ": " << (WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
-                                                      : "signal " + std::to_string(WTERMSIG(status)));
+        << "rank " << r << ": "
+        << (WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
+                              : "signal " + std::to_string(WTERMSIG(status)));
   }
   for (auto& p : up) close(p[0]), close(p[1]);
   for (auto& p : down) close(p[0]), close(p[1]);

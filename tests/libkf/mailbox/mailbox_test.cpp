@@ -86,8 +86,8 @@ TEST_F(MailboxTest, AStaleFrameThatNobodyWaitsForIsDropped) {
 
 TEST_F(MailboxTest, ARefusedReceiveFailsAtOnce) {
   std::byte dst[1];
-  auto req = box_.post(MailKeyView{0, 1, 0, "r"}, dst, 1, nullptr,
-                       make_error_code(errc::peer_lost));
+  auto req =
+      box_.post(MailKeyView{0, 1, 0, "r"}, dst, 1, nullptr, make_error_code(errc::peer_lost));
   EXPECT_TRUE(req->ev.done);
   EXPECT_EQ(req->ev.ec, make_error_code(errc::peer_lost));
 }

@@ -101,7 +101,8 @@ TEST(Auth, MacDependsOnEveryInputAndVerifies) {
   EXPECT_FALSE(mac_equal(m, handshake_mac("Secret", "hello", "job", "127.0.0.1:1", n)));
   EXPECT_FALSE(mac_equal(m, handshake_mac("secret", "welcome", "job", "127.0.0.1:1", n)));
   EXPECT_FALSE(mac_equal(m, handshake_mac("secret", "hello", "jo", "b127.0.0.1:1", n)));
-  EXPECT_FALSE(mac_equal(m, handshake_mac("secret", "hello", "job", "127.0.0.1:1", random_nonce())));
+  EXPECT_FALSE(
+      mac_equal(m, handshake_mac("secret", "hello", "job", "127.0.0.1:1", random_nonce())));
 }
 
 TEST(Auth, HelloAndWelcomeRoundTripAndRejectTruncation) {

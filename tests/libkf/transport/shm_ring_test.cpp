@@ -111,8 +111,8 @@ TEST(ShmRing, RecordsStartOverWhenTheReaderHasTakenEverything) {
   const std::byte* first = nullptr;
   int at_start = 0;
   for (int i = 0; i < 3000; ++i) {
-    ASSERT_TRUE(p.writer->try_write(0, data_header(1, 1, sizeof payload), "x", payload,
-                                    sizeof payload));
+    ASSERT_TRUE(
+        p.writer->try_write(0, data_header(1, 1, sizeof payload), "x", payload, sizeof payload));
     ASSERT_EQ(p.reader->peek(rec, 1 << 20, why), ShmRing::Peek::record) << why;
     if (first == nullptr) first = rec.payload.data();
     ASSERT_GE(rec.payload.data(), first) << "record " << i;
@@ -152,9 +152,8 @@ TEST(ShmRing, SmallFramesTakeOneCacheLineAndMixWithLargerOnes) {
     const std::size_t bytes = i % 7 == 6 ? payload.size() : i % 41;
     for (std::size_t k = 0; k < bytes; ++k) payload[k] = static_cast<std::byte>(i * 31 + k);
     const std::uint64_t version = (std::uint64_t{1} << 40) + i;  // past 32 bits
-    ASSERT_TRUE(p.writer->try_write(std::uint64_t{i} << 33, data_frame(i, version, name.size(),
-                                                                       bytes),
-                                    name, payload.data()));
+    ASSERT_TRUE(p.writer->try_write(
+        std::uint64_t{i} << 33, data_frame(i, version, name.size(), bytes), name, payload.data()));
     ShmRing::Record rec;
     ASSERT_EQ(p.reader->peek(rec, 1 << 20, why), ShmRing::Peek::record) << i << ": " << why;
     EXPECT_EQ(rec.socket_before, std::uint64_t{i} << 33);
@@ -279,7 +278,8 @@ TEST(ShmRing, AFullShmFileSystemMeansNoRingNotACrash) {
   ASSERT_GE(child, 0);
   if (child == 0) {
     // Exit codes: 0 as expected, 2 no namespace here (skip), 1 a ring was made.
-    if (unshare(CLONE_NEWNS) != 0 || mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+    if (unshare(CLONE_NEWNS) != 0 ||
+        mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
         mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=256k") != 0) {
       _exit(2);
     }

@@ -49,9 +49,9 @@ TEST(CompareBuildsNames, OldSuffixIsAddedAndStripped) {
 }
 
 TEST(CompareBuildsOrder, TwinsFollowKfImplementationsOnly) {
-  EXPECT_EQ(with_other_build({"kf", "kf-tcp", "mpi-tcp", "gloo-ring"}),
-            (std::vector<std::string>{"kf", "kf@old", "kf-tcp", "kf-tcp@old", "mpi-tcp",
-                                      "gloo-ring"}));
+  EXPECT_EQ(
+      with_other_build({"kf", "kf-tcp", "mpi-tcp", "gloo-ring"}),
+      (std::vector<std::string>{"kf", "kf@old", "kf-tcp", "kf-tcp@old", "mpi-tcp", "gloo-ring"}));
   EXPECT_EQ(with_other_build({"mpi-shm"}), (std::vector<std::string>{"mpi-shm"}));
 }
 
@@ -59,8 +59,8 @@ TEST(CompareBuildsOrder, EvenRoundsRunTheOldBuildFirst) {
   const std::vector<std::string> impls{"kf", "kf@old", "kf-tcp", "kf-tcp@old", "mpi-tcp"};
   EXPECT_EQ(round_order(impls, 1), impls);
   EXPECT_EQ(round_order(impls, 3), impls);
-  EXPECT_EQ(round_order(impls, 2), (std::vector<std::string>{"kf@old", "kf", "kf-tcp@old",
-                                                             "kf-tcp", "mpi-tcp"}));
+  EXPECT_EQ(round_order(impls, 2),
+            (std::vector<std::string>{"kf@old", "kf", "kf-tcp@old", "kf-tcp", "mpi-tcp"}));
   // Without twins the order is the same in every round.
   const std::vector<std::string> plain{"kf", "kf-unix", "mpi-shm"};
   EXPECT_EQ(round_order(plain, 2), plain);
@@ -149,8 +149,8 @@ TEST(CompareBuildsCells, RatioSpreadLimitAndFlagPerSizeAndImplementation) {
 }
 
 TEST(CompareBuildsCells, AFailedCheckOnEitherSideMarksTheCell) {
-  const auto points = aggregate(concat({rounds_of("kf-tcp", 2, 4, {10}),
-                                        rounds_of("kf-tcp@old", 2, 4, {10}, false)}));
+  const auto points = aggregate(
+      concat({rounds_of("kf-tcp", 2, 4, {10}), rounds_of("kf-tcp@old", 2, 4, {10}, false)}));
   const auto cells = build_cells(points, 2);
   ASSERT_EQ(cells.size(), 1u);
   EXPECT_FALSE(cells[0].correct);
@@ -186,11 +186,11 @@ TEST(CompareBuildsTable, NamesTheSlowerCellsAndTheOtherBuild) {
   }
   EXPECT_EQ(flagged, 1u) << text;
 
-  const auto even = aggregate(concat({rounds_of("kf", 2, 4, {10}), rounds_of("kf@old", 2, 4, {10})}));
+  const auto even =
+      aggregate(concat({rounds_of("kf", 2, 4, {10}), rounds_of("kf@old", 2, 4, {10})}));
   std::ostringstream same;
   print_build_table(same, even, 2, 1, "/b");
-  EXPECT_NE(same.str().find("no cell slower by more than 5 % beyond the spread"),
-            std::string::npos)
+  EXPECT_NE(same.str().find("no cell slower by more than 5 % beyond the spread"), std::string::npos)
       << same.str();
   EXPECT_NE(same.str().find("one round measures no spread"), std::string::npos) << same.str();
   EXPECT_EQ(same.str().find(" SLOWER\n"), std::string::npos) << same.str();
@@ -200,8 +200,8 @@ TEST(CompareBuildsTable, NamesTheSlowerCellsAndTheOtherBuild) {
 }
 
 TEST(CompareBuildsTable, TimeTableLabelsTheOldBuildsColumns) {
-  const auto points = aggregate(concat({rounds_of("kf-unix", 2, 4, {10}),
-                                        rounds_of("kf-unix@old", 2, 4, {11})}));
+  const auto points =
+      aggregate(concat({rounds_of("kf-unix", 2, 4, {10}), rounds_of("kf-unix@old", 2, 4, {11})}));
   std::ostringstream out;
   print_tables(out, points, 2, 1);
   EXPECT_NE(out.str().find("kf-unix@old"), std::string::npos) << out.str();
@@ -320,7 +320,8 @@ TEST_F(CompareBuildsDir, AgainstTakesABuildAndRefusesADirectoryWithoutOne) {
   parse({"compare"}, without);
   EXPECT_EQ(compare_options(without).against, "");
 
-  const std::string no_kf = parse_error({"compare", "--impl", "mpi-shm", "--against", root_.string()});
+  const std::string no_kf =
+      parse_error({"compare", "--impl", "mpi-shm", "--against", root_.string()});
   EXPECT_NE(no_kf.find("--against"), std::string::npos) << no_kf;
   EXPECT_NE(no_kf.find("kf-tcp"), std::string::npos) << no_kf;
 

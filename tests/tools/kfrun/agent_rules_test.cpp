@@ -76,7 +76,7 @@ TEST(ParseNotice, ReadsTheSecondsOfKfMemberRevoke) {
 TEST(FindDeparture, TakesTheNewestEventNamingTheWorkerAfterTheVersion) {
   const std::string w = "10.0.0.1:5000";
   const std::vector<ConfigEvent> events{
-      event(1, "killed", w, "kf-member kill", 2),           // an earlier life of the endpoint
+      event(1, "killed", w, "kf-member kill", 2),  // an earlier life of the endpoint
       event(2, "added", w, "kf-member add", 3),
       event(3, "revoked", "10.0.0.2:5000", "notice 9s", 5),  // another worker
       event(4, "revoked", w, "kf-member revoke, notice 7s", 5),

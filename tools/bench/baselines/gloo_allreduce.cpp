@@ -61,7 +61,6 @@ struct Options {
   bool json = false;
 };
 
-
 std::unique_ptr<gloo::Algorithm> make_allreduce(const Options& o,
                                                 const std::shared_ptr<gloo::Context>& context,
                                                 float* data, int count) {
@@ -148,8 +147,8 @@ bool run(const Options& o) {
   const auto context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.size);
   context->connectFullMesh(store, device);
 
-  const bench::RunInfo info{kf::CollOp::allreduce, o.size, kf::DType::f32, kf::ReduceOp::sum, 0,
-                            o.warmup};
+  const bench::RunInfo info{kf::CollOp::allreduce, o.size, kf::DType::f32,
+                            kf::ReduceOp::sum,     0,      o.warmup};
   if (o.rank == 0 && !o.json) {
     std::cout << "# kf-bench-gloo: gloo allreduce " << o.algo << " over tcp on 127.0.0.1\n";
     bench::print_header(std::cout, info);
@@ -168,9 +167,10 @@ bool run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Measures Gloo's allreduce (f32, sum, tcp on 127.0.0.1) the way kf-bench "
-               "measures kf's allreduce. Start one process per rank.",
-               "kf-bench-gloo"};
+  CLI::App app{
+      "Measures Gloo's allreduce (f32, sum, tcp on 127.0.0.1) the way kf-bench "
+      "measures kf's allreduce. Start one process per rank.",
+      "kf-bench-gloo"};
   Options o;
   const CLI::Validator size_check = bench::float_size_check();
   CLI::Option* rank = app.add_option("--rank", o.rank, "this process's rank, 0 to --size - 1")
@@ -201,9 +201,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     if (o.rank >= o.size) {
-      throw CLI::ValidationError(rank->get_name(), std::to_string(o.rank) +
-                                                       " is not below --size " +
-                                                       std::to_string(o.size));
+      throw CLI::ValidationError(
+          rank->get_name(),
+          std::to_string(o.rank) + " is not below --size " + std::to_string(o.size));
     }
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);

@@ -103,8 +103,8 @@ bench::Row run_size(const Options& o, const bench::Pattern& pattern, int rank, i
     const auto iter = static_cast<std::uint64_t>(t);
     check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
     const auto start = Clock::now();
-    const int code = MPI_Allreduce(send(iter), recv(iter), count, MPI_FLOAT, MPI_SUM,
-                                   MPI_COMM_WORLD);
+    const int code =
+        MPI_Allreduce(send(iter), recv(iter), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     const std::chrono::duration<double, std::micro> elapsed = Clock::now() - start;
     check(code, "MPI_Allreduce");
     // Warmup results are checked too: a wrong result is a bug whenever it happens.
@@ -113,16 +113,16 @@ bench::Row run_size(const Options& o, const bench::Pattern& pattern, int rank, i
     if (iter + rotation < static_cast<std::uint64_t>(total)) prepare(iter, iter + rotation);
   }
   times_us.back() = correct ? 0.0 : 1.0;
-  check(MPI_Allreduce(MPI_IN_PLACE, times_us.data(), static_cast<int>(times_us.size()),
-                      MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD),
+  check(MPI_Allreduce(MPI_IN_PLACE, times_us.data(), static_cast<int>(times_us.size()), MPI_DOUBLE,
+                      MPI_MAX, MPI_COMM_WORLD),
         "MPI_Allreduce(max)");
   row.correct = times_us.back() == 0.0;
   times_us.pop_back();
   row.median_us = bench::quantile(times_us, 0.5);
   row.p90_us = bench::quantile(times_us, 0.9);
   if (row.median_us > 0) {
-    const auto moved = static_cast<double>(bench::algbw_bytes(kf::CollOp::allreduce, row.bytes,
-                                                              workers));
+    const auto moved =
+        static_cast<double>(bench::algbw_bytes(kf::CollOp::allreduce, row.bytes, workers));
     row.algbw_gbps = moved / (row.median_us * 1e-6) / 1e9;
     row.busbw_gbps = row.algbw_gbps * bench::bus_factor(kf::CollOp::allreduce, workers);
   }
@@ -132,8 +132,8 @@ bench::Row run_size(const Options& o, const bench::Pattern& pattern, int rank, i
 // Runs every size and prints the rows on rank 0. Returns whether every row was correct.
 bool run(const Options& o, int rank, int workers) {
   check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  const bench::RunInfo info{kf::CollOp::allreduce, workers, kf::DType::f32, kf::ReduceOp::sum,
-                            0, o.warmup};
+  const bench::RunInfo info{kf::CollOp::allreduce, workers, kf::DType::f32,
+                            kf::ReduceOp::sum,     0,       o.warmup};
   if (rank == 0 && !o.json) {
     std::cout << "# kf-bench-mpi: MPI_Allreduce, label " << o.label << "\n";
     bench::print_header(std::cout, info);
@@ -158,9 +158,10 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &workers);
 
-  CLI::App app{"Measures MPI_Allreduce (f32, sum) the way kf-bench measures kf's allreduce. "
-               "Run it under mpirun.",
-               "kf-bench-mpi"};
+  CLI::App app{
+      "Measures MPI_Allreduce (f32, sum) the way kf-bench measures kf's allreduce. "
+      "Run it under mpirun.",
+      "kf-bench-mpi"};
   Options o;
   const CLI::Validator size_check = bench::float_size_check();
   app.add_option("--sizes", o.sizes,

@@ -154,8 +154,9 @@ std::vector<BuildCell> build_cells(const std::vector<Point>& points, int np, dou
 void print_build_table(std::ostream& out, const std::vector<Point>& points, int np, int rounds,
                        std::string_view other_dir) {
   const std::vector<BuildCell> cells = build_cells(points, np);
-  out << "# np=" << np << ": this build (new) against " << other_dir << " (old); per side the median over "
-      << rounds << " round(s) of each run's median time (us)\n"
+  out << "# np=" << np << ": this build (new) against " << other_dir
+      << " (old); per side the median over " << rounds
+      << " round(s) of each run's median time (us)\n"
       << "# new/old < 1: new is faster; spread: a side's slowest per-round median / its fastest\n"
       << "# SLOWER: new/old above limit = " << 1 + kSlowerTolerance << " x the larger spread"
       << (rounds < 2 ? " (one round measures no spread: the limit is the tolerance alone)" : "")
@@ -165,8 +166,8 @@ void print_build_table(std::ostream& out, const std::vector<Point>& points, int 
     return;
   }
   char line[200];
-  std::snprintf(line, sizeof line, "#  size  %-8s %9s %9s  %8s  %10s  %10s  %7s\n", "impl", "new us",
-                "old us", "new/old", "spread new", "spread old", "limit");
+  std::snprintf(line, sizeof line, "#  size  %-8s %9s %9s  %8s  %10s  %10s  %7s\n", "impl",
+                "new us", "old us", "new/old", "spread new", "spread old", "limit");
   out << line;
   std::vector<std::string> slower;
   bool any_incorrect = false;

@@ -76,7 +76,7 @@ struct BuildCell {
   double ratio = 0;  ///< new_us / old_us: > 1 when new is slower
   double new_spread = 1;
   double old_spread = 1;
-  double limit = 0;  ///< the ratio above which the cell is flagged
+  double limit = 0;      ///< the ratio above which the cell is flagged
   bool correct = false;  ///< every row of both sides was
   bool slower = false;   ///< ratio > limit
 };

@@ -27,7 +27,8 @@ CLI::App* add_compare_command(CLI::App& app, CompareCommand& command) {
   sub->footer(
       "Implementations (transport class): kf (local: kf's default, same-host sockets with "
       "large payloads single-copy), kf-unix (local: KF_TRANSPORT=unix, every payload through "
-      "the socket), kf-tcp (tcp: KF_TRANSPORT=tcp), mpi-tcp (tcp), mpi-shm (local), gloo-ring, gloo-ring_chunked, "
+      "the socket), kf-tcp (tcp: KF_TRANSPORT=tcp), mpi-tcp (tcp), mpi-shm (local), gloo-ring, "
+      "gloo-ring_chunked, "
       "gloo-halving_doubling (tcp). A baseline whose executables are missing is skipped.\n"
       "With --against DIR, each of kf's implementations chosen also runs from the kf build in "
       "DIR as <impl>@old (kf@old, kf-unix@old, kf-tcp@old), right beside this build's in every "
@@ -69,9 +70,9 @@ CLI::App* add_compare_command(CLI::App& app, CompareCommand& command) {
   sub->add_option("--against", o.against,
                   "another kf build (its build directory, or a directory holding its kfrun and "
                   "kf-bench) whose kf runs beside this one's, as <impl>@old")
-      ->check(CLI::Validator(
-          [](std::string& dir) { return missing_in_build(find_other_build(dir)); }, "",
-          "a kf build"))
+      ->check(
+          CLI::Validator([](std::string& dir) { return missing_in_build(find_other_build(dir)); },
+                         "", "a kf build"))
       ->type_name("DIR");
   // Twins are made of kf's implementations only; with none chosen there is nothing to compare.
   sub->callback([&o] {

@@ -136,11 +136,10 @@ class Compare {
     std::vector<std::string> sizes;
     for (const std::size_t s : o_.sizes) sizes.push_back(format_bytes(s));
     out_ << "# kf-bench compare: f32 sum allreduce; np " << join(nps, ",") << "; sizes "
-         << join(sizes, ",") << "; " << o_.rounds << " round(s) of " << join(impls_, " ")
-         << "\n";
+         << join(sizes, ",") << "; " << o_.rounds << " round(s) of " << join(impls_, " ") << "\n";
     if (!o_.against.empty()) {
-      out_ << "# old: " << other_.kfrun << " and "
-           << other_.kf_bench << "; new: " << bin_.kfrun << " and " << bin_.kf_bench << "\n";
+      out_ << "# old: " << other_.kfrun << " and " << other_.kf_bench << "; new: " << bin_.kfrun
+           << " and " << bin_.kf_bench << "\n";
     }
     out_ << "# output: " << dir_.string() << std::endl;
   }
@@ -152,8 +151,8 @@ class Compare {
     if (gloo) request.store_dir = make_temp_dir("kf-bench-gloo").string();
     std::vector<Command> commands = commands_for(request, other ? other_bin_ : bin_);
     if (!o_.against.empty() && is_kf(request.impl)) {
-      const auto change = library_path_change(other ? other_.lib_dir : own_lib_dir_,
-                                              ld_library_path_);
+      const auto change =
+          library_path_change(other ? other_.lib_dir : own_lib_dir_, ld_library_path_);
       if (change) commands[0].env.push_back(*change);
     }
     const auto start = Clock::now();

@@ -16,17 +16,10 @@ std::size_t parse_bytes(std::string_view text) {
   if (text.empty()) throw std::invalid_argument("a size is empty");
   int shift = 0;
   switch (std::toupper(static_cast<unsigned char>(text.back()))) {
-    case 'K':
-      shift = 10;
-      break;
-    case 'M':
-      shift = 20;
-      break;
-    case 'G':
-      shift = 30;
-      break;
-    default:
-      break;
+    case 'K': shift = 10; break;
+    case 'M': shift = 20; break;
+    case 'G': shift = 30; break;
+    default: break;
   }
   const std::string_view digits = shift == 0 ? text : text.substr(0, text.size() - 1);
   std::uint64_t value = 0;

@@ -45,15 +45,11 @@ double value_at(ReduceOp op, int rank, std::size_t k, std::size_t period) {
 
 double combine(ReduceOp op, double acc, double v) {
   switch (op) {
-    case ReduceOp::min:
-      return std::min(acc, v);
-    case ReduceOp::max:
-      return std::max(acc, v);
-    case ReduceOp::prod:
-      return acc * v;
+    case ReduceOp::min: return std::min(acc, v);
+    case ReduceOp::max: return std::max(acc, v);
+    case ReduceOp::prod: return acc * v;
     case ReduceOp::sum:
-    case ReduceOp::avg:
-      return acc + v;
+    case ReduceOp::avg: return acc + v;
   }
   return acc;
 }
@@ -62,20 +58,13 @@ double combine(ReduceOp op, double acc, double v) {
 void store(std::byte* base, std::size_t i, DType t, double v) {
   const auto put = [&](auto x) { std::memcpy(base + i * sizeof x, &x, sizeof x); };
   switch (t) {
-    case DType::f32:
-      return put(static_cast<float>(v));
-    case DType::f64:
-      return put(v);
-    case DType::f16:
-      return put(float_to_f16(static_cast<float>(v)));
-    case DType::bf16:
-      return put(float_to_bf16(static_cast<float>(v)));
-    case DType::i32:
-      return put(static_cast<std::int32_t>(v));
-    case DType::i64:
-      return put(static_cast<std::int64_t>(v));
-    case DType::u8:
-      return put(static_cast<std::uint8_t>(v));
+    case DType::f32: return put(static_cast<float>(v));
+    case DType::f64: return put(v);
+    case DType::f16: return put(float_to_f16(static_cast<float>(v)));
+    case DType::bf16: return put(float_to_bf16(static_cast<float>(v)));
+    case DType::i32: return put(static_cast<std::int32_t>(v));
+    case DType::i64: return put(static_cast<std::int64_t>(v));
+    case DType::u8: return put(static_cast<std::uint8_t>(v));
   }
 }
 

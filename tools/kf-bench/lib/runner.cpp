@@ -33,18 +33,12 @@ struct Layout {
 Layout layout_of(CollOp op, std::size_t count, int rank, int workers, int root) {
   const auto n = static_cast<std::size_t>(workers);
   switch (op) {
-    case CollOp::allreduce:
-      return {count, count};
-    case CollOp::broadcast:
-      return {0, count};
-    case CollOp::allgather:
-      return {count, n * count};
-    case CollOp::reduce_scatter:
-      return {n * count, count};
-    case CollOp::gather:
-      return {count, rank == root ? n * count : 0};
-    default:
-      return {};
+    case CollOp::allreduce: return {count, count};
+    case CollOp::broadcast: return {0, count};
+    case CollOp::allgather: return {count, n * count};
+    case CollOp::reduce_scatter: return {n * count, count};
+    case CollOp::gather: return {count, rank == root ? n * count : 0};
+    default: return {};
   }
 }
 
@@ -84,10 +78,8 @@ void Bench::prepare(std::byte* send, std::byte* recv, std::uint64_t iter) const 
 bool Bench::verify(const std::byte* recv, std::uint64_t iter) const {
   const std::size_t block_bytes = count_ * dtype_bytes(o_.dtype);
   switch (o_.op) {
-    case CollOp::allreduce:
-      return pattern_.matches_reduced(recv, count_, 0, iter);
-    case CollOp::broadcast:
-      return pattern_.matches_rank(recv, count_, o_.root, 0, iter);
+    case CollOp::allreduce: return pattern_.matches_reduced(recv, count_, 0, iter);
+    case CollOp::broadcast: return pattern_.matches_rank(recv, count_, o_.root, 0, iter);
     case CollOp::reduce_scatter:
       return pattern_.matches_reduced(recv, count_, static_cast<std::size_t>(peer_.rank()) * count_,
                                       iter);
@@ -98,8 +90,7 @@ bool Bench::verify(const std::byte* recv, std::uint64_t iter) const {
         if (!pattern_.matches_rank(recv + q * block_bytes, count_, q, 0, iter)) return false;
       }
       return true;
-    default:
-      return true;
+    default: return true;
   }
 }
 
@@ -112,18 +103,12 @@ Handle Bench::submit(const std::string& name, std::byte* send, std::byte* recv,
   const Buffer s{send, layout_.send, o_.dtype};
   const Buffer r{recv, layout_.recv, o_.dtype};
   switch (o_.op) {
-    case CollOp::allreduce:
-      return peer_.allreduce(name, s, r, co);
-    case CollOp::broadcast:
-      return peer_.broadcast(name, r, co);
-    case CollOp::allgather:
-      return peer_.allgather(name, s, r, co);
-    case CollOp::reduce_scatter:
-      return peer_.reduce_scatter(name, s, r, co);
-    case CollOp::gather:
-      return peer_.gather(name, s, r, co);
-    default:
-      return peer_.barrier(name, co);
+    case CollOp::allreduce: return peer_.allreduce(name, s, r, co);
+    case CollOp::broadcast: return peer_.broadcast(name, r, co);
+    case CollOp::allgather: return peer_.allgather(name, s, r, co);
+    case CollOp::reduce_scatter: return peer_.reduce_scatter(name, s, r, co);
+    case CollOp::gather: return peer_.gather(name, s, r, co);
+    default: return peer_.barrier(name, co);
   }
 }
 

@@ -20,26 +20,20 @@ std::size_t algbw_bytes(CollOp op, std::size_t bytes, int workers) noexcept {
   switch (op) {
     case CollOp::allgather:
     case CollOp::reduce_scatter:
-    case CollOp::gather:
-      return bytes * static_cast<std::size_t>(workers);
-    default:
-      return bytes;
+    case CollOp::gather: return bytes * static_cast<std::size_t>(workers);
+    default: return bytes;
   }
 }
 
 double bus_factor(CollOp op, int workers) noexcept {
   const double n = workers;
   switch (op) {
-    case CollOp::allreduce:
-      return 2.0 * (n - 1) / n;
+    case CollOp::allreduce: return 2.0 * (n - 1) / n;
     case CollOp::allgather:
     case CollOp::reduce_scatter:
-    case CollOp::gather:
-      return (n - 1) / n;
-    case CollOp::broadcast:
-      return 1.0;
-    default:
-      return 0.0;
+    case CollOp::gather: return (n - 1) / n;
+    case CollOp::broadcast: return 1.0;
+    default: return 0.0;
   }
 }
 
@@ -59,10 +53,8 @@ std::string bandwidth_definition(CollOp op) {
     case CollOp::gather:
       return "gather: bytes = each worker's send block; algbw = n*bytes/time; "
              "busbw = algbw*(n-1)/n";
-    case CollOp::barrier:
-      return "barrier: no data; bytes, algbw and busbw are 0";
-    default:
-      return std::string(to_string(op));
+    case CollOp::barrier: return "barrier: no data; bytes, algbw and busbw are 0";
+    default: return std::string(to_string(op));
   }
 }
 

@@ -5,10 +5,10 @@
 #include <charconv>
 #include <chrono>
 #include <optional>
-#include <stdexcept>
 #include <random>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 
 namespace kf::member {
@@ -46,13 +46,13 @@ void check_bounds(const Cluster& cluster) {
   };
   const auto n = static_cast<std::int64_t>(cluster.workers.size());
   if (const auto max = bound("max_workers"); max && n > *max) {
-    throw std::runtime_error(std::to_string(n) + " workers would exceed settings.max_workers = " +
-                             std::to_string(*max));
+    throw std::runtime_error(
+        std::to_string(n) + " workers would exceed settings.max_workers = " + std::to_string(*max));
   }
   if (const auto min = bound("min_workers"); min && n < *min) {
-    throw std::runtime_error(std::to_string(n) +
-                             " workers would be fewer than settings.min_workers = " +
-                             std::to_string(*min));
+    throw std::runtime_error(
+        std::to_string(n) +
+        " workers would be fewer than settings.min_workers = " + std::to_string(*min));
   }
 }
 

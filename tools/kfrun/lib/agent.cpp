@@ -47,9 +47,9 @@ struct LocalWorker {
   WorkerProcess process;
   LinePrefixer out_lines;
   LinePrefixer err_lines;
-  bool member = true;                // in the newest document
-  std::uint64_t last_member_version;  // the newest version that listed it
-  Clock::time_point left_at{};       // when it left the document (member == false)
+  bool member = true;                        // in the newest document
+  std::uint64_t last_member_version;         // the newest version that listed it
+  Clock::time_point left_at{};               // when it left the document (member == false)
   std::optional<Clock::time_point> term_at;  // its leave grace ends: SIGTERM
   std::optional<Clock::time_point> kill_at;  // SIGTERM went unheeded: SIGKILL
   bool killed = false;                       // SIGKILL sent
@@ -236,11 +236,8 @@ class Agent {
   void on_message(ExitJudged& m) {
     pending_exits_.erase(m.worker);
     switch (m.verdict) {
-      case ExitVerdict::left:
-        return;
-      case ExitVerdict::failed:
-        failure_ = failure_ || finished_;
-        return;
+      case ExitVerdict::left: return;
+      case ExitVerdict::failed: failure_ = failure_ || finished_; return;
       case ExitVerdict::failed_last:
         failure_ = true;
         if (std::exchange(finished_, true)) return;
@@ -299,16 +296,17 @@ class Agent {
     JobSpec job = job_;
     job.cluster = c;
     try {
-      auto process = WorkerProcess::spawn(options_.command, worker_environment(job, rank, base_env_));
+      auto process =
+          WorkerProcess::spawn(options_.command, worker_environment(job, rank, base_env_));
       const auto pid = std::to_string(process.pid());
       // Appended piecewise: GCC 12 warns falsely (-Wrestrict) on "[" + std::string&&.
       std::string prefix = "[";
       prefix.append(name).append("] ");
-      workers_.emplace(name,
-                       LocalWorker{std::move(process),
-                                   LinePrefixer(prefix, [this](auto line) { out_.write(line); }),
-                                   LinePrefixer(prefix, [this](auto line) { err_.write(line); }),
-                                   true, c.version});
+      workers_.emplace(
+          name, LocalWorker{std::move(process),
+                            LinePrefixer(prefix, [this](auto line) { out_.write(line); }),
+                            LinePrefixer(prefix, [this](auto line) { err_.write(line); }), true,
+                            c.version});
       say("started " + name + " (pid " + pid + ") as rank " + std::to_string(rank) + " of " +
           v_text(c.version));
       reporter_->post_event("started", name, "pid " + pid, c.version);

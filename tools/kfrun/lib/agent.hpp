@@ -20,19 +20,19 @@
 namespace kf::tools {
 
 struct AgentOptions {
-  std::string config_server;          ///< "http://HOST:PORT", or "builtin" to run one in-process
-  std::optional<int> slots;           ///< most workers running at once on this host, >= 1
-  std::string host = "127.0.0.1";     ///< the agent owns the workers whose host is this
-  std::optional<int> np;              ///< initial workers when the service holds no cluster
-  PortRange ports;                    ///< where the initial workers' ports are picked from
-  std::optional<std::string> job_token_file;         ///< required with an external service
-  std::optional<std::string> job_id;                 ///< else derived from the token
-  std::optional<std::string> algorithm;              ///< initial settings, and KF_ALGORITHM
-  std::optional<std::chrono::milliseconds> timeout;  ///< collective deadline (KF_TIMEOUT_MS)
-  std::optional<std::uint16_t> metrics_port;  ///< see LaunchOptions::metrics_port
+  std::string config_server;       ///< "http://HOST:PORT", or "builtin" to run one in-process
+  std::optional<int> slots;        ///< most workers running at once on this host, >= 1
+  std::string host = "127.0.0.1";  ///< the agent owns the workers whose host is this
+  std::optional<int> np;           ///< initial workers when the service holds no cluster
+  PortRange ports;                 ///< where the initial workers' ports are picked from
+  std::optional<std::string> job_token_file;           ///< required with an external service
+  std::optional<std::string> job_id;                   ///< else derived from the token
+  std::optional<std::string> algorithm;                ///< initial settings, and KF_ALGORITHM
+  std::optional<std::chrono::milliseconds> timeout;    ///< collective deadline (KF_TIMEOUT_MS)
+  std::optional<std::uint16_t> metrics_port;           ///< see LaunchOptions::metrics_port
   nlohmann::json settings = nlohmann::json::object();  ///< of the initial cluster it writes
   std::optional<std::string> job_file;                 ///< KF_JOB_FILE for the workers
-  std::optional<std::string> state_file;             ///< builtin only
+  std::optional<std::string> state_file;               ///< builtin only
   /// How long a worker that left the cluster without a notice may keep running before SIGTERM.
   std::chrono::milliseconds leave_grace{30'000};
   /// Between SIGTERM and SIGKILL when kfrun itself is stopped (SIGINT, SIGTERM, an error).

@@ -261,8 +261,8 @@ void ClusterWatcher::stop() noexcept {
 
 class Reporter::Runner {
  public:
-  Runner(const LinkConfig& config, std::shared_ptr<Mailbox> mailbox,
-         std::shared_ptr<Outage> outage, std::shared_ptr<LinkControl> control)
+  Runner(const LinkConfig& config, std::shared_ptr<Mailbox> mailbox, std::shared_ptr<Outage> outage,
+         std::shared_ptr<LinkControl> control)
       : config_(config),
         mailbox_(std::move(mailbox)),
         outage_(std::move(outage)),
@@ -354,8 +354,7 @@ class Reporter::Runner {
   // and posts `removed` with `detail`; returns failed (also when someone else removed it first),
   // or failed_last when it is the last worker: the service accepts no empty cluster.
   // Throws: kf::Error (errc::conflict) when out of attempts.
-  ExitVerdict remove_member(Cluster current, const std::string& worker,
-                            const std::string& detail) {
+  ExitVerdict remove_member(Cluster current, const std::string& worker, const std::string& detail) {
     for (int attempt = 1; attempt <= kMaxRemoveAttempts; ++attempt) {
       if (!is_member(current, worker)) return ExitVerdict::failed;
       const Cluster next = without_worker(current, worker);
@@ -363,17 +362,16 @@ class Reporter::Runner {
       try {
         const Cluster stored = call([&] { return client_.put_cluster(next); });
         post(LinkNote{"removed " + worker + " from the cluster (" + detail + "): v" +
-                      std::to_string(current.version) + " -> v" +
-                      std::to_string(stored.version)});
+                      std::to_string(current.version) + " -> v" + std::to_string(stored.version)});
         post_event("removed", worker, detail, stored.version);
         return ExitVerdict::failed;
       } catch (const ConflictError& e) {
         current = e.current();
       }
     }
-    throw Error(make_error_code(errc::conflict),
-                "gave up removing " + worker + " after " + std::to_string(kMaxRemoveAttempts) +
-                    " compare-and-swap conflicts");
+    throw Error(make_error_code(errc::conflict), "gave up removing " + worker + " after " +
+                                                     std::to_string(kMaxRemoveAttempts) +
+                                                     " compare-and-swap conflicts");
   }
 
   // Reads the events not seen yet and keeps those that explain a departure.

@@ -48,9 +48,9 @@ struct LinkNote {
 };
 /// What a worker's exit meant, once the document was re-read.
 enum class ExitVerdict {
-  finished,  ///< exit 0 while a member: the job is done
-  left,      ///< no longer a member: it left (revoked, removed, killed)
-  failed,    ///< non-zero exit or a signal while a member: removed from the cluster
+  finished,     ///< exit 0 while a member: the job is done
+  left,         ///< no longer a member: it left (revoked, removed, killed)
+  failed,       ///< non-zero exit or a signal while a member: removed from the cluster
   failed_last,  ///< as failed, but it is the last worker: the job cannot go on
 };
 struct ExitJudged {
@@ -92,9 +92,9 @@ struct LinkConfig {
   std::string host;   ///< the agent's host (for its messages)
   std::chrono::milliseconds request_deadline{3000};
   std::chrono::milliseconds max_backoff{1000};
-  std::chrono::milliseconds watch_timeout{60'000};       ///< one long-poll
-  std::chrono::milliseconds departure_window{2000};      ///< wait for the event of a departure
-  std::chrono::milliseconds departure_poll{50};          ///< how often to look for it
+  std::chrono::milliseconds watch_timeout{60'000};   ///< one long-poll
+  std::chrono::milliseconds departure_window{2000};  ///< wait for the event of a departure
+  std::chrono::milliseconds departure_poll{50};      ///< how often to look for it
 };
 
 /// Whether the service is down, shared by both link threads so that an outage is told once.
@@ -121,7 +121,7 @@ struct Bootstrap {
   /// The ports of the initial cluster (-np K): written when the service holds version 0.
   std::optional<std::vector<std::uint16_t>> initial_ports;
   std::optional<std::string> algorithm;
-  int slots = 0;  ///< for the `note` event
+  int slots = 0;                                       ///< for the `note` event
   nlohmann::json settings = nlohmann::json::object();  ///< added to the initial cluster's settings
 };
 
@@ -151,8 +151,7 @@ class Reporter {
   ~Reporter();
 
   /// POST /v1/events.
-  void post_event(std::string type, std::string worker, std::string detail,
-                  std::uint64_t version);
+  void post_event(std::string type, std::string worker, std::string detail, std::uint64_t version);
   /// Posts `exited` ("exit 0") or `failed` (describe_exit), re-reads the document and answers
   /// ExitJudged; a member that failed is first removed by compare-and-swap (event `removed`,
   /// detail "failed: ...").

@@ -46,14 +46,10 @@ Cluster without_worker(Cluster cluster, const std::string& worker) {
 
 const char* to_string(Departure::Kind kind) noexcept {
   switch (kind) {
-    case Departure::Kind::killed:
-      return "killed";
-    case Departure::Kind::revoked:
-      return "revoked";
-    case Departure::Kind::removed:
-      return "removed";
-    case Departure::Kind::unknown:
-      break;
+    case Departure::Kind::killed: return "killed";
+    case Departure::Kind::revoked: return "revoked";
+    case Departure::Kind::removed: return "removed";
+    case Departure::Kind::unknown: break;
   }
   return "unknown";
 }

@@ -95,5 +95,4 @@ AgentSetup prepare_agent(const AgentOptions& options, FdWriter& err) {
   return setup;
 }
 
-
 }  // namespace kf::tools

@@ -23,7 +23,7 @@ struct AgentSetup {
   std::unique_ptr<BuiltinServer> builtin;  ///< with --config-server builtin
   std::string url;                         ///< of the config service
   std::string token;
-  JobSpec job;  ///< everything but the cluster
+  JobSpec job;                                              ///< everything but the cluster
   std::optional<std::vector<std::uint16_t>> initial_ports;  ///< picked for -np
 };
 

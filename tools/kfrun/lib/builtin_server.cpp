@@ -71,7 +71,8 @@ BuiltinServer::BuiltinServer(const BuiltinServerOptions& options) {
     if (!env::get(env::kLogLevel)) logger().set_level(spdlog::level::warn);
     service_ = std::make_unique<config_server::Service>(std::move(service_options));
     // 127.0.0.1, port 0; HttpServer::run() leaves the signals to kfrun.
-    server_ = std::make_unique<config_server::HttpServer>(*service_, config_server::ServerOptions{});
+    server_ =
+        std::make_unique<config_server::HttpServer>(*service_, config_server::ServerOptions{});
     url_ = "http://" + server_->address();
     thread_ = std::thread([server = server_.get()] {
       block_pipe_signals();

@@ -30,7 +30,7 @@ struct LaunchOptions {
   /// Added to the cluster's settings (kfrun --job: min/max workers, batch size, learning rate).
   nlohmann::json settings = nlohmann::json::object();
   std::optional<std::string> job_file;  ///< KF_JOB_FILE for the workers
-  std::vector<std::string> command;                  ///< program and its arguments
+  std::vector<std::string> command;     ///< program and its arguments
   /// Whether worker i is held to one core (binding.hpp): with `automatic`, when np is more
   /// than the cores kfrun may use.
   Bind bind = Bind::automatic;

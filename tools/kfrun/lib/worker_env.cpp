@@ -18,9 +18,9 @@ namespace kf::tools {
 namespace {
 
 // Every variable worker_environment() may set; inherited values of these are dropped.
-constexpr std::array kManaged = {env::kSelf,      env::kCluster,      env::kJobId,
-                                 env::kJobToken,  env::kJobTokenFile, env::kAlgorithm,
-                                 env::kTimeoutMs, env::kRank,         env::kSize,
+constexpr std::array kManaged = {env::kSelf,        env::kCluster,      env::kJobId,
+                                 env::kJobToken,    env::kJobTokenFile, env::kAlgorithm,
+                                 env::kTimeoutMs,   env::kRank,         env::kSize,
                                  env::kMetricsPort, env::kJobFile};
 
 bool is_managed(std::string_view entry, bool sets_config_server) {
@@ -53,9 +53,8 @@ std::vector<std::string> worker_environment(const JobSpec& job, int rank,
   std::vector<std::string> out;
   out.reserve(base.size() + kManaged.size());
   const bool sets_config_server = job.config_server.has_value();
-  std::copy_if(base.begin(), base.end(), std::back_inserter(out), [&](const std::string& entry) {
-    return !is_managed(entry, sets_config_server);
-  });
+  std::copy_if(base.begin(), base.end(), std::back_inserter(out),
+               [&](const std::string& entry) { return !is_managed(entry, sets_config_server); });
   out.push_back(assign(env::kSelf, job.cluster.workers[rank].endpoint.str()));
   out.push_back(assign(env::kCluster, job.cluster.to_json().dump()));
   out.push_back(assign(env::kJobId, job.job_id));

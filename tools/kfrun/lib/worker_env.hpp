@@ -39,8 +39,8 @@ Cluster static_cluster(const std::string& host, const std::vector<std::uint16_t>
 /// The environment ("NAME=VALUE" strings) of worker `rank`: `base` without the KF_* variables
 /// kfrun sets (so that a value from an enclosing job cannot leak in), followed by KF_SELF,
 /// KF_CLUSTER, KF_JOB_ID, KF_JOB_TOKEN or KF_JOB_TOKEN_FILE, KF_RANK, KF_SIZE and, when set,
-/// KF_ALGORITHM, KF_TIMEOUT_MS, KF_CONFIG_SERVER, KF_METRICS_PORT and KF_JOB_FILE. An inherited KF_CONFIG_SERVER is replaced
-/// only when job.config_server is set (a static job leaves it alone).
+/// KF_ALGORITHM, KF_TIMEOUT_MS, KF_CONFIG_SERVER, KF_METRICS_PORT and KF_JOB_FILE. An inherited
+/// KF_CONFIG_SERVER is replaced only when job.config_server is set (a static job leaves it alone).
 /// Requires: 0 <= rank < job.cluster.size().
 std::vector<std::string> worker_environment(const JobSpec& job, int rank,
                                             const std::vector<std::string>& base);

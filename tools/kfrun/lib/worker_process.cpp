@@ -157,8 +157,8 @@ WorkerProcess WorkerProcess::spawn(const std::vector<std::string>& argv,
     }
     worker.reaped_ = true;
     if (error < 0) {
-      throw ExecError("cannot hold '" + argv[0] + "' to CPU " + std::to_string(cpu.value_or(-1)) + ": " +
-                      std::strerror(-error));
+      throw ExecError("cannot hold '" + argv[0] + "' to CPU " + std::to_string(cpu.value_or(-1)) +
+                      ": " + std::strerror(-error));
     }
     throw ExecError("cannot execute '" + argv[0] + "': " + std::strerror(error));
   }

@@ -27,11 +27,26 @@ struct Buffer {
 
 template <typename T>
 constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::f32; }
-template <> constexpr DType dtype_of<double>() { return DType::f64; }
-template <> constexpr DType dtype_of<std::int32_t>() { return DType::i32; }
-template <> constexpr DType dtype_of<std::int64_t>() { return DType::i64; }
-template <> constexpr DType dtype_of<std::uint8_t>() { return DType::u8; }
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::f64;
+}
+template <>
+constexpr DType dtype_of<std::int32_t>() {
+  return DType::i32;
+}
+template <>
+constexpr DType dtype_of<std::int64_t>() {
+  return DType::i64;
+}
+template <>
+constexpr DType dtype_of<std::uint8_t>() {
+  return DType::u8;
+}
 
 /// A Buffer over a typed array. The const overload is for send buffers: kf never writes to a
 /// send buffer unless it is also the receive buffer.
@@ -45,11 +60,17 @@ Buffer buffer(const T* p, std::size_t count) {
 }
 
 enum class CollOp : std::uint8_t {
-  allreduce, broadcast, allgather, reduce_scatter, gather, barrier, consensus
+  allreduce,
+  broadcast,
+  allgather,
+  reduce_scatter,
+  gather,
+  barrier,
+  consensus
 };
 
-/// Algorithms (docs/design.md, "Collectives and algorithms"). job_default takes the job's setting (KF_ALGORITHM or
-/// the cluster settings' "algorithm"), whose own default is auto.
+/// Algorithms (docs/design.md, "Collectives and algorithms"). job_default takes the job's setting
+/// (KF_ALGORITHM or the cluster settings' "algorithm"), whose own default is auto.
 enum class Algorithm : std::uint8_t { job_default, auto_select, star, ring, tree, clique, rhd };
 
 std::string_view to_string(CollOp op) noexcept;
@@ -60,8 +81,8 @@ std::optional<Algorithm> parse_algorithm(std::string_view s) noexcept;
 /// Per-call options (gloo's AllreduceOptions style).
 struct CollOptions {
   Algorithm algorithm = Algorithm::job_default;
-  ReduceOp op = ReduceOp::sum;   ///< allreduce and reduce_scatter
-  int root = 0;                  ///< broadcast and gather
+  ReduceOp op = ReduceOp::sum;  ///< allreduce and reduce_scatter
+  int root = 0;                 ///< broadcast and gather
   /// No progress from a peer for this long fails the collective; zero takes the peer's default.
   std::chrono::milliseconds timeout{0};
 };

@@ -19,30 +19,31 @@
 namespace kf {
 
 namespace env {
-inline constexpr const char* kSelf = "KF_SELF";                  ///< host:port this worker listens on
-inline constexpr const char* kCluster = "KF_CLUSTER";            ///< initial cluster, JSON
-inline constexpr const char* kJobId = "KF_JOB_ID";               ///< job id (part of the handshake)
-inline constexpr const char* kJobToken = "KF_JOB_TOKEN";         ///< job token (secret)
+inline constexpr const char* kSelf = "KF_SELF";           ///< host:port this worker listens on
+inline constexpr const char* kCluster = "KF_CLUSTER";     ///< initial cluster, JSON
+inline constexpr const char* kJobId = "KF_JOB_ID";        ///< job id (part of the handshake)
+inline constexpr const char* kJobToken = "KF_JOB_TOKEN";  ///< job token (secret)
 inline constexpr const char* kJobTokenFile = "KF_JOB_TOKEN_FILE";  ///< file holding the token
-inline constexpr const char* kConfigServer = "KF_CONFIG_SERVER";  ///< URL of the config service
-inline constexpr const char* kAlgorithm = "KF_ALGORITHM";        ///< job default algorithm
-inline constexpr const char* kTimeoutMs = "KF_TIMEOUT_MS";       ///< collective deadline, ms
-inline constexpr const char* kHeartbeatMs = "KF_HEARTBEAT_MS";   ///< silent-peer timeout, ms
-inline constexpr const char* kSpinUs = "KF_SPIN_US";             ///< I/O polling window, us
-inline constexpr const char* kExpressBytes = "KF_EXPRESS_BYTES";  ///< express allreduce limit
-inline constexpr const char* kTransport = "KF_TRANSPORT";        ///< auto | unix | tcp (see kf::Transport)
-inline constexpr const char* kLogLevel = "KF_LOG_LEVEL";         ///< trace|debug|info|warn|error
-inline constexpr const char* kCheckpoint = "KF_CHECKPOINT";      ///< kf::Session checkpoint file
+inline constexpr const char* kConfigServer = "KF_CONFIG_SERVER";   ///< URL of the config service
+inline constexpr const char* kAlgorithm = "KF_ALGORITHM";          ///< job default algorithm
+inline constexpr const char* kTimeoutMs = "KF_TIMEOUT_MS";         ///< collective deadline, ms
+inline constexpr const char* kHeartbeatMs = "KF_HEARTBEAT_MS";     ///< silent-peer timeout, ms
+inline constexpr const char* kSpinUs = "KF_SPIN_US";               ///< I/O polling window, us
+inline constexpr const char* kExpressBytes = "KF_EXPRESS_BYTES";   ///< express allreduce limit
+inline constexpr const char* kTransport =
+    "KF_TRANSPORT";                                       ///< auto | unix | tcp (see kf::Transport)
+inline constexpr const char* kLogLevel = "KF_LOG_LEVEL";  ///< trace|debug|info|warn|error
+inline constexpr const char* kCheckpoint = "KF_CHECKPOINT";  ///< kf::Session checkpoint file
 inline constexpr const char* kCheckpointEvery = "KF_CHECKPOINT_EVERY";  ///< commits between saves
-inline constexpr const char* kJobFile = "KF_JOB_FILE";  ///< the job file (docs/job-file.md)
-inline constexpr const char* kGnsTheta = "KF_GNS_THETA";  ///< θ0 of the GNS averages
-inline constexpr const char* kMonitors = "KF_MONITORS";        ///< 0: no built-in monitors
+inline constexpr const char* kJobFile = "KF_JOB_FILE";          ///< the job file (docs/job-file.md)
+inline constexpr const char* kGnsTheta = "KF_GNS_THETA";        ///< θ0 of the GNS averages
+inline constexpr const char* kMonitors = "KF_MONITORS";         ///< 0: no built-in monitors
 inline constexpr const char* kMetricsPort = "KF_METRICS_PORT";  ///< Prometheus endpoint port
 inline constexpr const char* kMetricsHost = "KF_METRICS_HOST";  ///< ... and address
 inline constexpr const char* kMetricsJsonl = "KF_METRICS_JSONL";  ///< metrics JSON-lines file
 inline constexpr const char* kMetricsEvery = "KF_METRICS_EVERY";  ///< steps between lines
-inline constexpr const char* kRank = "KF_RANK";                  ///< informational: initial rank
-inline constexpr const char* kSize = "KF_SIZE";                  ///< informational: initial size
+inline constexpr const char* kRank = "KF_RANK";                   ///< informational: initial rank
+inline constexpr const char* kSize = "KF_SIZE";                   ///< informational: initial size
 
 /// The value of variable `name`; nullopt when it is unset or empty.
 std::optional<std::string> get(const char* name);

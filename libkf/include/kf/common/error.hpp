@@ -13,17 +13,17 @@ namespace kf {
 /// Every expected failure kf reports. Values are stable: they appear in logs and exit paths.
 enum class errc {
   ok = 0,
-  peer_lost = 1,         ///< a peer's connection broke or a peer reported another peer gone
-  timeout = 2,           ///< no progress from a peer within the configured deadline
-  cancelled = 3,         ///< the operation was cancelled (shutdown)
-  stale_version = 4,     ///< a message or request named another cluster version
-  protocol_error = 5,    ///< a peer sent a malformed frame
-  auth_failed = 6,       ///< the handshake did not prove the job token
-  invalid_argument = 7,  ///< a call's arguments do not make sense (size, root, dtype)
-  not_member = 8,        ///< this worker is not in the cluster it was given
-  closed = 9,            ///< the peer is shut down
+  peer_lost = 1,             ///< a peer's connection broke or a peer reported another peer gone
+  timeout = 2,               ///< no progress from a peer within the configured deadline
+  cancelled = 3,             ///< the operation was cancelled (shutdown)
+  stale_version = 4,         ///< a message or request named another cluster version
+  protocol_error = 5,        ///< a peer sent a malformed frame
+  auth_failed = 6,           ///< the handshake did not prove the job token
+  invalid_argument = 7,      ///< a call's arguments do not make sense (size, root, dtype)
+  not_member = 8,            ///< this worker is not in the cluster it was given
+  closed = 9,                ///< the peer is shut down
   service_unavailable = 10,  ///< the config service could not be reached
-  conflict = 11,         ///< a compare-and-swap lost (the version moved on)
+  conflict = 11,             ///< a compare-and-swap lost (the version moved on)
 };
 
 /// Conditions callers branch on. peer_failure matches peer_lost and timeout.

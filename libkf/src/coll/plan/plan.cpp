@@ -22,12 +22,10 @@ std::size_t work_count(const PlanRequest& r) noexcept {
     case CollOp::allreduce:
     case CollOp::broadcast:
     case CollOp::barrier:
-    case CollOp::consensus:
-      return r.count;
+    case CollOp::consensus: return r.count;
     case CollOp::allgather:
     case CollOp::reduce_scatter:
-    case CollOp::gather:
-      return r.count * static_cast<std::size_t>(r.size);
+    case CollOp::gather: return r.count * static_cast<std::size_t>(r.size);
   }
   return r.count;
 }

@@ -31,9 +31,9 @@ enum class XferKind : std::uint8_t { send, recv_reduce, recv_copy };
 
 struct Xfer {
   XferKind kind;
-  int peer;             ///< rank in the cluster
-  std::size_t offset;   ///< elements from the start of the work buffer
-  std::size_t count;    ///< elements
+  int peer;            ///< rank in the cluster
+  std::size_t offset;  ///< elements from the start of the work buffer
+  std::size_t count;   ///< elements
   friend bool operator==(const Xfer&, const Xfer&) = default;
 };
 

@@ -12,14 +12,15 @@ namespace kf::detail {
 using transport::FrameHeader;
 using transport::FrameType;
 
-awaitable<std::error_code> Mesh::offer_ring(Outgoing& out, Incoming& reader,
-                                                std::string& why) {
+awaitable<std::error_code> Mesh::offer_ring(Outgoing& out, Incoming& reader, std::string& why) {
   KF_DCHECK_IO(driver_);
   std::error_code cec;
   auto ring = transport::ShmRing::create(cec);
   if (!ring) {
-    KF_LOG(info, "transport", "{}: no shared-memory ring ({}); small frames to {} go through the "
-           "socket", identity_, cec.message(), peers_[static_cast<std::size_t>(out.peer)].key);
+    KF_LOG(info, "transport",
+           "{}: no shared-memory ring ({}); small frames to {} go through the "
+           "socket",
+           identity_, cec.message(), peers_[static_cast<std::size_t>(out.peer)].key);
     co_return std::error_code{};
   }
   const std::string& name = ring->name();
@@ -42,8 +43,8 @@ awaitable<std::error_code> Mesh::offer_ring(Outgoing& out, Incoming& reader,
 }
 
 awaitable<std::error_code> Mesh::accept_ring(const std::shared_ptr<Incoming>& in,
-                                                 const std::vector<std::byte>& payload,
-                                                 std::string& why) {
+                                             const std::vector<std::byte>& payload,
+                                             std::string& why) {
   KF_DCHECK_IO(driver_);
   if (in->pid <= 0) {
     why = "shared-memory ring offered over a connection from another host";

@@ -68,8 +68,8 @@ bool valid_name(const std::string& name) {
   if (name.size() < 5 || name.size() > 64 || name.compare(0, 4, "/kf-") != 0) return false;
   for (std::size_t i = 1; i < name.size(); ++i) {
     const char c = name[i];
-    const bool ok = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                    c == '-';
+    const bool ok =
+        (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '-';
     if (!ok) return false;
   }
   return true;
@@ -137,11 +137,12 @@ std::unique_ptr<ShmRing> ShmRing::open(const std::string& name, std::string& why
   } else if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
     why = "shared-memory ring " + name + " is not a private file of this user";
   } else if (st.st_size != static_cast<off_t>(kMapBytes)) {
-    why = "shared-memory ring " + name + " has " + std::to_string(st.st_size) +
-          " bytes, not " + std::to_string(kMapBytes);
+    why = "shared-memory ring " + name + " has " + std::to_string(st.st_size) + " bytes, not " +
+          std::to_string(kMapBytes);
   } else {
     map = ::mmap(nullptr, kMapBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (map == MAP_FAILED) why = "cannot map shared-memory ring " + name + ": " + std::strerror(errno);
+    if (map == MAP_FAILED)
+      why = "cannot map shared-memory ring " + name + ": " + std::strerror(errno);
   }
   ::close(fd);
   if (map == MAP_FAILED) return nullptr;

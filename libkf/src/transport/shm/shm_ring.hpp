@@ -127,12 +127,12 @@ class ShmRing {
 
   std::string name_;
   void* map_ = nullptr;
-  bool owner_ = false;    // created it: unlinks the name if the reader never did
+  bool owner_ = false;  // created it: unlinks the name if the reader never did
   bool linked_ = false;
-  std::uint64_t tail_ = 0;  // writer: bytes published; reader: unused
+  std::uint64_t tail_ = 0;       // writer: bytes published; reader: unused
   std::uint64_t head_seen_ = 0;  // writer: the reader's position when last loaded
-  std::uint64_t head_ = 0;  // reader: bytes consumed; writer: unused
-  std::uint64_t next_ = 0;  // reader: head_ after the record peek() returned
+  std::uint64_t head_ = 0;       // reader: bytes consumed; writer: unused
+  std::uint64_t next_ = 0;       // reader: head_ after the record peek() returned
 };
 
 }  // namespace kf::transport

@@ -8,8 +8,8 @@
 
 #include "kf/common/log.hpp"
 #include "mesh/mesh.hpp"
-#include "transport/stream/socket_io.hpp"
 #include "transport/single_copy.hpp"
+#include "transport/stream/socket_io.hpp"
 
 namespace kf::detail {
 
@@ -51,8 +51,8 @@ awaitable<std::error_code> Mesh::read_exact(Incoming& in, std::byte* dst, std::s
     // it peeked leave the socket before anything more is read from it.
     if (auto ec = drop_peeked(in)) co_return ec;
     if (n >= Incoming::kBufBytes / 4 && dst) {
-      auto [ec, got] = co_await in.sock.async_read_some(
-          asio::buffer(dst, std::min(n, kProgressChunk)), kTuple);
+      auto [ec, got] =
+          co_await in.sock.async_read_some(asio::buffer(dst, std::min(n, kProgressChunk)), kTuple);
       if (ec) co_return to_std(ec);
       dst += got;
       n -= got;
@@ -80,9 +80,8 @@ awaitable<std::error_code> Mesh::read_exact(Incoming& in, std::byte* dst, std::s
   co_return std::error_code{};
 }
 
-awaitable<std::error_code> Mesh::read_payload(Incoming& in, PayloadSource& src,
-                                                  std::byte* dst, std::size_t n,
-                                                  std::string& why) {
+awaitable<std::error_code> Mesh::read_payload(Incoming& in, PayloadSource& src, std::byte* dst,
+                                              std::size_t n, std::string& why) {
   KF_DCHECK_IO(driver_);
   if (!src.remote) co_return co_await read_exact(in, dst, n);
   // From the sender's memory, in cache-sized pieces. The copy never waits, so before each piece

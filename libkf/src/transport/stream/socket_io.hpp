@@ -84,7 +84,7 @@ inline awaitable<std::error_code> write_reply(Stream& s, transport::RemoteReply 
 /// read_exact.
 template <typename Self>
 inline awaitable<std::error_code> read_control(Self& self, Incoming& in, transport::FrameType want,
-                                        std::vector<std::byte>& payload, std::string& why) {
+                                               std::vector<std::byte>& payload, std::string& why) {
   transport::HeaderBytes hb;
   if (auto ec = co_await self.read_exact(in, hb.data(), hb.size())) co_return ec;
   transport::FrameHeader h;
@@ -102,7 +102,7 @@ inline awaitable<std::error_code> read_control(Self& self, Incoming& in, transpo
 
 /// Writes one control frame.
 inline awaitable<std::error_code> write_control(Stream& s, transport::FrameType t,
-                                         const std::vector<std::byte>& payload) {
+                                                const std::vector<std::byte>& payload) {
   transport::FrameHeader h;
   h.type = t;
   h.payload_bytes = payload.size();

@@ -55,8 +55,10 @@ awaitable<std::error_code> Mesh::write_frame(Outgoing& out, SendReq& req) {
     }
     // The receiver cannot copy from this process: it waits for the payload through the
     // socket, right after the header it has.
-    KF_LOG(info, "transport", "{}: {} cannot copy from this process; sending payloads through "
-           "the socket", identity_, peers_[static_cast<std::size_t>(out.peer)].key);
+    KF_LOG(info, "transport",
+           "{}: {} cannot copy from this process; sending payloads through "
+           "the socket",
+           identity_, peers_[static_cast<std::size_t>(out.peer)].key);
     out.single_copy = false;
     Counters::add(counters_.single_copy_refused, 1);
   } else {
@@ -89,11 +91,10 @@ awaitable<std::error_code> Mesh::write_frame(Outgoing& out, SendReq& req) {
 }
 
 std::size_t Mesh::write_now(Outgoing& out, const transport::HeaderBytes& header,
-                               std::string_view name, const std::byte* data, std::size_t bytes) {
+                            std::string_view name, const std::byte* data, std::size_t bytes) {
   KF_DCHECK_IO(driver_);
-  const std::array<asio::const_buffer, 3> bufs{asio::buffer(header),
-                                               asio::buffer(name.data(), name.size()),
-                                               asio::buffer(data, bytes)};
+  const std::array<asio::const_buffer, 3> bufs{
+      asio::buffer(header), asio::buffer(name.data(), name.size()), asio::buffer(data, bytes)};
   boost::system::error_code ec;
   // The socket is in non-blocking mode (run_outgoing): would_block means nothing was written.
   const std::size_t n = out.sock.write_some(bufs, ec);
@@ -106,6 +107,5 @@ std::size_t Mesh::write_now(Outgoing& out, const transport::HeaderBytes& header,
   }
   return n;
 }
-
 
 }  // namespace kf::detail

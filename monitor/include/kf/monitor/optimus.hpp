@@ -69,10 +69,10 @@ struct LossFit {
   double c = 0.0;             ///< β0/β1 at the optimum
 };
 
-/// Fits the loss model by profiling over c (log grid, then golden section) with a two-column NNLS in
-/// (a, β2) for each c. `weights` may be empty (all 1). Needs at least 3 distinct k.
-/// Throws: std::invalid_argument when the spans differ in length, a value is not finite, a k is
-/// negative, a weight is not positive, or the options are out of range.
+/// Fits the loss model by profiling over c (log grid, then golden section) with a two-column NNLS
+/// in (a, β2) for each c. `weights` may be empty (all 1). Needs at least 3 distinct k. Throws:
+/// std::invalid_argument when the spans differ in length, a value is not finite, a k is negative, a
+/// weight is not positive, or the options are out of range.
 LossFit fit_loss_model(std::span<const double> k, std::span<const double> loss,
                        std::span<const double> weights = {}, const LossFitOptions& options = {});
 

@@ -26,10 +26,10 @@ namespace kf {
 
 /// What a hook may read. Identical on every worker at a given step.
 struct PolicyInputs {
-  std::int64_t step = 0;        ///< steps finished by the job
-  std::int64_t epoch = -1;      ///< the epoch (before_epoch/after_epoch), else the last one set
-  int workers = 0;              ///< current cluster size
-  std::uint64_t version = 0;    ///< current cluster version
+  std::int64_t step = 0;      ///< steps finished by the job
+  std::int64_t epoch = -1;    ///< the epoch (before_epoch/after_epoch), else the last one set
+  int workers = 0;            ///< current cluster size
+  std::uint64_t version = 0;  ///< current cluster version
   nlohmann::json settings = nlohmann::json::object();  ///< batch_size, lr, algorithm, ...
   std::map<std::string, double> metrics;  ///< this step's scalars, averaged over the workers
 

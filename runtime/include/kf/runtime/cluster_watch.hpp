@@ -25,8 +25,8 @@ namespace kf {
 class ConfigClient;
 
 struct ClusterWatchOptions {
-  std::string url;    ///< http://HOST:PORT of the config service
-  std::string token;  ///< the job token (for writes made by `start`)
+  std::string url;                                   ///< http://HOST:PORT of the config service
+  std::string token;                                 ///< the job token (for writes made by `start`)
   std::chrono::milliseconds request_deadline{5000};  ///< each ordinary request
   std::chrono::milliseconds poll{500};               ///< the longest wait of one long-poll
   std::chrono::milliseconds max_backoff{1000};       ///< longest pause between failed calls

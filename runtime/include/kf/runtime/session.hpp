@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // kf::Session: one worker's membership in an elastic job, and the step-boundary protocol of
-// docs/elastic.md ("The step boundary"). A training loop wraps each step in Session::step(); at the end
-// of every step the workers run one small control collective (allgather of a 32-byte record: the
-// newest cluster version each has seen, its commit count, and readiness of pending joiners), so
+// docs/elastic.md ("The step boundary"). A training loop wraps each step in Session::step(); at the
+// end of every step the workers run one small control collective (allgather of a 32-byte record:
+// the newest cluster version each has seen, its commit count, and readiness of pending joiners), so
 // they all see the same inputs and take the same decision:
 //   - no change: the step's state is committed (State::commit) and training goes on;
 //   - a newer cluster from the config service: every worker switches to it at the same step
@@ -23,8 +23,8 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -98,7 +98,8 @@ struct SessionOptions {
 /// the state) -> resume (the first step at the new size committed). The survivors' pause is
 /// from switch_us (or agreed_us) to synced_us.
 struct ChangeRecord {
-  std::string kind;  ///< "join" (this worker joined), "resize", "settings" (same workers), "recovery"
+  std::string
+      kind;  ///< "join" (this worker joined), "resize", "settings" (same workers), "recovery"
   std::string detail;
   std::uint64_t from_version = 0, to_version = 0;
   int from_size = 0, to_size = 0;
@@ -123,8 +124,9 @@ class Session {
   };
 
   /// `peer` must not be started yet; `initial` is the cluster this worker was started with
-  /// (KF_CLUSTER). Creates State counters "kf.commits" and "kf.steps". Throws: std::invalid_argument when the
-  /// peer is not a member of `initial` or the peer was already started.
+  /// (KF_CLUSTER). Creates State counters "kf.commits" and "kf.steps". Throws:
+  /// std::invalid_argument when the peer is not a member of `initial` or the peer was already
+  /// started.
   Session(std::unique_ptr<Peer> peer, Cluster initial, State& state, SessionOptions options);
   /// The worker started by kfrun: peer, cluster, config service and token from the KF_*
   /// environment. With KF_JOB_FILE (kfrun --job) the job file gives the timeouts, commit_every,
@@ -188,8 +190,7 @@ class Session {
   /// The same out of place: `local` is left as it is and `mean` receives the average. Here the
   /// squared norm of `local` is taken while the allreduce runs (it reads `local` too, so the
   /// pass costs no wall time when communication is the bottleneck).
-  void allreduce_gradients(std::span<const float> local, std::span<float> mean,
-                           double local_batch);
+  void allreduce_gradients(std::span<const float> local, std::span<float> mean, double local_batch);
   /// For a loop that exchanges gradients itself: this step's Σ|g_j|² over its micro_batches
   /// local gradients, |ḡ|² of the averaged gradient, and whether the local gradient was finite.
   void report_gradients(double local_sqnorm, double global_sqnorm, double local_batch,

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The built-in monitors of a Session (docs/monitoring.md, "The monitors in a job"): step time and
 // throughput, communication time and bandwidth, and the gradient noise scale (docs/monitoring.md
-// gives the estimators). Each worker measures its step into a StepReport; the Session sends the report's
-// words in the step's control collective, and every worker feeds the same allgathered words, in
-// rank order, to its StepMonitor. So every worker computes bit-identical metrics, and policies
-// decide the same on every worker.
+// gives the estimators). Each worker measures its step into a StepReport; the Session sends the
+// report's words in the step's control collective, and every worker feeds the same allgathered
+// words, in rank order, to its StepMonitor. So every worker computes bit-identical metrics, and
+// policies decide the same on every worker.
 //
 // The metrics it publishes (names policies read through PolicyContext::metric):
 //   step_time, step_time_ema (s); samples (job samples of the step); throughput (job samples/s,
