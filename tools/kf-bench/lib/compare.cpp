@@ -23,11 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool executable_file(const fs::path& path) {
-  std::error_code ec;
-  return fs::is_regular_file(path, ec) && ::access(path.c_str(), X_OK) == 0;
-}
-
 // The first of `candidates` that is an executable file, else `name` on `path`; or "".
 std::string first_executable(const std::vector<fs::path>& candidates, const std::string& name,
                              std::string_view path) {

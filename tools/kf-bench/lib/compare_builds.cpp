@@ -9,17 +9,13 @@
 #include <set>
 
 #include "kf-bench/lib/parse.hpp"
+#include "kf-bench/lib/spawn.hpp"
 
 namespace kf::tools::bench {
 
 namespace {
 
 namespace fs = std::filesystem;
-
-bool executable_file(const fs::path& path) {
-  std::error_code ec;
-  return fs::is_regular_file(path, ec) && ::access(path.c_str(), X_OK) == 0;
-}
 
 // Where an executable of a build in `dir` may be: its build tree's place, then `dir` itself.
 std::vector<fs::path> candidates(const fs::path& dir, const std::string& subdir,

@@ -17,6 +17,11 @@ extern char** environ;
 
 namespace kf::tools::bench {
 
+bool executable_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(path, ec) && ::access(path.c_str(), X_OK) == 0;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;

@@ -10,11 +10,15 @@
 #pragma once
 
 #include <chrono>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace kf::tools::bench {
+
+/// Whether `path` is a regular file this process may execute.
+bool executable_file(const std::filesystem::path& path);
 
 /// A change to the child's environment: set `name` to `value`, or unset it (nullopt).
 struct EnvChange {
