@@ -88,14 +88,14 @@ struct Driver {
   void relax() const noexcept;
 
   // The peer's shared-memory rings, which no epoll reports: whoever runs the context polls them
-  // with the context, and announces in them when it is about to sleep (PeerImpl::poll_rings,
-  // PeerImpl::rings_asleep). Set once before the I/O thread starts.
+  // with the context, and announces in them when it is about to sleep (Mesh::poll_rings,
+  // Mesh::rings_asleep). Set once before the I/O thread starts.
   std::function<std::size_t()> poll_rings;
   std::function<bool(bool)> rings_asleep;
-  // The collective lanes whose events were set (PeerImpl::run_woken): no handler runs them,
+  // The collective lanes whose events were set (Engine::run_woken): no handler runs them,
   // so whoever runs the context runs them after each handler or ring record.
   std::function<std::size_t()> run_woken;
-  // Whether this peer reads any shared-memory ring (PeerImpl::ring_readers_ is not empty);
+  // Whether this peer reads any shared-memory ring (Mesh::reads_rings);
   // touched only under `mu`.
   bool reads_rings = false;
   // Counts what the mesh and the engine post to the context (a writer to wake, a coroutine to
@@ -104,7 +104,7 @@ struct Driver {
   // Touched only by the runner.
   std::uint64_t handlers_posted = 0;
   // Something was posted to the context that should run soon (a lane that stopped to let it
-  // run: PeerImpl::advance): the next polling round polls the context even where it would
+  // run: Engine::advance): the next polling round polls the context even where it would
   // skip it. Touched only under `mu`.
   bool context_due = false;
   /// One round of polling: ready handlers, ring records and woken lanes; the number run.

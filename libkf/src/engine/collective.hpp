@@ -31,11 +31,11 @@ template <typename T>
 using StepVec = boost::container::small_vector<T, 4>;
 
 /// One lane of a running collective: a state machine, not a coroutine, advanced by whichever
-/// thread runs the context (PeerImpl::advance). It posts a step's transfers, waits for them by
+/// thread runs the context (Engine::advance). It posts a step's transfers, waits for them by
 /// registering with one unfinished event at a time (Event::waiter; a set event puts the lane on
-/// PeerImpl::woken_), and reduces what came. A small collective thus costs no coroutine frame,
+/// Engine::woken_), and reduces what came. A small collective thus costs no coroutine frame,
 /// no resumption through the scheduler, and no timer per wait: deadlines are kept by one timer
-/// for all lanes (PeerImpl::check_deadlines).
+/// for all lanes (Engine::check_deadlines).
 struct LaneRun : Waiter {
   CollCtx* coll = nullptr;
   const coll::Lane* lane = nullptr;
@@ -44,7 +44,7 @@ struct LaneRun : Waiter {
   bool posted = false;   // the step's transfers are posted
   ScratchPool::Block scratch;
   const coll::Xfer* stream = nullptr;  // the step's receive reduced on arrival, if any
-  // How far the step's reduction got (PeerImpl::reduce_step): the transfer, the elements of it
+  // How far the step's reduction got (Engine::reduce_step): the transfer, the elements of it
   // reduced, and where in scratch that transfer's data starts.
   std::size_t reduce_x = 0, reduce_done = 0, reduce_sc = 0;
   StepVec<std::shared_ptr<SendReq>> sends;
@@ -85,7 +85,7 @@ struct CollCtx {
   std::chrono::milliseconds timeout{};
   std::shared_ptr<OpState> state;
 
-  // ---- while it runs (PeerImpl::start_collective to PeerImpl::finish_collective) ----
+  // ---- while it runs (Engine::start_collective to Engine::finish_collective) ----
   std::shared_ptr<const coll::Plan> plan;
   std::size_t count = 0;               // elements of the plan's work buffer per rank block
   std::byte* work = nullptr;           // the plan's work buffer
@@ -96,14 +96,14 @@ struct CollCtx {
   std::size_t lanes_left = 0;
   std::error_code first;  // the first lane failure, and its reason
   std::string why;
-  std::size_t run_index = 0;  // in PeerImpl::runs_
+  std::size_t run_index = 0;  // in Engine::runs_
 
   // ---- express: a tiny allreduce run by recursive doubling without plan, lanes or requests
-  // (PeerImpl::start_express). The same frames as the plan's, so workers that run the same
+  // (Engine::start_express). The same frames as the plan's, so workers that run the same
   // collective either way interoperate. ----
   int x_dist = 0;          // the current round's distance: the partner is rank ^ x_dist
   int x_peer = -1;         // the partner's peer index while waiting for its frame
-  bool x_waiting = false;  // in PeerImpl::express_waiting_
+  bool x_waiting = false;  // in Engine::express_waiting_
   Clock::time_point x_deadline{};
 
   // User-provided, so that make_shared's value-initialisation runs the member initialisers only

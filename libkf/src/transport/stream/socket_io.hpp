@@ -39,7 +39,7 @@ struct AllAtOnce {
 };
 
 // Data frames up to this size are written by post_send itself when the connection's writer is
-// idle (PeerImpl::write_now); larger ones always go through the writer coroutine.
+// idle (Mesh::write_now); larger ones always go through the writer coroutine.
 inline constexpr std::size_t kWriteNowBytes = 64 * 1024;
 
 inline std::error_code to_std(const boost::system::error_code& ec) {
