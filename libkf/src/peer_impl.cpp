@@ -132,7 +132,8 @@ void PeerImpl::update(const Cluster& c) {
   for (const auto& w : c.workers) local += mesh_.on_this_host(w.endpoint) ? 1 : 0;
   const bool crowded = local > usable_cores();
   same_host_link_ = opts_.transport == Transport::automatic && local == c.workers.size();
-  const auto spin = opts_.spin ? *opts_.spin : crowded ? kCrowdedSpin : kDefaultSpin;
+  auto spin = opts_.spin ? *opts_.spin : crowded ? kCrowdedSpin : kDefaultSpin;
+  if (kOnlyIoThreadRuns) spin = std::chrono::microseconds(0);
   driver_->spin_us.store(spin.count(), std::memory_order_relaxed);
   driver_->yield.store(crowded, std::memory_order_relaxed);
 }

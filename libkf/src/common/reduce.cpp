@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define KF_REDUCE_X86 1
 #endif
@@ -87,7 +88,9 @@ inline T min_max(T a, T b) noexcept {
   if constexpr (std::is_floating_point_v<T>) {
     const bool take_b = kMin ? order_key(b) < order_key(a) : order_key(a) < order_key(b);
     const T r = take_b ? b : a;
-    return (is_nan_bits(a) | is_nan_bits(b)) ? std::numeric_limits<T>::quiet_NaN() : r;
+    // Both tests, then one select: no branch for the vectoriser to stumble on.
+    const bool any_nan = static_cast<int>(is_nan_bits(a)) | static_cast<int>(is_nan_bits(b));
+    return any_nan ? std::numeric_limits<T>::quiet_NaN() : r;
   } else {
     return (kMin ? b < a : a < b) ? b : a;
   }
@@ -320,7 +323,11 @@ __attribute__((target("avx2,f16c"))) void divide_half_simd(std::uint16_t* buf, s
 bool have_simd() noexcept {
   static const bool yes = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    // F16C from CPUID leaf 1 (ECX bit 29): not every compiler's __builtin_cpu_supports knows
+    // it. It uses the same register state as AVX, whose OS support the avx2 test includes.
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+    return __builtin_cpu_supports("avx2") && f16c;
   }();
   return yes;
 }

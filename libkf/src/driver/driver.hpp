@@ -31,6 +31,18 @@ struct OpState;
 inline constexpr auto kDefaultSpin = std::chrono::microseconds(200);
 inline constexpr auto kCrowdedSpin = std::chrono::microseconds(1000);
 
+/// Whether only the I/O thread may run the context (no polling window, so no hand-over to a
+/// waiting user thread). Clang may keep the address of a thread_local across a coroutine's
+/// suspension point, and Asio's coroutines read thread_locals when they resume: a coroutine that
+/// one thread suspended and another resumed would read the first thread's storage, gone once
+/// that thread has ended (a crash in Asio's call stack, seen with clang 16). Built with clang,
+/// every coroutine therefore resumes on the I/O thread; GCC builds hand the context over.
+#if defined(__clang__)
+inline constexpr bool kOnlyIoThreadRuns = true;
+#else
+inline constexpr bool kOnlyIoThreadRuns = false;
+#endif
+
 /// Who runs the I/O context. Normally the I/O thread (kf-io); but a user thread that waits on a
 /// collective takes over and runs it itself until its collective is done, so the reply that
 /// completes it is read by the thread that needs it, with no hand-off (a thread wake-up costs

@@ -176,7 +176,7 @@ class Mailbox {
   void keep_early(const MailKeyView& key, std::span<const std::byte> payload,
                   ScratchPool::Block* owned, Slots::iterator it);
 
-  const Driver& driver_;
+  [[maybe_unused]] const Driver& driver_;  // for KF_DCHECK_IO, which release builds drop
   asio::any_io_executor ex_;
   std::size_t max_unexpected_bytes_;
   ClaimFn claim_ = nullptr;

@@ -202,7 +202,7 @@ Cluster Session::remove_lost(const std::vector<Endpoint>& lost) {
   for (;;) {
     try {
       Cluster current = client.get_cluster();
-      for (int conflicts = 0;; ++conflicts) {
+      for (;;) {
         Cluster next = current;
         std::erase_if(next.workers, [&](const WorkerSpec& w) {
           return std::find(lost.begin(), lost.end(), w.endpoint) != lost.end();

@@ -70,8 +70,7 @@ void store(std::byte* base, std::size_t i, DType t, double v) {
 
 }  // namespace
 
-Pattern::Pattern(DType dtype, ReduceOp op, int workers)
-    : dtype_(dtype), element_bytes_(dtype_bytes(dtype)) {
+Pattern::Pattern(DType dtype, ReduceOp op, int workers) : element_bytes_(dtype_bytes(dtype)) {
   if (workers < 1) throw std::invalid_argument("a pattern needs at least one worker");
   const std::size_t period = values_period(op, workers);
   length_ = period * ((kMinTableElements + period - 1) / period);

@@ -44,7 +44,6 @@ class Pattern {
   bool matches(const std::vector<std::byte>& table, const void* got, std::size_t count,
                std::size_t first, std::uint64_t iter) const;
 
-  DType dtype_;
   std::size_t element_bytes_;
   std::size_t length_;                         // a multiple of the values' period
   std::vector<std::vector<std::byte>> ranks_;  // one table per worker
