@@ -17,6 +17,13 @@ std::optional<Transport> parse_transport(std::string_view text) noexcept {
   return std::nullopt;
 }
 
+std::optional<DeviceBackend> parse_device_backend(std::string_view text) noexcept {
+  if (text == "auto") return DeviceBackend::automatic;
+  if (text == "nccl") return DeviceBackend::nccl;
+  if (text == "staging") return DeviceBackend::staging;
+  return std::nullopt;
+}
+
 // ---- Peer -------------------------------------------------------------------------------------
 
 Peer::Peer(PeerOptions opts) : impl_(std::make_unique<detail::PeerImpl>(std::move(opts))) {}
@@ -66,6 +73,14 @@ PeerOptions Peer::options_from(const Env& e) {
     }
     o.transport = *t;
   }
+  if (e.device_backend) {
+    auto b = parse_device_backend(*e.device_backend);
+    if (!b) {
+      throw std::invalid_argument(std::string(env::kDeviceBackend) + "='" + *e.device_backend +
+                                  "' is not one of auto, nccl, staging");
+    }
+    o.device_backend = *b;
+  }
   return o;
 }
 
@@ -83,6 +98,8 @@ Handle Peer::invite(const Endpoint& to, std::string payload) {
 std::optional<Invitation> Peer::wait_invitation(std::chrono::milliseconds timeout) {
   return impl_->wait_invitation(timeout);
 }
+std::string Peer::device_backend() const { return impl_->device_backend(); }
+
 TransportStats Peer::transport_stats() const noexcept {
   const auto& c = impl_->counters();
   TransportStats t;

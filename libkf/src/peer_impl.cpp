@@ -33,6 +33,7 @@ PeerImpl::PeerImpl(PeerOptions opts)
 }
 
 PeerImpl::~PeerImpl() {
+  close_device();
   try {
     auto done = asio::co_spawn(ioc_, mesh_.shutdown(), asio::use_future);
     if (done.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -42,6 +43,9 @@ class PeerImpl {
     return mesh_.wait_invitation(timeout);
   }
   Algorithm resolve(CollOp op, Algorithm a, std::size_t bytes) const noexcept;
+  /// The device backends in use: "nccl", "staging", "none" or "unavailable: REASON"
+  /// (backend/device.cpp).
+  std::string device_backend();
   const Mailbox& mailbox() const noexcept { return mailbox_; }
   const Mesh::Counters& counters() const noexcept { return mesh_.counters(); }
 
@@ -59,6 +63,12 @@ class PeerImpl {
   Handle fail_request(CollCtx& c, const std::string& why);
   /// What is wrong with a collective's arguments, or nothing.
   std::string check_arguments(const CollCtx& c) const;
+  /// A collective on device buffers, to NCCL or the staging backend (backend/device.cpp).
+  Handle submit_device(std::shared_ptr<CollCtx> ctx);
+  struct DeviceBackends;
+  DeviceBackends& device_backends();
+  /// Stops the device backends (their threads submit host collectives): first in ~PeerImpl.
+  void close_device();
   void io_loop();
   /// From a user thread: runs the coroutine function `f` on the I/O context and returns what it
   /// returns. Started here when the I/O thread is parked on a waiter's lease (Driver::run_ready).
@@ -70,6 +80,8 @@ class PeerImpl {
   }
 
   PeerOptions opts_;
+  std::mutex device_mu_;
+  std::shared_ptr<DeviceBackends> device_;  // made on the first device collective
   asio::io_context ioc_{1};
   std::shared_ptr<Driver> driver_;
   Mailbox mailbox_{*driver_, ioc_.get_executor(), opts_.max_unexpected_bytes};

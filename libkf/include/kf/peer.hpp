@@ -42,6 +42,19 @@ enum class Transport : std::uint8_t {
 /// "auto", "unix" or "tcp"; std::nullopt for anything else.
 std::optional<Transport> parse_transport(std::string_view text) noexcept;
 
+/// Which backend runs collectives on CUDA buffers (docs/gpu.md).
+enum class DeviceBackend : std::uint8_t {
+  /// NCCL when the build has it, else staging.
+  automatic,
+  /// NCCL: one communicator per cluster version, collectives enqueued on the caller's stream.
+  nccl,
+  /// The host engine through page-locked host buffers: copies to and from the device
+  /// overlapped with the transfers, chunk by chunk. Works in every build with CUDA.
+  staging,
+};
+/// "auto", "nccl" or "staging"; std::nullopt for anything else.
+std::optional<DeviceBackend> parse_device_backend(std::string_view text) noexcept;
+
 struct PeerOptions {
   Endpoint listen{"127.0.0.1", 0};  ///< port 0 picks a free port (see Peer::endpoint())
   std::string job_id = "kf";
@@ -90,6 +103,11 @@ struct PeerOptions {
   /// a plan (callgrind, 4 B); with kf-bench on 2 cores, same host, 2 workers at 16 KiB take 6.4
   /// us with it and 7.4-7.6 us without, 4 workers at 4 B 7.3-8 us against 9-14 us.
   std::size_t express_bytes = std::size_t{64} << 10;
+  /// Device buffers: which backend moves them (KF_DEVICE_BACKEND).
+  DeviceBackend device_backend = DeviceBackend::automatic;
+  /// The staging backend splits allreduces and broadcasts into chunks of about this many bytes,
+  /// so that one chunk's copies to and from the device overlap another's transfer.
+  std::size_t staging_chunk_bytes = std::size_t{4} << 20;
   std::size_t max_frame_bytes = std::size_t{64} << 20;      ///< larger transfers are split
   std::size_t max_unexpected_bytes = std::size_t{2} << 30;  ///< early-arrival buffer limit
 };
@@ -197,6 +215,10 @@ class Peer {
   /// auto through the cost model).
   Algorithm resolve(CollOp op, Algorithm a, std::size_t bytes) const noexcept;
 
+  /// The backend that runs this peer's collectives on device buffers: "nccl" or "staging" once
+  /// the first one ran, "none" before, "unavailable: REASON" when device buffers cannot work
+  /// here (no CUDA in the build, no device).
+  std::string device_backend() const;
   /// What the data frames sent so far took: which transport, and how much went single-copy.
   /// Thread-safe.
   TransportStats transport_stats() const noexcept;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The backend seam: a collective is run by the backend of its buffers' device. CPU buffers go
 // to the host engine (engine/), which runs plans over kf's own mesh. Device (CUDA) buffers go
-// to a device backend; kf has none yet, so they are refused with kNoDeviceBackend.
+// to a device backend (backend/device.cpp): NCCL, or the host engine through staging buffers.
 // Thread-safety: free functions of their arguments.
 #pragma once
 
@@ -19,9 +19,5 @@ inline BackendKind backend_for(const Buffer& send, const Buffer& recv) noexcept 
   return send.device == Device::cpu && recv.device == Device::cpu ? BackendKind::host
                                                                   : BackendKind::device;
 }
-
-/// Why a collective on device buffers fails.
-inline constexpr const char* kNoDeviceBackend =
-    "device buffers need the NCCL backend, which this build does not have";
 
 }  // namespace kf::detail

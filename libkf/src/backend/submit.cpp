@@ -59,9 +59,9 @@ Handle PeerImpl::submit(std::shared_ptr<CollCtx> ctx) {
       });
       break;
     case BackendKind::device:
-      // The device backend plugs in here, beside the host engine: it moves the data, while the
-      // mesh, the mailbox and the step boundary stay on kf's own transport.
-      return fail_request(*ctx, kNoDeviceBackend);
+      // NCCL or the staging backend moves the data (backend/device.cpp), while the mesh, the
+      // mailbox and the step boundary stay on kf's own transport.
+      return submit_device(std::move(ctx));
   }
   return h;
 }

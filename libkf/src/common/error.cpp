@@ -21,6 +21,7 @@ class Category final : public std::error_category {
       case errc::closed: return "closed";
       case errc::service_unavailable: return "config service unavailable";
       case errc::conflict: return "version conflict";
+      case errc::device_error: return "device error";
     }
     return "unknown kf error " + std::to_string(ev);
   }

@@ -32,6 +32,15 @@ void Handle::wait() const {
   if (ec) throw Error(ec, message());
 }
 
+void Handle::order_on(void* stream) const {
+  if (!state_) return;
+  if (state_->device) {
+    state_->device->order_on(stream);
+  } else {
+    wait();  // a host collective: its result is in host memory once it is done
+  }
+}
+
 std::string Handle::message() const {
   // Written once, before `ready`: empty until the operation completed.
   if (!state_ || !state_->ready.load(std::memory_order_acquire)) return {};

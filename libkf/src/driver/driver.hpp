@@ -195,6 +195,13 @@ struct SleepStripe {
 };
 SleepStripe& sleep_stripe(const void* op) noexcept;
 
+/// A device collective's result as a mark in device streams (the backend's): Handle::order_on.
+struct DeviceDone {
+  virtual ~DeviceDone() = default;
+  /// Work enqueued on `stream` from now on waits for the result.
+  virtual void order_on(void* stream) = 0;
+};
+
 /// Completion state shared by a Handle (any thread) and the I/O thread.
 ///
 /// Most waits end without sleeping (the waiter ran the I/O itself: Driver), so completing takes
@@ -206,9 +213,10 @@ struct OpState {
   std::atomic<bool> claimed{false};  // complete() was called: the first call wins
   std::atomic<int> sleepers{0};      // waiters that sleep, or are about to
   std::atomic<bool> ready{false};
-  std::error_code ec;              // written once, before `ready`
-  std::string what;                // written once, before `ready`
-  std::shared_ptr<Driver> driver;  // set for collectives: a waiter may run the I/O itself
+  std::error_code ec;                  // written once, before `ready`
+  std::string what;                    // written once, before `ready`
+  std::shared_ptr<Driver> driver;      // set for collectives: a waiter may run the I/O itself
+  std::shared_ptr<DeviceDone> device;  // device collectives: set before the handle is returned
 
   /// The first call wins: a waiter that saw `ready` reads `ec` and `what`.
   void complete(std::error_code e, std::string w) {

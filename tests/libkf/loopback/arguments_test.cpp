@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // A collective with bad arguments completes at once with invalid_argument and a message that
-// names the collective and what was wrong; device buffers go to the device backend, which this
-// build does not have. Nothing is sent: the other worker never joins these collectives.
+// names the collective and what was wrong; device buffers where no device can be used fail with
+// device_error. Nothing is sent: the other worker never joins these collectives.
 #include "kf/peer.hpp"
 
 #include <string>
 
 #include <gtest/gtest.h>
 
+#include "device/device_api.hpp"
 #include "support/local_cluster.hpp"
 
 namespace kf {
@@ -28,17 +29,27 @@ class Arguments : public ::testing::Test {
   float b_[8] = {};
 };
 
-TEST_F(Arguments, DeviceBuffersNameTheMissingBackend) {
+TEST_F(Arguments, DeviceBuffersWithoutADeviceNameWhy) {
+  std::string why;
+  if (detail::cuda_device_api(why)) GTEST_SKIP() << "a CUDA device is here (tests/gpu use it)";
   Buffer send = buffer(a_, 4);
   Buffer recv = buffer(b_, 4);
   send.device = Device::cuda;
   recv.device = Device::cuda;
-  expect_refused(peer().allreduce("dev", send, recv), "allreduce 'dev': device buffers need");
+  auto refused = [&](const Handle& h, const std::string& what) {
+    ASSERT_TRUE(h.ready()) << "a refused collective completes at once";
+    EXPECT_EQ(h.wait_status(), make_error_code(errc::device_error)) << h.message();
+    EXPECT_NE(h.message().find(what), std::string::npos) << h.message();
+    EXPECT_NE(h.message().find(why), std::string::npos) << h.message();
+  };
+  refused(peer().allreduce("dev", send, recv),
+          "allreduce 'dev': device buffers cannot be used here: ");
   // One device buffer is enough to leave the host engine.
-  expect_refused(peer().allreduce("mixed", buffer(a_, 4), recv), "NCCL backend");
+  refused(peer().allreduce("mixed", buffer(a_, 4), recv), "allreduce 'mixed'");
   Buffer bcast = buffer(a_, 4);
   bcast.device = Device::cuda;
-  expect_refused(peer().broadcast("dev-bcast", bcast), "NCCL backend");
+  refused(peer().broadcast("dev-bcast", bcast), "broadcast 'dev-bcast'");
+  EXPECT_EQ(peer().device_backend(), "unavailable: " + why);
 }
 
 TEST_F(Arguments, RootOutsideTheClusterIsRefused) {

@@ -29,6 +29,14 @@ class Handle {
   void wait() const;
   /// Blocks until the collective finishes and returns its status instead of throwing.
   std::error_code wait_status() const noexcept;
+  /// Makes the work enqueued on the CUDA stream `stream` (a cudaStream_t; nullptr is the
+  /// legacy default stream) after this call wait for the collective's result, so that a
+  /// training step can go on enqueueing work without blocking the host. The NCCL backend
+  /// orders without blocking; the staging backend blocks until the result's last copy to the
+  /// device has been enqueued; a host collective is waited for. A failure is still reported by
+  /// wait(), which must be called (the result's memory is undefined after one).
+  /// Throws: kf::Error(errc::device_error) when CUDA refuses; a host collective's failure.
+  void order_on(void* stream) const;
   /// The failure's description ("allreduce 'grad#3': peer 127.0.0.1:10002 lost: ..."), or
   /// empty. Valid after completion.
   std::string message() const;

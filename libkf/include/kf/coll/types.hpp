@@ -12,10 +12,14 @@
 
 namespace kf {
 
+/// Where a buffer's memory is: host memory, or the memory of the calling thread's current CUDA
+/// device (cudaSetDevice; kf uses the device that is current when a peer's first device
+/// collective is submitted).
 enum class Device : std::uint8_t { cpu, cuda };
 
 /// A view of a caller-owned buffer: pointer, element count, element type, device.
 /// The caller keeps the memory alive and untouched until the collective's handle completes.
+/// A collective may mix a CUDA and a host buffer (send on the device, recv on the host).
 struct Buffer {
   void* data = nullptr;
   std::size_t count = 0;
@@ -58,6 +62,15 @@ template <typename T>
 Buffer buffer(const T* p, std::size_t count) {
   return Buffer{const_cast<T*>(p), count, dtype_of<T>(), Device::cpu};
 }
+/// A Buffer over a typed array in CUDA device memory.
+template <typename T>
+Buffer cuda_buffer(T* p, std::size_t count) {
+  return Buffer{p, count, dtype_of<T>(), Device::cuda};
+}
+template <typename T>
+Buffer cuda_buffer(const T* p, std::size_t count) {
+  return Buffer{const_cast<T*>(p), count, dtype_of<T>(), Device::cuda};
+}
 
 enum class CollOp : std::uint8_t {
   allreduce,
@@ -85,6 +98,11 @@ struct CollOptions {
   int root = 0;                 ///< broadcast and gather
   /// No progress from a peer for this long fails the collective; zero takes the peer's default.
   std::chrono::milliseconds timeout{0};
+  /// Device buffers: the CUDA stream (a cudaStream_t) whose work produces the send buffer and
+  /// consumes the result. The collective starts after the work enqueued on it so far, without
+  /// blocking the host; nullptr is the legacy default stream. Handle::order_on() makes later
+  /// work on a stream wait for the result. Ignored for host buffers.
+  void* stream = nullptr;
 };
 
 }  // namespace kf

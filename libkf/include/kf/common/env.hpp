@@ -31,8 +31,10 @@ inline constexpr const char* kHeartbeatMs = "KF_HEARTBEAT_MS";     ///< silent-p
 inline constexpr const char* kSpinUs = "KF_SPIN_US";               ///< I/O polling window, us
 inline constexpr const char* kExpressBytes = "KF_EXPRESS_BYTES";   ///< express allreduce limit
 inline constexpr const char* kTransport =
-    "KF_TRANSPORT";                                       ///< auto | unix | tcp (see kf::Transport)
-inline constexpr const char* kLogLevel = "KF_LOG_LEVEL";  ///< trace|debug|info|warn|error
+    "KF_TRANSPORT";  ///< auto | unix | tcp (see kf::Transport)
+inline constexpr const char* kDeviceBackend =
+    "KF_DEVICE_BACKEND";  ///< auto | nccl | staging (see kf::DeviceBackend)
+inline constexpr const char* kLogLevel = "KF_LOG_LEVEL";     ///< trace|debug|info|warn|error
 inline constexpr const char* kCheckpoint = "KF_CHECKPOINT";  ///< kf::Session checkpoint file
 inline constexpr const char* kCheckpointEvery = "KF_CHECKPOINT_EVERY";  ///< commits between saves
 inline constexpr const char* kJobFile = "KF_JOB_FILE";          ///< the job file (docs/job-file.md)
@@ -59,6 +61,7 @@ struct Env {
   std::optional<std::string> config_server;
   std::optional<std::string> algorithm;
   std::optional<std::string> transport;
+  std::optional<std::string> device_backend;  ///< KF_DEVICE_BACKEND
   std::optional<std::chrono::milliseconds> timeout;
   std::optional<std::chrono::microseconds> spin;
   std::optional<std::size_t> express_bytes;

@@ -24,6 +24,7 @@ enum class errc {
   closed = 9,                ///< the peer is shut down
   service_unavailable = 10,  ///< the config service could not be reached
   conflict = 11,             ///< a compare-and-swap lost (the version moved on)
+  device_error = 12,         ///< CUDA or NCCL failed (no device, out of memory, a fault)
 };
 
 /// Conditions callers branch on. peer_failure matches peer_lost and timeout.
