@@ -100,6 +100,12 @@ TEST(Elastic, SurvivesKillNineOfARandomWorkerAtARandomStep) {
   }
 }
 
+// Gradients on "device" buffers through the staging backend, with host memory standing in for
+// the device: the same guarantees through a grow and a kill -9 (tests/gpu runs this on a GPU).
+TEST(ElasticDevice, StagedGradientsKeepTheGuaranteesThroughGrowAndKill) {
+  grow_then_kill("device", kArgs + " --device standin", 7);
+}
+
 TEST(Elastic, ConfigServerRestartDoesNotStopTrainingAndChangesResume) {
   ElasticJob job("restart");
   job.start(2, kArgs);

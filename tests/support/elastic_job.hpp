@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <random>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -217,5 +218,34 @@ class ElasticJob {
   std::string program_;
   Child agent_;
 };
+
+/// 2 -> 3 -> 2 while training: starts 2 workers of elastic-worker `args`, grows to 3 after a
+/// number of steps drawn from `seed`, then kill -9s a worker drawn from `seed` at a drawn step,
+/// and checks that the 2 survivors finish with identical parameters (the workers check that
+/// every sample was used once and no commit was lost).
+inline void grow_then_kill(const std::string& name, const std::string& args, unsigned seed) {
+  std::mt19937 gen(seed);
+  ElasticJob job(name);
+  job.start(2, args);
+  const long grow_at = std::uniform_int_distribution<long>(3, 60)(gen);
+  ASSERT_TRUE(job.wait_progress(grow_at)) << job.err();
+  auto r = job.member("resize 3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(job.wait_size(3)) << job.err();
+  const long kill_at = job.progress() + std::uniform_int_distribution<long>(1, 60)(gen);
+  ASSERT_TRUE(job.wait_progress(kill_at)) << job.err();
+  const auto c = job.client().get_cluster();
+  const auto victim =
+      c.workers[std::uniform_int_distribution<std::size_t>(0, c.workers.size() - 1)(gen)]
+          .endpoint.str();
+  const pid_t pid = job.worker_pid(victim);
+  ASSERT_GT(pid, 0) << "no started event for " << victim;
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  ASSERT_TRUE(job.wait_size(2)) << job.err();
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 2);
+  EXPECT_TRUE(job.has_event(
+      [&](const ConfigEvent& e) { return e.type == "failed" && e.worker == victim; }));
+}
 
 }  // namespace kf::test

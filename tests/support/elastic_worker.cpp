@@ -7,6 +7,9 @@
 //     exactly as the model does; at each epoch end every counter must equal the epoch count;
 //   - the step counter never goes back past the last commit this worker saw;
 //   - at the end, all workers hold bitwise-identical parameters (a consensus collective).
+// With --device cuda the gradient is allreduced on the GPU (NCCL, or staging by
+// KF_DEVICE_BACKEND); with --device standin, through the staging backend with host memory
+// standing in for the device.
 // Output (stdout, one line each): "joined v<V> rank <r> size <n> step <s>", "change <json>" for
 // each membership change, "left step <s>", and at the end "final step=<s> workers=<n>
 // hash=<hex> check_us=<mean per-step boundary cost without change>".
@@ -24,6 +27,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "device/device_api.hpp"
+#include "kf/common/env.hpp"
 #include "kf/common/error.hpp"
 #include "kf/peer.hpp"
 #include "kf/policies/builtin.hpp"
@@ -135,7 +140,27 @@ int main(int argc, char** argv) {
                "'gns step=S sqr=.. tr_sigma=.. b_simple=..' (every value to 17 digits)");
   app.add_option("--progress-file", progress_file,
                  "rank 0 writes the committed step count here after each step");
+  std::string device = "cpu";
+  app.add_option("--device", device,
+                 "where the gradient is allreduced: cpu, cuda, or standin (host memory standing "
+                 "in for a device)")
+      ->check(CLI::IsMember({"cpu", "cuda", "standin"}));
   CLI11_PARSE(app, argc, argv);
+
+  std::shared_ptr<kf::detail::DeviceApi> dev;
+  if (device == "standin") {
+    dev = kf::detail::standin_device_api();
+    kf::detail::set_device_api_for_tests(dev);
+  } else if (device == "cuda") {
+    std::string why;
+    dev = kf::detail::cuda_device_api(why);
+    if (!dev) {
+      std::cerr << "elastic-worker: --device cuda: " << why << "\n";
+      return 1;
+    }
+    // Several workers on one GPU: NCCL takes them for separate hosts.
+    if (auto self = kf::env::get(kf::env::kSelf)) setenv("NCCL_HOSTID", ("kf-" + *self).c_str(), 0);
+  }
 
   if (!fail_start_once.empty() && std::filesystem::remove(fail_start_once)) {
     std::cerr << "elastic-worker: failing at start as asked (" << fail_start_once << ")\n";
@@ -242,6 +267,27 @@ int main(int argc, char** argv) {
   print_changes();
 
   std::vector<double> buf(static_cast<std::size_t>(dim) + 1 + samples);
+  // --device: the gradient's copy on the device, and the stream its work runs on.
+  void* dev_buf = dev ? dev->alloc_device(buf.size() * sizeof(double)) : nullptr;
+  void* dev_stream = dev ? dev->create_stream() : nullptr;
+  auto allreduce_gradient = [&] {
+    if (!dev) {
+      session->peer()
+          .allreduce("grad", kf::buffer(buf.data(), buf.size()), kf::buffer(buf.data(), buf.size()))
+          .wait();
+      return;
+    }
+    const std::size_t bytes = buf.size() * sizeof(double);
+    dev->copy(dev_buf, buf.data(), bytes, dev_stream);
+    kf::CollOptions o;
+    o.stream = dev_stream;
+    const kf::Buffer d{dev_buf, buf.size(), kf::DType::f64, kf::Device::cuda};
+    const kf::Handle h = session->peer().allreduce("grad", d, d, o);
+    h.order_on(dev_stream);
+    dev->copy(buf.data(), dev_buf, bytes, dev_stream);
+    dev->synchronize(dev_stream);
+    h.wait();
+  };
   try {
     // The job's length may be changed while it runs (settings "epochs" on the config service):
     // every worker reads it from the same cluster version at the same step.
@@ -278,10 +324,7 @@ int main(int argc, char** argv) {
         for (int d = 0; d < dim && !mine.empty(); ++d) {
           local_sq += (buf[d] / local_n) * (buf[d] / local_n);
         }
-        session->peer()
-            .allreduce("grad", kf::buffer(buf.data(), buf.size()),
-                       kf::buffer(buf.data(), buf.size()))
-            .wait();
+        allreduce_gradient();
         const double n =
             static_cast<double>(sampler.step_samples(static_cast<std::size_t>(gbatch)));
         if (print_gns && !mine.empty()) {

@@ -59,8 +59,10 @@ PeerImpl::DeviceBackends& PeerImpl::device_backends() {
         d->nccl = std::make_unique<NcclBackend>(d->api, std::move(hooks));
       } catch (const std::exception& e) {
         d->nccl_why = e.what();
-        KF_LOG(warn, "device", "{}: NCCL cannot be used ({}); device buffers go through host "
-               "staging", mesh_.identity(), e.what());
+        KF_LOG(warn, "device",
+               "{}: NCCL cannot be used ({}); device buffers go through host "
+               "staging",
+               mesh_.identity(), e.what());
       }
     }
 #endif

@@ -160,7 +160,8 @@ std::shared_ptr<NcclBackend::Comm> NcclBackend::fresh(const Cluster& cluster, in
   b->op = CollOp::broadcast;
   b->name = "kf.nccl.id";
   b->send = b->recv = Buffer{&id, sizeof id, DType::u8, Device::cpu};
-  if (const Handle h = hooks_.host_submit(std::move(b)); const std::error_code e = h.wait_status()) {
+  if (const Handle h = hooks_.host_submit(std::move(b));
+      const std::error_code e = h.wait_status()) {
     throw Error(e, "NCCL: the communicator's unique id did not arrive: " + h.message());
   }
   auto c = std::make_shared<Comm>();
@@ -184,7 +185,7 @@ std::shared_ptr<NcclBackend::Comm> NcclBackend::fresh(const Cluster& cluster, in
 }
 
 std::shared_ptr<NcclBackend::Comm> NcclBackend::shrunk(Comm& old, const Cluster& cluster,
-                                                        int rank) {
+                                                       int rank) {
 #if KF_NCCL_SHRINK
   const auto t0 = Clock::now();
   std::vector<int> exclude;
@@ -291,8 +292,8 @@ void NcclBackend::run(std::shared_ptr<CollCtx> ctx, const Cluster& cluster) {
   ncclResult_t res = ncclSuccess;
   switch (r.op) {
     case CollOp::allreduce:
-      res = ncclAllReduce(r.send.data, r.recv.data, r.send.count, dt, nccl_op(r.opts.op), nc,
-                          stream);
+      res =
+          ncclAllReduce(r.send.data, r.recv.data, r.send.count, dt, nccl_op(r.opts.op), nc, stream);
       break;
     case CollOp::broadcast:
       res = ncclBroadcast(r.send.data, r.recv.data, r.send.count, dt, r.opts.root, nc, stream);
@@ -308,11 +309,13 @@ void NcclBackend::run(std::shared_ptr<CollCtx> ctx, const Cluster& cluster) {
       // Point to point in one group: every rank sends its block, the root receives them all.
       const std::size_t bytes = r.send.bytes();
       res = ncclGroupStart();
-      if (res == ncclSuccess) res = ncclSend(r.send.data, r.send.count, dt, r.opts.root, nc, stream);
+      if (res == ncclSuccess)
+        res = ncclSend(r.send.data, r.send.count, dt, r.opts.root, nc, stream);
       if (res == ncclSuccess && r.rank == r.opts.root) {
         for (int from = 0; from < r.size && res == ncclSuccess; ++from) {
-          res = ncclRecv(static_cast<std::byte*>(r.recv.data) + static_cast<std::size_t>(from) * bytes,
-                         r.send.count, dt, from, nc, stream);
+          res = ncclRecv(
+              static_cast<std::byte*>(r.recv.data) + static_cast<std::size_t>(from) * bytes,
+              r.send.count, dt, from, nc, stream);
         }
       }
       const ncclResult_t end = ncclGroupEnd();

@@ -78,7 +78,7 @@ class NcclBackend {
 
   std::shared_ptr<DeviceApi> api_;
   PeerHooks hooks_;
-  std::mutex mu_;  // serialises run(), communicator changes and failures
+  std::mutex mu_;               // serialises run(), communicator changes and failures
   mutable std::mutex comm_mu_;  // comm_ itself, which the watcher reads
   std::shared_ptr<Comm> comm_;
   Timings timings_;
