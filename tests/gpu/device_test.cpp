@@ -33,12 +33,12 @@ TEST_P(DeviceCollectives, EveryOperationAndDtypeIsExactOnEveryWorker) {
   ASSERT_NE(kfrun, nullptr);
   ASSERT_NE(worker, nullptr);
   std::vector<std::string> argv = {kfrun, "-np", std::to_string(np), "--timeout-ms", "60000",
-                                   "--", worker};
+                                   "--",  worker};
   if (backend == "standin") argv.push_back("--standin");
-  auto child = test::spawn(argv, {"KF_HEARTBEAT_MS=20000",
-                                  "KF_DEVICE_BACKEND=" + std::string(backend == "nccl" ? "nccl"
-                                                                                       : "staging"),
-                                  "NCCL_SOCKET_IFNAME=lo"});
+  auto child =
+      test::spawn(argv, {"KF_HEARTBEAT_MS=20000",
+                         "KF_DEVICE_BACKEND=" + std::string(backend == "nccl" ? "nccl" : "staging"),
+                         "NCCL_SOCKET_IFNAME=lo"});
   ASSERT_GT(child.pid, 0);
   auto status = test::wait_exit(child, std::chrono::steady_clock::now() + std::chrono::minutes(4));
   ASSERT_TRUE(status.has_value()) << "kfrun did not finish: " << child.pending;
@@ -46,20 +46,21 @@ TEST_P(DeviceCollectives, EveryOperationAndDtypeIsExactOnEveryWorker) {
   EXPECT_EQ(WEXITSTATUS(*status), 0) << child.pending;
   const std::string used = backend == "nccl" ? "nccl+staging" : "staging";
   for (int r = 0; r < np; ++r) {
-    const std::string line = "rank " + std::to_string(r) + " of " + std::to_string(np) +
-                             ": device ok backend=";
+    const std::string line =
+        "rank " + std::to_string(r) + " of " + std::to_string(np) + ": device ok backend=";
     EXPECT_NE(child.pending.find(line), std::string::npos) << child.pending;
   }
   // NCCL runs what it can; consensus always goes through staging.
   EXPECT_NE(child.pending.find("backend=" + used), std::string::npos) << child.pending;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Backends, DeviceCollectives,
-    ::testing::Combine(::testing::Values("standin", "staging", "nccl"), ::testing::Values(1, 2, 4)),
-    [](const ::testing::TestParamInfo<Param>& param) {
-      return std::get<0>(param.param) + "_p" + std::to_string(std::get<1>(param.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Backends, DeviceCollectives,
+                         ::testing::Combine(::testing::Values("standin", "staging", "nccl"),
+                                            ::testing::Values(1, 2, 4)),
+                         [](const ::testing::TestParamInfo<Param>& param) {
+                           return std::get<0>(param.param) + "_p" +
+                                  std::to_string(std::get<1>(param.param));
+                         });
 
 }  // namespace
 }  // namespace kf

@@ -75,8 +75,8 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   int run() {
-    for (DType t : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64,
-                    DType::u8}) {
+    for (DType t :
+         {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::u8}) {
       for (std::size_t n : {std::size_t{1}, std::size_t{4099}, std::size_t{(1u << 20) + 3}}) {
         one_size(t, n);
       }
@@ -131,8 +131,8 @@ class Worker {
     for (std::size_t i = 0; i < d.n; ++i) {
       const double w = want(i), g = decode(got.data(), i, d.t);
       if (g != w) {
-        check(false, what + " at " + std::to_string(i) + ": " + std::to_string(g) + " != " +
-                         std::to_string(w));
+        check(false, what + " at " + std::to_string(i) + ": " + std::to_string(g) +
+                         " != " + std::to_string(w));
         return;
       }
     }
@@ -161,8 +161,8 @@ class Worker {
       for (int q = 0; q < p_; ++q) s += v(q, i);
       return s;
     });
-    for (kf::ReduceOp op : {kf::ReduceOp::min, kf::ReduceOp::max, kf::ReduceOp::prod,
-                            kf::ReduceOp::avg}) {
+    for (kf::ReduceOp op :
+         {kf::ReduceOp::min, kf::ReduceOp::max, kf::ReduceOp::prod, kf::ReduceOp::avg}) {
       if (op == kf::ReduceOp::avg && !floating) continue;
       auto pv = [&](int r, std::size_t i) {
         return op == kf::ReduceOp::prod ? static_cast<double>(1 + (i + r) % 2) : v(r, i);
@@ -197,7 +197,8 @@ class Worker {
     const std::size_t pn = n * static_cast<std::size_t>(p_);
     Dev all(api_, pn, t);
     run_op(peer_.allgather("ag/" + id, in.buf(), all.buf(), o), "allgather " + id);
-    expect(all, "allgather " + id, [&](std::size_t k) { return v(static_cast<int>(k / n), k % n); });
+    expect(all, "allgather " + id,
+           [&](std::size_t k) { return v(static_cast<int>(k / n), k % n); });
     Dev at_root(api_, pn, t);
     run_op(peer_.gather("ga/" + id, in.buf(), at_root.buf(), ob), "gather " + id);
     if (r_ == p_ - 1) {
@@ -252,7 +253,8 @@ int main(int argc, char** argv) {
         std::cerr << "device-worker: " << why << "\n";
         return 1;
       }
-      if (auto self = kf::env::get(kf::env::kSelf)) setenv("NCCL_HOSTID", ("kf-" + *self).c_str(), 0);
+      if (auto self = kf::env::get(kf::env::kSelf))
+        setenv("NCCL_HOSTID", ("kf-" + *self).c_str(), 0);
     }
     auto peer = kf::Peer::from_environment();
     Worker w(*peer, *api);

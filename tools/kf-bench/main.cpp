@@ -2,11 +2,13 @@
 // kf-bench: measures kf's collectives across the workers of a job started by kfrun:
 //   kfrun -np N kf-bench allreduce|broadcast|allgather|reduce-scatter|gather|barrier
 //         [--algo A[,A...]|all] [--dtype T] [--sizes S,S,...] [--op R] [--root R]
-//         [--iters K] [--warmup W] [--json]
+//         [--iters K] [--warmup W] [--json] [--device cpu|cuda|standin]
 // or compares kf's allreduce with OpenMPI's and Gloo's, starting the jobs itself
 // (lib/compare.hpp):
 //   kf-bench compare [--impl I,...] [--np N,...] [--sizes S,...] [--rounds K] [--iters K]
 //         [--warmup W] [--out DIR] [--timeout-s T] [--against BUILD_DIR]
+// or measures kf's allreduce on device buffers against raw NCCL (lib/nccl_baseline.hpp):
+//   kfrun -np N kf-bench nccl-baseline [--sizes S,...] [--iters K] [--rounds R] [--shrink]
 // Exit codes: 0 when every row is correct; 1 when one is not or a collective (compare: a run)
 // fails; 2 for a usage error.
 #include <CLI/CLI.hpp>
@@ -18,6 +20,7 @@
 
 #include "kf-bench/lib/cli_check.hpp"
 #include "kf-bench/lib/compare_cli.hpp"
+#include "kf-bench/lib/nccl_baseline.hpp"
 #include "kf-bench/lib/parse.hpp"
 #include "kf-bench/lib/report.hpp"
 #include "kf-bench/lib/runner.hpp"
@@ -111,10 +114,37 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(0, kMaxIterations))
         ->capture_default_str();
     sub->add_flag("--json", options.json, "print one JSON object per row instead of a table");
+    sub->add_option("--device", options.device,
+                    "where the buffers are: cpu, cuda (the backend is KF_DEVICE_BACKEND's: "
+                    "nccl or staging), or standin (host memory standing in for a device)")
+        ->check(CLI::IsMember({"cpu", "cuda", "standin"}))
+        ->capture_default_str();
   }
 
   bench::CompareCommand compare;
   bench::add_compare_command(app, compare);
+
+  bench::BaselineOptions baseline;
+  std::vector<std::string> baseline_sizes{"4", "64K", "1M", "16M", "64M"};
+  CLI::App* nccl = app.add_subcommand(
+      "nccl-baseline",
+      "kf's allreduce on device buffers (NCCL backend) against raw ncclAllReduce, in one run");
+  nccl->add_option("--sizes", baseline_sizes, "message bytes per worker (f32)")
+      ->delimiter(',')
+      ->check(size_check)
+      ->capture_default_str();
+  nccl->add_option("--iters", baseline.iters, "timed iterations per block")
+      ->check(CLI::Range(1, kMaxIterations))
+      ->capture_default_str();
+  nccl->add_option("--rounds", baseline.rounds, "blocks of raw and of kf iterations per size")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  nccl->add_option("--warmup", baseline.warmup, "untimed iterations of each per size")
+      ->check(CLI::Range(0, kMaxIterations))
+      ->capture_default_str();
+  nccl->add_flag("--shrink", baseline.shrink,
+                 "then the last worker leaves (3 or more workers): time the survivors' first "
+                 "allreduce after the shrink");
 
   try {
     app.parse(argc, argv);
@@ -125,6 +155,10 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
 
+  if (app.got_subcommand("nccl-baseline")) {
+    for (const std::string& s : baseline_sizes) baseline.sizes.push_back(bench::parse_bytes(s));
+    return bench::run_nccl_baseline(baseline, std::cout, std::cerr);
+  }
   if (app.got_subcommand("compare")) {
     return bench::run_compare(bench::compare_options(compare), std::cout, std::cerr);
   }

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "device/device_api.hpp"
 #include "kf-bench/lib/parse.hpp"
 #include "kf-bench/lib/pattern.hpp"
 #include "kf-bench/lib/report.hpp"
@@ -45,8 +46,16 @@ Layout layout_of(CollOp op, std::size_t count, int rank, int workers, int root) 
 // One worker's benchmark state: the options, the value tables, the collective names.
 class Bench {
  public:
-  Bench(Peer& peer, const BenchOptions& o)
-      : peer_(peer), o_(o), pattern_(o.dtype, o.reduce, peer.size()) {}
+  Bench(Peer& peer, const BenchOptions& o, std::shared_ptr<detail::DeviceApi> dev)
+      : peer_(peer), o_(o), pattern_(o.dtype, o.reduce, peer.size()), dev_(std::move(dev)) {
+    if (dev_) stream_ = dev_->create_stream();
+  }
+  ~Bench() {
+    release_device();
+    if (dev_) dev_->destroy_stream(stream_);
+  }
+  Bench(const Bench&) = delete;
+  Bench& operator=(const Bench&) = delete;
 
   Row run_case(Algorithm algorithm, std::size_t bytes);
 
@@ -58,9 +67,33 @@ class Bench {
   // Every call of every worker gets the same sequence of names.
   std::string next_name() { return "kf-bench#" + std::to_string(seq_++); }
 
+  // --device: one device send and receive buffer per case, filled from and read back into the
+  // host slots outside the timed region.
+  void release_device() {
+    if (dev_ && dev_send_) dev_->free_device(dev_send_);
+    if (dev_ && dev_recv_) dev_->free_device(dev_recv_);
+    dev_send_ = dev_recv_ = nullptr;
+  }
+  void to_device(const std::byte* send, const std::byte* recv) {
+    const std::size_t esz = dtype_bytes(o_.dtype);
+    if (layout_.send > 0) dev_->copy(dev_send_, send, layout_.send * esz, stream_);
+    if (layout_.recv > 0) dev_->copy(dev_recv_, recv, layout_.recv * esz, stream_);
+    dev_->synchronize(stream_);
+  }
+  void from_device(std::byte* recv) {
+    if (layout_.recv > 0) {
+      dev_->copy(recv, dev_recv_, layout_.recv * dtype_bytes(o_.dtype), stream_);
+    }
+    dev_->synchronize(stream_);
+  }
+
   Peer& peer_;
   const BenchOptions& o_;
   Pattern pattern_;
+  std::shared_ptr<detail::DeviceApi> dev_;
+  void* stream_ = nullptr;
+  void* dev_send_ = nullptr;
+  void* dev_recv_ = nullptr;
   std::uint64_t seq_ = 0;
   std::size_t count_ = 0;  // the current case's elements per worker
   Layout layout_;          // the current case's buffers
@@ -100,8 +133,14 @@ Handle Bench::submit(const std::string& name, std::byte* send, std::byte* recv,
   co.algorithm = algorithm;
   co.op = o_.reduce;
   co.root = o_.root;
-  const Buffer s{send, layout_.send, o_.dtype};
-  const Buffer r{recv, layout_.recv, o_.dtype};
+  Buffer s{send, layout_.send, o_.dtype};
+  Buffer r{recv, layout_.recv, o_.dtype};
+  if (dev_) {
+    co.stream = stream_;
+    s = Buffer{dev_send_, layout_.send, o_.dtype, Device::cuda};
+    r = Buffer{dev_recv_, layout_.recv, o_.dtype, Device::cuda};
+    if (o_.op == CollOp::gather && layout_.recv == 0) r.data = nullptr;
+  }
   switch (o_.op) {
     case CollOp::allreduce: return peer_.allreduce(name, s, r, co);
     case CollOp::broadcast: return peer_.broadcast(name, r, co);
@@ -136,10 +175,17 @@ Row Bench::run_case(Algorithm algorithm, std::size_t bytes) {
   for (std::size_t s = 0; s < rotation && s < static_cast<std::size_t>(total); ++s) {
     prepare(slots.send(s), slots.recv(s), s);
   }
+  if (dev_) {
+    release_device();
+    // One byte more, so that an empty buffer still has an address.
+    dev_send_ = dev_->alloc_device(layout_.send * element_bytes + 1);
+    dev_recv_ = dev_->alloc_device(layout_.recv * element_bytes + 1);
+  }
   std::vector<double> times_us(static_cast<std::size_t>(row.iters));
   bool correct = true;
   for (int t = 0; t < total; ++t) {
     const auto iter = static_cast<std::uint64_t>(t);
+    if (dev_) to_device(slots.send(iter), slots.recv(iter));
     peer_.barrier(next_name()).wait();
     // Named before the clock starts, as the Gloo baseline builds its algorithm objects before
     // it: a training loop names its collectives with constant strings, not formatted ones.
@@ -147,6 +193,7 @@ Row Bench::run_case(Algorithm algorithm, std::size_t bytes) {
     const auto start = Clock::now();
     submit(name, slots.send(iter), slots.recv(iter), algorithm).wait();
     const std::chrono::duration<double, std::micro> elapsed = Clock::now() - start;
+    if (dev_) from_device(slots.recv(iter));
     // Warmup results are checked too: a wrong result is a bug whenever it happens.
     correct = verify(slots.recv(iter), iter) && correct;
     if (t >= o_.warmup) times_us[static_cast<std::size_t>(t - o_.warmup)] = elapsed.count();
@@ -183,12 +230,21 @@ bool run_bench(Peer& peer, const BenchOptions& o, std::ostream& out) {
     throw std::invalid_argument("--root " + std::to_string(o.root) + " is not a rank of this " +
                                 std::to_string(peer.size()) + "-worker job");
   }
+  std::shared_ptr<detail::DeviceApi> dev;
+  if (o.device == "standin") {
+    dev = detail::standin_device_api();
+    detail::set_device_api_for_tests(dev);
+  } else if (o.device == "cuda") {
+    std::string why;
+    dev = detail::cuda_device_api(why);
+    if (!dev) throw Error(make_error_code(errc::device_error), "--device cuda: " + why);
+  }
   const RunInfo info{o.op, peer.size(), o.dtype, o.reduce, o.root, o.warmup};
   const bool printer = peer.rank() == 0;
   if (printer && !o.json) print_header(out, info);
   const std::vector<std::size_t> sizes =
       o.op == CollOp::barrier ? std::vector<std::size_t>{0} : o.sizes;
-  Bench bench(peer, o);
+  Bench bench(peer, o, dev);
   bool all_correct = true;
   for (const Algorithm a : o.algorithms) {
     for (const std::size_t bytes : sizes) {
@@ -198,6 +254,8 @@ bool run_bench(Peer& peer, const BenchOptions& o, std::ostream& out) {
     }
   }
   if (printer && !o.json) print_transport(out, peer.transport_stats());
+  if (printer && dev && !o.json)
+    out << "# device: " << dev->name() << ", backend " << peer.device_backend() << "\n";
   return all_correct;
 }
 

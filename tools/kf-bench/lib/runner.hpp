@@ -34,6 +34,10 @@ struct BenchOptions {
   std::optional<int> iters;  ///< timed iterations; default_iterations() when empty
   int warmup = 5;
   bool json = false;
+  /// cuda: the buffers are in device memory (copied from and to the host slots outside the
+  /// timed region); standin: host memory standing in for a device (checks the device path
+  /// without a GPU).
+  std::string device = "cpu";
 };
 
 /// Measures every (algorithm, size) of `o` in that order and prints the rows on rank 0 (a
