@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <string>
@@ -87,7 +88,8 @@ class FashionMnist : public torch::data::datasets::Dataset<FashionMnist> {
 // FNV-1a over the parameters' bytes: equal on two workers iff they hold the same model.
 std::uint64_t parameters_hash(torch::nn::Module& model) {
   std::uint64_t h = 1469598103934665603ull;
-  for (const auto& p : model.parameters()) {
+  for (const auto& dp : model.parameters()) {
+    const torch::Tensor p = dp.detach().to(torch::kCPU).contiguous();
     const auto* b = static_cast<const unsigned char*>(p.data_ptr());
     for (std::int64_t i = 0; i < p.numel() * static_cast<std::int64_t>(sizeof(float)); ++i) {
       h = (h ^ b[i]) * 1099511628211ull;
@@ -140,6 +142,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   app.add_option("--stop-at", stop_at, "stop once the test accuracy reaches this (0: never)")
       ->check(CLI::Range(0.0, 1.0));
+  std::string device_name = "cpu";
+  bool one_gpu = false;
+  app.add_option("--device", device_name, "where the model trains: cpu or cuda (docs/gpu.md)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_flag("--one-gpu", one_gpu,
+               "the workers share one GPU (tests): each sets NCCL_HOSTID to its own address");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -165,6 +174,18 @@ int main(int argc, char** argv) {
   FashionMnist train_set(train, limit), test_set(test, 0);
   const std::size_t train_count = *train_set.size();
 
+  if (device_name == "cuda" && !torch::cuda::is_available()) {
+    std::cerr << "fashion_mnist: --device cuda, but LibTorch sees no CUDA device (this "
+                 "LibTorch may be built without CUDA)\n";
+    return 1;
+  }
+  if (one_gpu) {
+    if (const char* self = std::getenv("KF_SELF")) {
+      setenv("NCCL_HOSTID", (std::string("kf-") + self).c_str(), 1);
+    }
+  }
+  const torch::Device device =
+      device_name == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   torch::set_num_threads(threads);
   torch::manual_seed(seed);
   std::shared_ptr<torch::nn::Module> model;
@@ -178,6 +199,7 @@ int main(int argc, char** argv) {
     model = m.ptr();
     forward = [m](const torch::Tensor& x) mutable { return m->forward(x); };
   }
+  model->to(device);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(lr).momentum(momentum));
 
   kf::State state;
@@ -214,6 +236,7 @@ int main(int argc, char** argv) {
   // Every worker evaluates its shard of the test set; one allreduce adds them up. The time it
   // takes is kept out of train_seconds().
   double eval_seconds = 0;
+  double exposed_seconds = 0;  // allreduce time not hidden by backward, summed over the steps
   const auto evaluate = [&] {
     const auto t0 = std::chrono::steady_clock::now();
     torch::NoGradGuard no_grad;
@@ -225,7 +248,8 @@ int main(int argc, char** argv) {
       std::vector<std::size_t> idx;
       for (std::size_t i = at; i < std::min(hi, at + 1000); ++i) idx.push_back(i);
       const torch::data::Example<> b = kf::elastic_batch(test_set, idx);
-      counts[0] += forward(b.data).argmax(1).eq(b.target).sum().item<double>();
+      counts[0] +=
+          forward(b.data.to(device)).argmax(1).eq(b.target.to(device)).sum().item<double>();
     }
     session->peer().allreduce("fmnist.eval", kf::buffer(counts, 2), kf::buffer(counts, 2)).wait();
     eval_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -264,8 +288,8 @@ int main(int argc, char** argv) {
         opt->begin_step(static_cast<std::int64_t>(mine.size()), static_cast<std::int64_t>(total));
         if (!mine.empty()) {
           const torch::data::Example<> b = kf::elastic_batch(train_set, mine);
-          const torch::Tensor& x = b.data;
-          const torch::Tensor& y = b.target;
+          const torch::Tensor x = b.data.to(device);
+          const torch::Tensor y = b.target.to(device);
           const torch::Tensor out = forward(x);
           const torch::Tensor loss = torch::nn::functional::cross_entropy(out, y);
           loss.backward();
@@ -274,6 +298,7 @@ int main(int argc, char** argv) {
                                             static_cast<double>(mine.size()));
         }
         opt->step();
+        exposed_seconds += opt->exposed_comm().count();
         sampler.advance(static_cast<std::size_t>(gbatch));
         position = static_cast<std::int64_t>(sampler.position());
         const std::int64_t trained =
@@ -319,7 +344,8 @@ int main(int argc, char** argv) {
     }
     // Every worker must hold the same parameters: a consensus collective says whether they do.
     std::vector<float> flat;
-    for (const auto& p : model->parameters()) {
+    for (const auto& dp : model->parameters()) {
+      const torch::Tensor p = dp.detach().to(torch::kCPU).contiguous();
       const float* v = p.data_ptr<float>();
       flat.insert(flat.end(), v, v + p.numel());
     }
@@ -348,8 +374,11 @@ int main(int argc, char** argv) {
     // Membership changes: resizes and recoveries (not the join, nor settings-only versions).
     std::size_t changes = 0;
     for (const auto& c : session->changes()) changes += c.kind == "resize" || c.kind == "recovery";
-    std::printf("\nsteps %lld, %.1f s\n", static_cast<long long>(session->steps()),
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+    const auto steps = static_cast<double>(std::max<std::int64_t>(1, session->steps()));
+    std::printf("\nsteps %lld, %.1f s; per step %.3f ms training, %.3f ms exposed allreduce\n",
+                static_cast<long long>(session->steps()),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(),
+                train_seconds() / steps * 1e3, exposed_seconds / steps * 1e3);
     std::printf("final test accuracy: %.3f (workers at end: %d, membership changes: %zu)\n",
                 test_accuracy(), session->size(), changes);
   }

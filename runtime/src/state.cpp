@@ -34,9 +34,6 @@ void write_all(int fd, const void* data, std::size_t n, const std::string& path)
 }  // namespace
 
 void State::add(const std::string& name, Buffer buf) {
-  if (buf.device != Device::cpu) {
-    throw std::invalid_argument("State::add('" + name + "'): only CPU buffers can be registered");
-  }
   if (buffers_.count(name)) {
     throw std::invalid_argument("State::add: '" + name + "' is registered twice");
   }
@@ -47,8 +44,14 @@ std::int64_t& State::counter(const std::string& name) { return counters_[name]; 
 
 void State::commit() {
   for (auto& [name, e] : buffers_) {
-    const auto* p = static_cast<const std::byte*>(e.live.data);
-    e.saved.assign(p, p + e.live.bytes());
+    if (e.live.device == Device::cpu) {
+      const auto* p = static_cast<const std::byte*>(e.live.data);
+      e.saved.assign(p, p + e.live.bytes());
+    } else {
+      e.saved.resize(e.live.bytes());
+      copy_buffer(Buffer{e.saved.data(), e.saved.size(), DType::u8, Device::cpu},
+                  Buffer{e.live.data, e.saved.size(), DType::u8, e.live.device});
+    }
   }
   saved_counters_ = counters_;
   has_commit_ = true;
@@ -57,10 +60,19 @@ void State::commit() {
 
 void State::restore() {
   if (!has_commit_) throw std::logic_error("State::restore: nothing was committed yet");
-  for (auto& [name, e] : buffers_) {
-    if (!e.saved.empty()) std::memcpy(e.live.data, e.saved.data(), e.saved.size());
-  }
+  for (auto& [name, e] : buffers_) put(e, e.saved);
   assign_counters(saved_counters_);
+}
+
+// A buffer's live memory (host or device) = `bytes`.
+void State::put(Entry& e, const std::vector<std::byte>& bytes) {
+  if (bytes.empty()) return;
+  if (e.live.device == Device::cpu) {
+    std::memcpy(e.live.data, bytes.data(), bytes.size());
+  } else {
+    copy_buffer(Buffer{e.live.data, bytes.size(), DType::u8, e.live.device},
+                Buffer{const_cast<std::byte*>(bytes.data()), bytes.size(), DType::u8, Device::cpu});
+  }
 }
 
 // Values are assigned key by key, never by replacing the map: callers hold references to
@@ -196,10 +208,7 @@ void State::load(const std::string& path) {
     counters[k] = v.get<std::int64_t>();
   }
   i = 0;
-  for (auto& [name, e] : buffers_) {
-    if (!data[i].empty()) std::memcpy(e.live.data, data[i].data(), data[i].size());
-    ++i;
-  }
+  for (auto& [name, e] : buffers_) put(e, data[i++]);
   assign_counters(counters);
   commit();
 }

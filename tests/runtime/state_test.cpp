@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "device/device_api.hpp"
 #include "kf/peer.hpp"
 #include "support/local_cluster.hpp"
 
@@ -132,6 +133,38 @@ TEST(State, SyncRefusesDifferentLayouts) {
     }
   });
   for (const auto& e : errors) EXPECT_NE(e.find("different state"), std::string::npos) << e;
+}
+
+// Device buffers (host memory standing in for a device): commit copies them out, restore and
+// load copy back, sync broadcasts them as device collectives.
+TEST(StateOnDevice, CommitRestoreSaveLoadAndSyncCopyDeviceBuffers) {
+  auto api = detail::standin_device_api();
+  detail::set_device_api_for_tests(api);
+  const int p = 2;
+  auto peers = test::make_local_cluster(p);
+  const std::string path = temp_path("kf-state-device");
+  test::run_all(p, [&](int r) {
+    constexpr std::size_t n = 5000;
+    auto* dev = static_cast<float*>(api->alloc_device(n * sizeof(float)));
+    for (std::size_t i = 0; i < n; ++i) dev[i] = static_cast<float>(r * 10000 + i);
+    State s;
+    s.add("model", cuda_buffer(dev, n));
+    s.sync(*peers[r], 1);  // rank 1's values everywhere, committed
+    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(dev[i], static_cast<float>(10000 + i)) << i;
+    dev[7] = -1;
+    s.restore();
+    EXPECT_EQ(dev[7], 10007.0f);
+    if (r == 0) {
+      s.save(path);
+      dev[8] = -1;
+      s.load(path);
+      EXPECT_EQ(dev[8], 10008.0f);
+    }
+    api->free_device(dev);
+  });
+  std::filesystem::remove(path);
+  peers.clear();
+  detail::set_device_api_for_tests(nullptr);
 }
 
 }  // namespace

@@ -28,9 +28,11 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-Net make_net(int seed) {
+Net make_net(int seed, torch::Device device = torch::kCPU) {
   torch::manual_seed(seed);
-  return Net();
+  Net net;
+  net->to(device);
+  return net;
 }
 
 struct Data {
@@ -44,7 +46,7 @@ Data make_data(int n) {
 
 std::vector<torch::Tensor> params_of(Net& net) {
   std::vector<torch::Tensor> v;
-  for (auto& p : net->parameters()) v.push_back(p.detach().clone());
+  for (auto& p : net->parameters()) v.push_back(p.detach().to(torch::kCPU).clone());
   return v;
 }
 
@@ -59,12 +61,14 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(Net& net, Opt which) {
 }
 
 // Plain LibTorch on the whole batch.
-std::vector<torch::Tensor> train_plain(Opt which, int steps, const Data& d) {
-  Net net = make_net(1);
+std::vector<torch::Tensor> train_plain(Opt which, int steps, const Data& d,
+                                       torch::Device device = torch::kCPU) {
+  Net net = make_net(1, device);
   auto opt = make_optimizer(net, which);
+  const auto x = d.x.to(device), y = d.y.to(device);
   for (int i = 0; i < steps; ++i) {
     opt->zero_grad();
-    torch::nn::functional::cross_entropy(net->forward(d.x), d.y).backward();
+    torch::nn::functional::cross_entropy(net->forward(x), y).backward();
     opt->step();
   }
   return params_of(net);
@@ -72,7 +76,22 @@ std::vector<torch::Tensor> train_plain(Opt which, int steps, const Data& d) {
 
 using Job = test::UnstartedJob;
 
-Job make_job(int n) { return test::make_unstarted_job(n, "torch-test"); }
+// `n` unstarted peers; on a GPU they run device collectives through staging, since NCCL takes
+// one rank per GPU and process.
+Job make_job(int n, bool on_gpu = false) {
+  if (!on_gpu) return test::make_unstarted_job(n, "torch-test");
+  Job j;
+  j.cluster.version = 1;
+  for (int i = 0; i < n; ++i) {
+    PeerOptions o;
+    o.job_token = "torch-test";
+    o.device_backend = DeviceBackend::staging;
+    test::stretch_heartbeat(o);
+    j.peers.push_back(std::make_unique<Peer>(o));
+    j.cluster.workers.push_back(WorkerSpec{j.peers.back()->endpoint(), i});
+  }
+  return j;
+}
 
 // `n` workers, worker r on rows [r·B/n, (r+1)·B/n) of the batch, initial values from seed 1 + r
 // (rank 0's win at join). Returns each worker's parameters and its last metrics.
@@ -82,14 +101,15 @@ struct Trained {
   std::vector<std::size_t> buckets;
 };
 
-Trained train_kf(int n, Opt which, int steps, const Data& d, DistributedOptimizerOptions o = {}) {
-  Job job = make_job(n);
+Trained train_kf(int n, Opt which, int steps, const Data& d, DistributedOptimizerOptions o = {},
+                 torch::Device device = torch::kCPU) {
+  Job job = make_job(n, device.is_cuda());
   Trained t;
   t.params.resize(n);
   t.metrics.resize(n);
   t.buckets.resize(n);
   std::vector<Net> nets;
-  for (int r = 0; r < n; ++r) nets.push_back(make_net(1 + r));
+  for (int r = 0; r < n; ++r) nets.push_back(make_net(1 + r, device));
   const auto rows = d.x.size(0);
   test::run_all(n, [&](int r) {
     State state;
@@ -99,7 +119,7 @@ Trained train_kf(int n, Opt which, int steps, const Data& d, DistributedOptimize
     dist.register_state(state, *nets[r]);
     ASSERT_TRUE(s.join());
     const auto lo = rows * r / n, hi = rows * (r + 1) / n;
-    const auto x = d.x.slice(0, lo, hi), y = d.y.slice(0, lo, hi);
+    const auto x = d.x.slice(0, lo, hi).to(device), y = d.y.slice(0, lo, hi).to(device);
     for (int i = 0; i < steps; ++i) {
       ASSERT_EQ(s.step([&] {
         dist.zero_grad();
@@ -187,6 +207,50 @@ TEST(TorchAdapterMonitors, TheExchangeFeedsTheNoiseScaleAndCommunication) {
     EXPECT_EQ(m, t.metrics[0]) << "every worker sees the same metrics";
   }
 }
+
+// CUDA parameters: buckets on the device, norms computed there, collectives on device buffers.
+// In one process every worker shares the GPU, so these go through the staging backend; the
+// NCCL backend is run by tests/gpu in separate processes.
+class TorchAdapterCuda : public ::testing::TestWithParam<Opt> {
+ protected:
+  void SetUp() override {
+    torch::set_num_threads(1);
+    if (!torch::cuda::is_available()) {
+      GTEST_SKIP() << "no CUDA device for LibTorch here (Debian's LibTorch is CPU only; "
+                      "tools/gpu-check builds against a CUDA LibTorch)";
+    }
+  }
+  const torch::Device gpu{torch::kCUDA, 0};
+};
+
+TEST_P(TorchAdapterCuda, OneWorkerGivesThePlainParameters) {
+  const Data d = make_data(32);
+  const auto want = train_plain(GetParam(), 15, d, gpu);
+  const Trained got = train_kf(1, GetParam(), 15, d, {}, gpu);
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(got.params[0][i], want[i], 1e-5, 1e-6)) << "parameter " << i;
+  }
+}
+
+TEST_P(TorchAdapterCuda, TwoWorkersOnHalvesMatchOneProcessOnTheWholeBatch) {
+  const Data d = make_data(32);
+  const auto want = train_plain(GetParam(), 15, d, gpu);
+  DistributedOptimizerOptions small;
+  small.bucket_bytes = 256;  // several buckets, started from backward's hooks
+  const Trained got = train_kf(2, GetParam(), 15, d, small, gpu);
+  EXPECT_GT(got.buckets[0], 2u);
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    EXPECT_TRUE(torch::equal(got.params[0][i], got.params[1][i])) << "workers differ at " << i;
+    EXPECT_TRUE(torch::allclose(got.params[0][i], want[i], 1e-4, 1e-5)) << "parameter " << i;
+  }
+  EXPECT_EQ(got.metrics[0], got.metrics[1]) << "every worker sees the same metrics";
+  EXPECT_EQ(got.metrics[0].count("gns.step_sqr"), 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, TorchAdapterCuda, ::testing::Values(Opt::sgd, Opt::adam),
+                         [](const auto& p) {
+                           return std::string(p.param == Opt::sgd ? "SgdMomentum" : "Adam");
+                         });
 
 // A torch::data dataset whose example i is ([i, 2i], i % 3).
 class Counting : public torch::data::datasets::Dataset<Counting> {

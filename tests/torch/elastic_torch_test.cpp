@@ -2,9 +2,12 @@
 // The Fashion-MNIST example as an elastic job (kf-config-server + kfrun --watch) resized 2 → 3 → 2
 // while it trains: after each change every worker of the new cluster holds the same model (a
 // joiner starts from the survivors' exact state), and at the end all parameters are identical
-// (the example's consensus check).
+// (the example's consensus check). On a GPU (KF_TEST_DEVICE=cuda, tools/gpu-check) the same
+// example trains on the device through NCCL, 2 -> 3 workers by a resize and back to 2 by a kill -9.
 #include <gtest/gtest.h>
 
+#include <csignal>
+#include <filesystem>
 #include <map>
 #include <regex>
 #include <set>
@@ -26,14 +29,24 @@ long newest_step(const std::string& out) {
   return s;
 }
 
-TEST(ElasticTorch, ResizedTwoThreeTwoEveryWorkerHoldsTheSameModel) {
+// The example's data: KF_FASHION_MNIST_DATA, else Debian's dataset-fashion-mnist.
+std::string data_dir() {
+  const std::string d = env_or_empty("KF_FASHION_MNIST_DATA");
+  return d.empty() ? "/usr/share/datasets/fashion-mnist" : d;
+}
+
+// 2 workers, resized to 3, then back to 2 by a resize or by a kill -9 of a random worker; the
+// models are compared after each change and at the end.
+void two_three_two(const std::string& name, const std::string& device_args, bool kill) {
   const std::string exe = env_or_empty("KF_FASHION_MNIST");
   if (exe.empty()) GTEST_SKIP() << "KF_FASHION_MNIST is not set";
-  if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist")) {
-    GTEST_SKIP() << "/usr/share/datasets/fashion-mnist is missing (dataset-fashion-mnist)";
+  if (!std::filesystem::exists(data_dir())) {
+    GTEST_SKIP() << data_dir() << " is missing (dataset-fashion-mnist)";
   }
-  ElasticJob job("torch");
-  job.start_program(2, exe, "--limit 3000 --epochs 1000 --batch 32 --log-every 10");
+  ElasticJob job(name);
+  job.start_program(2, exe,
+                    "--data " + data_dir() +
+                        " --limit 3000 --epochs 1000 --batch 32 --log-every 10" + device_args);
   const auto at_least = [&](long steps) {
     return eventually([&] { return newest_step(job.out()) >= steps; }, 120s);
   };
@@ -41,7 +54,14 @@ TEST(ElasticTorch, ResizedTwoThreeTwoEveryWorkerHoldsTheSameModel) {
   ASSERT_EQ(job.member("resize 3").exit_code, 0);
   ASSERT_TRUE(job.wait_size(3)) << job.err();
   ASSERT_TRUE(at_least(newest_step(job.out()) + 30)) << job.err();
-  ASSERT_EQ(job.member("resize 2").exit_code, 0);
+  if (kill) {
+    const auto c = job.client().get_cluster();
+    const pid_t pid = job.worker_pid(c.workers[1].endpoint.str());
+    ASSERT_GT(pid, 0);
+    ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  } else {
+    ASSERT_EQ(job.member("resize 2").exit_code, 0);
+  }
   ASSERT_TRUE(job.wait_size(2)) << job.err();
   ASSERT_TRUE(at_least(newest_step(job.out()) + 30)) << job.err();
   job.finish_soon();
@@ -74,6 +94,18 @@ TEST(ElasticTorch, ResizedTwoThreeTwoEveryWorkerHoldsTheSameModel) {
     ++checked;
   }
   EXPECT_GE(checked, 3) << "the join, the growth and the shrink\n" << out;
+}
+
+TEST(ElasticTorch, ResizedTwoThreeTwoEveryWorkerHoldsTheSameModel) {
+  two_three_two("torch", "", /*kill=*/false);
+}
+
+TEST(ElasticTorch, OnTheGpuGrowsAndSurvivesKillNine) {
+  if (env_or_empty("KF_TEST_DEVICE") != "cuda") {
+    GTEST_SKIP() << "a GPU run (KF_TEST_DEVICE=cuda with a CUDA LibTorch: tools/gpu-check)";
+  }
+  setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+  two_three_two("torch-gpu", " --device cuda --one-gpu", /*kill=*/true);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 // Exit codes: 0 when every row is correct; 1 when one is not or a collective (compare: a run)
 // fails; 2 for a usage error.
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <optional>
@@ -124,6 +125,13 @@ int main(int argc, char** argv) {
   bench::CompareCommand compare;
   bench::add_compare_command(app, compare);
 
+  // Several workers on one GPU (tests, benchmarks): NCCL refuses two ranks of one host on one
+  // device, so each worker gives NCCL a host id of its own.
+  bool one_gpu = false;
+  app.add_flag("--one-gpu", one_gpu,
+               "the workers share one GPU: each sets NCCL_HOSTID to its own address, so that "
+               "NCCL takes them for separate hosts (set NCCL_SOCKET_IFNAME=lo as well)");
+
   bench::BaselineOptions baseline;
   std::vector<std::string> baseline_sizes{"4", "64K", "1M", "16M", "64M"};
   CLI::App* nccl = app.add_subcommand(
@@ -155,6 +163,11 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
 
+  if (one_gpu) {
+    if (const char* self = std::getenv("KF_SELF")) {
+      setenv("NCCL_HOSTID", (std::string("kf-") + self).c_str(), 1);
+    }
+  }
   if (app.got_subcommand("nccl-baseline")) {
     for (const std::string& s : baseline_sizes) baseline.sizes.push_back(bench::parse_bytes(s));
     return bench::run_nccl_baseline(baseline, std::cout, std::cerr);

@@ -85,6 +85,7 @@ NcclBackend::NcclBackend(std::shared_ptr<DeviceApi> api, PeerHooks hooks)
     : api_(std::move(api)), hooks_(std::move(hooks)) {
   int v = 0;
   if (const ncclResult_t r = ncclGetVersion(&v); r != ncclSuccess) throw_nccl("ncclGetVersion", r);
+  comm_stream_ = api_->create_stream();
   watcher_ = std::thread([this] { watch(); });
 }
 
@@ -101,6 +102,12 @@ NcclBackend::~NcclBackend() {
     if (c->comm) (void)ncclCommAbort(c->comm);
     c->comm = nullptr;
   }
+  try {
+    api_->synchronize(comm_stream_);  // the completions' callbacks have run
+  } catch (const std::exception& e) {
+    KF_LOG(warn, "nccl", "the communication stream did not drain: {}", e.what());
+  }
+  api_->destroy_stream(comm_stream_);
 }
 
 std::string NcclBackend::name() const {
@@ -286,7 +293,15 @@ void NcclBackend::run(std::shared_ptr<CollCtx> ctx, const Cluster& cluster) {
     r.state->complete(e.code(), label + ": " + e.what());
     return;
   }
-  auto* stream = static_cast<cudaStream_t>(r.opts.stream);
+  // NCCL runs on kf's own stream, after the caller's work so far: the collective overlaps what
+  // the caller enqueues next (the rest of backward), and order_on makes the caller wait.
+  auto* stream = static_cast<cudaStream_t>(comm_stream_);
+  try {
+    api_->wait(comm_stream_, api_->record(r.opts.stream));
+  } catch (const Error& e) {
+    r.state->complete(e.code(), label + ": " + e.what());
+    return;
+  }
   const ncclDataType_t dt = nccl_type(r.send.dtype);
   ncclComm_t nc = comm->comm;
   ncclResult_t res = ncclSuccess;
@@ -331,7 +346,7 @@ void NcclBackend::run(std::shared_ptr<CollCtx> ctx, const Cluster& cluster) {
     if (res != ncclSuccess && res != ncclInProgress) throw_nccl(label.c_str(), res, nc);
     if (res == ncclInProgress) settle(*comm, label.c_str(), r.timeout);
     // Completed by the stream itself once NCCL's kernel is done (or ended by an abort).
-    auto mark = api_->record(stream);
+    auto mark = api_->record(comm_stream_);
     struct Done final : DeviceDone {
       std::shared_ptr<DeviceApi> api;
       DeviceEvent mark;
@@ -342,7 +357,7 @@ void NcclBackend::run(std::shared_ptr<CollCtx> ctx, const Cluster& cluster) {
     done->mark = mark;
     r.state->device = done;
     running_.fetch_add(1);
-    api_->call_after(stream, [this, comm, state = r.state, label] {
+    api_->call_after(comm_stream_, [this, comm, state = r.state, label] {
       if (comm->failed.load(std::memory_order_acquire)) {
         state->complete(comm->ec, label + ": " + comm->why);
       } else {

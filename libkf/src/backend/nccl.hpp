@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The NCCL backend: collectives on device buffers enqueued by NCCL on the caller's stream.
+// The NCCL backend: collectives on device buffers enqueued by NCCL on a stream of kf's own, after
+// the work enqueued on the caller's stream (a side stream: they overlap the caller's next work).
 // One communicator per cluster version, made when the version's first device collective is
 // submitted: a version that only lost members shrinks the previous one (ncclCommShrink,
 // NCCL >= 2.27), any other makes a new one from a unique id that rank 0 broadcasts over kf's
@@ -78,8 +79,9 @@ class NcclBackend {
 
   std::shared_ptr<DeviceApi> api_;
   PeerHooks hooks_;
-  std::mutex mu_;               // serialises run(), communicator changes and failures
-  mutable std::mutex comm_mu_;  // comm_ itself, which the watcher reads
+  void* comm_stream_ = nullptr;  // NCCL's collectives run here, after the caller's stream
+  std::mutex mu_;                // serialises run(), communicator changes and failures
+  mutable std::mutex comm_mu_;   // comm_ itself, which the watcher reads
   std::shared_ptr<Comm> comm_;
   Timings timings_;
   std::atomic<int> running_{0};  // collectives enqueued and not yet completed

@@ -2,6 +2,11 @@
 // The only translation unit of the adapter with LibTorch's headers (they cost ~25 s each).
 #include "kf/torch/distributed_optimizer.hpp"
 
+#include "config.hpp"
+#if KF_HAVE_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -24,7 +29,9 @@ struct DistributedOptimizer::Slot {
 
 struct DistributedOptimizer::Bucket {
   std::size_t index = 0;
-  std::vector<float> data;
+  std::vector<float> data;  // CPU parameters
+  torch::Tensor dev;        // CUDA parameters: the bucket on their device
+  std::size_t count = 0;
   std::vector<std::size_t> slots;
   std::size_t ready = 0;
   bool started = false;
@@ -36,20 +43,34 @@ namespace {
 std::string key_of(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
 
 Buffer tensor_buffer(const torch::Tensor& t, const std::string& what) {
-  if (!t.is_contiguous() || t.device().type() != torch::kCPU) {
-    throw std::invalid_argument(what + ": must be a contiguous CPU tensor");
+  if (!t.is_contiguous() || (t.device().type() != torch::kCPU && !t.is_cuda())) {
+    throw std::invalid_argument(what + ": must be a contiguous CPU or CUDA tensor");
   }
+  const Device where = t.is_cuda() ? Device::cuda : Device::cpu;
+  const auto n = static_cast<std::size_t>(t.numel());
   switch (t.scalar_type()) {
-    case torch::kFloat: return buffer(t.data_ptr<float>(), static_cast<std::size_t>(t.numel()));
-    case torch::kDouble: return buffer(t.data_ptr<double>(), static_cast<std::size_t>(t.numel()));
-    case torch::kLong:
-      return buffer(t.data_ptr<std::int64_t>(), static_cast<std::size_t>(t.numel()));
+    case torch::kFloat: return Buffer{t.data_ptr<float>(), n, DType::f32, where};
+    case torch::kDouble: return Buffer{t.data_ptr<double>(), n, DType::f64, where};
+    case torch::kLong: return Buffer{t.data_ptr<std::int64_t>(), n, DType::i64, where};
     default:
       throw std::invalid_argument(what + ": tensors of type " +
                                   std::string(c10::toString(t.scalar_type())) +
                                   " cannot be registered (float32, float64 and int64 can)");
   }
 }
+
+// The stream LibTorch's work on `device` runs on: the collectives start after it and the
+// averaged gradients are used on it. Without LibTorch's CUDA headers in the build, the legacy
+// default stream (nullptr), which is LibTorch's unless a program picks another.
+void* torch_stream([[maybe_unused]] const torch::Device& device) {
+#if KF_HAVE_TORCH_CUDA
+  return c10::cuda::getCurrentCUDAStream(device.index()).stream();
+#else
+  return nullptr;
+#endif
+}
+
+torch::Tensor sum_of_squares(const torch::Tensor& t) { return t.square().sum(torch::kDouble); }
 
 }  // namespace
 
@@ -58,11 +79,19 @@ DistributedOptimizer::DistributedOptimizer(Session& session, torch::optim::Optim
     : session_(session), optimizer_(optimizer), options_(options) {
   for (auto& group : optimizer_.param_groups()) {
     for (auto& p : group.params()) {
-      if (p.scalar_type() != torch::kFloat || p.is_sparse() || p.device().type() != torch::kCPU ||
-          !p.is_contiguous()) {
+      if (p.scalar_type() != torch::kFloat || p.is_sparse() ||
+          (p.device().type() != torch::kCPU && !p.is_cuda()) || !p.is_contiguous()) {
         throw std::invalid_argument("DistributedOptimizer: parameter " +
                                     std::to_string(slots_.size()) +
-                                    " is not a dense, contiguous float32 CPU tensor");
+                                    " is not a dense, contiguous float32 CPU or CUDA tensor");
+      }
+      if (slots_.empty()) {
+        device_ = p.device();
+      } else if (p.device() != device_) {
+        throw std::invalid_argument("DistributedOptimizer: parameter " +
+                                    std::to_string(slots_.size()) + " is on " + p.device().str() +
+                                    ", parameter 0 on " + device_.str() +
+                                    " (all must be on one device)");
       }
       Slot s;
       s.param = p;
@@ -84,11 +113,21 @@ DistributedOptimizer::DistributedOptimizer(Session& session, torch::optim::Optim
     }
     Bucket& b = *buckets_.back();
     s.bucket = b.index;
-    s.offset = b.data.size();
+    s.offset = b.count;
     b.slots.push_back(i);
-    b.data.resize(b.data.size() + s.numel);
+    b.count += s.numel;
     bytes += size;
   }
+  on_device_ = device_.is_cuda();
+  for (auto& b : buckets_) {
+    if (on_device_) {
+      b->dev = torch::zeros({static_cast<std::int64_t>(b->count)},
+                            torch::TensorOptions().dtype(torch::kFloat).device(device_));
+    } else {
+      b->data.resize(b->count);
+    }
+  }
+  reset_step();
   for (std::size_t i = 0; i < slots_.size(); ++i) {
     slots_[i].hook = slots_[i].param.register_hook(
         [this, i](const torch::Tensor& grad) { on_gradient(i, grad); });
@@ -180,21 +219,46 @@ void DistributedOptimizer::reset_step() {
     b->handle = Handle();
   }
   local_sq_ = 0;
+  if (on_device_) {
+    local_sq_dev_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
+  }
   finite_ = true;
   started_any_ = false;
+}
+
+// A gradient into its bucket, weighted; this worker's |g|² taken on the way (on the device, a
+// scalar there until step()).
+void DistributedOptimizer::fill(Slot& s, Bucket& b, const torch::Tensor& grad, float w) {
+  if (on_device_) {
+    torch::Tensor dst =
+        b.dev.narrow(0, static_cast<std::int64_t>(s.offset), static_cast<std::int64_t>(s.numel));
+    if (!grad.defined()) {
+      dst.zero_();
+      return;
+    }
+    dst.copy_(grad.reshape({-1}));
+    dst.mul_(w);
+    local_sq_dev_.add_(sum_of_squares(grad));
+    return;
+  }
+  float* dst = b.data.data() + s.offset;
+  if (!grad.defined()) {
+    std::fill(dst, dst + s.numel, 0.0f);
+    return;
+  }
+  const torch::Tensor c = grad.contiguous();
+  const double sq = copy_scaled(std::span<const float>(c.data_ptr<float>(), s.numel),
+                                std::span<float>(dst, s.numel), w);
+  local_sq_ += sq;
+  if (!std::isfinite(sq)) finite_ = false;
 }
 
 void DistributedOptimizer::on_gradient(std::size_t index, const torch::Tensor& grad) {
   Slot& s = slots_[index];
   if (s.ready || !grad.defined()) return;  // a second backward in one step adds nothing here
   Bucket& b = *buckets_[s.bucket];
-  const torch::Tensor g = grad.contiguous();
   const float w = static_cast<float>(weight_ > 0 ? weight_ : 1.0 / session_.size());
-  // |g|² of this worker's gradient, taken in the copy into the bucket.
-  const double sq = copy_scaled(std::span<const float>(g.data_ptr<float>(), s.numel),
-                                std::span<float>(b.data.data() + s.offset, s.numel), w);
-  local_sq_ += sq;
-  if (!std::isfinite(sq)) finite_ = false;
+  fill(s, b, grad, w);
   s.ready = true;
   if (++b.ready == b.slots.size() && options_.overlap) start(b);
 }
@@ -204,9 +268,13 @@ void DistributedOptimizer::start(Bucket& b) {
     first_start_ = SteadyClock::now();
     started_any_ = true;
   }
-  b.handle = session_.peer().allreduce("kf.torch/" + std::to_string(b.index),
-                                       buffer(b.data.data(), b.data.size()),
-                                       buffer(b.data.data(), b.data.size()));
+  Buffer buf = buffer(b.data.data(), b.data.size());
+  CollOptions o;
+  if (on_device_) {
+    buf = Buffer{b.dev.data_ptr<float>(), b.count, DType::f32, Device::cuda};
+    o.stream = torch_stream(device_);
+  }
+  b.handle = session_.peer().allreduce("kf.torch/" + std::to_string(b.index), buf, buf, o);
   b.started = true;
 }
 
@@ -223,38 +291,47 @@ void DistributedOptimizer::step() {
     for (std::size_t i : b.slots) {
       Slot& s = slots_[i];
       if (s.ready) continue;
-      float* dst = b.data.data() + s.offset;
-      const torch::Tensor g = s.param.grad();
-      if (g.defined()) {
-        const torch::Tensor c = g.contiguous();
-        const double sq = copy_scaled(std::span<const float>(c.data_ptr<float>(), s.numel),
-                                      std::span<float>(dst, s.numel), w);
-        local_sq_ += sq;
-        if (!std::isfinite(sq)) finite_ = false;
-      } else {
-        std::fill(dst, dst + s.numel, 0.0f);
-      }
+      fill(s, b, s.param.grad(), w);
       s.ready = true;
     }
     start(b);
   }
   const auto wait_from = SteadyClock::now();
   std::size_t bytes = 0;
+  void* const stream = on_device_ ? torch_stream(device_) : nullptr;
   for (auto& b : buckets_) {
+    // On the device, what reads the average below waits for it on LibTorch's stream; the host
+    // wait is what reports a failed allreduce.
+    if (on_device_) b->handle.order_on(stream);
     b->handle.wait();
-    bytes += b->data.size() * sizeof(float);
+    bytes += b->count * sizeof(float);
   }
   const auto done = SteadyClock::now();
   exposed_ = done - wait_from;
   span_ = done - first_start_;
   // The average back into .grad; |ḡ|² in the same pass.
   double global_sq = 0;
+  torch::Tensor global_sq_dev;
+  if (on_device_) global_sq_dev = torch::zeros_like(local_sq_dev_);
   for (auto& s : slots_) {
     torch::Tensor& grad = s.param.mutable_grad();
     if (!grad.defined() || !grad.is_contiguous()) grad = torch::zeros_like(s.param);
     const Bucket& b = *buckets_[s.bucket];
-    global_sq += copy_scaled(std::span<const float>(b.data.data() + s.offset, s.numel),
-                             std::span<float>(grad.data_ptr<float>(), s.numel), 1.0f);
+    if (on_device_) {
+      grad.view({-1}).copy_(
+          b.dev.narrow(0, static_cast<std::int64_t>(s.offset), static_cast<std::int64_t>(s.numel)));
+      global_sq_dev.add_(sum_of_squares(grad));
+    } else {
+      global_sq += copy_scaled(std::span<const float>(b.data.data() + s.offset, s.numel),
+                               std::span<float>(grad.data_ptr<float>(), s.numel), 1.0f);
+    }
+  }
+  if (on_device_) {
+    // The norms: two scalars to the host, one copy.
+    const torch::Tensor both = torch::stack({local_sq_dev_, global_sq_dev}).to(torch::kCPU);
+    local_sq_ = both[0].item<double>();
+    global_sq = both[1].item<double>();
+    finite_ = std::isfinite(local_sq_);
   }
   session_.report_comm(span_.count(), static_cast<double>(bytes));
   if (local_samples_ > 0) {

@@ -68,9 +68,8 @@ class Baseline {
         const Buffer b{buf, count, DType::f32, Device::cuda};
         peer_.allreduce(name, b, b, o).wait();
       } else {
-        nccl_check("ncclAllReduce",
-                   ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm_,
-                                 static_cast<cudaStream_t>(stream_)));
+        nccl_check("ncclAllReduce", ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm_,
+                                                  static_cast<cudaStream_t>(stream_)));
         dev_.synchronize(stream_);
       }
       times.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
@@ -99,8 +98,9 @@ class Baseline {
   std::vector<double> across(std::vector<double> t) {
     CollOptions mx;
     mx.op = ReduceOp::max;
-    peer_.allreduce("nccl-baseline/max#" + std::to_string(seq_++), buffer(t.data(), t.size()),
-                    buffer(t.data(), t.size()), mx)
+    peer_
+        .allreduce("nccl-baseline/max#" + std::to_string(seq_++), buffer(t.data(), t.size()),
+                   buffer(t.data(), t.size()), mx)
         .wait();
     return t;
   }

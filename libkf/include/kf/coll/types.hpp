@@ -72,6 +72,12 @@ Buffer cuda_buffer(const T* p, std::size_t count) {
   return Buffer{const_cast<T*>(p), count, dtype_of<T>(), Device::cuda};
 }
 
+/// Copies src's bytes into dst, wherever each is: memcpy between host buffers; the CUDA runtime
+/// when either is on a device, after the work enqueued on the legacy default stream and before
+/// returning. Throws: std::invalid_argument when they differ in bytes;
+/// kf::Error(errc::device_error) when CUDA refuses or this build has none.
+void copy_buffer(const Buffer& dst, const Buffer& src);
+
 enum class CollOp : std::uint8_t {
   allreduce,
   broadcast,

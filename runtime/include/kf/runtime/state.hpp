@@ -22,9 +22,11 @@ class Peer;
 
 class State {
  public:
-  /// Registers `buf` (CPU memory, owned by the caller, alive as long as the state) under
-  /// `name`. Every worker must register the same names with the same shapes.
-  /// Throws: std::invalid_argument for a duplicate name or a device buffer.
+  /// Registers `buf` (host or CUDA memory, owned by the caller, alive as long as the state)
+  /// under `name`. Every worker must register the same names with the same shapes. A device
+  /// buffer's snapshot is kept in host memory (commit copies it out, after the work enqueued on
+  /// the legacy default stream; restore copies it back); sync broadcasts it on the device.
+  /// Throws: std::invalid_argument for a duplicate name.
   void add(const std::string& name, Buffer buf);
   /// A 64-bit counter owned by the state, created at 0 on first use. The reference stays valid
   /// (and sees restored and synced values) as long as the state lives.
@@ -62,6 +64,7 @@ class State {
     Buffer live;
     std::vector<std::byte> saved;
   };
+  static void put(Entry& e, const std::vector<std::byte>& bytes);
   std::map<std::string, Entry> buffers_;
   std::map<std::string, std::int64_t> counters_;
   std::map<std::string, std::int64_t> saved_counters_;

@@ -18,10 +18,18 @@
 //     opt.step();                                          // averaged gradients, then sgd.step()
 //   });
 //
-// Requirements: parameters are dense float32 CPU tensors; one backward per step (no gradient
-// accumulation); every worker builds the same model and optimizer (the same parameters in the
-// same order). Thread-safety: use from the training thread (LibTorch runs CPU backward, and so
-// the hooks, on the thread that calls backward()).
+// Requirements: parameters are dense float32 tensors, all on the CPU or all on one CUDA device;
+// one backward per step (no gradient accumulation); every worker builds the same model and
+// optimizer (the same parameters in the same order). Thread-safety: use from the training
+// thread (LibTorch runs CPU backward, and so the hooks, on the thread that calls backward(); CUDA
+// backward runs them on its device thread, and kf's collectives may be called from any thread).
+//
+// CUDA parameters: the buckets are on the device; each bucket's allreduce starts after the work
+// enqueued so far on LibTorch's current stream and runs beside the rest of backward (NCCL on kf's
+// own stream, or staging); the averaged gradients are written into .grad by work on LibTorch's
+// stream that waits for the allreduce; the gradient norms are computed on the device and reach
+// the host as two scalars per step. Without LibTorch's CUDA headers in the build
+// (KF_HAVE_TORCH_CUDA), the stream is the legacy default stream, LibTorch's default. docs/gpu.md.
 #pragma once
 
 #include <chrono>
@@ -48,7 +56,8 @@ struct DistributedOptimizerOptions {
 class DistributedOptimizer {
  public:
   /// Registers a gradient hook on every parameter of `optimizer`. Both must outlive this object.
-  /// Throws: std::invalid_argument when a parameter is not a dense float32 CPU tensor.
+  /// Throws: std::invalid_argument when a parameter is not a dense float32 tensor on the CPU or
+  /// on the same CUDA device as the others.
   DistributedOptimizer(Session& session, torch::optim::Optimizer& optimizer,
                        DistributedOptimizerOptions options = {});
   ~DistributedOptimizer();
@@ -93,6 +102,7 @@ class DistributedOptimizer {
   struct Slot;
 
   void on_gradient(std::size_t slot, const torch::Tensor& grad);
+  void fill(Slot& s, Bucket& b, const torch::Tensor& grad, float weight);
   void start(Bucket& bucket);
   void reset_step();
 
@@ -105,6 +115,9 @@ class DistributedOptimizer {
   double weight_ = 0;                  // local/global of this step; 0: 1/size
   std::int64_t local_samples_ = -1;
   double local_sq_ = 0;
+  torch::Device device_{torch::kCPU};
+  bool on_device_ = false;
+  torch::Tensor local_sq_dev_;  // CUDA parameters: Σ|g|² of this step, on the device
   bool finite_ = true;
   std::chrono::steady_clock::time_point first_start_{};
   bool started_any_ = false;
