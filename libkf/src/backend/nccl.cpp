@@ -128,7 +128,7 @@ std::shared_ptr<NcclBackend::Comm> NcclBackend::current() const {
   return comm_;
 }
 
-void NcclBackend::settle(Comm& c, const char* what, Ms limit) {
+void NcclBackend::settle(Comm& c, const char* what, Ms limit, bool watch_members) {
   const auto until = Clock::now() + limit;
   for (int polls = 0;; ++polls) {
     ncclResult_t state = ncclSuccess;
@@ -138,7 +138,7 @@ void NcclBackend::settle(Comm& c, const char* what, Ms limit) {
     if (state == ncclSuccess) return;
     if (state != ncclInProgress) throw_nccl(what, state, c.comm);
     // A peer that is gone never answers: look at the mesh now and then.
-    if (polls % 64 == 63) {
+    if (watch_members && polls % 64 == 63) {
       for (const Endpoint& e : hooks_.lost_peers()) {
         if (std::find(c.members.begin(), c.members.end(), e) != c.members.end()) {
           throw Error(make_error_code(errc::peer_lost),
@@ -206,8 +206,12 @@ std::shared_ptr<NcclBackend::Comm> NcclBackend::shrunk(Comm& old, const Cluster&
   c->version = cluster.version;
   c->rank = rank;
   for (const auto& w : cluster.workers) c->members.push_back(w.endpoint);
-  // After a loss the old communicator may still hold operations that wait for the dead peer.
-  const int flags = old.failed.load() ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
+  // A revoked communicator must be quiet before it is shrunk.
+  if (old.revoked) settle(old, "ncclCommRevoke", hooks_.init_timeout, /*watch_members=*/false);
+  // NCCL_SHRINK_ABORT ends whatever still runs on the old communicator (operations waiting for a
+  // dead peer). It is used for every shrink, not only after a loss: the flags must agree on
+  // every member, and whether a loss was seen while an operation ran differs between them.
+  const int flags = NCCL_SHRINK_ABORT;
   ncclConfig_t config = nonblocking_config();
   const ncclResult_t r = ncclCommShrink(old.comm, exclude.data(), static_cast<int>(exclude.size()),
                                         &c->comm, &config, flags);

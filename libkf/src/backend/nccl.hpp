@@ -4,7 +4,7 @@
 // One communicator per cluster version, made when the version's first device collective is
 // submitted: a version that only lost members shrinks the previous one (ncclCommShrink,
 // NCCL >= 2.27), any other makes a new one from a unique id that rank 0 broadcasts over kf's
-// own transport. Communicators are non-blocking (config.blocking = 0), so that no NCCL call
+// own transport (docs/gpu.md). Communicators are non-blocking (config.blocking = 0), so that no NCCL call
 // can hang: a watcher thread looks at the communicator's asynchronous error and at the mesh's
 // lost peers while collectives run, and revokes (NCCL >= 2.28) or aborts the communicator when
 // a peer is gone, which ends the collectives running on it with errc::peer_lost.
@@ -70,8 +70,10 @@ class NcclBackend {
   std::shared_ptr<Comm> comm_for(const Cluster& cluster, int rank);
   std::shared_ptr<Comm> fresh(const Cluster& cluster, int rank);
   std::shared_ptr<Comm> shrunk(Comm& old, const Cluster& cluster, int rank);
-  /// Waits until a non-blocking call on `c` is done. Throws: kf::Error.
-  void settle(Comm& c, const char* what, std::chrono::milliseconds limit);
+  /// Waits until a non-blocking call on `c` is done; gives up early when one of c's members is
+  /// lost (`watch_members`). Throws: kf::Error.
+  void settle(Comm& c, const char* what, std::chrono::milliseconds limit,
+              bool watch_members = true);
   std::shared_ptr<Comm> current() const;
   /// Marks `c` failed and stops what runs on it (revoke or abort).
   void fail_comm(Comm& c, std::error_code ec, const std::string& why);
