@@ -84,13 +84,8 @@ TEST(Elastic, SurvivesKillNineOfARandomWorkerAtARandomStep) {
     job.start(np, kArgs);
     const long at = std::uniform_int_distribution<long>(5, 300)(gen);
     ASSERT_TRUE(job.wait_progress(at)) << job.err();
-    const auto c = job.client().get_cluster();
-    const auto victim =
-        c.workers[std::uniform_int_distribution<std::size_t>(0, c.workers.size() - 1)(gen)]
-            .endpoint.str();
-    const pid_t pid = job.worker_pid(victim);
-    ASSERT_GT(pid, 0) << "no started event for " << victim;
-    ASSERT_EQ(::kill(pid, SIGKILL), 0);
+    const std::string victim = job.kill_random_worker(gen);
+    ASSERT_FALSE(victim.empty());
     ASSERT_TRUE(job.wait_size(np - 1)) << job.err();
     job.finish_soon();
     job.expect_clean_finish(job.wait(), np - 1);

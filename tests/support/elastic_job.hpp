@@ -191,6 +191,21 @@ class ElasticJob {
     EXPECT_EQ(hashes.size(), 1u) << "survivors differ:\n" << out();
   }
 
+  /// kill -9 of a worker of the current cluster drawn by `gen`: its endpoint, or empty (and a
+  /// test failure) when it has no started event or cannot be killed.
+  std::string kill_random_worker(std::mt19937& gen) const {
+    const auto c = client().get_cluster();
+    const auto victim =
+        c.workers[std::uniform_int_distribution<std::size_t>(0, c.workers.size() - 1)(gen)]
+            .endpoint.str();
+    const pid_t pid = worker_pid(victim);
+    if (pid <= 0 || ::kill(pid, SIGKILL) != 0) {
+      ADD_FAILURE() << "cannot kill " << victim << " (pid " << pid << ")";
+      return {};
+    }
+    return victim;
+  }
+
   pid_t worker_pid(const std::string& endpoint) const {
     for (const auto& e : events()) {
       if (e.type != "started" || e.worker != endpoint) continue;
@@ -234,13 +249,8 @@ inline void grow_then_kill(const std::string& name, const std::string& args, uns
   ASSERT_TRUE(job.wait_size(3)) << job.err();
   const long kill_at = job.progress() + std::uniform_int_distribution<long>(1, 60)(gen);
   ASSERT_TRUE(job.wait_progress(kill_at)) << job.err();
-  const auto c = job.client().get_cluster();
-  const auto victim =
-      c.workers[std::uniform_int_distribution<std::size_t>(0, c.workers.size() - 1)(gen)]
-          .endpoint.str();
-  const pid_t pid = job.worker_pid(victim);
-  ASSERT_GT(pid, 0) << "no started event for " << victim;
-  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  const std::string victim = job.kill_random_worker(gen);
+  ASSERT_FALSE(victim.empty());
   ASSERT_TRUE(job.wait_size(2)) << job.err();
   job.finish_soon();
   job.expect_clean_finish(job.wait(), 2);

@@ -154,6 +154,16 @@ void NcclBackend::settle(Comm& c, const char* what, Ms limit, bool watch_members
   }
 }
 
+void NcclBackend::settle_new(Comm& c, const char* what) {
+  try {
+    settle(c, what, hooks_.init_timeout);
+  } catch (...) {
+    if (c.comm) (void)ncclCommAbort(c.comm);
+    c.comm = nullptr;
+    throw;
+  }
+}
+
 std::shared_ptr<NcclBackend::Comm> NcclBackend::fresh(const Cluster& cluster, int rank) {
   const auto t0 = Clock::now();
   ncclUniqueId id{};
@@ -178,13 +188,7 @@ std::shared_ptr<NcclBackend::Comm> NcclBackend::fresh(const Cluster& cluster, in
   ncclConfig_t config = nonblocking_config();
   const ncclResult_t r = ncclCommInitRankConfig(&c->comm, cluster.size(), id, rank, &config);
   if (r != ncclSuccess && r != ncclInProgress) throw_nccl("ncclCommInitRankConfig", r);
-  try {
-    settle(*c, "ncclCommInitRankConfig", hooks_.init_timeout);
-  } catch (...) {
-    if (c->comm) (void)ncclCommAbort(c->comm);
-    c->comm = nullptr;
-    throw;
-  }
+  settle_new(*c, "ncclCommInitRankConfig");
   std::lock_guard<std::mutex> lk(comm_mu_);
   timings_.init_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   timings_.last_was_shrink = false;
@@ -216,13 +220,7 @@ std::shared_ptr<NcclBackend::Comm> NcclBackend::shrunk(Comm& old, const Cluster&
   const ncclResult_t r = ncclCommShrink(old.comm, exclude.data(), static_cast<int>(exclude.size()),
                                         &c->comm, &config, flags);
   if (r != ncclSuccess && r != ncclInProgress) throw_nccl("ncclCommShrink", r, old.comm);
-  try {
-    settle(*c, "ncclCommShrink", hooks_.init_timeout);
-  } catch (...) {
-    if (c->comm) (void)ncclCommAbort(c->comm);
-    c->comm = nullptr;
-    throw;
-  }
+  settle_new(*c, "ncclCommShrink");
   std::lock_guard<std::mutex> lk(comm_mu_);
   timings_.shrink_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   timings_.last_was_shrink = true;
@@ -379,12 +377,7 @@ void NcclBackend::run(std::shared_ptr<CollCtx> ctx, const Cluster& cluster) {
 }
 
 void NcclBackend::watch() {
-  pthread_setname_np(pthread_self(), "kf-nccl");
-  try {
-    api_->bind_thread();
-  } catch (const std::exception& e) {
-    KF_LOG(warn, "nccl", "{}", e.what());
-  }
+  start_device_thread(*api_, "kf-nccl");
   std::unique_lock<std::mutex> wl(watch_mu_);
   while (!stop_) {
     if (running_.load() == 0) {

@@ -4,12 +4,12 @@
 // One communicator per cluster version, made when the version's first device collective is
 // submitted: a version that only lost members shrinks the previous one (ncclCommShrink,
 // NCCL >= 2.27), any other makes a new one from a unique id that rank 0 broadcasts over kf's
-// own transport (docs/gpu.md). Communicators are non-blocking (config.blocking = 0), so that no NCCL call
-// can hang: a watcher thread looks at the communicator's asynchronous error and at the mesh's
-// lost peers while collectives run, and revokes (NCCL >= 2.28) or aborts the communicator when
-// a peer is gone, which ends the collectives running on it with errc::peer_lost.
-// Built only with NCCL (KF_HAVE_NCCL). Thread-safety: run() may be called from any thread;
-// calls are serialised, and must be made in the same order on every worker.
+// own transport (docs/gpu.md). Communicators are non-blocking (config.blocking = 0), so that no
+// NCCL call can hang: a watcher thread looks at the communicator's asynchronous error and at the
+// mesh's lost peers while collectives run, and revokes (NCCL >= 2.28) or aborts the communicator
+// when a peer is gone, which ends the collectives running on it with errc::peer_lost. Built only
+// with NCCL (KF_HAVE_NCCL). Thread-safety: run() may be called from any thread; calls are
+// serialised, and must be made in the same order on every worker.
 #pragma once
 
 #include <atomic>
@@ -74,6 +74,8 @@ class NcclBackend {
   /// lost (`watch_members`). Throws: kf::Error.
   void settle(Comm& c, const char* what, std::chrono::milliseconds limit,
               bool watch_members = true);
+  /// settle() for a communicator being made: aborted when it does not form.
+  void settle_new(Comm& c, const char* what);
   std::shared_ptr<Comm> current() const;
   /// Marks `c` failed and stops what runs on it (revoke or abort).
   void fail_comm(Comm& c, std::error_code ec, const std::string& why);

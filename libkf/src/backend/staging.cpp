@@ -265,12 +265,7 @@ void StagingBackend::start(std::shared_ptr<CollCtx> c) {
 }
 
 void StagingBackend::loop() {
-  pthread_setname_np(pthread_self(), "kf-stage");
-  try {
-    api_->bind_thread();
-  } catch (const std::exception& e) {
-    KF_LOG(warn, "staging", "{}", e.what());
-  }
+  start_device_thread(*api_, "kf-stage");
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
     cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });

@@ -50,6 +50,10 @@ class DeviceApi {
   virtual void bind_thread() = 0;
 };
 
+/// A thread of kf's own that works with `api`: named `name` (at most 15 characters) and bound
+/// to the API's device; a failure to bind is logged (the thread's calls then fail and say why).
+void start_device_thread(DeviceApi& api, const char* name) noexcept;
+
 /// The CUDA runtime on the calling thread's current device; nullptr, with the reason in `why`,
 /// when this build has no CUDA or no device can be used.
 std::shared_ptr<DeviceApi> cuda_device_api(std::string& why);

@@ -8,10 +8,12 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <pthread.h>
 #include <thread>
 
 #include "device/device_api.hpp"
 #include "kf/common/error.hpp"
+#include "kf/common/log.hpp"
 
 namespace kf::detail {
 
@@ -135,6 +137,15 @@ std::shared_ptr<DeviceApi>& override_api() {
 }
 
 }  // namespace
+
+void start_device_thread(DeviceApi& api, const char* name) noexcept {
+  pthread_setname_np(pthread_self(), name);
+  try {
+    api.bind_thread();
+  } catch (const std::exception& e) {
+    KF_LOG(warn, "device", "{}: {}", name, e.what());
+  }
+}
 
 std::shared_ptr<DeviceApi> standin_device_api() { return std::make_shared<StandinApi>(); }
 
