@@ -70,25 +70,58 @@ bool Session::form(const Cluster& target, const Cluster* previous, bool fresh, C
 void Session::invite_joiners(const Cluster& target, const Cluster& previous, bool fresh) {
   if (invited_version_ == target.version) return;
   invites_.clear();
+  invitees_.clear();
   nlohmann::json doc = {{"cluster", target.to_json()}, {"fresh", fresh}};
   const std::string payload = doc.dump();
   for (const auto& w : target.workers) {
     if (w.endpoint == peer_->endpoint() || contains(previous, w.endpoint)) continue;
     invites_.push_back(peer_->invite(w.endpoint, payload));
+    invitees_.push_back(w.endpoint);
   }
   invited_version_ = target.version;
 }
 
 bool Session::invites_delivered() {
-  for (auto& h : invites_) {
+  bool failed = false;
+  for (std::size_t i = 0; i < invites_.size(); ++i) {
+    Handle& h = invites_[i];
     if (!h.ready()) return false;
     if (h.wait_status()) {
-      KF_LOG(warn, "session", "{}", h.message());
-      invited_version_ = 0;  // try again at the next boundary
-      return false;
+      if (invites_failing_since_us_ == 0) {
+        KF_LOG(warn, "session", "{}", h.message());
+        invites_failing_since_us_ = now_us();
+      }
+      if (std::find(unreachable_.begin(), unreachable_.end(), invitees_[i]) == unreachable_.end()) {
+        unreachable_.push_back(invitees_[i]);
+      }
+      failed = true;
     }
   }
+  if (failed) {
+    invited_version_ = 0;  // try again at the next boundary
+    return false;
+  }
+  invites_failing_since_us_ = 0;
+  unreachable_.clear();
   return true;
+}
+
+bool Session::joiners_given_up() const {
+  return invites_failing_since_us_ > 0 &&
+         now_us() - invites_failing_since_us_ >
+             std::chrono::duration_cast<std::chrono::microseconds>(options_.joiner_timeout).count();
+}
+
+// Joiners that stayed unreachable past joiner_timeout: out of the document (compare-and-swap,
+// the same edit from every survivor), so that the next boundary moves on to a version without
+// them.
+void Session::drop_unreachable_joiners() {
+  KF_LOG(warn, "session", "{} (rank {}, v{}): joiners {} unreachable for over {} ms; removing them",
+         peer_->endpoint().str(), peer_->rank(), peer_->version(), join_endpoints(unreachable_),
+         options_.joiner_timeout.count());
+  remove_lost(unreachable_);
+  invites_failing_since_us_ = 0;
+  unreachable_.clear();
 }
 
 Session::Outcome Session::switch_to(const Cluster& target, ChangeRecord rec) {
@@ -149,7 +182,10 @@ Session::Outcome Session::recover(const std::exception& error) {
   pending_.reset();
   pending_record_.reset();
   invites_.clear();
+  invitees_.clear();
   invited_version_ = 0;
+  invites_failing_since_us_ = 0;
+  unreachable_.clear();
   return form_after_failure(std::move(rec));
 }
 

@@ -43,7 +43,11 @@ std::vector<std::int64_t> Session::pack_record(const RecordLayout& layout,
     rec.ready_version = pending_->version;
   } else if (pending_ && invited_version_ != pending_->version &&
              contains(*pending_, peer_->endpoint())) {
-    invite_joiners(*pending_, peer_->cluster(), false);  // a failed invitation: try again
+    if (joiners_given_up()) {
+      drop_unreachable_joiners();  // a newer version without them arrives at a later boundary
+    } else {
+      invite_joiners(*pending_, peer_->cluster(), false);  // a failed invitation: try again
+    }
   }
   std::vector<std::int64_t> words(layout.words(), 0);
   detail::pack(rec, metric_values_, layout, words);

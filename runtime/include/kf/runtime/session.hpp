@@ -59,6 +59,12 @@ struct SessionOptions {
   /// How long a worker waits for the running job to invite it (and a new job's rank 0 waits
   /// for the others to arrive) before join() fails.
   std::chrono::milliseconds join_timeout{std::chrono::minutes(10)};
+  /// A joiner that the survivors' invitations have failed to reach for this long (its process
+  /// died before the switch, or its host vanished with the agent that would report it) is
+  /// removed from the cluster by the survivors, as a lost member is, and the job goes on
+  /// without it. A joiner still starting up is not affected: an invitation waits up to the
+  /// peer's connect timeout for it.
+  std::chrono::milliseconds joiner_timeout{std::chrono::seconds(5)};
   /// Longest wait of one long-poll of the config service; also bounds how long the session's
   /// destructor waits for its watch thread.
   std::chrono::milliseconds watch_poll{500};
@@ -239,6 +245,8 @@ class Session {
   Cluster remove_lost(const std::vector<Endpoint>& lost);
   void invite_joiners(const Cluster& target, const Cluster& previous, bool fresh);
   bool invites_delivered();
+  bool joiners_given_up() const;
+  void drop_unreachable_joiners();
   void finish_change(ChangeRecord rec);
   void after_commit();
   void adopt_settings(const nlohmann::json& settings);
@@ -268,7 +276,12 @@ class Session {
   std::optional<Cluster> pending_;
   std::optional<ChangeRecord> pending_record_;
   std::vector<Handle> invites_;
+  std::vector<Endpoint> invitees_;  // whom invites_[i] invites
   std::uint64_t invited_version_ = 0;
+  // Since when (us) invitations of the pending version have failed, and to whom; 0: they have
+  // not.
+  std::int64_t invites_failing_since_us_ = 0;
+  std::vector<Endpoint> unreachable_;
   std::optional<ChangeRecord> resuming_;  ///< a change whose first step has not committed yet
   std::vector<ChangeRecord> changes_;
   double last_check_us_ = 0;

@@ -1,0 +1,291 @@
+// SPDX-License-Identifier: Apache-2.0
+// Elastic jobs across hosts (suite 'cluster'): three test hosts made by tests/cluster/hosts
+// (network namespaces on a bridge, each with its own address and hostname), the config service
+// on host 1, one `kfrun --watch` agent per host, elastic-worker processes. Workers on different
+// hosts talk over TCP between the namespaces. After each change the job must finish with every
+// remaining worker holding bitwise-identical parameters; the workers check that every sample of
+// each epoch was used once and that no commit was lost. Without the rights to make network
+// namespaces (not root, no iproute2) every test skips and says why.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kf/runtime/config_client.hpp"
+#include "support/elastic_job.hpp"
+#include "support/process.hpp"
+
+namespace kf::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+const std::string kArgs = "--samples 20000 --dim 32 --batch 64 --epochs 1000";
+
+// Test hosts for one test: made in the constructor, removed (with whatever still runs on them)
+// in the destructor, also when the test fails.
+class Hosts {
+ public:
+  Hosts(const std::string& name, int n) : name_(name), script_(env_or_empty("KF_CLUSTER_HOSTS")) {
+    const Ran r = run_shell(script_ + " up " + name_ + " " + std::to_string(n));
+    if (r.exit_code != 0) {
+      error_ = r.output;
+      return;
+    }
+    std::istringstream in(r.output);
+    for (std::string word, ns, address; in >> word >> ns;) {
+      if (word == "bridge") {
+        bridge_ = ns;
+        continue;
+      }
+      in >> address;
+      addresses_.push_back(address);
+    }
+  }
+  ~Hosts() { run_shell(script_ + " down " + name_); }
+  Hosts(const Hosts&) = delete;
+  Hosts& operator=(const Hosts&) = delete;
+
+  const std::string& error() const { return error_; }
+  /// Host i's address (1-based, like the hosts' names).
+  const std::string& address(int i) const { return addresses_.at(static_cast<std::size_t>(i - 1)); }
+  /// `command` (a shell command line) on host i.
+  std::string on(int i, const std::string& command) const {
+    return script_ + " exec " + name_ + " " + std::to_string(i) + " sh -c '" + command + "'";
+  }
+  Ran run(int i, const std::string& command) const { return run_shell(on(i, command)); }
+  /// Starts `command` on host i in the background, its output in `log`.
+  Child start(int i, const std::string& command, const std::filesystem::path& log) const {
+    return spawn({"/bin/sh", "-c", "exec " + on(i, command) + " > " + log.string() + " 2>&1"},
+                 {"KF_LOG_LEVEL=info"});
+  }
+  void vanish(int i) const { run_shell(script_ + " vanish " + name_ + " " + std::to_string(i)); }
+
+ private:
+  std::string name_, script_, error_, bridge_;
+  std::vector<std::string> addresses_;
+};
+
+// The job: the config service on host 1 and an agent on each host.
+class ClusterJob {
+ public:
+  ClusterJob(const Hosts& hosts, const std::string& name, int n_hosts) : hosts_(hosts) {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kf-cluster-" + name + "-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    std::ofstream(dir_ / "token") << "cluster-test-token\n";
+    url_ = "http://" + hosts.address(1) + ":7070";
+    server_ = hosts.start(1,
+                          env_or_empty("CONFIG_SERVER_EXE") + " --listen " + hosts.address(1) +
+                              ":7070 --token-file " + (dir_ / "token").string() + " --state " +
+                              (dir_ / "state.json").string(),
+                          dir_ / "server.log");
+    n_hosts_ = n_hosts;
+  }
+  ~ClusterJob() {
+    for (auto& c : agents_) stop(c);
+    stop(server_);
+    if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir_);
+  }
+  ClusterJob(const ClusterJob&) = delete;
+  ClusterJob& operator=(const ClusterJob&) = delete;
+
+  ConfigClient client() const { return ConfigClient(url_, "cluster-test-token"); }
+
+  /// One agent per host, host 1's with `np` initial workers.
+  void start_agents(int np, const std::string& args) {
+    const std::string worker = env_or_empty("KF_ELASTIC_WORKER") + " --progress-file " +
+                               (dir_ / "progress").string() + " " + args;
+    for (int i = 1; i <= n_hosts_; ++i) {
+      std::string cmd = env_or_empty("KFRUN") + " --watch --config-server " + url_ +
+                        " --job-token-file " + (dir_ / "token").string() + " --host " +
+                        hosts_.address(i) + " --slots 4 --leave-grace-ms 20000";
+      if (i == 1) cmd += " -np " + std::to_string(np);
+      agents_.push_back(hosts_.start(i, cmd + " -- " + worker, log(i)));
+    }
+  }
+  std::filesystem::path log(int host) const {
+    return dir_ / ("agent" + std::to_string(host) + ".log");
+  }
+  std::string logs() const {
+    std::string s;
+    for (int i = 1; i <= n_hosts_; ++i) s += "== host " + std::to_string(i) + "\n" + slurp(log(i));
+    return s + "== server\n" + slurp(dir_ / "server.log");
+  }
+
+  long progress() const {
+    std::ifstream in(dir_ / "progress");
+    long s = -1;
+    in >> s;
+    return in ? s : -1;
+  }
+  bool wait_progress(long past, std::chrono::milliseconds timeout = 60s) const {
+    return eventually([&] { return progress() > past; }, timeout);
+  }
+  /// `kf-member ARGS` run on host i.
+  Ran member(int i, const std::string& args) const {
+    return hosts_.run(i, env_or_empty("KF_MEMBER") + " --server " + url_ + " --token-file " +
+                             (dir_ / "token").string() + " " + args);
+  }
+  /// Workers of the current cluster per host address.
+  std::map<std::string, int> per_host() const {
+    std::map<std::string, int> m;
+    try {
+      for (const auto& w : client().get_cluster().workers) ++m[w.endpoint.host];
+    } catch (const std::exception&) {
+    }
+    return m;
+  }
+  /// Waits until the job switched to `n` workers: rank 0's "resized" event, not the document.
+  bool wait_size(int n, std::chrono::milliseconds timeout = 60s) const {
+    const std::string needle = "-> " + std::to_string(n) + " workers, ";
+    return eventually(
+        [&] {
+          try {
+            for (const auto& e : client().get_events()) {
+              if (e.type == "resized" && e.detail.find(needle) != std::string::npos) return true;
+            }
+          } catch (const std::exception&) {
+          }
+          return false;
+        },
+        timeout);
+  }
+  bool wait_workers(int n, std::chrono::milliseconds timeout = 60s) const {
+    return eventually(
+        [&] {
+          try {
+            return client().get_cluster().size() == n && progress() >= 0;
+          } catch (const std::exception&) {
+            return false;
+          }
+        },
+        timeout);
+  }
+  void finish_soon() {
+    ConfigClient c = client();
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      Cluster cur = c.get_cluster();
+      cur.settings["epochs"] = 1;
+      try {
+        c.put_cluster(cur);
+        return;
+      } catch (const ConflictError&) {
+      }
+    }
+    ADD_FAILURE() << "could not set the job's epochs";
+  }
+  /// Waits for the agents of hosts `alive` to exit; every one must exit 0.
+  void expect_agents_exit(const std::vector<int>& alive) {
+    for (int i : alive) {
+      auto st = wait_exit(agents_.at(static_cast<std::size_t>(i - 1)),
+                          std::chrono::steady_clock::now() + 120s);
+      agents_[static_cast<std::size_t>(i - 1)].pid = -1;
+      ASSERT_TRUE(st.has_value()) << "the agent of host " << i << " did not exit\n" << logs();
+      EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
+          << "the agent of host " << i << " exited with " << *st << "\n"
+          << logs();
+    }
+  }
+  /// The "final step=... workers=N hash=H" lines of every log: `workers` of them, one hash.
+  void expect_identical_finals(int workers) const {
+    const std::string all = logs();
+    EXPECT_EQ(all.find("BROKEN"), std::string::npos) << all;
+    std::set<std::string> hashes;
+    int finals = 0;
+    const std::regex re("final step=\\d+ workers=(\\d+) hash=([0-9a-f]+)");
+    for (auto it = std::sregex_iterator(all.begin(), all.end(), re); it != std::sregex_iterator();
+         ++it) {
+      ++finals;
+      EXPECT_EQ(std::stoi((*it)[1]), workers);
+      hashes.insert((*it)[2]);
+    }
+    EXPECT_EQ(finals, workers) << all;
+    EXPECT_EQ(hashes.size(), 1u) << "the workers finished with different parameters\n" << all;
+  }
+
+ private:
+  static void stop(Child& c) {
+    if (c.pid > 0) {
+      ::kill(c.pid, SIGKILL);
+      ::waitpid(c.pid, nullptr, 0);
+      c.pid = -1;
+    }
+    if (c.out_fd >= 0) ::close(c.out_fd);
+    c.out_fd = -1;
+  }
+  const Hosts& hosts_;
+  std::filesystem::path dir_;
+  std::string url_;
+  int n_hosts_ = 0;
+  Child server_;
+  std::vector<Child> agents_;
+};
+
+std::string unique_name(const char* what) {
+  return std::string(what) + std::to_string(::getpid() % 10000);
+}
+
+// 3 hosts: 2 workers start on host 1, `kf-member add --host` puts 2 on host 2 and 2 on host 3
+// (run on those hosts), then host 3 vanishes (its agent and workers killed at once): the 4
+// survivors on hosts 1 and 2 go on and finish with identical parameters.
+TEST(ClusterHosts, ElasticJobGrowsAcrossHostsAndSurvivesAHostVanishing) {
+  const Hosts hosts(unique_name("g"), 3);
+  if (!hosts.error().empty()) GTEST_SKIP() << "no test hosts here: " << hosts.error();
+  ClusterJob job(hosts, "grow", 3);
+  job.start_agents(2, kArgs);
+  ASSERT_TRUE(job.wait_progress(20)) << job.logs();
+  for (int host : {2, 3}) {
+    const Ran r = job.member(host, "add --host " + hosts.address(host) + " --count 2");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    ASSERT_TRUE(job.wait_size(2 * host)) << job.logs();
+    ASSERT_TRUE(job.wait_progress(job.progress() + 20)) << job.logs();
+  }
+  EXPECT_EQ(job.per_host(), (std::map<std::string, int>{
+                                {hosts.address(1), 2}, {hosts.address(2), 2}, {hosts.address(3), 2}}));
+  hosts.vanish(3);
+  ASSERT_TRUE(job.wait_workers(4)) << job.logs();
+  ASSERT_TRUE(job.wait_size(4)) << job.logs();
+  ASSERT_TRUE(job.wait_progress(job.progress() + 20)) << "training stopped\n" << job.logs();
+  EXPECT_EQ(job.per_host(),
+            (std::map<std::string, int>{{hosts.address(1), 2}, {hosts.address(2), 2}}));
+  job.finish_soon();
+  job.expect_agents_exit({1, 2});
+  job.expect_identical_finals(4);
+}
+
+// Joiners whose host vanishes (with the agent that would report them) before they joined: the
+// survivors give up on them after SessionOptions::joiner_timeout, remove them from the cluster,
+// and the job goes on at its old size.
+TEST(ClusterHosts, JoinersWhoseHostVanishesBeforeTheyJoinAreDropped) {
+  const Hosts hosts(unique_name("v"), 3);
+  if (!hosts.error().empty()) GTEST_SKIP() << "no test hosts here: " << hosts.error();
+  ClusterJob job(hosts, "vanish", 3);
+  job.start_agents(2, kArgs);
+  ASSERT_TRUE(job.wait_progress(20)) << job.logs();
+  Ran r = job.member(2, "add --host " + hosts.address(2) + " --count 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(job.wait_size(4)) << job.logs();
+  ASSERT_TRUE(job.wait_progress(job.progress() + 20)) << job.logs();
+  r = job.member(3, "add --host " + hosts.address(3) + " --count 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(job.wait_workers(6)) << job.logs();
+  hosts.vanish(3);
+  ASSERT_TRUE(job.wait_workers(4, 90s)) << job.logs();
+  ASSERT_TRUE(job.wait_progress(job.progress() + 20)) << "training stopped\n" << job.logs();
+  job.finish_soon();
+  job.expect_agents_exit({1, 2});
+  job.expect_identical_finals(4);
+}
+
+}  // namespace
+}  // namespace kf::test
