@@ -68,6 +68,9 @@ class Hosts {
                  {"KF_LOG_LEVEL=info"});
   }
   void vanish(int i) const { run_shell(script_ + " vanish " + name_ + " " + std::to_string(i)); }
+  void link(int i, bool up) const {
+    run_shell(script_ + " link " + name_ + " " + std::to_string(i) + (up ? " up" : " down"));
+  }
 
  private:
   std::string name_, script_, error_, bridge_;
@@ -231,6 +234,12 @@ class ClusterJob {
   std::vector<Child> agents_;
 };
 
+int count_of(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 std::string unique_name(const char* what) {
   return std::string(what) + std::to_string(::getpid() % 10000);
 }
@@ -250,8 +259,9 @@ TEST(ClusterHosts, ElasticJobGrowsAcrossHostsAndSurvivesAHostVanishing) {
     ASSERT_TRUE(job.wait_size(2 * host)) << job.logs();
     ASSERT_TRUE(job.wait_progress(job.progress() + 20)) << job.logs();
   }
-  EXPECT_EQ(job.per_host(), (std::map<std::string, int>{
-                                {hosts.address(1), 2}, {hosts.address(2), 2}, {hosts.address(3), 2}}));
+  EXPECT_EQ(job.per_host(),
+            (std::map<std::string, int>{
+                {hosts.address(1), 2}, {hosts.address(2), 2}, {hosts.address(3), 2}}));
   hosts.vanish(3);
   ASSERT_TRUE(job.wait_workers(4)) << job.logs();
   ASSERT_TRUE(job.wait_size(4)) << job.logs();
@@ -285,6 +295,37 @@ TEST(ClusterHosts, JoinersWhoseHostVanishesBeforeTheyJoinAreDropped) {
   job.finish_soon();
   job.expect_agents_exit({1, 2});
   job.expect_identical_finals(4);
+}
+
+// Host 2's link goes down for a while: the others lose its workers within the heartbeat
+// timeout and go on without them; host 2's workers cannot reach the config service, so they
+// form no job of their own. When the link comes back they find themselves removed and leave.
+TEST(ClusterHosts, AHostCutOffIsDroppedAndItsWorkersLeaveWhenItReturns) {
+  const Hosts hosts(unique_name("l"), 3);
+  if (!hosts.error().empty()) GTEST_SKIP() << "no test hosts here: " << hosts.error();
+  ClusterJob job(hosts, "link", 3);
+  job.start_agents(2, kArgs);
+  ASSERT_TRUE(job.wait_progress(20)) << job.logs();
+  for (int host : {2, 3}) {
+    const Ran r = job.member(host, "add --host " + hosts.address(host) + " --count 2");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    ASSERT_TRUE(job.wait_size(2 * host)) << job.logs();
+  }
+  ASSERT_TRUE(job.wait_progress(job.progress() + 20)) << job.logs();
+  hosts.link(2, false);
+  ASSERT_TRUE(job.wait_size(4)) << job.logs();
+  ASSERT_TRUE(job.wait_progress(job.progress() + 50)) << "training stopped\n" << job.logs();
+  EXPECT_EQ(job.per_host(),
+            (std::map<std::string, int>{{hosts.address(1), 2}, {hosts.address(3), 2}}));
+  hosts.link(2, true);
+  ASSERT_TRUE(job.wait_progress(job.progress() + 50)) << job.logs();
+  job.finish_soon();
+  job.expect_agents_exit({1, 2, 3});
+  job.expect_identical_finals(4);
+  // Host 2's workers learnt that they were removed and left; they trained in no other job.
+  const std::string h2 = slurp(job.log(2));
+  EXPECT_EQ(count_of(h2, "] left step "), 2) << h2;
+  EXPECT_EQ(h2.find("final step="), std::string::npos) << h2;
 }
 
 }  // namespace
