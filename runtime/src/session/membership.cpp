@@ -119,7 +119,7 @@ void Session::drop_unreachable_joiners() {
   KF_LOG(warn, "session", "{} (rank {}, v{}): joiners {} unreachable for over {} ms; removing them",
          peer_->endpoint().str(), peer_->rank(), peer_->version(), join_endpoints(unreachable_),
          options_.joiner_timeout.count());
-  remove_lost(unreachable_);
+  remove_lost(unreachable_, /*edit_newer=*/true);  // the joiners are in a newer version
   invites_failing_since_us_ = 0;
   unreachable_.clear();
 }
@@ -227,11 +227,12 @@ Session::Outcome Session::form_after_failure(ChangeRecord rec) {
 }
 
 // Writes "the cluster without `lost`" to the config service by compare-and-swap, re-reading on a
-// conflict, and returns the document to form next: the stored one, or a newer one that already
-// lacks them. When nothing is to be removed (a silent timeout, a peer that moved on), the version
-// is still moved past the current one, so that the survivors form a version none of them has
-// used. Waits for the service while it is unreachable.
-Cluster Session::remove_lost(const std::vector<Endpoint>& lost) {
+// conflict, and returns the document to form next: the stored one, or a newer one, which is
+// formed as it is (unless `edit_newer`): the survivors that wrote it handled the failure. When
+// nothing is to be removed (a silent timeout, a peer that moved on), the version is still moved
+// past the current one, so that the survivors form a version none of them has used. Waits for the
+// service while it is unreachable.
+Cluster Session::remove_lost(const std::vector<Endpoint>& lost, bool edit_newer) {
   ConfigClient client(link_->url(), link_->token());
   std::chrono::milliseconds backoff{50};
   bool said_down = false;
@@ -239,6 +240,14 @@ Cluster Session::remove_lost(const std::vector<Endpoint>& lost) {
     try {
       Cluster current = client.get_cluster();
       for (;;) {
+        if (!edit_newer && current.version > peer_->version()) {
+          // The others moved past the version this worker failed in: they handled the failure,
+          // and this worker may be the one that was cut off (its "lost" peers alive). Form what
+          // they wrote, or leave when it lacks this worker; never remove peers that only this
+          // worker lost from a document it has not seen.
+          link_->offer(current);
+          return current;
+        }
         Cluster next = current;
         std::erase_if(next.workers, [&](const WorkerSpec& w) {
           return std::find(lost.begin(), lost.end(), w.endpoint) != lost.end();

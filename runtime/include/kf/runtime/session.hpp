@@ -242,7 +242,10 @@ class Session {
   Outcome form_after_failure(ChangeRecord rec);
   bool form(const Cluster& target, const Cluster* previous, bool fresh, ChangeRecord& rec);
   Outcome switch_to(const Cluster& target, ChangeRecord rec);
-  Cluster remove_lost(const std::vector<Endpoint>& lost);
+  /// The cluster without `lost`, written by compare-and-swap (runtime/src/session/membership.cpp).
+  /// `edit_newer`: the edit may apply to a document newer than this worker's version (joiners
+  /// of a pending version); otherwise a newer document is formed as it is.
+  Cluster remove_lost(const std::vector<Endpoint>& lost, bool edit_newer = false);
   void invite_joiners(const Cluster& target, const Cluster& previous, bool fresh);
   bool invites_delivered();
   bool joiners_given_up() const;
