@@ -68,6 +68,11 @@ class Hosts {
                  {"KF_LOG_LEVEL=info"});
   }
   void vanish(int i) const { run_shell(script_ + " vanish " + name_ + " " + std::to_string(i)); }
+  /// Drops all traffic between the hosts of `a` and those of `b` ("1", "2 3").
+  Ran partition(const std::string& a, const std::string& b) const {
+    return run_shell(script_ + " partition " + name_ + " '" + a + "' '" + b + "'");
+  }
+  void heal() const { run_shell(script_ + " heal " + name_); }
   void link(int i, bool up) const {
     run_shell(script_ + " link " + name_ + " " + std::to_string(i) + (up ? " up" : " down"));
   }
@@ -326,6 +331,42 @@ TEST(ClusterHosts, AHostCutOffIsDroppedAndItsWorkersLeaveWhenItReturns) {
   const std::string h2 = slurp(job.log(2));
   EXPECT_EQ(count_of(h2, "] left step "), 2) << h2;
   EXPECT_EQ(h2.find("final step="), std::string::npos) << h2;
+}
+
+// A partition: host 1 (with the config service and 2 workers) on one side, hosts 2 and 3 (4
+// workers, the larger group) on the other. The side that reaches the service goes on; the other
+// cannot agree on a successor cluster, forms no job of its own, and its workers stop once the
+// service has been unreachable for KF_SERVICE_TIMEOUT_MS. No worker of that side finishes.
+TEST(ClusterHosts, APartitionLeavesOneJobOnTheSideOfTheService) {
+  const Hosts hosts(unique_name("p"), 3);
+  if (!hosts.error().empty()) GTEST_SKIP() << "no test hosts here: " << hosts.error();
+  setenv("KF_SERVICE_TIMEOUT_MS", "3000", 1);
+  ClusterJob job(hosts, "partition", 3);
+  job.start_agents(2, kArgs);
+  ASSERT_TRUE(job.wait_progress(20)) << job.logs();
+  for (int host : {2, 3}) {
+    const Ran r = job.member(host, "add --host " + hosts.address(host) + " --count 2");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    ASSERT_TRUE(job.wait_size(2 * host)) << job.logs();
+  }
+  ASSERT_TRUE(job.wait_progress(job.progress() + 20)) << job.logs();
+  const Ran cut = hosts.partition("1", "2 3");
+  if (cut.exit_code != 0) GTEST_SKIP() << "cannot partition here: " << cut.output;
+  ASSERT_TRUE(job.wait_size(2)) << job.logs();
+  ASSERT_TRUE(job.wait_progress(job.progress() + 50)) << "training stopped\n" << job.logs();
+  // The other side's four workers stop (the heartbeat, then KF_SERVICE_TIMEOUT_MS).
+  const auto stopped = [&](int host) { return count_of(slurp(job.log(host)), "kfrun: failed "); };
+  EXPECT_TRUE(eventually([&] { return stopped(2) == 2 && stopped(3) == 2; }, 30s)) << job.logs();
+  for (int host : {2, 3}) {
+    EXPECT_NE(slurp(job.log(host)).find("unreachable for 3000 ms during recovery"),
+              std::string::npos)
+        << job.logs();
+  }
+  hosts.heal();
+  job.finish_soon();
+  job.expect_agents_exit({1});
+  job.expect_identical_finals(2);
+  unsetenv("KF_SERVICE_TIMEOUT_MS");
 }
 
 }  // namespace

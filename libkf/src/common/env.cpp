@@ -65,6 +65,10 @@ void read_session_variables(Env& e) {
   e.metrics_host = get(env::kMetricsHost);
   e.metrics_jsonl = get(env::kMetricsJsonl);
   e.metrics_every = get_integer(env::kMetricsEvery, 1, kMax, "an integer >= 1");
+  if (auto v =
+          get_integer(env::kServiceTimeoutMs, 1, 86'400'000, "a positive number of milliseconds")) {
+    e.service_timeout = std::chrono::milliseconds(*v);
+  }
 }
 
 }  // namespace

@@ -46,6 +46,7 @@ void apply_environment(const Env& e, PeerOptions& peer, SessionOptions& session)
   if (e.metrics_host) session.metrics_host = *e.metrics_host;
   if (e.metrics_jsonl) session.metrics_jsonl = e.metrics_jsonl;
   if (e.metrics_every) session.metrics_every = *e.metrics_every;
+  if (e.service_timeout) session.service_timeout = *e.service_timeout;
 }
 
 }  // namespace

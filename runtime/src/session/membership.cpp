@@ -231,11 +231,12 @@ Session::Outcome Session::form_after_failure(ChangeRecord rec) {
 // formed as it is (unless `edit_newer`): the survivors that wrote it handled the failure. When
 // nothing is to be removed (a silent timeout, a peer that moved on), the version is still moved
 // past the current one, so that the survivors form a version none of them has used. Waits for the
-// service while it is unreachable.
+// service while it is unreachable, up to SessionOptions::service_timeout.
 Cluster Session::remove_lost(const std::vector<Endpoint>& lost, bool edit_newer) {
   ConfigClient client(link_->url(), link_->token());
   std::chrono::milliseconds backoff{50};
   bool said_down = false;
+  SteadyClock::time_point down_since{};
   for (;;) {
     try {
       Cluster current = client.get_cluster();
@@ -277,10 +278,20 @@ Cluster Session::remove_lost(const std::vector<Endpoint>& lost, bool edit_newer)
     } catch (const Error& e) {
       if (e.code() != errc::service_unavailable) throw;
       if (!said_down) {
-        KF_LOG(warn, "session", "{}: config service unreachable during recovery ({}); waiting",
-               peer_->endpoint().str(), e.what());
+        KF_LOG(warn, "session",
+               "{}: config service unreachable during recovery ({}); waiting up to {} ms",
+               peer_->endpoint().str(), e.what(), options_.service_timeout.count());
+        down_since = SteadyClock::now();
       }
       said_down = true;
+      if (SteadyClock::now() - down_since > options_.service_timeout) {
+        throw Error(make_error_code(errc::service_unavailable),
+                    "Session: the config service was unreachable for " +
+                        std::to_string(options_.service_timeout.count()) +
+                        " ms during recovery: stopping this worker (the workers that reach the "
+                        "service go on without it); last: " +
+                        e.what());
+      }
       std::this_thread::sleep_for(backoff);  // retry pacing while the service is down
       backoff = std::min(backoff * 2, std::chrono::milliseconds{1000});
     }

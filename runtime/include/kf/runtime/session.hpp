@@ -65,6 +65,11 @@ struct SessionOptions {
   /// without it. A joiner still starting up is not affected: an invitation waits up to the
   /// peer's connect timeout for it.
   std::chrono::milliseconds joiner_timeout{std::chrono::seconds(5)};
+  /// How long a recovery waits for an unreachable config service before this worker stops with
+  /// errc::service_unavailable (KF_SERVICE_TIMEOUT_MS). A worker cut off from the service cannot
+  /// agree on a successor cluster; the workers that reach the service go on without it, so it
+  /// stops instead of waiting for ever (never a second job beside theirs).
+  std::chrono::milliseconds service_timeout{std::chrono::seconds(60)};
   /// Longest wait of one long-poll of the config service; also bounds how long the session's
   /// destructor waits for its watch thread.
   std::chrono::milliseconds watch_poll{500};
