@@ -130,14 +130,21 @@ class ClusterJob {
     return s + "== server\n" + slurp(dir_ / "server.log");
   }
 
-  long progress() const {
-    std::ifstream in(dir_ / "progress");
-    long s = -1;
-    in >> s;
-    return in ? s : -1;
-  }
+  long progress() const { return read_progress(dir_ / "progress"); }
   bool wait_progress(long past, std::chrono::milliseconds timeout = 60s) const {
     return eventually([&] { return progress() > past; }, timeout);
+  }
+  /// 2 workers on host 1, then `kf-member add --host` run on hosts 2 and 3 (2 workers each),
+  /// each grow in effect before the next; then 20 more steps.
+  void grow_to_two_per_host() {
+    start_agents(2, kArgs);
+    ASSERT_TRUE(wait_progress(20)) << logs();
+    for (int host = 2; host <= n_hosts_; ++host) {
+      const Ran r = member(host, "add --host " + hosts_.address(host) + " --count 2");
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      ASSERT_TRUE(wait_size(2 * host)) << logs();
+    }
+    ASSERT_TRUE(wait_progress(progress() + 20)) << logs();
   }
   /// `kf-member ARGS` run on host i.
   Ran member(int i, const std::string& args) const {
@@ -256,14 +263,8 @@ TEST(ClusterHosts, ElasticJobGrowsAcrossHostsAndSurvivesAHostVanishing) {
   const Hosts hosts(unique_name("g"), 3);
   if (!hosts.error().empty()) GTEST_SKIP() << "no test hosts here: " << hosts.error();
   ClusterJob job(hosts, "grow", 3);
-  job.start_agents(2, kArgs);
-  ASSERT_TRUE(job.wait_progress(20)) << job.logs();
-  for (int host : {2, 3}) {
-    const Ran r = job.member(host, "add --host " + hosts.address(host) + " --count 2");
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    ASSERT_TRUE(job.wait_size(2 * host)) << job.logs();
-    ASSERT_TRUE(job.wait_progress(job.progress() + 20)) << job.logs();
-  }
+  job.grow_to_two_per_host();
+  if (HasFatalFailure()) return;
   EXPECT_EQ(job.per_host(),
             (std::map<std::string, int>{
                 {hosts.address(1), 2}, {hosts.address(2), 2}, {hosts.address(3), 2}}));
@@ -309,14 +310,8 @@ TEST(ClusterHosts, AHostCutOffIsDroppedAndItsWorkersLeaveWhenItReturns) {
   const Hosts hosts(unique_name("l"), 3);
   if (!hosts.error().empty()) GTEST_SKIP() << "no test hosts here: " << hosts.error();
   ClusterJob job(hosts, "link", 3);
-  job.start_agents(2, kArgs);
-  ASSERT_TRUE(job.wait_progress(20)) << job.logs();
-  for (int host : {2, 3}) {
-    const Ran r = job.member(host, "add --host " + hosts.address(host) + " --count 2");
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    ASSERT_TRUE(job.wait_size(2 * host)) << job.logs();
-  }
-  ASSERT_TRUE(job.wait_progress(job.progress() + 20)) << job.logs();
+  job.grow_to_two_per_host();
+  if (HasFatalFailure()) return;
   hosts.link(2, false);
   ASSERT_TRUE(job.wait_size(4)) << job.logs();
   ASSERT_TRUE(job.wait_progress(job.progress() + 50)) << "training stopped\n" << job.logs();
@@ -342,14 +337,8 @@ TEST(ClusterHosts, APartitionLeavesOneJobOnTheSideOfTheService) {
   if (!hosts.error().empty()) GTEST_SKIP() << "no test hosts here: " << hosts.error();
   setenv("KF_SERVICE_TIMEOUT_MS", "3000", 1);
   ClusterJob job(hosts, "partition", 3);
-  job.start_agents(2, kArgs);
-  ASSERT_TRUE(job.wait_progress(20)) << job.logs();
-  for (int host : {2, 3}) {
-    const Ran r = job.member(host, "add --host " + hosts.address(host) + " --count 2");
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    ASSERT_TRUE(job.wait_size(2 * host)) << job.logs();
-  }
-  ASSERT_TRUE(job.wait_progress(job.progress() + 20)) << job.logs();
+  job.grow_to_two_per_host();
+  if (HasFatalFailure()) return;
   const Ran cut = hosts.partition("1", "2 3");
   if (cut.exit_code != 0) GTEST_SKIP() << "cannot partition here: " << cut.output;
   ASSERT_TRUE(job.wait_size(2)) << job.logs();

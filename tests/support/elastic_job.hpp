@@ -51,6 +51,15 @@ inline bool eventually(const std::function<bool()>& condition, std::chrono::mill
   return condition();
 }
 
+/// The committed step count a worker wrote to `path` (elastic-worker --progress-file), -1 before
+/// the first.
+inline long read_progress(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  long s = -1;
+  in >> s;
+  return in ? s : -1;
+}
+
 class ElasticJob {
  public:
   explicit ElasticJob(const std::string& name) {
@@ -96,12 +105,7 @@ class ElasticJob {
   }
 
   /// Committed steps so far (rank 0 writes them after each step), -1 before the first.
-  long progress() const {
-    std::ifstream in(dir_ / "progress");
-    long s = -1;
-    in >> s;
-    return in ? s : -1;
-  }
+  long progress() const { return read_progress(dir_ / "progress"); }
 
   bool wait_progress(long past, std::chrono::milliseconds timeout = 60s) const {
     return eventually([&] { return progress() > past; }, timeout);
