@@ -2,7 +2,9 @@
 // DeviceApi over the CUDA runtime (device_api.hpp). Built into every libkf; without CUDA in the
 // build, cuda_device_api says so. The device is the one current on the thread that first asks
 // (cudaGetDevice); kf's own threads bind to it.
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "config.hpp"
@@ -119,7 +121,14 @@ std::shared_ptr<DeviceApi> cuda_device_api(std::string& why) {
     why = std::string("cudaGetDevice: ") + cudaGetErrorString(e);
     return nullptr;
   }
-  return std::make_shared<CudaApi>(device);
+  // One per device, made once: kf::copy_buffer asks for every device buffer of every commit, and
+  // making one reads the device's properties.
+  static std::mutex mu;
+  static std::map<int, std::shared_ptr<DeviceApi>> made;
+  std::lock_guard<std::mutex> lk(mu);
+  auto& api = made[device];
+  if (!api) api = std::make_shared<CudaApi>(device);
+  return api;
 }
 
 #else
