@@ -60,8 +60,9 @@ PeerOptions Peer::options_from(const Env& e) {
   if (algo) {
     auto a = parse_algorithm(*algo);
     if (!a) {
-      throw std::invalid_argument(source + "='" + *algo +
-                                  "' is not one of auto, star, ring, tree, clique, rhd");
+      throw std::invalid_argument(
+          source + "='" + *algo +
+          "' is not one of auto, star, ring, tree, clique, rhd, hierarchical");
     }
     o.default_algorithm = *a;
   }

@@ -3,6 +3,7 @@
 // runs its loop, and adopts cluster versions. Collectives are submitted in backend/submit.cpp.
 #include "peer_impl.hpp"
 
+#include <algorithm>
 #include <future>
 #include <stdexcept>
 
@@ -130,7 +131,27 @@ void PeerImpl::update(const Cluster& c) {
   // With more workers than cores it yields the core between polls, so that the worker whose
   // turn it is gets it (pause-polling there measured slower than sleeping; yield-polling faster).
   std::size_t local = 0;
-  for (const auto& w : c.workers) local += mesh_.on_this_host(w.endpoint) ? 1 : 0;
+  std::vector<std::string> host_names{""};  // "" is this host
+  std::vector<int> host_of_rank;
+  std::vector<int> per_host{0};
+  for (const auto& w : c.workers) {
+    const bool here = mesh_.on_this_host(w.endpoint);
+    local += here ? 1 : 0;
+    const std::string name = here ? std::string() : w.endpoint.host;
+    auto it = std::find(host_names.begin(), host_names.end(), name);
+    if (it == host_names.end()) {
+      host_names.push_back(name);
+      per_host.push_back(0);
+      it = host_names.end() - 1;
+    }
+    const auto h = static_cast<std::size_t>(it - host_names.begin());
+    host_of_rank.push_back(static_cast<int>(h));
+    ++per_host[h];
+  }
+  host_of_rank_ = std::make_shared<const std::vector<int>>(std::move(host_of_rank));
+  topology_ = coll::Topology{static_cast<int>(per_host.size()),
+                             *std::min_element(per_host.begin(), per_host.end()),
+                             *std::max_element(per_host.begin(), per_host.end())};
   const bool crowded = local > usable_cores();
   same_host_link_ = opts_.transport == Transport::automatic && local == c.workers.size();
   auto spin = opts_.spin ? *opts_.spin : crowded ? kCrowdedSpin : kDefaultSpin;

@@ -17,6 +17,7 @@
 #include "driver/driver.hpp"
 #include "engine/collective.hpp"
 #include "engine/engine.hpp"
+#include "kf/coll/cost_model.hpp"
 #include "kf/peer.hpp"
 #include "mailbox/mailbox.hpp"
 #include "mesh/mesh.hpp"
@@ -57,6 +58,10 @@ class PeerImpl {
   // coll::kSameHostLink instead of the TCP-sized defaults.
   bool same_host_link_ = false;
   std::shared_ptr<const std::vector<int>> rank_to_peer_;
+  // The host of each rank (equal numbers: one host; this host is 0), for hierarchical plans,
+  // and how the workers spread over hosts, for `auto`.
+  std::shared_ptr<const std::vector<int>> host_of_rank_;
+  coll::Topology topology_;
 
  private:
   /// Completes `c` at once with invalid_argument and `why`; its handle.

@@ -124,7 +124,7 @@ void PolicyContext::set_learning_rate(double lr, std::string_view why) {
 void PolicyContext::set_algorithm(std::string_view algorithm, std::string_view why) {
   if (!parse_algorithm(algorithm)) {
     throw std::invalid_argument(policy_ + ": set_algorithm('" + std::string(algorithm) +
-                                "'): not one of auto, star, ring, tree, clique, rhd");
+                                "'): not one of auto, star, ring, tree, clique, rhd, hierarchical");
   }
   proposal_.algorithm = std::string(algorithm);
   note("algorithm=" + std::string(algorithm), why);

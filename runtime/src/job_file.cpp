@@ -459,7 +459,7 @@ void read_root(const Reader& r, const Value& root, JobFile& job) {
   if (const Value* name = find(job_fields, "name")) job.name = r.string(*name);
   if (const Value* v = find(f, "workers")) read_workers(r, *v, job.workers);
   if (const Value* v = find(f, "algorithm")) {
-    const std::string expectation = "one of auto, star, ring, tree, clique, rhd";
+    const std::string expectation = "one of auto, star, ring, tree, clique, rhd, hierarchical";
     const auto a = r.kind(*v) == Kind::string ? parse_algorithm(v->node.Scalar()) : std::nullopt;
     if (!a) r.expected(*v, expectation);
     job.algorithm = *a;

@@ -279,6 +279,30 @@ TEST(ClusterHosts, ElasticJobGrowsAcrossHostsAndSurvivesAHostVanishing) {
   job.expect_identical_finals(4);
 }
 
+// kf-bench across 3 hosts x 2 workers, ranks dealt round-robin over the hosts: the
+// hierarchical allreduce is correct at every size (kf-bench checks every result on every
+// worker), through lanes and split frames, and `auto` takes it for a large allreduce across hosts
+// with several workers each. Speed is measured by the same script by hand, not here.
+TEST(ClusterHosts, HierarchicalAllreduceAcrossHosts) {
+  const Ran check = run_shell(env_or_empty("KF_CLUSTER_HOSTS") + " check");
+  if (check.exit_code != 0) GTEST_SKIP() << "no test hosts here: " << check.output;
+  const Ran r =
+      run_shell("KF_SPIN_US=0 " + env_or_empty("KF_CLUSTER_BENCH") + " --name " + unique_name("b") +
+                " --order interleaved --kf-bench " + env_or_empty("KF_BENCH") +
+                " -- allreduce --algo hierarchical,auto --sizes 4,4K,1M,9M --iters 3 "
+                "--warmup 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::istringstream in(r.output);
+  int rows = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    ++rows;
+    EXPECT_NE(line.find(" true"), std::string::npos) << line;
+  }
+  EXPECT_EQ(rows, 8) << r.output;
+  EXPECT_NE(r.output.find("auto(hierarchical)      1048576"), std::string::npos) << r.output;
+}
+
 // Joiners whose host vanishes (with the agent that would report them) before they joined: the
 // survivors give up on them after SessionOptions::joiner_timeout, remove them from the cluster,
 // and the job goes on at its old size.

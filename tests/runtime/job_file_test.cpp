@@ -275,7 +275,8 @@ TEST(JobFile, WrongTypeSaysWhatWasExpectedAndWhatWasGiven) {
   EXPECT_EQ(std::string(error_of("job: {}\npolicies:\n  - name: p\n    params: [1]\n").what()),
             "job.yaml:4: policies[0].params: must be a mapping of parameters, got a sequence");
   EXPECT_EQ(std::string(error_of("job: {}\nalgorithm: allgather\n").what()),
-            "job.yaml:2: algorithm: must be one of auto, star, ring, tree, clique, rhd, got "
+            "job.yaml:2: algorithm: must be one of auto, star, ring, tree, clique, rhd, "
+            "hierarchical, got "
             "\"allgather\"");
   EXPECT_EQ(std::string(error_of("- job\n").what()),
             "job.yaml:1: must be a mapping of the job file's keys (job, workers, algorithm, ...), "

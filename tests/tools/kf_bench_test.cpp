@@ -108,7 +108,7 @@ TEST_F(KfBench, AllreduceOverEveryAlgorithmIsCorrect) {
       2, {"allreduce", "--algo", "all", "--sizes", "4,1K,65537", "--iters", "3", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const auto rows = rows_of(r.out);
-  ASSERT_EQ(rows.size(), 18u) << r.out;
+  ASSERT_EQ(rows.size(), 21u) << r.out;
   std::set<std::string> algos;
   std::set<std::size_t> bytes;
   for (const auto& row : rows) {
@@ -123,7 +123,8 @@ TEST_F(KfBench, AllreduceOverEveryAlgorithmIsCorrect) {
     algos.insert(algo.rfind("auto(", 0) == 0 ? "auto" : algo);
     bytes.insert(row.value("bytes", std::size_t{0}));
   }
-  EXPECT_EQ(algos, (std::set<std::string>{"star", "ring", "tree", "clique", "rhd", "auto"}));
+  EXPECT_EQ(algos, (std::set<std::string>{"star", "ring", "tree", "clique", "rhd", "hierarchical",
+                                          "auto"}));
   EXPECT_EQ(bytes, (std::set<std::size_t>{4, 1024, 65536}));  // 65537 rounds down to floats
 }
 
@@ -132,7 +133,7 @@ TEST_F(KfBench, ReduceScatterAndGatherAreCorrectOnThreeWorkers) {
                                     "avg", "--sizes", "2,4099", "--iters", "2", "--json"});
   ASSERT_EQ(rs.exit_code, 0) << rs.out << rs.err;
   auto rows = rows_of(rs.out);
-  ASSERT_EQ(rows.size(), 12u) << rs.out;
+  ASSERT_EQ(rows.size(), 14u) << rs.out;
   for (const auto& row : rows) expect_complete_and_correct(row);
 
   const Captured g = run_bench(3, {"gather", "--algo", "ring,star", "--dtype", "u8", "--root", "2",

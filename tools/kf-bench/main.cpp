@@ -80,9 +80,10 @@ int main(int argc, char** argv) {
     sub->footer(std::string(kTiming) + "\n" + bench::bandwidth_definition(op) +
                 " (GB/s = 1e9 bytes/s, nccl-tests)");
     sub->final_callback([&options, op] { options.op = op; });
-    sub->add_option("--algo", algos,
-                    "star, ring, tree, clique, rhd, auto, or all (= every one, auto last); "
-                    "a comma-separated list is measured in order")
+    sub->add_option(
+           "--algo", algos,
+           "star, ring, tree, clique, rhd, hierarchical, auto, or all (= every one, auto last); "
+           "a comma-separated list is measured in order")
         ->delimiter(',')
         ->check(algo_check)
         ->capture_default_str();

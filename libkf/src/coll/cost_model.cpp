@@ -45,6 +45,7 @@ CostCoefficients allreduce_of(Algorithm a, int p) noexcept {
     case Algorithm::tree: return allreduce_coefficients(AllreduceModel::binomial_tree, p);
     case Algorithm::clique: return allreduce_coefficients(AllreduceModel::sharded_ps, p);
     case Algorithm::rhd: return allreduce_coefficients(AllreduceModel::halving_doubling, p);
+    case Algorithm::hierarchical: return allreduce_coefficients(AllreduceModel::ring, p);
     case Algorithm::job_default:
     case Algorithm::auto_select: break;
   }
@@ -58,6 +59,7 @@ CostCoefficients block_op(CollOp op, Algorithm a, int p) noexcept {
   const double q = p - 1;
   const double L = ceil_log2(p);
   const double f = q / p;
+  if (a == Algorithm::hierarchical) a = Algorithm::ring;  // what coll/plan runs
   if (a == Algorithm::rhd && !std::has_single_bit(static_cast<unsigned>(p)) &&
       (op == CollOp::allgather || op == CollOp::reduce_scatter)) {
     a = Algorithm::ring;  // what coll/plan runs instead
@@ -157,6 +159,41 @@ Algorithm choose(CollOp op, std::size_t bytes, int p, const LinkParams& link) no
     }
   }
   return best;
+}
+
+double hierarchical_seconds(CollOp op, std::size_t bytes, const Topology& t,
+                            const LinkParams& local, const LinkParams& cross) noexcept {
+  KF_CHECK(t.hosts >= 1 && t.min_per_host >= 1 && t.min_per_host <= t.max_per_host,
+           "cost model: a topology needs hosts >= 1 and 1 <= min_per_host <= max_per_host");
+  const bool reducing = op == CollOp::allreduce || op == CollOp::barrier || op == CollOp::consensus;
+  const LinkParams& flat_link = t.hosts > 1 ? cross : local;
+  if (!reducing) {
+    const int p = t.hosts * t.max_per_host;  // an upper bound: the model has no exact count
+    return predict_seconds(op, Algorithm::ring, p, bytes, flat_link);
+  }
+  const double n = op == CollOp::barrier ? 0.0 : static_cast<double>(bytes);
+  const double m = n / t.min_per_host;
+  const double others = t.max_per_host - 1;
+  const double in = others * (local.alpha_s + m * (local.beta_s_per_byte + local.gamma_s_per_byte));
+  const double out = others * (local.alpha_s + m * local.beta_s_per_byte);
+  double among = 0.0;
+  if (t.hosts > 1) {
+    const auto shard = static_cast<std::size_t>(m);
+    among = shard <= kRecursiveDoublingMaxBytes
+                ? evaluate(recursive_doubling(t.hosts), m, cross)
+                : allreduce_seconds(AllreduceModel::ring, t.hosts, shard, cross);
+  }
+  return in + among + out;
+}
+
+Algorithm choose(CollOp op, std::size_t bytes, int p, const Topology& t, const LinkParams& local,
+                 const LinkParams& cross) noexcept {
+  if (t.hosts <= 1) return choose(op, bytes, p, local);
+  const Algorithm flat = choose(op, bytes, p, cross);
+  const bool reducing = op == CollOp::allreduce || op == CollOp::barrier || op == CollOp::consensus;
+  if (!reducing || t.max_per_host <= 1) return flat;
+  const double flat_s = predict_seconds(op, flat, p, bytes, cross);
+  return hierarchical_seconds(op, bytes, t, local, cross) < flat_s ? Algorithm::hierarchical : flat;
 }
 
 std::optional<double> crossover_bytes(const CostCoefficients& a, const CostCoefficients& b,

@@ -25,13 +25,14 @@ std::string_view to_string(Algorithm a) noexcept {
     case Algorithm::tree: return "tree";
     case Algorithm::clique: return "clique";
     case Algorithm::rhd: return "rhd";
+    case Algorithm::hierarchical: return "hierarchical";
   }
   return "?";
 }
 
 std::optional<Algorithm> parse_algorithm(std::string_view s) noexcept {
   for (auto a : {Algorithm::auto_select, Algorithm::star, Algorithm::ring, Algorithm::tree,
-                 Algorithm::clique, Algorithm::rhd}) {
+                 Algorithm::clique, Algorithm::rhd, Algorithm::hierarchical}) {
     if (to_string(a) == s) return a;
   }
   return std::nullopt;

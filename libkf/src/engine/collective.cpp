@@ -148,6 +148,7 @@ void Engine::prepare_collective(const std::shared_ptr<CollCtx>& ctx) {
   req.rank = c.rank;
   req.size = c.size;
   req.root = c.opts.root;
+  req.hosts = c.hosts;
   req.max_xfer_count = std::max<std::size_t>(1, opts_.max_frame_bytes / es);
 
   prepare_work(c, req);

@@ -81,6 +81,7 @@ struct CollCtx {
   const std::byte* lazy_src = nullptr;
   RangeSet filled;
   std::shared_ptr<const std::vector<int>> rank_to_peer;  // the submitting version's, shared
+  std::shared_ptr<const std::vector<int>> hosts;         // hierarchical: the host of each rank
   int rank = 0, size = 1;
   std::chrono::milliseconds timeout{};
   std::shared_ptr<OpState> state;
@@ -147,7 +148,8 @@ class PlanCache {
   static bool same(const coll::PlanRequest& a, const coll::PlanRequest& b) noexcept {
     return a.op == b.op && a.algorithm == b.algorithm && a.rank == b.rank && a.size == b.size &&
            a.count == b.count && a.root == b.root && a.lanes == b.lanes &&
-           a.max_xfer_count == b.max_xfer_count && a.rd_max_count == b.rd_max_count;
+           a.max_xfer_count == b.max_xfer_count && a.rd_max_count == b.rd_max_count &&
+           (a.hosts == b.hosts || (a.hosts && b.hosts && *a.hosts == *b.hosts));
   }
   struct Entry {
     coll::PlanRequest req;

@@ -451,6 +451,46 @@ TEST(CostModel, SameHostLinkPicksTheRingFromTensOfKiB) {
   EXPECT_EQ(choose(CollOp::allreduce, 1024 * KiB, 4, kSameHostLink), Algorithm::rhd);
 }
 
+// Three hosts of two, m = 600 kB per shard (a ring among the three owners):
+// in = α + m(β + γ), among = 4α + (4/3)mβ + (2/3)mγ, out = α + mβ.
+TEST(CostModel, HierarchicalFollowsItsFormula) {
+  const LinkParams l{1e-6, 1e-9, 2e-9};
+  const Topology t{3, 2, 2};
+  expect_rel(hierarchical_seconds(CollOp::allreduce, 1'200'000, t, l, l),
+             (1e-6 + 6e5 * 3e-9) + (4e-6 + 8e-4 + 8e-4) + (1e-6 + 6e5 * 1e-9));
+  // A leader per host (s = 1): the whole vector in and out, recursive doubling below 64 KiB
+  // among the leaders of three hosts (folded: 3 messages, 3 vectors, 2 reductions).
+  const Topology uneven{3, 1, 2};
+  const double n = 1000;
+  expect_rel(hierarchical_seconds(CollOp::allreduce, 1000, uneven, l, l),
+             (1e-6 + n * 3e-9) + (3 * 1e-6 + 3 * n * 1e-9 + 2 * n * 2e-9) + (1e-6 + n * 1e-9));
+  // Without a layout it is a ring.
+  const auto ring = coefficients(CollOp::allreduce, Algorithm::ring, 6);
+  const auto hier = coefficients(CollOp::allreduce, Algorithm::hierarchical, 6);
+  EXPECT_EQ(hier.latency, ring.latency);
+  EXPECT_EQ(hier.bandwidth, ring.bandwidth);
+  EXPECT_EQ(hier.reduction, ring.reduction);
+}
+
+// Across hosts with several workers each, large allreduces go per host first; with one worker
+// per host, or on one host, the flat choice stands; other operations never take it.
+TEST(CostModel, ChooseTakesHierarchicalAcrossHosts) {
+  const Topology three_by_two{3, 2, 2};
+  EXPECT_EQ(
+      choose(CollOp::allreduce, 64 * KiB * 1024, 6, three_by_two, kSameHostLink, LinkParams{}),
+      Algorithm::hierarchical);
+  EXPECT_EQ(choose(CollOp::allreduce, 1024 * KiB, 6, three_by_two, kSameHostLink, LinkParams{}),
+            Algorithm::hierarchical);
+  EXPECT_EQ(choose(CollOp::allgather, 1024 * KiB, 6, three_by_two, kSameHostLink, LinkParams{}),
+            choose(CollOp::allgather, 1024 * KiB, 6, LinkParams{}));
+  const Topology one_each{3, 1, 1};
+  EXPECT_EQ(choose(CollOp::allreduce, 1024 * KiB, 3, one_each, kSameHostLink, LinkParams{}),
+            choose(CollOp::allreduce, 1024 * KiB, 3, LinkParams{}));
+  const Topology one_host{1, 4, 4};
+  EXPECT_EQ(choose(CollOp::allreduce, 1024 * KiB, 4, one_host, kSameHostLink, LinkParams{}),
+            choose(CollOp::allreduce, 1024 * KiB, 4, kSameHostLink));
+}
+
 TEST(CostModelDeathTest, RejectsNonPositiveRankCount) {
   EXPECT_DEATH(allreduce_coefficients(AllreduceModel::ring, 0), "p must be at least 1");
   EXPECT_DEATH(coefficients(CollOp::allreduce, Algorithm::auto_select, 4), "concrete algorithm");

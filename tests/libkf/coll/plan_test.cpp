@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <vector>
 
@@ -24,12 +25,13 @@ struct SimResult {
 };
 
 SimResult simulate(CollOp op, Algorithm a, int p, std::size_t count, int root, int lanes,
-                   const std::vector<Vec>& init, std::size_t max_xfer = 0, std::size_t rd_max = 0) {
+                   const std::vector<Vec>& init, std::size_t max_xfer = 0, std::size_t rd_max = 0,
+                   std::shared_ptr<const std::vector<int>> hosts = nullptr) {
   SimResult res;
   res.work = init;
   std::vector<Plan> plans;
   for (int r = 0; r < p; ++r) {
-    PlanRequest req{op, a, r, p, count, root, lanes, max_xfer, rd_max};
+    PlanRequest req{op, a, r, p, count, root, lanes, max_xfer, rd_max, hosts};
     plans.push_back(make_plan(req));
   }
   std::map<std::tuple<int, int, int>, std::deque<Vec>> queues;  // (src, dst, lane)
@@ -201,7 +203,8 @@ TEST_P(PlanSweep, GatherCollectsAtEveryRoot) {
 INSTANTIATE_TEST_SUITE_P(Plans, PlanSweep,
                          ::testing::Combine(::testing::Values(Algorithm::star, Algorithm::ring,
                                                               Algorithm::tree, Algorithm::clique,
-                                                              Algorithm::rhd),
+                                                              Algorithm::rhd,
+                                                              Algorithm::hierarchical),
                                             ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8, 9, 16),
                                             ::testing::Values(std::size_t{0}, std::size_t{1},
                                                               std::size_t{3}, std::size_t{17})),
@@ -210,6 +213,83 @@ INSTANTIATE_TEST_SUITE_P(Plans, PlanSweep,
                                   std::to_string(std::get<1>(tpi.param)) + "_n" +
                                   std::to_string(std::get<2>(tpi.param));
                          });
+
+// Hierarchical allreduce over uneven, interleaved and single-host layouts, with lanes, split
+// transfers and recursive doubling among the owners: every rank gets the sum, and data crosses
+// hosts only between owners of the same shard (the j-th workers of their hosts).
+TEST(PlanHierarchical, SumsOverEveryHostLayout) {
+  const std::vector<std::vector<int>> layouts{
+      {0, 0, 1, 1, 2, 2},       {0, 0, 0, 1, 1, 2},         {7, 3, 7, 3}, {0, 0, 0, 0}, {0, 1, 2},
+      {0, 0, 1, 1, 1, 1, 2, 2}, {4, 4, 4, 9, 9, 9, 1, 1, 1}};
+  for (const auto& layout : layouts) {
+    const int p = static_cast<int>(layout.size());
+    auto hosts = std::make_shared<const std::vector<int>>(layout);
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{40}}) {
+      for (int variant : {0, 1, 2}) {
+        const int lanes = variant == 1 ? 3 : 1;
+        const std::size_t rd_max = variant == 2 ? n : 0;
+        std::vector<Vec> init(p, Vec(n));
+        for (int r = 0; r < p; ++r) {
+          for (std::size_t i = 0; i < n; ++i) init[r][i] = value(r, i);
+        }
+        auto res = simulate(CollOp::allreduce, Algorithm::hierarchical, p, n, 0, lanes, init, 7,
+                            rd_max, hosts);
+        ASSERT_EQ(res.error, "") << "p " << p << " n " << n;
+        for (int r = 0; r < p; ++r) {
+          for (std::size_t i = 0; i < n; ++i) {
+            std::int64_t want = 0;
+            for (int q = 0; q < p; ++q) want += value(q, i);
+            ASSERT_EQ(res.work[r][i], want) << "layout p " << p << " rank " << r << " i " << i;
+          }
+        }
+      }
+    }
+    // Only owners of the same shard talk across hosts: the j-th worker of each host.
+    auto local_index = [&](int q) {
+      int k = 0;
+      for (int x = 0; x < q; ++x) k += layout[x] == layout[q] ? 1 : 0;
+      return k;
+    };
+    for (int r = 0; r < p; ++r) {
+      const Plan plan = make_plan(
+          PlanRequest{CollOp::allreduce, Algorithm::hierarchical, r, p, 1000, 0, 1, 0, 0, hosts});
+      for (const auto& st : plan.lanes.at(0).steps) {
+        for (const auto& x : st.xfers) {
+          if (layout[x.peer] == layout[r]) continue;
+          EXPECT_EQ(local_index(x.peer), local_index(r)) << "rank " << r << " peer " << x.peer;
+        }
+      }
+    }
+  }
+}
+
+// Three hosts of two: each rank sends half the vector within its host and a third of its shard
+// twice across hosts (a ring of three over 500 elements), where a flat ring of six sends 5/6
+// of the vector twice, half of it to another host.
+TEST(PlanHierarchical, CrossHostBytesAreTheOwnersRing) {
+  const std::vector<int> layout{0, 0, 1, 1, 2, 2};
+  auto hosts = std::make_shared<const std::vector<int>>(layout);
+  for (int r = 0; r < 6; ++r) {
+    const Plan plan = make_plan(
+        PlanRequest{CollOp::allreduce, Algorithm::hierarchical, r, 6, 1200, 0, 1, 0, 0, hosts});
+    std::size_t local = 0, cross = 0;
+    for (const auto& st : plan.lanes.at(0).steps) {
+      for (const auto& x : st.xfers) {
+        if (x.kind != XferKind::send) continue;
+        (layout[x.peer] == layout[r] ? local : cross) += x.count;
+      }
+    }
+    EXPECT_EQ(local, 1200u) << "rank " << r;  // its other shard, then its own shard's result
+    EXPECT_EQ(cross, 800u) << "rank " << r;   // 2 * (3-1)/3 * 600
+  }
+}
+
+TEST(PlanHierarchical, HostsMustMatchTheRanks) {
+  auto hosts = std::make_shared<const std::vector<int>>(std::vector<int>{0, 0, 1});
+  EXPECT_THROW(make_plan(PlanRequest{CollOp::allreduce, Algorithm::hierarchical, 0, 4, 8, 0, 1, 0,
+                                     0, hosts}),
+               std::invalid_argument);
+}
 
 TEST(PlanSplit, PartsCoverTheRangeInOrder) {
   for (std::size_t n : {0u, 1u, 5u, 16u, 101u}) {

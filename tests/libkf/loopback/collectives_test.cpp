@@ -156,7 +156,8 @@ TEST_P(Collectives, ChunkedLargeAllreduceIsBitwiseIdenticalEverywhere) {
 INSTANTIATE_TEST_SUITE_P(
     Loopback, Collectives,
     ::testing::Combine(::testing::Values(Algorithm::star, Algorithm::ring, Algorithm::tree,
-                                         Algorithm::clique, Algorithm::rhd, Algorithm::auto_select),
+                                         Algorithm::clique, Algorithm::rhd, Algorithm::hierarchical,
+                                         Algorithm::auto_select),
                        ::testing::Values(1, 2, 3, 4, 5, 8)),
     [](const auto& tpi) {
       return std::string(to_string(std::get<0>(tpi.param))) + "_p" +

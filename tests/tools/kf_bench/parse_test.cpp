@@ -54,8 +54,9 @@ TEST(ElementCount, RoundsDownButKeepsOneElement) {
 }
 
 TEST(ParseAlgorithms, AllListsEveryAlgorithmWithAutoLast) {
-  const std::vector<Algorithm> want{Algorithm::star,   Algorithm::ring, Algorithm::tree,
-                                    Algorithm::clique, Algorithm::rhd,  Algorithm::auto_select};
+  const std::vector<Algorithm> want{Algorithm::star,       Algorithm::ring, Algorithm::tree,
+                                    Algorithm::clique,     Algorithm::rhd,  Algorithm::hierarchical,
+                                    Algorithm::auto_select};
   EXPECT_EQ(parse_algorithms("all"), want);
   EXPECT_EQ(parse_algorithms("ring"), std::vector<Algorithm>{Algorithm::ring});
   EXPECT_EQ(parse_algorithms("auto"), std::vector<Algorithm>{Algorithm::auto_select});

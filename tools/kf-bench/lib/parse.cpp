@@ -52,13 +52,14 @@ std::size_t element_count(std::size_t bytes, DType dtype) noexcept {
 
 std::vector<Algorithm> parse_algorithms(std::string_view name) {
   if (name == "all") {
-    return {Algorithm::star,   Algorithm::ring, Algorithm::tree,
-            Algorithm::clique, Algorithm::rhd,  Algorithm::auto_select};
+    return {Algorithm::star, Algorithm::ring,         Algorithm::tree,       Algorithm::clique,
+            Algorithm::rhd,  Algorithm::hierarchical, Algorithm::auto_select};
   }
   const auto a = parse_algorithm(name);
   if (!a) {
-    throw std::invalid_argument("algorithm '" + std::string(name) +
-                                "' is not one of star, ring, tree, clique, rhd, auto, all");
+    throw std::invalid_argument(
+        "algorithm '" + std::string(name) +
+        "' is not one of star, ring, tree, clique, rhd, hierarchical, auto, all");
   }
   return {*a};
 }

@@ -25,9 +25,9 @@ std::string format_bytes(std::size_t bytes);
 /// Elements of `dtype` in a message of `bytes`: rounded down, but at least one.
 std::size_t element_count(std::size_t bytes, DType dtype) noexcept;
 
-/// The algorithms named by `name`: one of star, ring, tree, clique, rhd, auto, or "all" for
-/// star, ring, tree, clique, rhd, auto in that order. Throws: std::invalid_argument for another
-/// name.
+/// The algorithms named by `name`: one of star, ring, tree, clique, rhd, hierarchical, auto, or
+/// "all" for star, ring, tree, clique, rhd, hierarchical, auto in that order. Throws:
+/// std::invalid_argument for another name.
 std::vector<Algorithm> parse_algorithms(std::string_view name);
 
 }  // namespace kf::tools::bench

@@ -90,7 +90,9 @@ CostCoefficients allreduce_coefficients(AllreduceModel model, int p) noexcept;
 ///   star: 2(p−1)α + (p−1 + f)·nβ + (p−1)·nγ.
 /// - gather: n is the assembled output. tree: Lα + f·nβ. The others send straight to the root:
 ///   (p−1)α + f·nβ.
-/// Precondition (KF_CHECK): p ≥ 1 and `algorithm` is one of star, ring, tree, clique, rhd.
+/// - hierarchical: without a host layout, every rank is a host of its own, where it runs ring
+///   (hierarchical_seconds gives its time over a layout).
+/// Precondition (KF_CHECK): p ≥ 1 and `algorithm` is concrete (not job_default or auto_select).
 CostCoefficients coefficients(CollOp op, Algorithm algorithm, int p) noexcept;
 
 /// latency·α + bandwidth·bytes·β + reduction·bytes·γ, in seconds.
@@ -112,6 +114,31 @@ inline constexpr std::array<Algorithm, 5> kSelectableAlgorithms{
 /// The argmin of predict_seconds over kSelectableAlgorithms; the earliest wins a tie (so p = 1
 /// gives ring). Never returns job_default or auto_select. Precondition (KF_CHECK): p ≥ 1.
 Algorithm choose(CollOp op, std::size_t bytes, int p, const LinkParams& link) noexcept;
+
+/// Where a job's workers run: `hosts` hosts, each with between `min_per_host` and
+/// `max_per_host` workers.
+struct Topology {
+  int hosts = 1;
+  int min_per_host = 1;
+  int max_per_host = 1;
+};
+
+/// Predicted seconds of kf's hierarchical allreduce (also barrier and consensus) of n bytes over
+/// `t`, with k = max_per_host, s = min_per_host (the shards), H = hosts and m = n/s:
+///   (k−1)(α_l + m(β_l + γ))   each shard reduced at its owner, over the `local` link;
+/// + the owners' allreduce of m among H over the `cross` link: ring, or recursive doubling
+///   when m ≤ kRecursiveDoublingMaxBytes (as the plan runs it);
+/// + (k−1)(α_l + mβ_l)         each owner sends its shard to the rest of its host.
+/// Lanes (pipelining) are not modelled. Other operations run ring, over the cross link (or the
+/// local one on a single host). Precondition (KF_CHECK): hosts ≥ 1, 1 ≤ min ≤ max per host.
+double hierarchical_seconds(CollOp op, std::size_t bytes, const Topology& t,
+                            const LinkParams& local, const LinkParams& cross) noexcept;
+
+/// choose() for a job that spans hosts: every flat algorithm over the cross link (a flat
+/// schedule waits for its slowest link) against hierarchical_seconds; a tie keeps the flat one.
+/// p is the number of workers. On one host (t.hosts ≤ 1) it is choose(op, bytes, p, local).
+Algorithm choose(CollOp op, std::size_t bytes, int p, const Topology& t, const LinkParams& local,
+                 const LinkParams& cross) noexcept;
 
 /// The size n ≥ 0 at which formulas a and b predict the same time, in bytes (not rounded);
 /// nullopt when their slopes are equal or they cross only at n < 0. Below n*, the formula with

@@ -90,11 +90,22 @@ enum class CollOp : std::uint8_t {
 
 /// Algorithms (docs/design.md, "Collectives and algorithms"). job_default takes the job's setting
 /// (KF_ALGORITHM or the cluster settings' "algorithm"), whose own default is auto.
-enum class Algorithm : std::uint8_t { job_default, auto_select, star, ring, tree, clique, rhd };
+/// hierarchical runs an allreduce per host first (docs/design.md, "Hierarchical allreduce"); the
+/// other operations run it as ring.
+enum class Algorithm : std::uint8_t {
+  job_default,
+  auto_select,
+  star,
+  ring,
+  tree,
+  clique,
+  rhd,
+  hierarchical
+};
 
 std::string_view to_string(CollOp op) noexcept;
 std::string_view to_string(Algorithm a) noexcept;
-/// Parses "star", "ring", "tree", "clique", "rhd", "auto"; nullopt otherwise.
+/// Parses "star", "ring", "tree", "clique", "rhd", "hierarchical", "auto"; nullopt otherwise.
 std::optional<Algorithm> parse_algorithm(std::string_view s) noexcept;
 
 /// Per-call options (gloo's AllreduceOptions style).

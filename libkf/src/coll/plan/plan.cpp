@@ -42,6 +42,8 @@ class LaneBuilder {
     if (!cur_.xfers.empty()) lane_.steps.push_back(std::move(cur_));
     cur_ = Step{};
   }
+  /// While set, peers are indices into `ranks` (a sub-group's plan built with its own numbering).
+  void map_peers(const std::vector<int>* ranks) { map_ = ranks; }
   void send(int peer, Range r) { add(XferKind::send, peer, r); }
   void reduce(int peer, Range r) { add(XferKind::recv_reduce, peer, r); }
   void copy(int peer, Range r) { add(XferKind::recv_copy, peer, r); }
@@ -51,7 +53,11 @@ class LaneBuilder {
   }
 
  private:
-  void add(XferKind k, int peer, Range r) { cur_.xfers.push_back(Xfer{k, peer, r.begin, r.count}); }
+  void add(XferKind k, int peer, Range r) {
+    if (map_ != nullptr) peer = (*map_)[static_cast<std::size_t>(peer)];
+    cur_.xfers.push_back(Xfer{k, peer, r.begin, r.count});
+  }
+  const std::vector<int>* map_ = nullptr;
   Lane lane_;
   Step cur_;
 };
@@ -217,6 +223,67 @@ void allreduce_clique(LaneBuilder& b, int r, int p, Range w) {
   }
   for (int q = 0; q < p; ++q) {
     if (q != r) b.copy(q, sub(w, p, q));
+  }
+  b.next();
+}
+
+// See plan.hpp. `host_of` may be null (a host per rank).
+void allreduce_hierarchical(LaneBuilder& b, int r, int p, Range w, const std::vector<int>* host_of,
+                            std::size_t rd_max_count) {
+  // Hosts in the order of their first rank, and each host's ranks in order.
+  std::vector<int> host_ids;
+  std::vector<std::vector<int>> hosts;
+  int mine = 0;
+  for (int q = 0; q < p; ++q) {
+    const int id = host_of != nullptr ? (*host_of)[static_cast<std::size_t>(q)] : q;
+    const auto it = std::find(host_ids.begin(), host_ids.end(), id);
+    const auto h = static_cast<std::size_t>(it - host_ids.begin());
+    if (it == host_ids.end()) {
+      host_ids.push_back(id);
+      hosts.emplace_back();
+    }
+    hosts[h].push_back(q);
+    if (q == r) mine = static_cast<int>(h);
+  }
+  const std::vector<int>& here = hosts[static_cast<std::size_t>(mine)];
+  std::size_t shards = here.size();
+  for (const auto& h : hosts) shards = std::min(shards, h.size());
+  const int s = static_cast<int>(shards);
+  const int local = static_cast<int>(std::find(here.begin(), here.end(), r) - here.begin());
+  const bool owner = local < s;
+  auto shard = [&](int j) { return sub(w, s, j); };
+  // 1. Every shard to its owner on this host, which reduces them.
+  for (int j = 0; j < s; ++j) {
+    if (j != local) b.send(here[static_cast<std::size_t>(j)], shard(j));
+  }
+  if (owner) {
+    for (int q : here) {
+      if (q != r) b.reduce(q, shard(local));
+    }
+  }
+  b.next();
+  // 2. The owners of this shard, one per host, allreduce it.
+  if (owner && hosts.size() > 1) {
+    std::vector<int> owners;
+    for (const auto& h : hosts) owners.push_back(h[static_cast<std::size_t>(local)]);
+    const int hp = static_cast<int>(owners.size());
+    b.map_peers(&owners);
+    if (shard(local).count <= rd_max_count) {
+      allreduce_rd(b, mine, hp, shard(local));
+    } else {
+      allreduce_ring(b, mine, hp, shard(local));
+    }
+    b.next();
+    b.map_peers(nullptr);
+  }
+  // 3. Each shard from its owner to the rest of the host.
+  if (owner) {
+    for (int q : here) {
+      if (q != r) b.send(q, shard(local));
+    }
+  }
+  for (int j = 0; j < s; ++j) {
+    if (j != local) b.copy(here[static_cast<std::size_t>(j)], shard(j));
   }
   b.next();
 }
@@ -495,7 +562,15 @@ Plan make_plan(const PlanRequest& req) {
     throw std::invalid_argument("root " + std::to_string(req.root) + " is not a rank of a " +
                                 std::to_string(p) + "-worker cluster");
   }
-  const Algorithm a = req.algorithm;
+  Algorithm a = req.algorithm;
+  const bool reducing =
+      req.op == CollOp::allreduce || req.op == CollOp::barrier || req.op == CollOp::consensus;
+  if (a == Algorithm::hierarchical && !reducing) a = Algorithm::ring;
+  if (a == Algorithm::hierarchical && req.hosts != nullptr &&
+      req.hosts->size() != static_cast<std::size_t>(p)) {
+    throw std::invalid_argument("hierarchical: " + std::to_string(req.hosts->size()) +
+                                " hosts given for " + std::to_string(p) + " ranks");
+  }
   if (a == Algorithm::job_default || a == Algorithm::auto_select) {
     throw std::invalid_argument("make_plan needs a concrete algorithm");
   }
@@ -522,6 +597,9 @@ Plan make_plan(const PlanRequest& req) {
             break;
           case Algorithm::tree: allreduce_tree(b, r, p, w); break;
           case Algorithm::clique: allreduce_clique(b, r, p, w); break;
+          case Algorithm::hierarchical:
+            allreduce_hierarchical(b, r, p, w, req.hosts.get(), req.rd_max_count);
+            break;
           default: allreduce_star(b, r, p, w); break;
         }
         break;

@@ -10,6 +10,14 @@
 // in order (first send to first receive), so every plan must list, for each ordered pair, its
 // sends on one side in the same order as the matching receives on the other.
 //
+// hierarchical (allreduce, barrier, consensus; the other operations run ring): with s the fewest
+// workers on any host, the vector is cut into s shards and the j-th worker of each host (in rank
+// order) owns shard j. Each worker sends every shard to its owner on the same host, which
+// reduces them; the owners of shard j, one per host, allreduce it among themselves (ring, or
+// recursive doubling up to rd_max_count); each owner then sends its shard to the other workers
+// of its host. With one worker per host that is a flat ring; with s = 1, a reduce to one leader
+// per host, an allreduce among the leaders and a broadcast within each host.
+//
 // Work-buffer layout per operation (count = elements per rank where it applies):
 //   allreduce       work = count elements (the receive buffer, initialised with the input)
 //   broadcast       work = count elements
@@ -21,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kf/coll/types.hpp"
@@ -61,6 +70,9 @@ struct PlanRequest {
   /// rhd allreduce of at most this many elements uses recursive doubling (one exchange of the
   /// whole vector per round: fewer rounds, more bytes) instead of halving-doubling.
   std::size_t rd_max_count = 0;
+  /// hierarchical: the host of each rank (equal values: the same host), size() == size.
+  /// nullptr: every rank on a host of its own. Ignored by the other algorithms.
+  std::shared_ptr<const std::vector<int>> hosts;
 };
 
 /// The element count of the work buffer for a request (see the layout above).

@@ -22,7 +22,8 @@ namespace kf {
 
 /// The settings kf itself reads. An optional field is unset when its key is absent or invalid.
 struct ClusterSettings {
-  std::optional<Algorithm> algorithm;       ///< "algorithm": auto, star, ring, tree, clique, rhd
+  std::optional<Algorithm>
+      algorithm;  ///< "algorithm": auto, star, ring, tree, clique, rhd, hierarchical
   std::optional<std::int64_t> batch_size;   ///< "batch_size": global batch, an integer >= 1
   std::optional<double> learning_rate;      ///< "lr": a number
   std::optional<std::int64_t> min_workers;  ///< "min_workers": an integer >= 0 (0: no bound)
