@@ -55,6 +55,7 @@ class Hosts {
   Hosts& operator=(const Hosts&) = delete;
 
   const std::string& error() const { return error_; }
+  const std::string& name() const { return name_; }
   /// Host i's address (1-based, like the hosts' names).
   const std::string& address(int i) const { return addresses_.at(static_cast<std::size_t>(i - 1)); }
   /// `command` (a shell command line) on host i.
@@ -111,22 +112,43 @@ class ClusterJob {
 
   /// One agent per host, host 1's with `np` initial workers.
   void start_agents(int np, const std::string& args) {
-    const std::string worker = env_or_empty("KF_ELASTIC_WORKER") + " --progress-file " +
-                               (dir_ / "progress").string() + " " + args;
+    args_ = args;
     for (int i = 1; i <= n_hosts_; ++i) {
-      std::string cmd = env_or_empty("KFRUN") + " --watch --config-server " + url_ +
-                        " --job-token-file " + (dir_ / "token").string() + " --host " +
-                        hosts_.address(i) + " --slots 4 --leave-grace-ms 20000";
-      if (i == 1) cmd += " -np " + std::to_string(np);
-      agents_.push_back(hosts_.start(i, cmd + " -- " + worker, log(i)));
+      agents_.push_back(hosts_.start(i, agent_command(i, i == 1 ? np : 0), log(i)));
     }
+  }
+  /// SIGKILL to host i's agent alone (its workers run on), then a new agent in its place, with
+  /// the same command line and its own log (restarted_log).
+  void restart_agent(int i) {
+    const Ran pids = run_shell(env_or_empty("KF_CLUSTER_HOSTS") + " pids " + hosts_.name() + " " +
+                               std::to_string(i));
+    std::istringstream in(pids.output);
+    int killed = 0;
+    for (long pid = 0; in >> pid;) {
+      if (slurp("/proc/" + std::to_string(pid) + "/comm") == "kfrun\n" &&
+          ::kill(static_cast<pid_t>(pid), SIGKILL) == 0) {
+        ++killed;
+      }
+    }
+    ASSERT_EQ(killed, 1) << "host " << i << " runs no agent: " << pids.output;
+    stop(agents_.at(static_cast<std::size_t>(i - 1)));
+    agents_[static_cast<std::size_t>(i - 1)] =
+        hosts_.start(i, agent_command(i, 0), restarted_log(i));
   }
   std::filesystem::path log(int host) const {
     return dir_ / ("agent" + std::to_string(host) + ".log");
   }
+  std::filesystem::path restarted_log(int host) const {
+    return dir_ / ("agent" + std::to_string(host) + "-restarted.log");
+  }
   std::string logs() const {
     std::string s;
-    for (int i = 1; i <= n_hosts_; ++i) s += "== host " + std::to_string(i) + "\n" + slurp(log(i));
+    for (int i = 1; i <= n_hosts_; ++i) {
+      s += "== host " + std::to_string(i) + "\n" + slurp(log(i));
+      if (std::filesystem::exists(restarted_log(i))) {
+        s += "== host " + std::to_string(i) + ", restarted agent\n" + slurp(restarted_log(i));
+      }
+    }
     return s + "== server\n" + slurp(dir_ / "server.log");
   }
 
@@ -238,7 +260,17 @@ class ClusterJob {
     if (c.out_fd >= 0) ::close(c.out_fd);
     c.out_fd = -1;
   }
+  std::string agent_command(int i, int np) const {
+    std::string cmd = env_or_empty("KFRUN") + " --watch --config-server " + url_ +
+                      " --job-token-file " + (dir_ / "token").string() + " --host " +
+                      hosts_.address(i) + " --slots 4 --leave-grace-ms 20000";
+    if (np > 0) cmd += " -np " + std::to_string(np);
+    return cmd + " -- " + env_or_empty("KF_ELASTIC_WORKER") + " --progress-file " +
+           (dir_ / "progress").string() + " " + args_;
+  }
+
   const Hosts& hosts_;
+  std::string args_;
   std::filesystem::path dir_;
   std::string url_;
   int n_hosts_ = 0;
@@ -301,6 +333,30 @@ TEST(ClusterHosts, HierarchicalAllreduceAcrossHosts) {
   }
   EXPECT_EQ(rows, 8) << r.output;
   EXPECT_NE(r.output.find("auto(hierarchical)      1048576"), std::string::npos) << r.output;
+}
+
+// Host 2's agent is killed (SIGKILL) while its two workers train, and a new agent is started
+// there: it adopts the two instead of starting second copies, the job goes on at 4 workers
+// without a change, and it ends with every worker's parameters identical and every agent's exit
+// 0 (the adopted workers' exits judged from the finished document).
+TEST(ClusterHosts, AnAgentKilledAndRestartedAdoptsItsWorkers) {
+  const Hosts hosts(unique_name("a"), 2);
+  if (!hosts.error().empty()) GTEST_SKIP() << "no test hosts here: " << hosts.error();
+  ClusterJob job(hosts, "adopt", 2);
+  job.grow_to_two_per_host();
+  if (HasFatalFailure()) return;
+  const std::uint64_t version = job.client().get_cluster().version;
+  job.restart_agent(2);
+  if (HasFatalFailure()) return;
+  ASSERT_TRUE(eventually(
+      [&] { return count_of(slurp(job.restarted_log(2)), "kfrun: adopted ") == 2; }, 30s))
+      << job.logs();
+  ASSERT_TRUE(job.wait_progress(job.progress() + 30)) << "training stopped\n" << job.logs();
+  EXPECT_EQ(job.client().get_cluster().version, version) << job.logs();
+  EXPECT_EQ(count_of(slurp(job.restarted_log(2)), "kfrun: started "), 0) << job.logs();
+  job.finish_soon();
+  job.expect_agents_exit({1, 2});
+  job.expect_identical_finals(4);
 }
 
 // Joiners whose host vanishes (with the agent that would report them) before they joined: the

@@ -396,6 +396,9 @@ int main(int argc, char** argv) {
   char hash[32];
   std::snprintf(hash, sizeof hash, "%016" PRIx64, fnv1a(w.data(), w.size() * sizeof(double)));
   for (const auto& d : policies.disabled()) std::cout << "policy disabled: " << d << std::endl;
+  // A write that failed while no agent read this worker's output (its agent was killed and a new
+  // one adopted it) left the stream failed; the new agent reads it again.
+  std::cout.clear();
   std::cout << "final step=" << step << " workers=" << session->size() << " hash=" << hash
             << " loss=" << loss / samples
             << " check_us=" << (check_n > 0 ? check_sum / static_cast<double>(check_n) : 0.0)

@@ -64,13 +64,13 @@ struct WorkerInfo {
 };
 
 // The worker: makes its FIFO, prints its environment on one line, and exits with the code the
-// test writes into the FIFO.
+// test writes into the FIFO, saying so first ("exiting|SELF|CODE").
 std::string worker_script(const fs::path& dir) {
   return "f=\"" + dir.string() +
          "/fifo-$KF_SELF\"; mkfifo \"$f\" || exit 100; "
          "echo \"ready|$KF_SELF|$KF_RANK|$KF_SIZE|$KF_CONFIG_SERVER|$KF_JOB_ID|"
          "$KF_JOB_TOKEN_FILE|$KF_CLUSTER\"; "
-         "read code < \"$f\"; exit \"$code\"";
+         "read code < \"$f\"; echo \"exiting|$KF_SELF|$code\"; exit \"$code\"";
 }
 
 // A running kfrun, its stdout and stderr merged on one pipe that the test reads.
@@ -495,6 +495,53 @@ TEST_F(KfrunWatch, KeepsItsWorkersWhileTheConfigServerRestarts) {
   release(first, 0);
   release(v2.workers[1].endpoint.str(), 0);
   EXPECT_EQ(wait_exit(), 0) << agent_->output();
+}
+
+// An agent killed with SIGKILL leaves its workers running; the agent started in its place finds
+// them (KF_AGENT_PID names a dead parent), adopts them instead of starting second copies, shows
+// their output again and judges their exits from the document, as their exit status is unknown.
+TEST_F(KfrunWatch, AdoptsTheWorkersOfAnAgentThatWasKilled) {
+  std::ofstream(dir_ / "token") << "watch-e2e-token\n";
+  kf::test::ServerProcess server(dir_);
+  ASSERT_FALSE(server.url().empty());
+  url_ = server.url();
+  token_file_ = (dir_ / "token").string();
+  const std::vector<std::string> args{"--watch",   "--config-server", url_, "--job-token-file",
+                                      token_file_, "--slots",         "2",  "-np",
+                                      "2"};
+  start(args);
+  ASSERT_TRUE(agent_->wait_for_workers(2)) << agent_->output();
+  const std::string a = self_of_rank(0), b = self_of_rank(1);
+  ASSERT_EQ(::kill(agent_->pid(), SIGKILL), 0);
+  ASSERT_EQ(agent_->wait_exit(Clock::now() + kWait), 128 + SIGKILL);
+  const std::string first_output = agent_->output();
+
+  start(args);
+  for (const std::string& w : {a, b}) {
+    EXPECT_TRUE(agent_->wait_for_text("kfrun: adopted " + w + " (pid ")) << agent_->output();
+    ASSERT_TRUE(wait_for_event("adopted", w)) << agent_->output();
+    // The first agent may have died before it reported the start.
+    EXPECT_LE(count_events("started", w), 1) << "started twice: " << w;
+  }
+  EXPECT_FALSE(contains(agent_->output(), "kfrun: started ")) << agent_->output();
+  EXPECT_EQ(client().get_cluster().size(), 2);
+
+  // Still a member of a running job when it exits: a failure (its code is not known), removed.
+  release(a, 3);
+  const auto removed = wait_for_event("removed", a);
+  ASSERT_TRUE(removed) << agent_->output();
+  EXPECT_EQ(removed->detail, "failed: exited while a member (adopted)");
+  // Its output reaches the new agent.
+  EXPECT_TRUE(agent_->wait_for_text("[" + a + "] exiting|" + a + "|3")) << agent_->output();
+
+  // The job marked finished, the other one's exit ends it: the agent exits 0.
+  auto c = client();
+  kf::Cluster cur = c.get_cluster();
+  cur.settings["finished"] = true;
+  c.put_cluster(cur);
+  ASSERT_TRUE(agent_->wait_for_text("job finished")) << agent_->output();
+  release(b, 0);
+  EXPECT_EQ(wait_exit(), 0) << first_output << "\n--- the second agent\n" << agent_->output();
 }
 
 TEST_F(KfrunWatch, StopsItsWorkersOnSigterm) {

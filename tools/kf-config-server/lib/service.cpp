@@ -17,9 +17,9 @@ namespace {
 using nlohmann::json;
 
 // The types a client may post; "cluster_changed" is written by the service itself.
-constexpr std::array<std::string_view, 12> kClientEventTypes{
-    "added",  "removed", "joined",  "left",   "failed",    "revoked",
-    "killed", "resized", "started", "exited", "restarted", "note"};
+constexpr std::array<std::string_view, 13> kClientEventTypes{
+    "added",   "removed", "joined", "left",      "failed",  "revoked", "killed",
+    "resized", "started", "exited", "restarted", "adopted", "note"};
 
 // Replaces invalid UTF-8 (a raw request target echoed in an error) instead of throwing.
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }

@@ -2,6 +2,7 @@
 #include "kfrun/lib/agent.hpp"
 
 #include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -13,6 +14,7 @@
 #include <system_error>
 #include <utility>
 
+#include "kfrun/lib/adopt.hpp"
 #include "kfrun/lib/agent_link.hpp"
 #include "kfrun/lib/agent_rules.hpp"
 #include "kfrun/lib/agent_setup.hpp"
@@ -123,6 +125,14 @@ class Agent {
   void poll_once() {
     std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}, {mailbox_->fd(), POLLIN, 0}};
     std::vector<std::pair<UniqueFd*, LinePrefixer*>> streams;
+    // Adopted workers' exits: their pidfds (no SIGCHLD comes for them); reap() looks after each
+    // wake-up. Listed before the streams, whose indices follow.
+    std::size_t exit_fds = 0;
+    for (auto& [name, w] : workers_) {
+      if (w.process.exit_fd() < 0) continue;
+      fds.push_back({w.process.exit_fd(), POLLIN, 0});
+      ++exit_fds;
+    }
     for (auto& [name, w] : workers_) {
       for (auto [fd, lines] :
            {std::pair{&w.process.out(), &w.out_lines}, std::pair{&w.process.err(), &w.err_lines}}) {
@@ -141,8 +151,11 @@ class Agent {
       throw std::system_error(errno, std::generic_category(), "kfrun: poll");
     }
     if (fds[0].revents != 0) on_signals();
-    for (std::size_t i = 2; i < fds.size(); ++i) {
-      if (fds[i].revents != 0) read_chunk(*streams[i - 2].first, *streams[i - 2].second, buffer_);
+    const std::size_t first_stream = 2 + exit_fds;
+    for (std::size_t i = first_stream; i < fds.size(); ++i) {
+      if (fds[i].revents != 0) {
+        read_chunk(*streams[i - first_stream].first, *streams[i - first_stream].second, buffer_);
+      }
     }
   }
 
@@ -174,6 +187,7 @@ class Agent {
     const auto owned = owned_ranks(c, options_.host);
     say("cluster " + v_text(c.version) + ": " + std::to_string(c.size()) + " workers, " +
         std::to_string(owned.size()) + " on " + options_.host);
+    if (!looked_for_orphans_) adopt_orphans(c);
     for (auto& [name, w] : workers_) {
       if (!w.member) continue;  // already leaving; a worker is never taken back
       if (is_member(c, name)) {
@@ -252,6 +266,37 @@ class Agent {
     }
   }
 
+  // ---- adopting ----
+
+  // The workers an earlier agent of this host left running (it was killed or crashed while they
+  // ran): adopted once, at the first document and before anything is started, so that no
+  // worker is started twice. Their membership is then judged like that of any other worker.
+  void adopt_orphans(const Cluster& c) {
+    looked_for_orphans_ = true;
+    for (const Orphan& o : find_orphans(job_.job_id, options_.host)) {
+      if (workers_.contains(o.name)) continue;
+      try {
+        auto process = WorkerProcess::adopt(o.pid);
+        const bool output = process.out().is_open() || process.err().is_open();
+        std::string prefix = "[";
+        prefix.append(o.name).append("] ");
+        workers_.emplace(
+            o.name, LocalWorker{std::move(process),
+                                LinePrefixer(prefix, [this](auto line) { out_.write(line); }),
+                                LinePrefixer(prefix, [this](auto line) { err_.write(line); }), true,
+                                c.version});
+        started_.insert(o.name);
+        say("adopted " + o.name + " (pid " + std::to_string(o.pid) +
+            "), left running by an earlier agent" +
+            (output ? "; what it wrote while no agent read it is lost"
+                    : "; its output is not a pipe and is not shown"));
+        reporter_->post_event("adopted", o.name, "pid " + std::to_string(o.pid), c.version);
+      } catch (const std::system_error& e) {
+        say("cannot adopt " + o.name + " (pid " + std::to_string(o.pid) + "): " + e.what());
+      }
+    }
+  }
+
   // ---- starting ----
 
   // Starts the owned workers of the newest document that were never started, while the slots
@@ -296,8 +341,13 @@ class Agent {
     JobSpec job = job_;
     job.cluster = c;
     try {
-      auto process =
-          WorkerProcess::spawn(options_.command, worker_environment(job, rank, base_env_));
+      auto env = worker_environment(job, rank, base_env_);
+      // So that an agent restarted after this one died can tell the worker was orphaned.
+      std::erase_if(env, [](const std::string& e) {
+        return e.rfind(std::string(kAgentPidVariable) + "=", 0) == 0;
+      });
+      env.push_back(std::string(kAgentPidVariable) + "=" + std::to_string(::getpid()));
+      auto process = WorkerProcess::spawn(options_.command, env);
       const auto pid = std::to_string(process.pid());
       // Appended piecewise: GCC 12 warns falsely (-Wrestrict) on "[" + std::string&&.
       std::string prefix = "[";
@@ -337,8 +387,9 @@ class Agent {
       drain(w.process.out(), w.out_lines, buffer_);
       drain(w.process.err(), w.err_lines, buffer_);
       const std::string& name = it->first;
-      const bool ok = exit_code_of(*status) == 0;
-      say(std::string(ok ? "exited " : "failed ") + name + " (pid " +
+      const bool unknown = *status == kUnknownExit;
+      const bool ok = !unknown && exit_code_of(*status) == 0;
+      say(std::string(ok || unknown ? "exited " : "failed ") + name + " (pid " +
           std::to_string(w.process.pid()) + "): " + (ok ? "exit 0" : describe_exit(*status)) +
           " (" + v_text(cluster_->version) + (w.member ? "" : ", after it left") + ")");
       pending_exits_[name] = PendingExit{*status, w.member};
@@ -413,6 +464,7 @@ class Agent {
   std::map<std::string, LocalWorker> workers_;  // running, by "host:port"
   std::set<std::string> started_;               // ever started (or failed to): never again
   std::set<std::string> waiting_;               // told to wait for a slot
+  bool looked_for_orphans_ = false;             // adopt_orphans ran
   std::map<std::string, PendingExit> pending_exits_;
   // A member exited 0, the job is marked finished, or its last worker failed: start nothing
   // more, end when none runs.

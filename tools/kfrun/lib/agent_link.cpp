@@ -35,6 +35,8 @@ namespace {
 
 constexpr std::chrono::milliseconds kFirstBackoff{50};
 constexpr int kMaxRemoveAttempts = 20;
+// How long the document is watched after an adopted member's exit (judge_adopted_exit).
+constexpr std::chrono::milliseconds kAdoptedExitWindow{5000};
 
 // Thrown inside a link thread that was told to stop while it waits.
 struct Stopped {};
@@ -318,6 +320,7 @@ class Reporter::Runner {
   }
 
   void judge_exit(const std::string& worker, int wait_status, std::uint64_t version) {
+    if (wait_status == kUnknownExit) return judge_adopted_exit(worker, version);
     const bool ok = exit_code_of(wait_status) == 0;
     const std::string detail = ok ? "exit 0" : describe_exit(wait_status);
     post_event(ok ? "exited" : "failed", worker, detail, version);
@@ -325,6 +328,31 @@ class Reporter::Runner {
     ExitVerdict verdict = ExitVerdict::left;
     if (is_member(current, worker)) {
       verdict = ok ? ExitVerdict::finished : remove_member(current, worker, "failed: " + detail);
+    }
+    post(ExitJudged{worker, verdict});
+  }
+
+  // An adopted worker's exit status is unknown, so the document decides. A worker of a finished
+  // job ended it; one that is no member any more left. One that is still a member of a running
+  // job may have ended the job a moment before rank 0 marked it finished, or have failed a
+  // moment before the survivors removed it: the document is watched for either for a while.
+  // Still a member of a running job after that, it failed and is removed like any failed worker.
+  void judge_adopted_exit(const std::string& worker, std::uint64_t version) {
+    Cluster current = call([&] { return client_.get_cluster(); });
+    const auto end = Clock::now() + kAdoptedExitWindow;
+    while (is_member(current, worker) && !marked_finished(current) && Clock::now() < end) {
+      pause(*control_, config_.departure_poll);
+      current = call([&] { return client_.get_cluster(); });
+    }
+    ExitVerdict verdict = ExitVerdict::left;
+    if (is_member(current, worker) && marked_finished(current)) {
+      post_event("exited", worker, "status unknown (adopted), the job is finished", version);
+      verdict = ExitVerdict::finished;
+    } else if (is_member(current, worker)) {
+      post_event("failed", worker, "status unknown (adopted), still a member", version);
+      verdict = remove_member(current, worker, "failed: exited while a member (adopted)");
+    } else {
+      post_event("exited", worker, "status unknown (adopted), not a member", version);
     }
     post(ExitJudged{worker, verdict});
   }

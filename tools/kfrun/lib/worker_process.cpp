@@ -2,8 +2,11 @@
 #include "kfrun/lib/worker_process.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -66,7 +69,11 @@ bool install_fd(int fd, int target) noexcept {
   struct sigaction action {};
   action.sa_handler = SIG_DFL;
   sigemptyset(&action.sa_mask);
-  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGPIPE}) ::sigaction(sig, &action, nullptr);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM}) ::sigaction(sig, &action, nullptr);
+  // Ignored, so that a worker outlives the pipes of an agent that dies (a restarted agent adopts
+  // it; adopt.hpp): its writes then fail with EPIPE instead of killing it.
+  action.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &action, nullptr);
   ::sigprocmask(SIG_SETMASK, &mask, nullptr);
   ::execvpe(argv[0], argv, envp);
   const int error = errno;
@@ -95,12 +102,14 @@ void set_non_blocking(int fd) {
 }  // namespace
 
 int exit_code_of(int wait_status) noexcept {
+  if (wait_status == kUnknownExit) return 1;
   if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
   if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
   return 1;
 }
 
 std::string describe_exit(int wait_status) {
+  if (wait_status == kUnknownExit) return "exited (status unknown: adopted)";
   if (WIFSIGNALED(wait_status)) {
     const int sig = WTERMSIG(wait_status);
     return "was killed by signal " + std::to_string(sig) + " (" + ::strsignal(sig) + ")";
@@ -167,6 +176,27 @@ WorkerProcess WorkerProcess::spawn(const std::vector<std::string>& argv,
   return worker;
 }
 
+WorkerProcess WorkerProcess::adopt(pid_t pid) {
+  const long fd = ::syscall(SYS_pidfd_open, pid, 0);
+  if (fd < 0) {
+    throw std::system_error(errno, std::generic_category(),
+                            "kfrun: pidfd_open of pid " + std::to_string(pid));
+  }
+  UniqueFd pidfd(static_cast<int>(fd));
+  // The worker's pipes, which lost their reader with the old agent: opening /proc/PID/fd/N
+  // makes this process a reader of the same pipe.
+  auto reopen = [pid](int n) {
+    const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(n);
+    UniqueFd f(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+    struct stat st {};
+    if (f.is_open() && (::fstat(f.get(), &st) != 0 || !S_ISFIFO(st.st_mode))) f.close();
+    return f;
+  };
+  WorkerProcess worker(pid, reopen(STDOUT_FILENO), reopen(STDERR_FILENO));
+  worker.pidfd_ = std::move(pidfd);
+  return worker;
+}
+
 WorkerProcess::WorkerProcess(pid_t pid, UniqueFd out, UniqueFd err) noexcept
     : pid_(pid), out_(std::move(out)), err_(std::move(err)) {}
 
@@ -174,11 +204,13 @@ WorkerProcess::WorkerProcess(WorkerProcess&& other) noexcept
     : pid_(std::exchange(other.pid_, -1)),
       reaped_(other.reaped_),
       out_(std::move(other.out_)),
-      err_(std::move(other.err_)) {}
+      err_(std::move(other.err_)),
+      pidfd_(std::move(other.pidfd_)) {}
 
 WorkerProcess::~WorkerProcess() {
   if (!running()) return;
   signal(SIGKILL);
+  if (adopted()) return;  // not a child: its new parent reaps it
   int wait_status = 0;
   while (::waitpid(pid_, &wait_status, 0) < 0 && errno == EINTR) {
   }
@@ -186,12 +218,27 @@ WorkerProcess::~WorkerProcess() {
 
 void WorkerProcess::signal(int sig) noexcept {
   if (!running()) return;
+  if (adopted()) {
+    // Not a child, so no zombie holds its pid: signal it only while the pidfd says it lives.
+    pollfd p{pidfd_.get(), POLLIN, 0};
+    if (::poll(&p, 1, 0) != 0) return;
+  }
   // The group exists once spawn() returned; signal the process itself should it have left it.
   if (::kill(-pid_, sig) != 0) ::kill(pid_, sig);
 }
 
 std::optional<int> WorkerProcess::try_reap() noexcept {
   if (!running()) return std::nullopt;
+  if (adopted()) {
+    pollfd p{pidfd_.get(), POLLIN, 0};
+    int r = 0;
+    do {
+      r = ::poll(&p, 1, 0);
+    } while (r < 0 && errno == EINTR);
+    if (r <= 0 || (p.revents & (POLLIN | POLLHUP | POLLERR)) == 0) return std::nullopt;
+    reaped_ = true;
+    return kUnknownExit;
+  }
   int wait_status = 0;
   pid_t r = 0;
   do {

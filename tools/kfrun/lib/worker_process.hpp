@@ -34,12 +34,24 @@ class WorkerProcess {
                              const std::vector<std::string>& env,
                              std::optional<int> cpu = std::nullopt);
 
+  /// Takes over a running worker that an earlier agent started (adopt.hpp). It is not a child of
+  /// this process: its exit shows on exit_fd() (a pidfd) and its status is unknown
+  /// (kUnknownExit). Its output is read again through /proc/PID/fd/1 and /2 where those are
+  /// pipes (what it wrote while nobody read them is lost). Throws: std::system_error when the
+  /// process cannot be watched (gone: ESRCH; a kernel without pidfd_open: ENOSYS).
+  static WorkerProcess adopt(pid_t pid);
+
   WorkerProcess(WorkerProcess&& other) noexcept;
   WorkerProcess& operator=(WorkerProcess&&) = delete;
   ~WorkerProcess();
 
   pid_t pid() const noexcept { return pid_; }
   bool running() const noexcept { return pid_ > 0 && !reaped_; }
+  /// Whether it was adopted rather than started here.
+  bool adopted() const noexcept { return pidfd_.is_open(); }
+  /// Adopted: a descriptor that turns readable when the worker exits; -1 for a child (whose
+  /// exit comes as SIGCHLD).
+  int exit_fd() const noexcept { return pidfd_.is_open() ? pidfd_.get() : -1; }
   /// Read ends (non-blocking) of the worker's stdout and stderr; the caller closes them at EOF.
   UniqueFd& out() noexcept { return out_; }
   UniqueFd& err() noexcept { return err_; }
@@ -49,7 +61,7 @@ class WorkerProcess {
   void signal(int sig) noexcept;
 
   /// Reaps the worker if it has exited. Returns its waitpid() status (see exit_code_of), or
-  /// nullopt while it runs (and after it was reaped).
+  /// kUnknownExit for an adopted worker; nullopt while it runs (and after it was reaped).
   std::optional<int> try_reap() noexcept;
 
  private:
@@ -59,12 +71,19 @@ class WorkerProcess {
   bool reaped_ = false;
   UniqueFd out_;
   UniqueFd err_;
+  UniqueFd pidfd_;  // adopted workers only
 };
 
-/// The exit code a shell would report for a waitpid() status: the exit status, or 128 + signal.
+/// try_reap()'s status for an adopted worker, whose exit status only its old parent could read.
+/// Never a waitpid() status (those are 16-bit and non-negative).
+inline constexpr int kUnknownExit = -1;
+
+/// The exit code a shell would report for a waitpid() status: the exit status, or 128 + signal
+/// (1 for kUnknownExit).
 int exit_code_of(int wait_status) noexcept;
 
-/// "exited with code 3" or "was killed by signal 9 (Killed)", for a waitpid() status.
+/// "exited with code 3" or "was killed by signal 9 (Killed)", for a waitpid() status;
+/// "exited (status unknown: adopted)" for kUnknownExit.
 std::string describe_exit(int wait_status);
 
 }  // namespace kf::tools
