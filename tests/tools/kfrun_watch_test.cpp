@@ -7,8 +7,10 @@
 #include "kf/runtime/config_client.hpp"
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -542,6 +544,46 @@ TEST_F(KfrunWatch, AdoptsTheWorkersOfAnAgentThatWasKilled) {
   ASSERT_TRUE(agent_->wait_for_text("job finished")) << agent_->output();
   release(b, 0);
   EXPECT_EQ(wait_exit(), 0) << first_output << "\n--- the second agent\n" << agent_->output();
+}
+
+// A worker placed from another machine has a port nobody tested on its host; here it is in use
+// (the test holds it). The agent moves the worker to a free port in the document and starts it
+// there; the old address is never started.
+TEST_F(KfrunWatch, MovesAWorkerWhosePortIsInUse) {
+  start_builtin(3, 1);
+  const int held = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof a;
+  ASSERT_EQ(::bind(held, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::getsockname(held, reinterpret_cast<sockaddr*>(&a), &length), 0);
+  const std::string busy = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  auto c = client();
+  kf::Cluster next = c.get_cluster();
+  next.workers.push_back(kf::WorkerSpec{kf::Endpoint{"127.0.0.1", ntohs(a.sin_port)}, 1});
+  c.put_cluster(next);
+
+  ASSERT_TRUE(agent_->wait_for_text("is in use on this host: moving the worker to "))
+      << agent_->output();
+  const auto removed = wait_for_event("removed", busy);
+  ASSERT_TRUE(removed) << agent_->output();
+  EXPECT_TRUE(contains(removed->detail, "its port is in use on its host; moved to 127.0.0.1:"))
+      << removed->detail;
+  ASSERT_TRUE(agent_->wait_for_workers(2)) << agent_->output();
+  const kf::Cluster moved = c.get_cluster();
+  ASSERT_EQ(moved.size(), 2);
+  const std::string fresh = moved.workers[1].endpoint.str();
+  EXPECT_NE(fresh, busy);
+  EXPECT_EQ(moved.workers[1].slot, 1);
+  EXPECT_EQ(agent_->workers().count(fresh), 1u) << agent_->output();
+  EXPECT_EQ(agent_->workers().count(busy), 0u) << agent_->output();
+  EXPECT_EQ(count_events("started", busy), 0);
+  ::close(held);
+
+  release(self_of_rank(0), 0);
+  release(fresh, 0);
+  EXPECT_EQ(wait_exit(), 0) << agent_->output();
 }
 
 TEST_F(KfrunWatch, StopsItsWorkersOnSigterm) {

@@ -25,10 +25,12 @@ constexpr int kUsageError = 2;
 constexpr int kRuntimeError = 1;
 
 void add_placement(CLI::App* cmd, kf::member::AddOptions& add, std::string& range) {
-  cmd->add_option("--host", add.host, "host of the new workers (must be this machine)")
+  cmd->add_option("--host", add.host,
+                  "host of the new workers: this machine, or another where an agent runs")
       ->capture_default_str();
   cmd->add_option("--port-range", range,
-                  "ports to pick free ones from, A-B (each is test-bound on --host)")
+                  "ports to pick from, A-B (test-bound when --host is this machine; otherwise "
+                  "unchecked, and the host's agent moves a worker whose port is in use)")
       ->capture_default_str();
 }
 

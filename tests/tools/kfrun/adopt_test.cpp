@@ -35,14 +35,14 @@ TEST(Adopt, OthersAreNot) {
   EXPECT_FALSE(orphan_of(worker(700, 1, 700, kEnv), "job-1", "10.0.0.3"));
   EXPECT_FALSE(orphan_of(worker(700, 1, 700, kEnv), "job-1", "10.0.0."));
   // Not started by an agent (a static job's worker), or with a nonsense agent pid.
-  EXPECT_FALSE(orphan_of(worker(700, 1, 700, {"KF_JOB_ID=job-1", "KF_SELF=10.0.0.2:7001"}),
-                         "job-1", "10.0.0.2"));
-  EXPECT_FALSE(orphan_of(
-      worker(700, 1, 700, {"KF_JOB_ID=job-1", "KF_SELF=10.0.0.2:7001", "KF_AGENT_PID=x"}),
-      "job-1", "10.0.0.2"));
-  EXPECT_FALSE(orphan_of(worker(700, 1, 700, {"KF_JOB_ID=job-1", "KF_SELF=nonsense",
-                                              "KF_AGENT_PID=500"}),
-                         "job-1", "10.0.0.2"));
+  EXPECT_FALSE(orphan_of(worker(700, 1, 700, {"KF_JOB_ID=job-1", "KF_SELF=10.0.0.2:7001"}), "job-1",
+                         "10.0.0.2"));
+  EXPECT_FALSE(
+      orphan_of(worker(700, 1, 700, {"KF_JOB_ID=job-1", "KF_SELF=10.0.0.2:7001", "KF_AGENT_PID=x"}),
+                "job-1", "10.0.0.2"));
+  EXPECT_FALSE(
+      orphan_of(worker(700, 1, 700, {"KF_JOB_ID=job-1", "KF_SELF=nonsense", "KF_AGENT_PID=500"}),
+                "job-1", "10.0.0.2"));
 }
 
 TEST(Adopt, ReadsThisProcessFromProc) {

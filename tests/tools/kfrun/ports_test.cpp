@@ -75,5 +75,31 @@ TEST(PickFreePorts, RejectsHostThatIsNotLocal) {
   EXPECT_THROW(pick_free_ports("192.0.2.1", PortRange{40000, 40010}, 1), std::invalid_argument);
 }
 
+TEST(PortsForHost, TestsThePortsOfThisMachineOnly) {
+  EXPECT_TRUE(is_local_host("127.0.0.1"));
+  EXPECT_FALSE(is_local_host("192.0.2.1"));
+  EXPECT_THROW(is_local_host("no-such-host.invalid"), std::invalid_argument);
+
+  HeldPort held;
+  EXPECT_FALSE(port_is_free("127.0.0.1", held.port()));
+  // Here: test-bound, and never one that is taken or in use.
+  const PortRange range{held.port(), static_cast<std::uint16_t>(held.port() + 3)};
+  const std::vector<std::uint16_t> taken{static_cast<std::uint16_t>(held.port() + 1)};
+  const PortPick here = pick_ports_for("127.0.0.1", range, 1, taken);
+  EXPECT_TRUE(here.checked);
+  ASSERT_EQ(here.ports.size(), 1u);
+  EXPECT_GE(here.ports[0], held.port() + 2);
+  EXPECT_TRUE(port_is_free("127.0.0.1", here.ports[0]));
+
+  // Another machine: drawn from the range unchecked, distinct, never a taken one.
+  const PortRange wide{40000, 40007};
+  const std::vector<std::uint16_t> used{40001, 40003};
+  const PortPick there = pick_ports_for("192.0.2.1", wide, 6, used);
+  EXPECT_FALSE(there.checked);
+  const std::set<std::uint16_t> got(there.ports.begin(), there.ports.end());
+  EXPECT_EQ(got, (std::set<std::uint16_t>{40000, 40002, 40004, 40005, 40006, 40007}));
+  EXPECT_THROW(pick_ports_for("192.0.2.1", wide, 7, used), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace kf::tools

@@ -56,6 +56,12 @@ void check_bounds(const Cluster& cluster) {
   }
 }
 
+static std::string unchecked_note(bool checked, const std::string& host) {
+  if (checked) return "";
+  return " (ports not checked: " + host +
+         " is not this machine; its agent moves a worker whose port is in use there)";
+}
+
 Cluster mutate(CommandContext& ctx, const Mutator& edit_fn) {
   std::mt19937 rng(std::random_device{}());
   Cluster current = ctx.client.get_cluster();
@@ -123,21 +129,20 @@ std::string format_cluster(const Cluster& cluster) {
   return s.str();
 }
 
-std::vector<WorkerSpec> add_workers(Cluster& cluster, const AddOptions& options) {
-  std::set<std::uint16_t> used;
+std::vector<WorkerSpec> add_workers(Cluster& cluster, const AddOptions& options,
+                                    bool* ports_checked) {
+  std::vector<std::uint16_t> used;
   int next_slot = 0;
   for (const auto& w : cluster.workers) {
     if (w.endpoint.host != options.host) continue;
-    used.insert(w.endpoint.port);
+    used.push_back(w.endpoint.port);
     next_slot = std::max(next_slot, w.slot + 1);
   }
-  // Ask for enough candidates that the ports already in the cluster can be skipped.
-  const auto candidates = tools::pick_free_ports(
-      options.host, options.ports, options.count_workers + static_cast<int>(used.size()));
+  const tools::PortPick pick =
+      tools::pick_ports_for(options.host, options.ports, options.count_workers, used);
+  if (ports_checked != nullptr) *ports_checked = pick.checked;
   std::vector<WorkerSpec> added;
-  for (const auto port : candidates) {
-    if (static_cast<int>(added.size()) == options.count_workers) break;
-    if (used.contains(port)) continue;
+  for (const auto port : pick.ports) {
     added.push_back(WorkerSpec{Endpoint{options.host, port}, next_slot++});
   }
   cluster.workers.insert(cluster.workers.end(), added.begin(), added.end());
@@ -150,9 +155,10 @@ void list(CommandContext& ctx) {
 
 void add(CommandContext& ctx, const AddOptions& options) {
   mutate(ctx, [&](Cluster& c) {
-    const auto added = add_workers(c, options);
+    bool checked = true;
+    const auto added = add_workers(c, options, &checked);
     check_bounds(c);
-    Edit edit{"added " + join_workers(added), {}};
+    Edit edit{"added " + join_workers(added) + unchecked_note(checked, options.host), {}};
     for (const auto& w : added) edit.events.push_back({"added", w.endpoint.str(), "kf-member add"});
     return edit;
   });
@@ -183,8 +189,9 @@ void resize(CommandContext& ctx, int count_workers, const AddOptions& options) {
     if (count_workers > before) {
       AddOptions more = options;
       more.count_workers = count_workers - before;
-      const auto added = add_workers(c, more);
-      edit.summary = "added " + join_workers(added);
+      bool checked = true;
+      const auto added = add_workers(c, more, &checked);
+      edit.summary = "added " + join_workers(added) + unchecked_note(checked, options.host);
       for (const auto& w : added) {
         edit.events.push_back({"added", w.endpoint.str(), "kf-member resize"});
       }

@@ -71,13 +71,17 @@ std::string format_cluster(const Cluster& cluster);
 struct AddOptions {
   std::string host = "127.0.0.1";
   int count_workers = 1;
-  tools::PortRange ports;  ///< ports are picked by test-binding candidates on `host`
+  tools::PortRange ports;  ///< where the workers' ports are picked from
 };
 
-/// Appends `options.count_workers` workers on `options.host` with free ports not already in the
-/// cluster, slots continuing after the host's highest slot. Returns the added workers. Throws:
-/// std::invalid_argument when the host is not local or the range is exhausted.
-std::vector<WorkerSpec> add_workers(Cluster& cluster, const AddOptions& options);
+/// Appends `options.count_workers` workers on `options.host` with ports not already in the
+/// cluster, slots continuing after the host's highest slot. On this machine the ports are
+/// test-bound free ones; for another host they are drawn from the range unchecked, and that
+/// host's agent moves a worker whose port is in use there (tools::pick_ports_for). Returns the
+/// added workers; `*ports_checked` (when given) says which. Throws: std::invalid_argument when
+/// the host does not resolve or the range is exhausted.
+std::vector<WorkerSpec> add_workers(Cluster& cluster, const AddOptions& options,
+                                    bool* ports_checked = nullptr);
 
 void list(CommandContext& ctx);
 void add(CommandContext& ctx, const AddOptions& options);

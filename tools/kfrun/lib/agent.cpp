@@ -325,10 +325,37 @@ class Agent {
         }
         continue;
       }
+      if (move_if_port_taken(rank)) continue;
       if (start(rank)) {
         ++members;
         ++running;
       }
+    }
+  }
+
+  // A worker placed here from another machine (kf-member add --host) has a port nobody could
+  // test on this host. When it is in use here, the worker is given a free one in the document
+  // instead (the next version then lists it under its new address), and the old address is
+  // never started. Returns whether it moves.
+  bool move_if_port_taken(int rank) {
+    const Cluster& c = *cluster_;
+    const Endpoint& ep = c.workers[static_cast<std::size_t>(rank)].endpoint;
+    try {
+      if (port_is_free(options_.host, ep.port)) return false;
+      std::vector<std::uint16_t> taken;
+      for (const auto& w : c.workers) {
+        if (w.endpoint.host == options_.host) taken.push_back(w.endpoint.port);
+      }
+      const auto pick = pick_ports_for(options_.host, options_.ports, 1, taken);
+      const Endpoint to{options_.host, pick.ports.at(0)};
+      started_.insert(ep.str());
+      say("port " + std::to_string(ep.port) + " of " + ep.str() + " (" + v_text(c.version) +
+          ") is in use on this host: moving the worker to " + to.str());
+      reporter_->move_worker(ep.str(), to);
+      return true;
+    } catch (const std::exception&) {
+      // Not an address of this machine, or no free port: the start reports what goes wrong.
+      return false;
     }
   }
 

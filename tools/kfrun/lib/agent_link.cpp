@@ -363,6 +363,31 @@ class Reporter::Runner {
     post(ExitJudged{worker, remove_member(current, worker, "failed: " + why)});
   }
 
+  void move_worker(const std::string& worker, const Endpoint& to) {
+    Cluster current = call([&] { return client_.get_cluster(); });
+    for (int attempt = 1; attempt <= kMaxRemoveAttempts; ++attempt) {
+      Cluster next = current;
+      auto it = std::find_if(next.workers.begin(), next.workers.end(),
+                             [&](const WorkerSpec& w) { return w.endpoint.str() == worker; });
+      if (it == next.workers.end()) return;
+      it->endpoint = to;
+      try {
+        const Cluster stored = call([&] { return client_.put_cluster(next); });
+        post(LinkNote{"moved " + worker + " to " + to.str() + " (its port is in use here): v" +
+                      std::to_string(current.version) + " -> v" + std::to_string(stored.version)});
+        post_event("removed", worker, "its port is in use on its host; moved to " + to.str(),
+                   stored.version);
+        post_event("added", to.str(), "in place of " + worker + " (its port was in use)",
+                   stored.version);
+        return;
+      } catch (const ConflictError& e) {
+        current = e.current();
+      }
+    }
+    post(LinkNote{"error: gave up moving " + worker + " after " +
+                  std::to_string(kMaxRemoveAttempts) + " compare-and-swap conflicts"});
+  }
+
   void judge_departure(const std::string& worker, std::uint64_t after_version) {
     const auto end = Clock::now() + config_.departure_window;
     for (;;) {
@@ -442,6 +467,10 @@ void Reporter::enqueue(std::function<void(Runner&)> task) {
 void Reporter::post_event(std::string type, std::string worker, std::string detail,
                           std::uint64_t version) {
   enqueue([=](Runner& r) { r.post_event(type, worker, detail, version); });
+}
+
+void Reporter::move_worker(std::string worker, Endpoint to) {
+  enqueue([=](Runner& r) { r.move_worker(worker, to); });
 }
 
 void Reporter::judge_exit(std::string worker, int wait_status, std::uint64_t version) {

@@ -163,6 +163,10 @@ class Reporter {
   /// it just after its change), for up to departure_window; answers DepartureJudged (unknown
   /// when no event came).
   void judge_departure(std::string worker, std::uint64_t after_version);
+  /// Gives `worker` (not started: its port is in use on this host) the address `to` in the
+  /// document by compare-and-swap, keeping its rank and slot, and posts `removed` and `added`
+  /// saying so. Nothing when it is no member any more.
+  void move_worker(std::string worker, Endpoint to);
 
   /// Waits until the queued requests are done or `deadline` passes, then stops the thread and
   /// returns how many requests were dropped. noexcept.

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -80,6 +81,54 @@ PortRange PortRange::parse(std::string_view text) {
     throw std::invalid_argument("port range '" + std::string(text) + "' is empty (A > B)");
   }
   return range;
+}
+
+bool is_local_host(const std::string& host) {
+  socklen_t length = 0;
+  sockaddr_storage address = resolve(host, length);
+  set_port(address, 0);
+  const int fd = ::socket(address.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), "socket");
+  const int rc = ::bind(fd, reinterpret_cast<const sockaddr*>(&address), length);
+  ::close(fd);
+  return rc == 0;
+}
+
+bool port_is_free(const std::string& host, std::uint16_t port) {
+  socklen_t length = 0;
+  const sockaddr_storage address = resolve(host, length);
+  return try_bind(address, length, port, host);
+}
+
+PortPick pick_ports_for(const std::string& host, PortRange range, int count_ports,
+                        const std::vector<std::uint16_t>& taken) {
+  const auto is_taken = [&](std::uint16_t p) {
+    return std::find(taken.begin(), taken.end(), p) != taken.end();
+  };
+  PortPick pick;
+  if (is_local_host(host)) {
+    // Enough candidates that the taken ones can be skipped.
+    for (const auto port :
+         pick_free_ports(host, range, count_ports + static_cast<int>(taken.size()))) {
+      if (std::ssize(pick.ports) == count_ports) break;
+      if (!is_taken(port)) pick.ports.push_back(port);
+    }
+    return pick;
+  }
+  pick.checked = false;
+  const std::size_t span = range.count_ports();
+  std::random_device seed;
+  const std::size_t start = std::uniform_int_distribution<std::size_t>(0, span - 1)(seed);
+  for (std::size_t i = 0; i < span && std::ssize(pick.ports) < count_ports; ++i) {
+    const auto port = static_cast<std::uint16_t>(range.first + (start + i) % span);
+    if (!is_taken(port)) pick.ports.push_back(port);
+  }
+  if (std::ssize(pick.ports) < count_ports) {
+    throw std::invalid_argument("port range " + range.str() + " has only " +
+                                std::to_string(pick.ports.size()) + " ports left for " + host +
+                                ", " + std::to_string(count_ports) + " needed (use --port-range)");
+  }
+  return pick;
 }
 
 std::vector<std::uint16_t> pick_free_ports(const std::string& host, PortRange range,

@@ -37,4 +37,25 @@ struct PortRange {
 std::vector<std::uint16_t> pick_free_ports(const std::string& host, PortRange range,
                                            int count_ports);
 
+/// Whether `host` resolves to an address of this machine (one a socket can be bound to).
+/// Throws: std::invalid_argument when it does not resolve; std::system_error when a socket
+/// cannot be created.
+bool is_local_host(const std::string& host);
+
+/// Whether `port` can be bound on `host` (an address of this machine) now: false when it is in
+/// use. Throws: as pick_free_ports.
+bool port_is_free(const std::string& host, std::uint16_t port);
+
+/// Ports for workers on `host`, none of them in `taken`: test-bound free ones (pick_free_ports)
+/// when `host` is this machine; otherwise `count_ports` distinct ones drawn at random from
+/// `range` and not checked (`checked` false), for the host's agent to move should one be in
+/// use there. Throws: std::invalid_argument when `host` does not resolve or the range has too
+/// few ports.
+struct PortPick {
+  std::vector<std::uint16_t> ports;
+  bool checked = true;
+};
+PortPick pick_ports_for(const std::string& host, PortRange range, int count_ports,
+                        const std::vector<std::uint16_t>& taken);
+
 }  // namespace kf::tools
