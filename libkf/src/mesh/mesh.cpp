@@ -60,9 +60,19 @@ Mesh::Mesh(const PeerOptions& opts, asio::io_context& ioc, Driver& driver, Mailb
     local_acceptor_.open(local_stream(), ec);
     if (!ec) local_acceptor_.bind(local_stream::endpoint(name), ec);
     if (!ec) local_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) {
+    if (ec == boost::asio::error::address_in_use) {
+      // Another process holds this worker's name: one left from an earlier run, or one squatting
+      // on it. Peers on this host that dial the name reach that process, which cannot prove the
+      // job token (nor passes their user check), and fall back to TCP.
+      KF_LOG(warn, "transport",
+             "{}: the same-host socket name of this worker is taken by another process; peers "
+             "on this host reach it over TCP",
+             identity_);
+    } else if (ec) {
       KF_LOG(info, "transport", "{}: no same-host socket ({}); peers on this host use TCP",
              identity_, ec.message());
+    }
+    if (ec) {
       boost::system::error_code ignored;
       local_acceptor_.close(ignored);
     }

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The dialling side of the mesh: connecting (the same-host socket first, then TCP), the
 // handshake, the writer of each outgoing connection, and posting frames to it.
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <boost/asio/experimental/awaitable_operators.hpp>
 
 #include "kf/common/log.hpp"
@@ -36,6 +39,23 @@ awaitable<boost::system::error_code> Mesh::connect(Outgoing& out, const Endpoint
     local_stream::socket s(ex());
     auto [ec] = co_await s.async_connect(local_stream::endpoint(local_socket_name(ep)), kTuple);
     if (!ec) {
+      // Only a listener of this user is trusted with the name: a process of another user that
+      // took it first (the abstract namespace has no permissions) gets nothing, not even a
+      // handshake to relay.
+      ucred cred{};
+      socklen_t len = sizeof cred;
+      const bool known = ::getsockopt(s.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
+      if (!known || cred.uid != ::geteuid()) {
+        KF_LOG(warn, "transport",
+               "{}: the same-host socket of {} is held by {} (pid {}), not by this user; "
+               "using TCP",
+               identity_, ep.str(), known ? "uid " + std::to_string(cred.uid) : "an unknown user",
+               known ? cred.pid : 0);
+        peers_[static_cast<std::size_t>(out.peer)].no_local = true;
+        co_return boost::asio::error::access_denied;
+      }
+    }
+    if (!ec) {
       set_socket_options(s, opts_.socket_buffer_bytes);
       out.sock = Stream(std::move(s));
       out.local = true;
@@ -59,7 +79,10 @@ awaitable<boost::system::error_code> Mesh::connect(Outgoing& out, const Endpoint
   // A peer that started between the two attempts (the name lookup takes a while) listens on its
   // same-host socket by now, if at all: it opens that before its TCP port (PeerImpl's
   // constructor). Without this second look, the connection would stay on TCP for good.
-  if (try_local && !co_await connect_local()) co_return boost::system::error_code{};
+  if (try_local && !peers_[static_cast<std::size_t>(out.peer)].no_local &&
+      !co_await connect_local()) {
+    co_return boost::system::error_code{};
+  }
   set_socket_options(s, opts_.socket_buffer_bytes);
   out.sock = Stream(std::move(s));
   co_return ec;

@@ -10,11 +10,13 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <spdlog/sinks/ostream_sink.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstddef>
 #include <cstring>
 #include <sstream>
@@ -45,6 +47,19 @@ class LogCapture {
   std::ostringstream out_;
   std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
 };
+
+// A free TCP port of 127.0.0.1 (free when this returns).
+std::uint16_t free_port() {
+  const int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  socklen_t len = sizeof a;
+  EXPECT_EQ(bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  EXPECT_EQ(getsockname(s, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  close(s);
+  return ntohs(a.sin_port);
+}
 
 int connect_to(const Endpoint& ep) {
   const int s = socket(AF_INET, SOCK_STREAM, 0);
@@ -441,6 +456,62 @@ TEST(Robustness, PeerWithTheWrongTokenIsRejectedOnBothSides) {
   EXPECT_TRUE(ec == errcond::peer_failure) << ec.message();
   EXPECT_NE(log.text().find("does not prove the job token"), std::string::npos) << log.text();
   allreduce_works(peers, "unaffected");
+}
+
+// Another user takes a worker's same-host socket name before the worker starts (the abstract
+// namespace has no permissions). The worker warns that its name is taken; a peer that dials the
+// name finds a listener of another user (SO_PEERCRED), warns and uses TCP, so it never talks to
+// the squatter, not even to hand it a handshake. Collectives work.
+TEST(Robustness, ASameHostSocketOfAnotherUserIsNotTrusted) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to listen as another user (CI runs as root)";
+  const std::uint16_t port = free_port();
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t squatter = fork();
+  if (squatter == 0) {
+    // Only system calls here: the test process may have threads.
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
+    const int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    const std::string name = std::string(1, '\0') + "kf/127.0.0.1:" + std::to_string(port);
+    std::memcpy(a.sun_path, name.data(), name.size());
+    const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size());
+    if (bind(s, reinterpret_cast<sockaddr*>(&a), len) != 0 || listen(s, 16) != 0) _exit(3);
+    const char ok = 1;
+    if (write(ready[1], &ok, 1) != 1) _exit(4);
+    for (;;) pause();
+  }
+  close(ready[1]);
+  char ok = 0;
+  ASSERT_EQ(read(ready[0], &ok, 1), 1) << "the squatter could not take the name";
+  close(ready[0]);
+  LogCapture log;
+  {
+    PeerOptions o;
+    o.job_token = "test-token";
+    o.listen = Endpoint{"127.0.0.1", port};
+    std::vector<std::unique_ptr<Peer>> peers;
+    peers.push_back(std::make_unique<Peer>(o));
+    o.listen = Endpoint{"127.0.0.1", 0};
+    peers.push_back(std::make_unique<Peer>(o));
+    Cluster c;
+    c.version = 1;
+    for (int i = 0; i < 2; ++i) c.workers.push_back(WorkerSpec{peers[i]->endpoint(), i});
+    for (auto& p : peers) p->start(c);
+    allreduce_works(peers, "past-the-squatter");
+  }
+  kill(squatter, SIGKILL);
+  waitpid(squatter, nullptr, 0);
+  const std::string text = log.text();
+  EXPECT_NE(text.find("127.0.0.1:" + std::to_string(port) +
+                      ": the same-host socket name of this worker is taken by another process"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("the same-host socket of 127.0.0.1:" + std::to_string(port) +
+                      " is held by uid 65534"),
+            std::string::npos)
+      << text;
 }
 
 }  // namespace
