@@ -1,8 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf/runtime/config_client.hpp"
 
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <openssl/sha.h>
+
+#include <array>
 #include <atomic>
 #include <charconv>
+#include <ctime>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <utility>
@@ -15,7 +22,20 @@
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
+#include "kf/runtime/cluster_settings.hpp"
+
 namespace kf {
+
+bool is_client_event_type(std::string_view type) noexcept {
+  static constexpr std::array<std::string_view, 13> kTypes{
+      "added",   "removed", "joined", "left",      "failed",  "revoked", "killed",
+      "resized", "started", "exited", "restarted", "adopted", "note"};
+  for (const auto t : kTypes) {
+    if (t == type) return true;
+  }
+  return false;
+}
+
 namespace {
 
 namespace asio = boost::asio;
@@ -71,9 +91,85 @@ void start(const std::shared_ptr<Exchange>& x, const Endpoint& server) {
       });
 }
 
+// A request whose answer is a stream of JSON messages, one per line (etcd's watch through its
+// JSON gateway): each complete line goes to on_message, which returns true to stop reading.
+struct StreamExchange {
+  explicit StreamExchange(asio::io_context& ioc) : resolver(ioc), stream(ioc) {}
+  tcp::resolver resolver;
+  beast::tcp_stream stream;
+  beast::flat_buffer buffer;
+  http::request<http::string_body> request;
+  http::response_parser<http::string_body> parser;
+  std::size_t consumed = 0;  // bytes of the body handed to on_message
+  std::function<bool(const json&)> on_message;
+  std::string bad_message;  // a line that is not JSON
+  beast::error_code ec;
+  bool done = false;
+};
+
+// Hands the complete lines of the body received so far to on_message. Returns true to stop.
+bool take_lines(StreamExchange& x) {
+  const std::string& body = x.parser.get().body();
+  for (;;) {
+    const auto end = body.find('\n', x.consumed);
+    if (end == std::string::npos) return false;
+    const std::string_view line(body.data() + x.consumed, end - x.consumed);
+    x.consumed = end + 1;
+    if (line.find_first_not_of(" \r\t") == std::string_view::npos) continue;
+    const json m = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (m.is_discarded()) {
+      x.bad_message = std::string(line.substr(0, 200));
+      return true;
+    }
+    if (x.on_message(m)) return true;
+  }
+}
+
+void read_stream(const std::shared_ptr<StreamExchange>& x) {
+  http::async_read_some(x->stream, x->buffer, x->parser, [x](beast::error_code ec, std::size_t) {
+    if (ec) {
+      x->ec = ec;
+      x->done = true;
+      return;
+    }
+    if (take_lines(*x) || x->parser.is_done()) {
+      beast::error_code ignored;
+      x->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+      x->done = true;
+      return;
+    }
+    read_stream(x);
+  });
+}
+
+void start_stream(const std::shared_ptr<StreamExchange>& x, const Endpoint& server) {
+  const auto fail = [x](beast::error_code ec) {
+    x->ec = ec;
+    x->done = true;
+  };
+  x->parser.body_limit(std::uint64_t{256} << 20);
+  x->resolver.async_resolve(
+      server.host, std::to_string(server.port),
+      [x, fail](beast::error_code resolve_ec, tcp::resolver::results_type results) {
+        if (resolve_ec) return fail(resolve_ec);
+        x->stream.async_connect(
+            results, [x, fail](beast::error_code connect_ec, const tcp::endpoint&) {
+              if (connect_ec) return fail(connect_ec);
+              http::async_write(x->stream, x->request,
+                                [x, fail](beast::error_code write_ec, std::size_t) {
+                                  if (write_ec) return fail(write_ec);
+                                  read_stream(x);
+                                });
+            });
+      });
+}
+
 std::string reason_of(const Answer& a) {
   if (a.body.is_object() && a.body.contains("error") && a.body["error"].is_string()) {
     return a.body["error"].get<std::string>();
+  }
+  if (a.body.is_object() && a.body.contains("message") && a.body["message"].is_string()) {
+    return a.body["message"].get<std::string>();  // etcd's JSON gateway
   }
   return "HTTP " + std::to_string(a.status);
 }
@@ -149,6 +245,12 @@ class ConfigClient::Connection {
   Answer call(const Endpoint& server, const std::string& token, http::verb verb,
               const std::string& target, const json* body, std::chrono::milliseconds deadline);
 
+  // POSTs `body` to `target` and hands each message of the streamed answer to `on_message`
+  // until it returns true (then returns true) or `wait` has passed (then returns false). Throws
+  // as call() when the service cannot be reached or answers an error status.
+  bool stream(const Endpoint& server, const std::string& target, const json& body,
+              std::chrono::milliseconds wait, const std::function<bool(const json&)>& on_message);
+
   void cancel() noexcept {
     cancelled_.store(true);
     ioc_.stop();  // thread-safe: the request's run loop returns at once
@@ -156,14 +258,16 @@ class ConfigClient::Connection {
 
  private:
   // Runs `x` until it is done, the deadline passes or cancel() is called. Returns the error, or
-  // none with x->response filled in.
-  beast::error_code run(const std::shared_ptr<Exchange>& x, std::chrono::milliseconds deadline);
+  // none with x's answer filled in.
+  template <typename X>
+  beast::error_code run(const std::shared_ptr<X>& x, std::chrono::milliseconds deadline);
 
   asio::io_context ioc_;
   std::atomic<bool> cancelled_{false};
 };
 
-beast::error_code ConfigClient::Connection::run(const std::shared_ptr<Exchange>& x,
+template <typename X>
+beast::error_code ConfigClient::Connection::run(const std::shared_ptr<X>& x,
                                                 std::chrono::milliseconds deadline) {
   x->stream.expires_after(deadline);
   // The resolver has no deadline of its own: bound the whole run as well.
@@ -229,11 +333,451 @@ Answer ConfigClient::Connection::call(const Endpoint& server, const std::string&
   throw Error(make_error_code(errc::protocol_error), message);
 }
 
+bool ConfigClient::Connection::stream(const Endpoint& server, const std::string& target,
+                                      const json& body, std::chrono::milliseconds wait,
+                                      const std::function<bool(const json&)>& on_message) {
+  const std::string what = "POST http://" + server.str() + target;
+  if (cancelled_.load()) throw Error(make_error_code(errc::cancelled), what + ": cancelled");
+  auto x = std::make_shared<StreamExchange>(ioc_);
+  auto& req = x->request;
+  req = http::request<http::string_body>{http::verb::post, target, 11};
+  req.set(http::field::host, server.str());
+  req.set(http::field::user_agent, "kf-config-client");
+  req.set(http::field::content_type, "application/json");
+  // etcd's gateway passes this on as gRPC metadata: a watch then ends with an error on a member
+  // that has lost its leader (a minority in a partition) instead of staying silent.
+  req.set("Grpc-Metadata-hasleader", "true");
+  req.body() = body.dump();
+  req.prepare_payload();
+  bool stopped = false;
+  x->on_message = [&](const json& m) { return stopped = on_message(m); };
+  start_stream(x, server);
+  const beast::error_code ec = run(x, wait);
+  if (cancelled_.load()) throw Error(make_error_code(errc::cancelled), what + ": cancelled");
+  if (ec == beast::error::timeout) return false;
+  if (ec && !stopped) {
+    throw Error(make_error_code(errc::service_unavailable),
+                what + ": cannot reach the config service: " + ec.message());
+  }
+  const unsigned status = x->parser.get().result_int();
+  if (status < 200 || status >= 300) {
+    Answer a{status, json::parse(x->parser.get().body(), nullptr, false)};
+    throw Error(make_error_code(status >= 500 ? errc::service_unavailable : errc::protocol_error),
+                what + ": " + std::to_string(status) + " " + reason_of(a));
+  }
+  if (!x->bad_message.empty()) {
+    throw Error(make_error_code(errc::protocol_error),
+                what + ": a streamed message is not JSON: " + x->bad_message);
+  }
+  return stopped;
+}
+
+// ---- etcd ----------------------------------------------------------------------------------
+//
+// The job's keys under PREFIX: PREFIX/cluster holds the document (JSON) and PREFIX/events/ID one
+// event each, its seq being the etcd revision that created it. Changes are transactions that
+// compare the key's mod_revision (compare-and-swap) and write the document together with its
+// cluster_changed event; a watch streams the document's next change.
+
+namespace {
+
+std::string base64(std::string_view s) {
+  std::string out(4 * ((s.size() + 2) / 3) + 1, '\0');
+  const int n =
+      EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                      reinterpret_cast<const unsigned char*>(s.data()), static_cast<int>(s.size()));
+  out.resize(static_cast<std::size_t>(n));
+  return out;
+}
+
+std::string unbase64(const std::string& s, const std::string& what) {
+  if (s.size() % 4 != 0) {
+    throw Error(make_error_code(errc::protocol_error), what + ": a value is not base64");
+  }
+  std::string out(3 * s.size() / 4, '\0');
+  const int n =
+      EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                      reinterpret_cast<const unsigned char*>(s.data()), static_cast<int>(s.size()));
+  if (n < 0) throw Error(make_error_code(errc::protocol_error), what + ": a value is not base64");
+  std::size_t size = static_cast<std::size_t>(n);
+  // EVP_DecodeBlock counts the padding as zero bytes.
+  if (!s.empty() && s[s.size() - 1] == '=') --size;
+  if (s.size() > 1 && s[s.size() - 2] == '=') --size;
+  out.resize(size);
+  return out;
+}
+
+// An int64 of the gateway's answers (written as a JSON string), or 0 when absent.
+std::uint64_t int_field(const json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key)) return 0;
+  const json& v = j[key];
+  if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+  if (v.is_string()) {
+    const auto& s = v.get_ref<const std::string&>();
+    std::uint64_t n = 0;
+    const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+    if (ec == std::errc{} && ptr == s.data() + s.size()) return n;
+  }
+  return 0;
+}
+
+std::string random_hex(std::size_t bytes) {
+  std::vector<unsigned char> raw(bytes);
+  if (RAND_bytes(raw.data(), static_cast<int>(raw.size())) != 1) {
+    throw std::runtime_error("cannot generate random bytes (OpenSSL RAND_bytes failed)");
+  }
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string hex;
+  for (unsigned char b : raw) {
+    hex.push_back(kDigits[b >> 4]);
+    hex.push_back(kDigits[b & 0xf]);
+  }
+  return hex;
+}
+
+std::string now_rfc3339() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
+  return buf;
+}
+
+// The key after every key that starts with `prefix` (a range's end).
+std::string prefix_end(std::string prefix) {
+  while (!prefix.empty()) {
+    auto& last = reinterpret_cast<unsigned char&>(prefix.back());
+    if (last < 0xff) {
+      ++last;
+      return prefix;
+    }
+    prefix.pop_back();
+  }
+  return std::string(1, '\0');
+}
+
+// "/kf/" and 16 hex digits of SHA-256 of the token: every process of a job holds the token, so
+// they all find the same keys, and the keys do not reveal it.
+std::string prefix_for_token(const std::string& token) {
+  std::array<unsigned char, SHA256_DIGEST_LENGTH> digest{};
+  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest.data());
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out = "/kf/";
+  for (std::size_t i = 0; i < 8; ++i) {
+    out.push_back(kDigits[digest[i] >> 4]);
+    out.push_back(kDigits[digest[i] & 0xf]);
+  }
+  return out;
+}
+
+std::string workers_text(const Cluster& c) {
+  return std::to_string(c.size()) + (c.size() == 1 ? " worker" : " workers");
+}
+
+// The document without its version, to tell whether a stored one is the one we wrote.
+json content_of(const Cluster& c) {
+  json j = c.to_json();
+  j.erase("version");
+  return j;
+}
+
+}  // namespace
+
+class ConfigClient::Etcd {
+ public:
+  Etcd(ServiceUrl url, const std::string& token, Connection& connection,
+       ConfigClientOptions options)
+      : endpoints_(std::move(url.endpoints)),
+        prefix_(url.prefix.empty() ? prefix_for_token(token) : url.prefix),
+        cluster_key_(prefix_ + "/cluster"),
+        events_prefix_(prefix_ + "/events/"),
+        connection_(connection),
+        options_(options) {}
+
+  Cluster get_cluster() { return read().cluster; }
+
+  Cluster put_cluster(const Cluster& next) {
+    if (next.workers.empty()) {
+      throw Error(make_error_code(errc::invalid_argument),
+                  "etcd put cluster: workers must not be empty");
+    }
+    if (const auto why = next.validate(); !why.empty()) {
+      throw Error(make_error_code(errc::invalid_argument), "etcd put cluster: " + why);
+    }
+    if (const auto parsed = parse_cluster_settings(next.settings); !parsed.errors.empty()) {
+      std::string why;
+      for (const auto& e : parsed.errors) why += (why.empty() ? "" : "; ") + e;
+      throw Error(make_error_code(errc::invalid_argument), "etcd put cluster: " + why);
+    }
+    const Stored current = read();
+    if (next.version != current.cluster.version) {
+      throw ConflictError("etcd put cluster: stale version " + std::to_string(next.version) +
+                              ", current is " + std::to_string(current.cluster.version),
+                          current.cluster);
+    }
+    Cluster stored = next;
+    stored.version = current.cluster.version + 1;
+    const json event = {{"type", "cluster_changed"},
+                        {"version", stored.version},
+                        {"detail", workers_text(stored)},
+                        {"time", now_rfc3339()}};
+    const json compare = current.mod_revision == 0
+                             ? json{{"key", base64(cluster_key_)},
+                                    {"target", "CREATE"},
+                                    {"result", "EQUAL"},
+                                    {"create_revision", "0"}}
+                             : json{{"key", base64(cluster_key_)},
+                                    {"target", "MOD"},
+                                    {"result", "EQUAL"},
+                                    {"mod_revision", std::to_string(current.mod_revision)}};
+    const json txn = {
+        {"compare", json::array({compare})},
+        {"success", json::array({put_op(cluster_key_, stored.to_json().dump()),
+                                 put_op(events_prefix_ + random_hex(8), event.dump())})},
+        {"failure", json::array({json{{"request_range", {{"key", base64(cluster_key_)}}}}})}};
+    json answer;
+    try {
+      answer = call("/v3/kv/txn", txn);
+    } catch (const Error& e) {
+      if (e.code() != errc::service_unavailable) throw;
+      // The write may have been committed with its answer lost: then the document is ours.
+      // Saying so keeps a caller that would re-apply its edit after a conflict from applying
+      // it twice.
+      Stored after;
+      try {
+        after = read();
+      } catch (const Error&) {
+        throw e;
+      }
+      if (after.cluster.version == stored.version &&
+          content_of(after.cluster) == content_of(stored)) {
+        return after.cluster;
+      }
+      throw;
+    }
+    if (answer.value("succeeded", false)) return stored;
+    // The compare failed: someone else wrote first.
+    Cluster now = current.cluster;
+    if (answer.contains("responses") && answer["responses"].is_array()) {
+      for (const auto& r : answer["responses"]) {
+        if (r.contains("response_range")) now = from_range(r["response_range"], "etcd txn").cluster;
+      }
+    }
+    throw ConflictError("etcd put cluster: version " + std::to_string(next.version) +
+                            " was changed meanwhile, current is " + std::to_string(now.version),
+                        now);
+  }
+
+  Cluster watch(std::uint64_t after_version, std::chrono::milliseconds timeout) {
+    using Clock = std::chrono::steady_clock;
+    const auto end = Clock::now() + timeout;
+    for (;;) {
+      const Stored s = read();
+      if (s.cluster.version > after_version) return s.cluster;
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(end - Clock::now());
+      if (left <= std::chrono::milliseconds::zero()) return s.cluster;
+      // Every change of the document after the revision that was read.
+      const json request = {
+          {"create_request",
+           {{"key", base64(cluster_key_)}, {"start_revision", std::to_string(s.revision + 1)}}}};
+      std::optional<Cluster> seen;
+      bool lost = false;  // the member ended the watch: no leader, or cancelled it
+      try {
+        connection_.stream(endpoints_[current_], "/v3/watch", request, left, [&](const json& m) {
+          if (m.contains("error")) return lost = true;
+          const json& result = m.contains("result") ? m["result"] : m;
+          if (result.value("canceled", false)) return lost = true;
+          if (!result.contains("events") || !result["events"].is_array()) return false;
+          for (const auto& e : result["events"]) {
+            if (e.value("type", std::string()) == "DELETE" || !e.contains("kv")) continue;
+            Cluster c = parse_document(e["kv"], "etcd watch");
+            if (c.version > after_version) seen = std::move(c);
+          }
+          return seen.has_value();
+        });
+      } catch (const Error& e) {
+        if (e.code() != errc::service_unavailable) throw;
+        next_endpoint();
+        continue;  // read again, from another member
+      }
+      if (seen) return *seen;
+      if (lost) next_endpoint();
+      if (Clock::now() >= end) return read().cluster;
+    }
+  }
+
+  ConfigEvent post_event(const std::string& type, const std::string& worker,
+                         const std::string& detail, std::optional<std::uint64_t> version) {
+    if (!is_client_event_type(type)) {
+      throw Error(make_error_code(errc::invalid_argument),
+                  "etcd post event: unknown event type '" + type + "'");
+    }
+    if (!worker.empty()) {
+      try {
+        Endpoint::parse(worker);
+      } catch (const std::invalid_argument& e) {
+        throw Error(make_error_code(errc::invalid_argument),
+                    "etcd post event: worker must be host:port: " + std::string(e.what()));
+      }
+    }
+    json event = {{"type", type}, {"time", now_rfc3339()}};
+    if (!worker.empty()) event["worker"] = worker;
+    if (!detail.empty()) event["detail"] = detail;
+    if (version) event["version"] = *version;
+    const std::string key = events_prefix_ + random_hex(8);
+    // Created only if absent: a retry after a lost answer finds it there and writes nothing.
+    const json txn = {{"compare", json::array({json{{"key", base64(key)},
+                                                    {"target", "CREATE"},
+                                                    {"result", "EQUAL"},
+                                                    {"create_revision", "0"}}})},
+                      {"success", json::array({put_op(key, event.dump())})},
+                      {"failure", json::array({json{{"request_range", {{"key", base64(key)}}}}})}};
+    const json answer = call("/v3/kv/txn", txn);
+    std::uint64_t seq = int_field(answer.value("header", json::object()), "revision");
+    if (!answer.value("succeeded", false) && answer.contains("responses")) {
+      for (const auto& r : answer["responses"]) {
+        const json& range = r.value("response_range", json::object());
+        for (const auto& kv : range.value("kvs", json::array()))
+          seq = int_field(kv, "create_revision");
+      }
+    }
+    ConfigEvent e = event_from_json(event);
+    e.seq = seq;
+    return e;
+  }
+
+  std::vector<ConfigEvent> get_events(std::uint64_t after_seq) {
+    const json request = {{"key", base64(events_prefix_)},
+                          {"range_end", base64(prefix_end(events_prefix_))},
+                          {"sort_order", "ASCEND"},
+                          {"sort_target", "CREATE"},
+                          {"min_create_revision", std::to_string(after_seq + 1)}};
+    const json answer = call("/v3/kv/range", request);
+    std::vector<ConfigEvent> events;
+    for (const auto& kv : answer.value("kvs", json::array())) {
+      const std::string value = unbase64(kv.value("value", std::string()), "etcd events");
+      const json j = json::parse(value, nullptr, /*allow_exceptions=*/false);
+      if (!j.is_object()) {
+        throw Error(make_error_code(errc::protocol_error), "etcd events: an event is not JSON");
+      }
+      ConfigEvent e = event_from_json(j);
+      e.seq = int_field(kv, "create_revision");
+      events.push_back(std::move(e));
+    }
+    return events;
+  }
+
+ private:
+  struct Stored {
+    Cluster cluster;
+    std::uint64_t mod_revision = 0;  // 0: no document yet
+    std::uint64_t revision = 0;      // of the store when it was read
+  };
+
+  static json put_op(const std::string& key, const std::string& value) {
+    return json{{"request_put", {{"key", base64(key)}, {"value", base64(value)}}}};
+  }
+
+  Cluster parse_document(const json& kv, const std::string& what) const {
+    const std::string value = unbase64(kv.value("value", std::string()), what);
+    const json j = json::parse(value, nullptr, /*allow_exceptions=*/false);
+    return cluster_from(Answer{200, j}, what + " " + cluster_key_);
+  }
+
+  Stored from_range(const json& answer, const std::string& what) const {
+    Stored s;
+    s.revision = int_field(answer.value("header", json::object()), "revision");
+    const json kvs = answer.value("kvs", json::array());
+    if (kvs.empty()) return s;
+    s.cluster = parse_document(kvs[0], what);
+    s.mod_revision = int_field(kvs[0], "mod_revision");
+    return s;
+  }
+
+  Stored read() {
+    return from_range(call("/v3/kv/range", {{"key", base64(cluster_key_)}}), "etcd");
+  }
+
+  void next_endpoint() { current_ = (current_ + 1) % endpoints_.size(); }
+
+  // POSTs to the current member; a member that cannot be reached (or has no quorum: etcd then
+  // answers 5xx) is left for the next, each tried once.
+  json call(const std::string& target, const json& body) {
+    std::string reasons;
+    for (std::size_t tried = 0; tried < endpoints_.size(); ++tried) {
+      try {
+        return connection_
+            .call(endpoints_[current_], "", http::verb::post, target, &body, options_.deadline)
+            .body;
+      } catch (const Error& e) {
+        if (e.code() != errc::service_unavailable) throw;
+        reasons += (reasons.empty() ? "" : "; ") + std::string(e.what());
+        next_endpoint();
+      }
+    }
+    throw Error(make_error_code(errc::service_unavailable), "no etcd member answered: " + reasons);
+  }
+
+  std::vector<Endpoint> endpoints_;
+  std::size_t current_ = 0;
+  std::string prefix_;
+  std::string cluster_key_;
+  std::string events_prefix_;
+  Connection& connection_;
+  ConfigClientOptions options_;
+};
+
+ServiceUrl ConfigClient::parse_service_url(std::string_view url) {
+  constexpr std::string_view kEtcd = "etcd://";
+  if (!url.starts_with(kEtcd)) {
+    if (!url.starts_with("http://")) {
+      throw std::invalid_argument("config service URL '" + std::string(url) +
+                                  "' starts with neither http:// nor etcd:// (expected "
+                                  "http://HOST:PORT or etcd://HOST:PORT[,HOST:PORT...][/PREFIX])");
+    }
+    return ServiceUrl{ServiceUrl::Kind::http, {parse_url(url)}, {}};
+  }
+  ServiceUrl out;
+  out.kind = ServiceUrl::Kind::etcd;
+  std::string_view rest = url.substr(kEtcd.size());
+  if (const auto slash = rest.find('/'); slash != std::string_view::npos) {
+    out.prefix = std::string(rest.substr(slash));
+    rest = rest.substr(0, slash);
+    while (out.prefix.size() > 1 && out.prefix.back() == '/') out.prefix.pop_back();
+    if (out.prefix == "/") out.prefix.clear();
+  }
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    const std::string_view member = rest.substr(0, comma);
+    try {
+      out.endpoints.push_back(parse_url("http://" + std::string(member)));
+    } catch (const std::invalid_argument&) {
+      throw std::invalid_argument("config service URL '" + std::string(url) + "': etcd member '" +
+                                  std::string(member) + "' is not HOST:PORT");
+    }
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  if (out.endpoints.empty()) {
+    throw std::invalid_argument("config service URL '" + std::string(url) +
+                                "' names no etcd member (expected etcd://HOST:PORT,...)");
+  }
+  return out;
+}
+
 ConfigClient::ConfigClient(std::string_view url, std::string token, ConfigClientOptions options)
-    : server_(parse_url(url)),
-      token_(std::move(token)),
-      options_(options),
-      connection_(std::make_unique<Connection>()) {}
+    : token_(std::move(token)), options_(options), connection_(std::make_unique<Connection>()) {
+  ServiceUrl parsed = parse_service_url(url);
+  server_ = parsed.endpoints.front();
+  if (parsed.kind == ServiceUrl::Kind::etcd) {
+    etcd_ = std::make_unique<Etcd>(std::move(parsed), token_, *connection_, options_);
+  }
+}
 
 ConfigClient::~ConfigClient() = default;
 ConfigClient::ConfigClient(ConfigClient&&) noexcept = default;
@@ -242,12 +786,14 @@ ConfigClient& ConfigClient::operator=(ConfigClient&&) noexcept = default;
 void ConfigClient::cancel() noexcept { connection_->cancel(); }
 
 Cluster ConfigClient::get_cluster() {
+  if (etcd_) return etcd_->get_cluster();
   const Answer a = connection_->call(server_, token_, http::verb::get, "/v1/cluster", nullptr,
                                      options_.deadline);
   return cluster_from(a, "GET /v1/cluster");
 }
 
 Cluster ConfigClient::put_cluster(const Cluster& next) {
+  if (etcd_) return etcd_->put_cluster(next);
   const json body = next.to_json();
   const Answer a =
       connection_->call(server_, token_, http::verb::put, "/v1/cluster", &body, options_.deadline);
@@ -260,6 +806,7 @@ Cluster ConfigClient::put_cluster(const Cluster& next) {
 }
 
 Cluster ConfigClient::watch(std::uint64_t after_version, std::chrono::milliseconds timeout) {
+  if (etcd_) return etcd_->watch(after_version, timeout);
   using Clock = std::chrono::steady_clock;
   const auto end = Clock::now() + timeout;
   const std::string target = "/v1/cluster?watch=1&after=" + std::to_string(after_version);
@@ -284,6 +831,7 @@ Cluster ConfigClient::watch(std::uint64_t after_version, std::chrono::millisecon
 ConfigEvent ConfigClient::post_event(const std::string& type, const std::string& worker,
                                      const std::string& detail,
                                      std::optional<std::uint64_t> version) {
+  if (etcd_) return etcd_->post_event(type, worker, detail, version);
   json body = {{"type", type}};
   if (!worker.empty()) body["worker"] = worker;
   if (!detail.empty()) body["detail"] = detail;
@@ -294,6 +842,7 @@ ConfigEvent ConfigClient::post_event(const std::string& type, const std::string&
 }
 
 std::vector<ConfigEvent> ConfigClient::get_events(std::uint64_t after_seq) {
+  if (etcd_) return etcd_->get_events(after_seq);
   const std::string target = "/v1/events?after=" + std::to_string(after_seq);
   const Answer a =
       connection_->call(server_, token_, http::verb::get, target, nullptr, options_.deadline);

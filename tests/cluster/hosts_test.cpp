@@ -11,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <regex>
@@ -21,6 +22,7 @@
 
 #include "kf/runtime/config_client.hpp"
 #include "support/elastic_job.hpp"
+#include "support/etcd_process.hpp"
 #include "support/process.hpp"
 
 namespace kf::test {
@@ -70,8 +72,9 @@ class Hosts {
   }
   void vanish(int i) const { run_shell(script_ + " vanish " + name_ + " " + std::to_string(i)); }
   /// Drops all traffic between the hosts of `a` and those of `b` ("1", "2 3").
-  Ran partition(const std::string& a, const std::string& b) const {
-    return run_shell(script_ + " partition " + name_ + " '" + a + "' '" + b + "'");
+  Ran partition(const std::string& a, const std::string& b, const std::string& ports = "") const {
+    return run_shell(script_ + " partition " + name_ + " '" + a + "' '" + b + "'" +
+                     (ports.empty() ? "" : " '" + ports + "'"));
   }
   void heal() const { run_shell(script_ + " heal " + name_); }
   void link(int i, bool up) const {
@@ -83,26 +86,144 @@ class Hosts {
   std::vector<std::string> addresses_;
 };
 
-// The job: the config service on host 1 and an agent on each host.
+// A 3-member etcd cluster, one member on each of hosts 1-3 (client port 2379, peer port 2380),
+// its data under `dir`. error() says why there is none.
+class EtcdOnHosts {
+ public:
+  EtcdOnHosts(const Hosts& hosts, const std::filesystem::path& dir) : hosts_(hosts), dir_(dir) {
+    const std::string exe = etcd_executable();
+    if (exe.empty()) {
+      error_ = "no etcd here (install etcd-server, or set ETCD_EXE)";
+      return;
+    }
+    std::string initial;
+    for (int i = 1; i <= 3; ++i) {
+      initial += (i > 1 ? "," : "") + name(i) + "=http://" + hosts.address(i) + ":2380";
+      url_ += (i > 1 ? "," : "etcd://") + hosts.address(i) + ":2379";
+    }
+    for (int i = 1; i <= 3; ++i) {
+      const std::string a = hosts.address(i);
+      members_.push_back(hosts.start(
+          i,
+          exe + " --name " + name(i) + " --data-dir " + (dir_ / name(i)).string() +
+              " --listen-client-urls http://" + a + ":2379 --advertise-client-urls http://" + a +
+              ":2379 --listen-peer-urls http://" + a +
+              ":2380 --initial-advertise-peer-urls http://" + a + ":2380 --initial-cluster " +
+              initial + " --initial-cluster-state new --initial-cluster-token kf-test",
+          dir_ / (name(i) + ".log")));
+    }
+    ConfigClient c(url_, "probe", ConfigClientOptions{1000ms});
+    if (!eventually(
+            [&] {
+              try {
+                c.get_cluster();
+                return true;
+              } catch (const std::exception&) {
+                return false;
+              }
+            },
+            30s)) {
+      error_ = "the etcd cluster did not answer within 30 s";
+    }
+  }
+  ~EtcdOnHosts() {
+    for (auto& m : members_) {
+      if (m.pid > 0) {
+        ::kill(m.pid, SIGKILL);
+        ::waitpid(m.pid, nullptr, 0);
+      }
+      if (m.out_fd >= 0) ::close(m.out_fd);
+    }
+  }
+  EtcdOnHosts(const EtcdOnHosts&) = delete;
+  EtcdOnHosts& operator=(const EtcdOnHosts&) = delete;
+
+  const std::string& error() const { return error_; }
+  /// "etcd://A1:2379,A2:2379,A3:2379".
+  const std::string& url() const { return url_; }
+  /// The URL for processes on host i: its own member first, as a real deployment lists them.
+  std::string url_for(int i) const {
+    std::string u = "etcd://" + hosts_.address(i) + ":2379";
+    for (int j = 1; j <= 3; ++j) {
+      if (j != i) u += "," + hosts_.address(j) + ":2379";
+    }
+    return u;
+  }
+  /// The host whose member leads now (etcdctl endpoint status), 0 when none is known.
+  int leader() const {
+    std::string endpoints;
+    for (int i = 1; i <= 3; ++i) endpoints += (i > 1 ? "," : "") + hosts_.address(i) + ":2379";
+    const Ran r = run_shell("ETCDCTL_API=3 etcdctl --endpoints=" + endpoints +
+                            " endpoint status -w json 2>/dev/null");
+    const auto j = nlohmann::json::parse(r.output, nullptr, false);
+    if (!j.is_array()) return 0;
+    for (const auto& s : j) {
+      const auto& st = s.value("Status", nlohmann::json::object());
+      const auto id = st.value("header", nlohmann::json::object()).value("member_id", 0ull);
+      if (id != 0 && id == st.value("leader", 0ull)) {
+        const std::string ep = s.value("Endpoint", std::string());
+        for (int i = 1; i <= 3; ++i) {
+          if (ep == hosts_.address(i) + ":2379") return i;
+        }
+      }
+    }
+    return 0;
+  }
+  /// SIGKILL to the member on host i alone.
+  void kill(int i) {
+    auto& m = members_.at(static_cast<std::size_t>(i - 1));
+    const Ran pids = run_shell(env_or_empty("KF_CLUSTER_HOSTS") + " pids " + hosts_.name() + " " +
+                               std::to_string(i));
+    std::istringstream in(pids.output);
+    for (long pid = 0; in >> pid;) {
+      if (slurp("/proc/" + std::to_string(pid) + "/comm") == "etcd\n") {
+        ::kill(static_cast<pid_t>(pid), SIGKILL);
+      }
+    }
+    if (m.pid > 0) ::waitpid(m.pid, nullptr, 0);
+    m.pid = -1;
+  }
+
+ private:
+  static std::string name(int i) { return "e" + std::to_string(i); }
+  const Hosts& hosts_;
+  std::filesystem::path dir_;
+  std::string error_;
+  std::string url_;
+  std::vector<Child> members_;
+};
+
+// The job: the config service on host 1 (or the given service URL: etcd) and an agent on each
+// host.
 class ClusterJob {
  public:
-  ClusterJob(const Hosts& hosts, const std::string& name, int n_hosts) : hosts_(hosts) {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("kf-cluster-" + name + "-" + std::to_string(::getpid()));
-    std::filesystem::remove_all(dir_);
+  /// `url_for(i)`, when given, is the service URL of the processes on host i (etcd).
+  ClusterJob(const Hosts& hosts, const std::string& name, int n_hosts,
+             std::function<std::string(int)> url_for = {})
+      : hosts_(hosts), url_for_(std::move(url_for)) {
+    dir_ = job_dir(name);
     std::filesystem::create_directories(dir_);
     std::ofstream(dir_ / "token") << "cluster-test-token\n";
+    n_hosts_ = n_hosts;
+    if (url_for_) {
+      url_ = url_for_(1);
+      return;
+    }
     url_ = "http://" + hosts.address(1) + ":7070";
     server_ = hosts.start(1,
                           env_or_empty("CONFIG_SERVER_EXE") + " --listen " + hosts.address(1) +
                               ":7070 --token-file " + (dir_ / "token").string() + " --state " +
                               (dir_ / "state.json").string(),
                           dir_ / "server.log");
-    n_hosts_ = n_hosts;
+  }
+  /// The job's directory (made afresh by the first ClusterJob of that name).
+  static std::filesystem::path job_dir(const std::string& name) {
+    return std::filesystem::temp_directory_path() /
+           ("kf-cluster-" + name + "-" + std::to_string(::getpid()));
   }
   ~ClusterJob() {
     for (auto& c : agents_) stop(c);
-    stop(server_);
+    if (server_.pid > 0) stop(server_);
     if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir_);
   }
   ClusterJob(const ClusterJob&) = delete;
@@ -151,6 +272,22 @@ class ClusterJob {
     }
     return s + "== server\n" + slurp(dir_ / "server.log");
   }
+  /// The cluster_changed events: each version must appear once (no change applied twice) and
+  /// the last must be the document's.
+  void expect_each_change_once() const {
+    std::set<std::uint64_t> versions;
+    int changes = 0;
+    for (const auto& e : client().get_events()) {
+      if (e.type != "cluster_changed") continue;
+      ++changes;
+      versions.insert(e.version.value_or(0));
+    }
+    EXPECT_EQ(static_cast<std::size_t>(changes), versions.size()) << "a change was applied twice";
+    ASSERT_FALSE(versions.empty());
+    EXPECT_EQ(client().get_cluster().version, *versions.rbegin());
+    EXPECT_EQ(*versions.begin(), 1u);
+    EXPECT_EQ(versions.size(), *versions.rbegin()) << "a committed change is missing";
+  }
 
   long progress() const { return read_progress(dir_ / "progress"); }
   bool wait_progress(long past, std::chrono::milliseconds timeout = 60s) const {
@@ -172,7 +309,7 @@ class ClusterJob {
   }
   /// `kf-member ARGS` run on host i.
   Ran member(int i, const std::string& args) const {
-    return hosts_.run(i, env_or_empty("KF_MEMBER") + " --server " + url_ + " --token-file " +
+    return hosts_.run(i, env_or_empty("KF_MEMBER") + " --server " + url_of(i) + " --token-file " +
                              (dir_ / "token").string() + " " + args);
   }
   /// Workers of the current cluster per host address.
@@ -262,8 +399,9 @@ class ClusterJob {
     if (c.out_fd >= 0) ::close(c.out_fd);
     c.out_fd = -1;
   }
+  std::string url_of(int host) const { return url_for_ ? url_for_(host) : url_; }
   std::string agent_command(int i, int np) const {
-    std::string cmd = env_or_empty("KFRUN") + " --watch --config-server " + url_ +
+    std::string cmd = env_or_empty("KFRUN") + " --watch --config-server " + url_of(i) +
                       " --job-token-file " + (dir_ / "token").string() + " --host " +
                       hosts_.address(i) + " --slots 4 --leave-grace-ms 20000";
     if (np > 0) cmd += " -np " + std::to_string(np);
@@ -272,6 +410,7 @@ class ClusterJob {
   }
 
   const Hosts& hosts_;
+  std::function<std::string(int)> url_for_;
   std::string args_;
   std::filesystem::path dir_;
   std::string url_;
@@ -438,6 +577,62 @@ TEST(ClusterHosts, APartitionLeavesOneJobOnTheSideOfTheService) {
   job.expect_agents_exit({1});
   job.expect_identical_finals(2);
   unsetenv("KF_SERVICE_TIMEOUT_MS");
+}
+
+// etcd as the control plane, a member on each host: the etcd leader is killed right after a
+// resize was written, while the job switches to it. The job switches, trains on, and finishes
+// with identical parameters; every committed change is there once.
+TEST(ClusterHosts, OnEtcdTheJobOutlivesItsLeadersDeath) {
+  const Hosts hosts(unique_name("ek"), 3);
+  if (!hosts.error().empty()) GTEST_SKIP() << "no test hosts here: " << hosts.error();
+  const auto dir = ClusterJob::job_dir("etcd-kill");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  EtcdOnHosts etcd(hosts, dir);
+  if (!etcd.error().empty()) GTEST_SKIP() << etcd.error();
+  ClusterJob job(hosts, "etcd-kill", 3, [&](int i) { return etcd.url_for(i); });
+  job.grow_to_two_per_host();
+  if (HasFatalFailure()) return;
+  const int leader = etcd.leader();
+  ASSERT_GE(leader, 1) << "no etcd leader found";
+  const Ran r = job.member(1, "resize 4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  etcd.kill(leader);
+  ASSERT_TRUE(job.wait_size(4, 90s)) << job.logs();
+  ASSERT_TRUE(job.wait_progress(job.progress() + 30)) << "training stopped\n" << job.logs();
+  job.finish_soon();
+  job.expect_agents_exit({1, 2, 3});
+  job.expect_identical_finals(4);
+  job.expect_each_change_once();
+}
+
+// etcd's member on host 3 cut off from the other two (its peer port only: every process can
+// still reach the majority's members). Host 3's agent and workers list that member first; it has
+// no leader, so they move to the others. A resize to 5 (one of host 3's workers leaves) goes
+// through the majority and every worker follows it, host 3's remaining one included.
+TEST(ClusterHosts, OnEtcdAMinorityPartitionDoesNotStopTheJob) {
+  const Hosts hosts(unique_name("em"), 3);
+  if (!hosts.error().empty()) GTEST_SKIP() << "no test hosts here: " << hosts.error();
+  const auto dir = ClusterJob::job_dir("etcd-minority");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  EtcdOnHosts etcd(hosts, dir);
+  if (!etcd.error().empty()) GTEST_SKIP() << etcd.error();
+  ClusterJob job(hosts, "etcd-minority", 3, [&](int i) { return etcd.url_for(i); });
+  job.grow_to_two_per_host();
+  if (HasFatalFailure()) return;
+  const Ran cut = hosts.partition("3", "1 2", "2380");
+  if (cut.exit_code != 0) GTEST_SKIP() << "cannot partition here: " << cut.output;
+  const Ran r = job.member(1, "resize 5");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(job.wait_size(5, 90s)) << job.logs();
+  ASSERT_TRUE(job.wait_progress(job.progress() + 30)) << "training stopped\n" << job.logs();
+  EXPECT_EQ(job.per_host()[hosts.address(3)], 1);
+  hosts.heal();
+  job.finish_soon();
+  job.expect_agents_exit({1, 2, 3});
+  job.expect_identical_finals(5);
+  job.expect_each_change_once();
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "support/elastic_job.hpp"
+#include "support/etcd_process.hpp"
 
 namespace kf::test {
 namespace {
@@ -93,6 +94,40 @@ TEST(Elastic, SurvivesKillNineOfARandomWorkerAtARandomStep) {
         [&](const ConfigEvent& e) { return e.type == "failed" && e.worker == victim; }));
     if (::testing::Test::HasFailure()) break;
   }
+}
+
+// The same job with etcd as the control plane (etcd://): a grow, a kill -9 and a shrink, each
+// committed once, with the same guarantees at the end.
+TEST(ElasticEtcd, GrowsSurvivesKillNineAndShrinksOnEtcd) {
+  EtcdProcess etcd;
+  if (!etcd.error().empty()) GTEST_SKIP() << etcd.error();
+  ElasticJob job("etcd", etcd.url());
+  job.start(2, kArgs);
+  ASSERT_TRUE(job.wait_progress(30)) << job.err();
+  auto r = job.member("resize 4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(job.wait_size(4)) << job.err();
+  ASSERT_TRUE(job.wait_progress(job.progress() + 30)) << job.err();
+  std::mt19937 gen(7);
+  const std::string victim = job.kill_random_worker(gen);
+  ASSERT_FALSE(victim.empty());
+  ASSERT_TRUE(job.wait_size(3)) << job.err();
+  r = job.member("resize 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(job.wait_size(2)) << job.err();
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 2);
+  // Every change once: versions 1 (initial), 2 (resize 4), 3 (the kill), 4 (resize 2), 5
+  // (epochs), 6 (finished); each cluster_changed names its own version.
+  std::set<std::uint64_t> versions;
+  int changes = 0;
+  for (const auto& e : job.events()) {
+    if (e.type != "cluster_changed") continue;
+    ++changes;
+    versions.insert(e.version.value_or(0));
+  }
+  EXPECT_EQ(static_cast<std::size_t>(changes), versions.size()) << "a change was applied twice";
+  EXPECT_EQ(job.client().get_cluster().version, versions.empty() ? 0 : *versions.rbegin());
 }
 
 // Gradients on "device" buffers through the staging backend, with host memory standing in for

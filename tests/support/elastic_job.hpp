@@ -62,13 +62,16 @@ inline long read_progress(const std::filesystem::path& path) {
 
 class ElasticJob {
  public:
-  explicit ElasticJob(const std::string& name) {
+  /// With `service_url` (an etcd:// URL) the job uses that service instead of starting a
+  /// kf-config-server of its own.
+  explicit ElasticJob(const std::string& name, const std::string& service_url = "")
+      : service_url_(service_url) {
     dir_ = std::filesystem::temp_directory_path() /
            ("kf-elastic-" + name + "-" + std::to_string(::getpid()));
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     std::ofstream(dir_ / "token") << "elastic-test-token\n";
-    server_ = std::make_unique<ServerProcess>(dir_);
+    if (service_url_.empty()) server_ = std::make_unique<ServerProcess>(dir_);
   }
   ~ElasticJob() {
     if (agent_.pid > 0) {
@@ -83,7 +86,7 @@ class ElasticJob {
 
   static bool HasFailure() { return ::testing::Test::HasFailure(); }
 
-  std::string url() const { return server_->url(); }
+  std::string url() const { return service_url_.empty() ? server_->url() : service_url_; }
   const std::filesystem::path& dir() const { return dir_; }
   ConfigClient client() const { return ConfigClient(url(), "elastic-test-token"); }
 
@@ -232,6 +235,7 @@ class ElasticJob {
   void stop_server() { server_->terminate(); }
 
  private:
+  std::string service_url_;
   std::filesystem::path dir_;
   std::unique_ptr<ServerProcess> server_;
   std::string program_;

@@ -48,7 +48,9 @@ int main(int argc, char** argv) {
   std::string server;
   std::string token_file;
   int timeout_ms = 5000;
-  app.add_option("--server", server, "config service URL, http://HOST:PORT")
+  app.add_option("--server", server,
+                 "config service URL: http://HOST:PORT (kf-config-server) or "
+                 "etcd://HOST:PORT[,HOST:PORT...][/PREFIX]")
       ->envname(kf::env::kConfigServer)
       ->required();
   app.add_option("--token-file", token_file, "file holding the job token (needed to change)")

@@ -99,7 +99,9 @@ int main(int argc, char** argv) {
   auto* watch = app.add_flag("--watch", watch_mode, "run as the per-host agent of an elastic job")
                     ->excludes(bind_option);
   app.add_option("--config-server", agent.config_server,
-                 "config service URL http://HOST:PORT, or 'builtin' to run one in kfrun")
+                 "config service URL: http://HOST:PORT (kf-config-server), "
+                 "etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (etcd), or 'builtin' to run one in "
+                 "kfrun")
       ->needs(watch);
   app.add_option("--slots", agent.slots, "most workers running at once on this host")->needs(watch);
   app.add_option("--state", agent.state_file, "state file of the builtin config service")

@@ -9,17 +9,13 @@
 
 #include "kf/common/log.hpp"
 #include "kf/runtime/cluster_settings.hpp"
+#include "kf/runtime/config_client.hpp"
 
 namespace kf::config_server {
 
 namespace {
 
 using nlohmann::json;
-
-// The types a client may post; "cluster_changed" is written by the service itself.
-constexpr std::array<std::string_view, 13> kClientEventTypes{
-    "added",   "removed", "joined", "left",      "failed",  "revoked", "killed",
-    "resized", "started", "exited", "restarted", "adopted", "note"};
 
 // Replaces invalid UTF-8 (a raw request target echoed in an error) instead of throwing.
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -111,13 +107,6 @@ std::string check_event_body(const json& j) {
 }
 
 }  // namespace
-
-bool is_client_event_type(const std::string& type) noexcept {
-  for (const auto t : kClientEventTypes) {
-    if (t == type) return true;
-  }
-  return false;
-}
 
 std::map<std::string, std::string> parse_query(const std::string& query) {
   std::map<std::string, std::string> params;

@@ -81,9 +81,6 @@ class Service {
   State state_;
 };
 
-/// The event types POST /v1/events accepts (docs/config-server.md describes each).
-bool is_client_event_type(const std::string& type) noexcept;
-
 /// Splits "a=1&b=2" into pairs; the values are not percent-decoded (kf never needs it).
 /// Throws: std::invalid_argument for a repeated key.
 std::map<std::string, std::string> parse_query(const std::string& query);

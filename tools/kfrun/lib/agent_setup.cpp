@@ -56,7 +56,7 @@ void check_agent_options(const AgentOptions& options) {
   if (options.leave_grace.count() < 0) throw usage("--leave-grace-ms must not be negative");
   if (!builtin) {
     try {
-      ConfigClient::parse_url(options.config_server);
+      ConfigClient::parse_service_url(options.config_server);
     } catch (const std::invalid_argument& e) {
       throw usage(std::string("--config-server: ") + e.what());
     }

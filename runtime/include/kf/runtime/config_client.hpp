@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // kf::ConfigClient: a blocking HTTP/1.1 client of the config service (docs/config-server.md): read,
-// long-poll and compare-and-swap the cluster document, post and read events. Each request opens its
-// own connection and has a deadline; the calling thread drives the client's one io_context, which
-// lives as long as the client. Asio and Beast stay in the .cpp. Thread-safety: one object may not
-// be used from two threads at once, except cancel(), which any thread may call at any time
-// (distinct objects may be used from distinct threads).
+// long-poll and compare-and-swap the cluster document, post and read events. The service is
+// kf-config-server ("http://HOST:PORT") or an etcd v3 cluster ("etcd://HOST:PORT,...", through
+// etcd's JSON gateway; docs/config-server.md, "etcd"), with the same operations and answers.
+// Each request opens its own connection and has a deadline; the calling thread drives the
+// client's one io_context, which lives as long as the client. Asio and Beast stay in the .cpp.
+// Thread-safety: one object may not be used from two threads at once, except cancel(), which any
+// thread may call at any time (distinct objects may be used from distinct threads).
 #pragma once
 
 #include <chrono>
@@ -42,6 +44,19 @@ struct ConfigEvent {
   std::optional<std::uint64_t> version;
 };
 
+/// The event types a client may post (docs/config-server.md describes each); the service itself
+/// writes "cluster_changed".
+bool is_client_event_type(std::string_view type) noexcept;
+
+/// A parsed config service URL.
+struct ServiceUrl {
+  enum class Kind { http, etcd };
+  Kind kind = Kind::http;
+  std::vector<Endpoint> endpoints;  ///< http: one; etcd: the members, in the order given
+  /// etcd: the key prefix of the job's keys ("/kf/..."); empty: derived from the job token.
+  std::string prefix;
+};
+
 struct ConfigClientOptions {
   /// Deadline of each request: connect, send and read the answer. A long-poll waits up to the
   /// timeout given to watch() instead.
@@ -50,9 +65,10 @@ struct ConfigClientOptions {
 
 class ConfigClient {
  public:
-  /// `url` is "http://HOST:PORT" (optionally with a trailing "/"; IPv6 as "[::1]"); `token` is the
-  /// job token presented on mutations. Throws: std::invalid_argument naming the URL when it is not
-  /// of that form.
+  /// `url` is "http://HOST:PORT" (optionally with a trailing "/"; IPv6 as "[::1]") or
+  /// "etcd://HOST:PORT[,HOST:PORT...][/PREFIX]"; `token` is the job token presented on mutations
+  /// (kf-config-server), or from which the job's key prefix is derived (etcd, without PREFIX).
+  /// Throws: std::invalid_argument naming the URL when it is not of either form.
   ConfigClient(std::string_view url, std::string token, ConfigClientOptions options = {});
   ~ConfigClient();
   ConfigClient(ConfigClient&&) noexcept;
@@ -66,6 +82,11 @@ class ConfigClient {
   /// std::invalid_argument naming the URL.
   static Endpoint parse_url(std::string_view url);
 
+  /// Parses either kind of URL (see the constructor). Throws: std::invalid_argument naming the
+  /// URL and what is wrong with it.
+  static ServiceUrl parse_service_url(std::string_view url);
+
+  /// The service (etcd: the first member given).
   const Endpoint& server() const noexcept { return server_; }
 
   // Throws (all requests): kf::Error with errc::service_unavailable when the server cannot be
@@ -95,11 +116,13 @@ class ConfigClient {
 
  private:
   class Connection;  // the io_context and the cancellation flag
+  class Etcd;        // the etcd backend, when the URL is etcd://
 
   Endpoint server_;
   std::string token_;
   ConfigClientOptions options_;
   std::unique_ptr<Connection> connection_;
+  std::unique_ptr<Etcd> etcd_;
 };
 
 }  // namespace kf

@@ -1,0 +1,221 @@
+// SPDX-License-Identifier: Apache-2.0
+// kf::ConfigClient against a real etcd (etcd:// URLs): the cluster document by compare-and-swap,
+// the audit trail, the watch, a member that does not answer, the job's own keys. Each test starts
+// its own one-member etcd; without etcd they skip and say why.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <set>
+#include <thread>
+
+#include "kf/runtime/config_client.hpp"
+#include "support/etcd_process.hpp"
+
+namespace kf {
+namespace {
+
+using namespace std::chrono_literals;
+
+Cluster cluster_of(std::uint64_t version, std::initializer_list<std::uint16_t> ports) {
+  Cluster c;
+  c.version = version;
+  int slot = 0;
+  for (auto p : ports) c.workers.push_back(WorkerSpec{Endpoint{"127.0.0.1", p}, slot++});
+  return c;
+}
+
+class EtcdClient : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    etcd_ = std::make_unique<test::EtcdProcess>();
+    if (!etcd_->error().empty()) GTEST_SKIP() << etcd_->error();
+  }
+  ConfigClient client(const std::string& token = "job-token") const {
+    return ConfigClient(etcd_->url(), token);
+  }
+  std::unique_ptr<test::EtcdProcess> etcd_;
+};
+
+TEST(EtcdUrl, ParsesMembersAndPrefix) {
+  const auto u = ConfigClient::parse_service_url("etcd://h1:2379,10.0.0.2:2380,[::1]:2379/jobs/a/");
+  EXPECT_EQ(u.kind, ServiceUrl::Kind::etcd);
+  ASSERT_EQ(u.endpoints.size(), 3u);
+  EXPECT_EQ(u.endpoints[0].str(), "h1:2379");
+  EXPECT_EQ(u.endpoints[1].str(), "10.0.0.2:2380");
+  EXPECT_EQ(u.endpoints[2].host, "::1");
+  EXPECT_EQ(u.prefix, "/jobs/a");
+  EXPECT_EQ(ConfigClient::parse_service_url("http://h:1").kind, ServiceUrl::Kind::http);
+  for (const char* bad : {"etcd://", "etcd://h1", "etcd://h1:2379,,h2:1", "etcd://h1:0",
+                          "ftp://h:1", "h1:2379"}) {
+    EXPECT_THROW(ConfigClient::parse_service_url(bad), std::invalid_argument) << bad;
+    EXPECT_THROW(ConfigClient(bad, "t"), std::invalid_argument) << bad;
+  }
+}
+
+TEST_F(EtcdClient, StoresTheDocumentByCompareAndSwap) {
+  ConfigClient c = client();
+  EXPECT_EQ(c.get_cluster().version, 0u);
+  const Cluster v1 = c.put_cluster(cluster_of(0, {7001, 7002}));
+  EXPECT_EQ(v1.version, 1u);
+  EXPECT_EQ(c.get_cluster().to_json(), v1.to_json());
+  // A writer that read version 0 is too late now, and learns what is there.
+  try {
+    c.put_cluster(cluster_of(0, {7003}));
+    FAIL() << "a stale write was accepted";
+  } catch (const ConflictError& e) {
+    EXPECT_EQ(e.current().to_json(), v1.to_json());
+  }
+  Cluster next = v1;
+  next.workers.pop_back();
+  next.settings["batch_size"] = 64;
+  const Cluster v2 = c.put_cluster(next);
+  EXPECT_EQ(v2.version, 2u);
+  EXPECT_EQ(c.get_cluster().settings["batch_size"], 64);
+}
+
+TEST_F(EtcdClient, RejectsWhatTheServiceRejects) {
+  ConfigClient c = client();
+  const auto code_of = [&](const Cluster& x) {
+    try {
+      c.put_cluster(x);
+    } catch (const Error& e) {
+      return e.code();
+    }
+    return std::error_code();
+  };
+  EXPECT_EQ(code_of(cluster_of(0, {})), make_error_code(errc::invalid_argument));
+  Cluster dup = cluster_of(0, {7001, 7001});
+  EXPECT_EQ(code_of(dup), make_error_code(errc::invalid_argument));
+  Cluster bad_setting = cluster_of(0, {7001});
+  bad_setting.settings["batch_size"] = "big";
+  EXPECT_EQ(code_of(bad_setting), make_error_code(errc::invalid_argument));
+  EXPECT_THROW(c.post_event("nonsense", "", "", std::nullopt), Error);
+  EXPECT_THROW(c.post_event("note", "not-an-endpoint", "", std::nullopt), Error);
+  EXPECT_EQ(c.get_cluster().version, 0u);
+}
+
+TEST_F(EtcdClient, KeepsTheAuditTrailInOrder) {
+  ConfigClient c = client();
+  c.put_cluster(cluster_of(0, {7001}));
+  const ConfigEvent a = c.post_event("added", "127.0.0.1:7001", "kf-member add", 1);
+  const ConfigEvent b = c.post_event("note", "", "hello", std::nullopt);
+  EXPECT_LT(a.seq, b.seq);
+  const auto all = c.get_events();
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all[0].type, "cluster_changed");
+  EXPECT_EQ(all[0].version, 1u);
+  EXPECT_EQ(all[0].detail, "1 worker");
+  EXPECT_EQ(all[1].type, "added");
+  EXPECT_EQ(all[1].worker, "127.0.0.1:7001");
+  EXPECT_EQ(all[1].seq, a.seq);
+  EXPECT_EQ(all[2].detail, "hello");
+  EXPECT_FALSE(all[2].version.has_value());
+  EXPECT_FALSE(all[2].time.empty());
+  const auto later = c.get_events(a.seq);
+  ASSERT_EQ(later.size(), 1u);
+  EXPECT_EQ(later[0].seq, b.seq);
+}
+
+TEST_F(EtcdClient, WatchReturnsTheNextVersionOrTheCurrentOneAtTheTimeout) {
+  ConfigClient c = client();
+  const Cluster v1 = c.put_cluster(cluster_of(0, {7001}));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(c.watch(1, 300ms).version, 1u);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 300ms);
+  EXPECT_EQ(c.watch(0, 5s).version, 1u);  // already newer: at once
+
+  auto waiter = std::async(std::launch::async, [this] { return client().watch(1, 20s); });
+  ASSERT_EQ(waiter.wait_for(200ms), std::future_status::timeout);
+  Cluster next = v1;
+  next.workers.push_back(WorkerSpec{Endpoint{"127.0.0.1", 7002}, 1});
+  c.put_cluster(next);
+  ASSERT_EQ(waiter.wait_for(10s), std::future_status::ready);
+  const Cluster seen = waiter.get();
+  EXPECT_EQ(seen.version, 2u);
+  EXPECT_EQ(seen.size(), 2);
+}
+
+TEST_F(EtcdClient, CancelEndsAWatch) {
+  ConfigClient c = client();
+  c.put_cluster(cluster_of(0, {7001}));
+  auto waiter = std::async(std::launch::async, [&] { return c.watch(1, 60s); });
+  ASSERT_EQ(waiter.wait_for(300ms), std::future_status::timeout) << "the watch did not wait";
+  c.cancel();
+  ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready);
+  try {
+    waiter.get();
+    FAIL() << "a cancelled watch returned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), make_error_code(errc::cancelled));
+  }
+}
+
+// Writers race: each change is applied exactly once, none is lost.
+TEST_F(EtcdClient, ConcurrentWritersNeverLoseOrRepeatAChange) {
+  ConfigClient(etcd_->url(), "job-token").put_cluster(cluster_of(0, {7000}));
+  constexpr int kWriters = 3, kEach = 10;
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWriters; ++w) {
+    threads.emplace_back([this, w] {
+      ConfigClient c = client();
+      for (int i = 0; i < kEach; ++i) {
+        Cluster cur = c.get_cluster();
+        for (;;) {
+          Cluster next = cur;
+          next.workers.push_back(WorkerSpec{
+              Endpoint{"127.0.0.1", static_cast<std::uint16_t>(10000 + w * 100 + i)},
+              static_cast<int>(cur.workers.size())});
+          try {
+            c.put_cluster(next);
+            break;
+          } catch (const ConflictError& e) {
+            cur = e.current();
+          }
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const Cluster last = client().get_cluster();
+  EXPECT_EQ(last.version, 1u + kWriters * kEach);
+  std::set<std::string> names;
+  for (const auto& w : last.workers) names.insert(w.endpoint.str());
+  EXPECT_EQ(names.size(), 1u + kWriters * kEach);
+}
+
+// A member that does not answer is skipped: the next one serves.
+TEST_F(EtcdClient, ADeadMemberIsSkipped) {
+  const std::string url =
+      "etcd://127.0.0.1:" + std::to_string(test::free_tcp_port()) + "," + etcd_->member();
+  ConfigClient c(url, "job-token", ConfigClientOptions{1000ms});
+  EXPECT_EQ(c.put_cluster(cluster_of(0, {7001})).version, 1u);
+  EXPECT_EQ(c.get_cluster().version, 1u);
+  // None answering: service_unavailable, naming each.
+  etcd_->stop();
+  try {
+    c.get_cluster();
+    FAIL() << "read from a stopped etcd";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), make_error_code(errc::service_unavailable));
+    EXPECT_NE(std::string(e.what()).find("no etcd member answered"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Jobs with different tokens (or prefixes) have their own documents in one etcd.
+TEST_F(EtcdClient, EachJobHasItsOwnKeys) {
+  ConfigClient a = client("token-a");
+  ConfigClient b = client("token-b");
+  a.put_cluster(cluster_of(0, {7001}));
+  EXPECT_EQ(b.get_cluster().version, 0u);
+  ConfigClient p(etcd_->url() + "/teams/x", "token-a");
+  EXPECT_EQ(p.get_cluster().version, 0u);
+  p.put_cluster(cluster_of(0, {7002, 7003}));
+  EXPECT_EQ(a.get_cluster().size(), 1);
+  EXPECT_EQ(p.get_cluster().size(), 2);
+}
+
+}  // namespace
+}  // namespace kf
