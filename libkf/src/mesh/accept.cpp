@@ -57,7 +57,7 @@ awaitable<std::error_code> Mesh::accept_handshake(Incoming& in, std::string& why
     co_return make_error_code(errc::auth_failed);
   }
   const auto want =
-      transport::handshake_mac(opts_.job_token, "hello", hello->job_id, hello->identity, nonce);
+      transport::handshake_mac(peer_key_, "hello", hello->job_id, hello->identity, nonce);
   if (!transport::mac_equal(want, hello->mac)) {
     why = "hello from '" + hello->identity + "' does not prove the job token";
     co_return make_error_code(errc::auth_failed);
@@ -69,7 +69,7 @@ awaitable<std::error_code> Mesh::accept_handshake(Incoming& in, std::string& why
     why = e.what();
     co_return make_error_code(errc::protocol_error);
   }
-  transport::Welcome w{identity_, transport::handshake_mac(opts_.job_token, "welcome", opts_.job_id,
+  transport::Welcome w{identity_, transport::handshake_mac(peer_key_, "welcome", opts_.job_id,
                                                            identity_, hello->nonce)};
   if (auto ec = co_await write_control(in.sock, FrameType::welcome, transport::encode(w))) {
     co_return ec;

@@ -33,6 +33,7 @@ tcp::endpoint resolve_listen(asio::io_context& ioc, const Endpoint& ep) {
 
 Mesh::Mesh(const PeerOptions& opts, asio::io_context& ioc, Driver& driver, Mailbox& mailbox)
     : opts_(opts),
+      peer_key_(derive_key(opts.job_token, KeyUse::peers)),
       ioc_(ioc),
       driver_(driver),
       mailbox_(mailbox),

@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kf/common/keys.hpp"
 #include "common/asio.hpp"
 #include "driver/driver.hpp"
 #include "kf/cluster/cluster.hpp"
@@ -222,6 +223,7 @@ class Mesh {
   awaitable<void> watchdog();
 
   const PeerOptions& opts_;
+  const Key peer_key_;  // derive_key(opts_.job_token, KeyUse::peers): the handshake's key
   asio::io_context& ioc_;
   Driver& driver_;
   Mailbox& mailbox_;

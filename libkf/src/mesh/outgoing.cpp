@@ -122,7 +122,7 @@ awaitable<std::error_code> Mesh::dial(Outgoing& out) {
     transport::Nonce their;
     std::memcpy(their.data(), payload.data(), their.size());
     transport::Hello hello{opts_.job_id, identity_, transport::random_nonce(), {}};
-    hello.mac = transport::handshake_mac(opts_.job_token, "hello", opts_.job_id, identity_, their);
+    hello.mac = transport::handshake_mac(peer_key_, "hello", opts_.job_id, identity_, their);
     if (auto ec = co_await write_control(reader.sock, FrameType::hello, transport::encode(hello))) {
       co_return ec;
     }
@@ -134,7 +134,7 @@ awaitable<std::error_code> Mesh::dial(Outgoing& out) {
       why = "malformed welcome";
       co_return make_error_code(errc::protocol_error);
     }
-    const auto want = transport::handshake_mac(opts_.job_token, "welcome", opts_.job_id,
+    const auto want = transport::handshake_mac(peer_key_, "welcome", opts_.job_id,
                                                w->identity, hello.nonce);
     if (!transport::mac_equal(want, w->mac)) {
       why = "peer " + ep.str() + " does not prove the job token";

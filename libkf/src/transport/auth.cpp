@@ -21,7 +21,7 @@ Nonce random_nonce() {
   return n;
 }
 
-Mac handshake_mac(const std::string& token, const char* purpose, const std::string& job_id,
+Mac handshake_mac(const Key& key, const char* purpose, const std::string& job_id,
                   const std::string& identity, const Nonce& nonce) {
   // Fields are joined with NUL separators so that ("ab","c") and ("a","bc") differ.
   std::string msg = std::string("kf1-") + purpose;
@@ -33,7 +33,7 @@ Mac handshake_mac(const std::string& token, const char* purpose, const std::stri
   msg.append(reinterpret_cast<const char*>(nonce.data()), nonce.size());
   Mac out{};
   unsigned int len = 0;
-  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
        reinterpret_cast<const unsigned char*>(msg.data()), msg.size(),
        reinterpret_cast<unsigned char*>(out.data()), &len);
   return out;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The connection handshake (docs/protocol.md): mutual proof of the job token with HMAC-SHA256
-// over fresh nonces, so a token is never sent and a recorded handshake cannot be replayed.
+// over fresh nonces, keyed by the peers' key derived from the token (kf/common/keys.hpp), so the
+// token is never sent and a recorded handshake cannot be replayed.
 //   acceptor -> dialer   challenge { nonce_a }
 //   dialer   -> acceptor hello     { job_id, identity, nonce_d, HMAC(token, "hello", job_id,
 //                                    identity, nonce_a) }
@@ -14,13 +15,16 @@
 #include <string>
 #include <vector>
 
+#include "kf/common/keys.hpp"
+
 namespace kf::transport {
 
 using Nonce = std::array<std::byte, 16>;
 using Mac = std::array<std::byte, 32>;
 
 Nonce random_nonce();
-Mac handshake_mac(const std::string& token, const char* purpose, const std::string& job_id,
+/// `key`: derive_key(token, KeyUse::peers).
+Mac handshake_mac(const Key& key, const char* purpose, const std::string& job_id,
                   const std::string& identity, const Nonce& nonce);
 bool mac_equal(const Mac& a, const Mac& b) noexcept;
 

@@ -13,7 +13,8 @@ namespace kf::transport {
 
 inline constexpr std::uint32_t kMagic = 0x3146464bu;  // "KFF1" in little-endian byte order
 // 2: shared-memory ring records on cache lines, published by stamps (docs/protocol.md).
-inline constexpr std::uint16_t kProtocolVersion = 2;
+// 3: the handshake keyed by the peers' key derived from the token, not by the token itself.
+inline constexpr std::uint16_t kProtocolVersion = 3;
 inline constexpr std::size_t kHeaderBytes = 32;
 inline constexpr std::uint32_t kMaxNameBytes = 1024;
 inline constexpr std::uint64_t kMaxControlPayload = 4096;

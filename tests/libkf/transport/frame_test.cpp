@@ -96,18 +96,53 @@ TEST(Frame, RejectsUnknownFlagsAndFlagsOnControlFrames) {
 
 TEST(Auth, MacDependsOnEveryInputAndVerifies) {
   const Nonce n = random_nonce();
-  const Mac m = handshake_mac("secret", "hello", "job", "127.0.0.1:1", n);
-  EXPECT_TRUE(mac_equal(m, handshake_mac("secret", "hello", "job", "127.0.0.1:1", n)));
-  EXPECT_FALSE(mac_equal(m, handshake_mac("Secret", "hello", "job", "127.0.0.1:1", n)));
-  EXPECT_FALSE(mac_equal(m, handshake_mac("secret", "welcome", "job", "127.0.0.1:1", n)));
-  EXPECT_FALSE(mac_equal(m, handshake_mac("secret", "hello", "jo", "b127.0.0.1:1", n)));
-  EXPECT_FALSE(
-      mac_equal(m, handshake_mac("secret", "hello", "job", "127.0.0.1:1", random_nonce())));
+  const Key k = derive_key("secret", KeyUse::peers);
+  const Mac m = handshake_mac(k, "hello", "job", "127.0.0.1:1", n);
+  EXPECT_TRUE(mac_equal(m, handshake_mac(k, "hello", "job", "127.0.0.1:1", n)));
+  EXPECT_FALSE(mac_equal(m, handshake_mac(derive_key("Secret", KeyUse::peers), "hello", "job",
+                                          "127.0.0.1:1", n)));
+  EXPECT_FALSE(mac_equal(m, handshake_mac(k, "welcome", "job", "127.0.0.1:1", n)));
+  EXPECT_FALSE(mac_equal(m, handshake_mac(k, "hello", "jo", "b127.0.0.1:1", n)));
+  EXPECT_FALSE(mac_equal(m, handshake_mac(k, "hello", "job", "127.0.0.1:1", random_nonce())));
+}
+
+// HKDF-SHA256 (RFC 5869): one token gives unrelated keys per use, and different tokens give
+// different keys; the control key is what HMAC over the same inputs computes by hand.
+TEST(Auth, KeysDerivedFromTheTokenDifferByUse) {
+  const Key peers = derive_key("token", KeyUse::peers);
+  const Key control = derive_key("token", KeyUse::control);
+  EXPECT_NE(peers, control);
+  EXPECT_EQ(peers, derive_key("token", KeyUse::peers));
+  EXPECT_NE(peers, derive_key("token2", KeyUse::peers));
+  // RFC 5869 by hand: PRK = HMAC(salt, token); OKM = HMAC(PRK, info | 0x01).
+  Key salt{};
+  const std::string s = "kf job token";
+  // HMAC with a key shorter than the block is the key zero-padded: a 32-byte Key holding the
+  // salt stands for it.
+  std::copy(s.begin(), s.end(), salt.begin());
+  const std::string prk_hex = hmac_sha256_hex(salt, "token");
+  Key prk{};
+  for (std::size_t i = 0; i < prk.size(); ++i) {
+    prk[i] = static_cast<unsigned char>(std::stoi(prk_hex.substr(2 * i, 2), nullptr, 16));
+  }
+  const std::string okm = hmac_sha256_hex(prk, std::string("kf peers v1") + '\x01');
+  std::string got;
+  for (unsigned char b : peers) {
+    static constexpr char kDigits[] = "0123456789abcdef";
+    got.push_back(kDigits[b >> 4]);
+    got.push_back(kDigits[b & 0xf]);
+  }
+  EXPECT_EQ(got, okm);
+  EXPECT_EQ(sha256_hex("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_TRUE(equal_in_constant_time("abc", "abc"));
+  EXPECT_FALSE(equal_in_constant_time("abc", "abd"));
+  EXPECT_FALSE(equal_in_constant_time("abc", "abcd"));
 }
 
 TEST(Auth, HelloAndWelcomeRoundTripAndRejectTruncation) {
   Hello h{"job-1", "10.0.0.1:5000", random_nonce(), {}};
-  h.mac = handshake_mac("t", "hello", h.job_id, h.identity, h.nonce);
+  h.mac = handshake_mac(derive_key("t", KeyUse::peers), "hello", h.job_id, h.identity, h.nonce);
   auto bytes = encode(h);
   auto back = decode_hello(bytes);
   ASSERT_TRUE(back.has_value());
