@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kf/runtime/cluster_settings.hpp"
+#include "kf/runtime/request_signature.hpp"
 
 namespace kf {
 
@@ -242,7 +243,8 @@ class ConfigClient::Connection {
  public:
   // Sends one request and maps transport failures and error statuses to kf::Error. Returns the
   // answer for 2xx and 409 (the caller handles the conflict).
-  Answer call(const Endpoint& server, const std::string& token, http::verb verb,
+  // A mutation (not GET) is signed with `control` when given (request_signature.hpp).
+  Answer call(const Endpoint& server, const Key* control, http::verb verb,
               const std::string& target, const json* body, std::chrono::milliseconds deadline);
 
   // POSTs `body` to `target` and hands each message of the streamed answer to `on_message`
@@ -288,8 +290,8 @@ beast::error_code ConfigClient::Connection::run(const std::shared_ptr<X>& x,
                            : beast::error_code(beast::error::timeout);
 }
 
-Answer ConfigClient::Connection::call(const Endpoint& server, const std::string& token,
-                                      http::verb verb, const std::string& target, const json* body,
+Answer ConfigClient::Connection::call(const Endpoint& server, const Key* control, http::verb verb,
+                                      const std::string& target, const json* body,
                                       std::chrono::milliseconds deadline) {
   const std::string what = std::string(http::to_string(verb)) + " http://" + server.str() + target;
   if (cancelled_.load()) throw Error(make_error_code(errc::cancelled), what + ": cancelled");
@@ -298,12 +300,16 @@ Answer ConfigClient::Connection::call(const Endpoint& server, const std::string&
   req = http::request<http::string_body>{verb, target, 11};
   req.set(http::field::host, server.str());
   req.set(http::field::user_agent, "kf-config-client");
-  if (!token.empty() && verb != http::verb::get) {
-    req.set(http::field::authorization, "Bearer " + token);
-  }
   if (body != nullptr) {
     req.set(http::field::content_type, "application/json");
     req.body() = body->dump();
+  }
+  if (control != nullptr && verb != http::verb::get) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
+    req.set(http::field::authorization,
+            sign_request(*control, std::string(http::to_string(verb)), target, req.body(), ms));
   }
   req.prepare_payload();
   start(x, server);
@@ -712,7 +718,7 @@ class ConfigClient::Etcd {
     for (std::size_t tried = 0; tried < endpoints_.size(); ++tried) {
       try {
         return connection_
-            .call(endpoints_[current_], "", http::verb::post, target, &body, options_.deadline)
+            .call(endpoints_[current_], nullptr, http::verb::post, target, &body, options_.deadline)
             .body;
       } catch (const Error& e) {
         if (e.code() != errc::service_unavailable) throw;
@@ -771,7 +777,10 @@ ServiceUrl ConfigClient::parse_service_url(std::string_view url) {
 }
 
 ConfigClient::ConfigClient(std::string_view url, std::string token, ConfigClientOptions options)
-    : token_(std::move(token)), options_(options), connection_(std::make_unique<Connection>()) {
+    : token_(std::move(token)),
+      control_key_(derive_key(token_, KeyUse::control)),
+      options_(options),
+      connection_(std::make_unique<Connection>()) {
   ServiceUrl parsed = parse_service_url(url);
   server_ = parsed.endpoints.front();
   if (parsed.kind == ServiceUrl::Kind::etcd) {
@@ -787,16 +796,16 @@ void ConfigClient::cancel() noexcept { connection_->cancel(); }
 
 Cluster ConfigClient::get_cluster() {
   if (etcd_) return etcd_->get_cluster();
-  const Answer a = connection_->call(server_, token_, http::verb::get, "/v1/cluster", nullptr,
-                                     options_.deadline);
+  const Answer a = connection_->call(server_, &control_key_, http::verb::get, "/v1/cluster",
+                                     nullptr, options_.deadline);
   return cluster_from(a, "GET /v1/cluster");
 }
 
 Cluster ConfigClient::put_cluster(const Cluster& next) {
   if (etcd_) return etcd_->put_cluster(next);
   const json body = next.to_json();
-  const Answer a =
-      connection_->call(server_, token_, http::verb::put, "/v1/cluster", &body, options_.deadline);
+  const Answer a = connection_->call(server_, &control_key_, http::verb::put, "/v1/cluster", &body,
+                                     options_.deadline);
   if (a.status == 409) {
     json current = a.body.is_object() && a.body.contains("current") ? a.body["current"] : json();
     throw ConflictError("PUT /v1/cluster: 409 " + reason_of(a),
@@ -818,7 +827,7 @@ Cluster ConfigClient::watch(std::uint64_t after_version, std::chrono::millisecon
     // and return what is there.
     Answer a;
     try {
-      a = connection_->call(server_, token_, http::verb::get, target, nullptr, left);
+      a = connection_->call(server_, &control_key_, http::verb::get, target, nullptr, left);
     } catch (const Error& e) {
       if (e.code() != errc::service_unavailable || Clock::now() < end) throw;
       return get_cluster();
@@ -836,16 +845,16 @@ ConfigEvent ConfigClient::post_event(const std::string& type, const std::string&
   if (!worker.empty()) body["worker"] = worker;
   if (!detail.empty()) body["detail"] = detail;
   if (version) body["version"] = *version;
-  const Answer a =
-      connection_->call(server_, token_, http::verb::post, "/v1/events", &body, options_.deadline);
+  const Answer a = connection_->call(server_, &control_key_, http::verb::post, "/v1/events", &body,
+                                     options_.deadline);
   return event_from_json(a.body);
 }
 
 std::vector<ConfigEvent> ConfigClient::get_events(std::uint64_t after_seq) {
   if (etcd_) return etcd_->get_events(after_seq);
   const std::string target = "/v1/events?after=" + std::to_string(after_seq);
-  const Answer a =
-      connection_->call(server_, token_, http::verb::get, target, nullptr, options_.deadline);
+  const Answer a = connection_->call(server_, &control_key_, http::verb::get, target, nullptr,
+                                     options_.deadline);
   std::vector<ConfigEvent> events;
   if (!a.body.is_object() || !a.body.contains("events") || !a.body["events"].is_array()) {
     throw Error(make_error_code(errc::protocol_error), "GET " + target + ": no events array");

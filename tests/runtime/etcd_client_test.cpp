@@ -47,8 +47,8 @@ TEST(EtcdUrl, ParsesMembersAndPrefix) {
   EXPECT_EQ(u.endpoints[2].host, "::1");
   EXPECT_EQ(u.prefix, "/jobs/a");
   EXPECT_EQ(ConfigClient::parse_service_url("http://h:1").kind, ServiceUrl::Kind::http);
-  for (const char* bad : {"etcd://", "etcd://h1", "etcd://h1:2379,,h2:1", "etcd://h1:0",
-                          "ftp://h:1", "h1:2379"}) {
+  for (const char* bad :
+       {"etcd://", "etcd://h1", "etcd://h1:2379,,h2:1", "etcd://h1:0", "ftp://h:1", "h1:2379"}) {
     EXPECT_THROW(ConfigClient::parse_service_url(bad), std::invalid_argument) << bad;
     EXPECT_THROW(ConfigClient(bad, "t"), std::invalid_argument) << bad;
   }
@@ -164,9 +164,9 @@ TEST_F(EtcdClient, ConcurrentWritersNeverLoseOrRepeatAChange) {
         Cluster cur = c.get_cluster();
         for (;;) {
           Cluster next = cur;
-          next.workers.push_back(WorkerSpec{
-              Endpoint{"127.0.0.1", static_cast<std::uint16_t>(10000 + w * 100 + i)},
-              static_cast<int>(cur.workers.size())});
+          next.workers.push_back(
+              WorkerSpec{Endpoint{"127.0.0.1", static_cast<std::uint16_t>(10000 + w * 100 + i)},
+                         static_cast<int>(cur.workers.size())});
           try {
             c.put_cluster(next);
             break;
@@ -199,8 +199,7 @@ TEST_F(EtcdClient, ADeadMemberIsSkipped) {
     FAIL() << "read from a stopped etcd";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), make_error_code(errc::service_unavailable));
-    EXPECT_NE(std::string(e.what()).find("no etcd member answered"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("no etcd member answered"), std::string::npos) << e.what();
   }
 }
 

@@ -59,13 +59,13 @@ class EtcdProcess {
     const std::uint16_t peer = free_tcp_port();
     client_url_ = "http://127.0.0.1:" + std::to_string(client);
     const std::string peer_url = "http://127.0.0.1:" + std::to_string(peer);
-    child_ = spawn({"/bin/sh", "-c",
-                    "exec '" + exe + "' --name t --data-dir '" + (dir_ / "data").string() +
-                        "' --listen-client-urls " + client_url_ + " --advertise-client-urls " +
-                        client_url_ + " --listen-peer-urls " + peer_url +
-                        " --initial-advertise-peer-urls " + peer_url + " --initial-cluster t=" +
-                        peer_url + " > '" + (dir_ / "etcd.log").string() + "' 2>&1"},
-                   {});
+    child_ = spawn(
+        {"/bin/sh", "-c",
+         "exec '" + exe + "' --name t --data-dir '" + (dir_ / "data").string() +
+             "' --listen-client-urls " + client_url_ + " --advertise-client-urls " + client_url_ +
+             " --listen-peer-urls " + peer_url + " --initial-advertise-peer-urls " + peer_url +
+             " --initial-cluster t=" + peer_url + " > '" + (dir_ / "etcd.log").string() + "' 2>&1"},
+        {});
     url_ = "etcd://127.0.0.1:" + std::to_string(client);
     // Ready when it answers a read.
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -80,9 +80,8 @@ class EtcdProcess {
           return;
         }
       }
-      if (auto st = wait_exit(child_, std::chrono::steady_clock::now() +
-                                          std::chrono::milliseconds(50),
-                              false)) {
+      if (auto st = wait_exit(
+              child_, std::chrono::steady_clock::now() + std::chrono::milliseconds(50), false)) {
         error_ = "etcd exited at start";
         child_.pid = -1;
         return;

@@ -20,8 +20,10 @@
 #include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
+
 #include <string>
 #include <vector>
+#include "kf/runtime/request_signature.hpp"
 
 #include "support/config_server_process.hpp"
 #include "support/process.hpp"
@@ -66,7 +68,18 @@ class ConfigServerTest : public ::testing::Test {
                   bool auth = false) {
     static std::atomic<int> counter{0};
     std::string command = "curl -sS -m 20 -o - -w '\\n%{http_code}' -X " + method;
-    if (auth) command += std::string(" -H 'Authorization: Bearer ") + kToken + "'";
+    if (auth) {
+      // Signed as kf's clients sign (kf/runtime/request_signature.hpp): curl cannot.
+      const auto slash = url.find('/', url.find("//") + 2);
+      const std::string target = slash == std::string::npos ? "/" : url.substr(slash);
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+      command +=
+          " -H 'Authorization: " +
+          kf::sign_request(kf::derive_key(kToken, kf::KeyUse::control), method, target, body, ms) +
+          "'";
+    }
     if (!body.empty()) {
       const auto file = dir_ / ("body-" + std::to_string(counter++));
       std::ofstream(file, std::ios::binary) << body;

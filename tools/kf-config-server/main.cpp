@@ -31,17 +31,22 @@ int main(int argc, char** argv) {
       "kf-member and policies change it by compare-and-swap.",
       "kf-config-server"};
   app.footer(
-      "Mutations need \"Authorization: Bearer TOKEN\" with the token from --token-file.\n"
+      "Mutations must be signed with a key derived from the token in --token-file "
+      "(\"Authorization: KF-HMAC-SHA256 ...\", as kf's clients do; docs/config-server.md).\n"
       "Exit code: 0 after SIGINT/SIGTERM, 2 for a usage error, 1 for other errors.");
   std::string listen = "127.0.0.1:0";
   std::string token_file;
   std::string state_file;
   int watch_timeout_ms = 25'000;
+  bool allow_bearer = false;
   app.add_option("--listen", listen, "HOST:PORT to listen on (port 0: any free port)")
       ->capture_default_str();
   app.add_option("--token-file", token_file, "file holding the job token (first line)")->required();
   app.add_option("--state", state_file, "state file: loaded on start, rewritten after each change")
       ->required();
+  app.add_flag("--allow-bearer", allow_bearer,
+               "also accept \"Authorization: Bearer TOKEN\" (sends the token itself: for curl by "
+               "hand on a trusted network)");
   app.add_option("--watch-timeout-ms", watch_timeout_ms,
                  "longest wait of a long-poll (GET /v1/cluster?watch=1) in milliseconds")
       ->check(CLI::Range(1, kMaxWatchTimeoutMs))
@@ -72,6 +77,7 @@ int main(int argc, char** argv) {
     kf::config_server::ServiceOptions service_options;
     service_options.state_file = state_file;
     service_options.token = kf::read_token_file(token_file);
+    service_options.allow_bearer = allow_bearer;
     service_options.max_body_bytes = server_options.max_body_bytes;
     kf::config_server::Service service(std::move(service_options));
     kf::config_server::run_server(service, server_options);

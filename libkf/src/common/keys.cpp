@@ -34,7 +34,9 @@ Key derive_key(std::string_view token, KeyUse use) {
       EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, nullptr), &EVP_PKEY_CTX_free);
   Key key{};
   std::size_t len = key.size();
-  const auto u = [](std::string_view s) { return reinterpret_cast<const unsigned char*>(s.data()); };
+  const auto u = [](std::string_view s) {
+    return reinterpret_cast<const unsigned char*>(s.data());
+  };
   if (!ctx || EVP_PKEY_derive_init(ctx.get()) <= 0 ||
       EVP_PKEY_CTX_set_hkdf_md(ctx.get(), EVP_sha256()) <= 0 ||
       EVP_PKEY_CTX_set1_hkdf_salt(ctx.get(), u(kSalt), static_cast<int>(kSalt.size())) <= 0 ||

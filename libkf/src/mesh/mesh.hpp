@@ -23,10 +23,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kf/common/keys.hpp"
 #include "common/asio.hpp"
 #include "driver/driver.hpp"
 #include "kf/cluster/cluster.hpp"
+#include "kf/common/keys.hpp"
 #include "kf/peer.hpp"
 #include "mailbox/mailbox.hpp"
 #include "mailbox/request.hpp"

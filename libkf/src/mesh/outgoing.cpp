@@ -134,8 +134,8 @@ awaitable<std::error_code> Mesh::dial(Outgoing& out) {
       why = "malformed welcome";
       co_return make_error_code(errc::protocol_error);
     }
-    const auto want = transport::handshake_mac(peer_key_, "welcome", opts_.job_id,
-                                               w->identity, hello.nonce);
+    const auto want =
+        transport::handshake_mac(peer_key_, "welcome", opts_.job_id, w->identity, hello.nonce);
     if (!transport::mac_equal(want, w->mac)) {
       why = "peer " + ep.str() + " does not prove the job token";
       co_return make_error_code(errc::auth_failed);

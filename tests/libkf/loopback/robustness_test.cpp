@@ -140,7 +140,7 @@ bool authenticate(int s, const std::string& identity) {
   std::memcpy(theirs.data(), payload.data(), theirs.size());
   transport::Hello hello{"kf", identity, transport::random_nonce(), {}};
   hello.mac = transport::handshake_mac(derive_key("test-token", KeyUse::peers), "hello", "kf",
-                                      identity, theirs);
+                                       identity, theirs);
   send_frame(s, transport::FrameType::hello, transport::encode(hello));
   return read_frame(s, h, payload) && h.type == transport::FrameType::welcome;
 }

@@ -99,8 +99,8 @@ TEST(Auth, MacDependsOnEveryInputAndVerifies) {
   const Key k = derive_key("secret", KeyUse::peers);
   const Mac m = handshake_mac(k, "hello", "job", "127.0.0.1:1", n);
   EXPECT_TRUE(mac_equal(m, handshake_mac(k, "hello", "job", "127.0.0.1:1", n)));
-  EXPECT_FALSE(mac_equal(m, handshake_mac(derive_key("Secret", KeyUse::peers), "hello", "job",
-                                          "127.0.0.1:1", n)));
+  EXPECT_FALSE(mac_equal(
+      m, handshake_mac(derive_key("Secret", KeyUse::peers), "hello", "job", "127.0.0.1:1", n)));
   EXPECT_FALSE(mac_equal(m, handshake_mac(k, "welcome", "job", "127.0.0.1:1", n)));
   EXPECT_FALSE(mac_equal(m, handshake_mac(k, "hello", "jo", "b127.0.0.1:1", n)));
   EXPECT_FALSE(mac_equal(m, handshake_mac(k, "hello", "job", "127.0.0.1:1", random_nonce())));
@@ -133,8 +133,7 @@ TEST(Auth, KeysDerivedFromTheTokenDifferByUse) {
     got.push_back(kDigits[b & 0xf]);
   }
   EXPECT_EQ(got, okm);
-  EXPECT_EQ(sha256_hex("abc"),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   EXPECT_TRUE(equal_in_constant_time("abc", "abc"));
   EXPECT_FALSE(equal_in_constant_time("abc", "abd"));
   EXPECT_FALSE(equal_in_constant_time("abc", "abcd"));

@@ -5,7 +5,12 @@
 #include "kf-config-server/lib/service.hpp"
 
 #include <gtest/gtest.h>
+
+#include <optional>
+#include <tuple>
+
 #include <stdlib.h>
+#include "kf/runtime/request_signature.hpp"
 
 #include <chrono>
 #include <filesystem>
@@ -25,10 +30,16 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 constexpr const char* kToken = "s3cret-token";
-constexpr const char* kAuth = "Bearer s3cret-token";
+constexpr std::int64_t kNowMs = 1'700'000'000'789;
 // 2023-11-14T22:13:20.789Z
-const auto kNow =
-    std::chrono::system_clock::time_point(std::chrono::milliseconds(1'700'000'000'789));
+const auto kNow = std::chrono::system_clock::time_point(std::chrono::milliseconds(kNowMs));
+
+// The Authorization value kf's clients send: signed with the job's control key, now.
+std::string signed_for(const std::string& method, const std::string& target,
+                       const std::string& body, std::int64_t at_ms = kNowMs,
+                       const std::string& token = kToken) {
+  return sign_request(derive_key(token, KeyUse::control), method, target, body, at_ms);
+}
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -64,14 +75,18 @@ class ServiceTest : public ::testing::Test {
     return o;
   }
 
-  static Response put(Service& s, const json& body, const std::string& auth = kAuth) {
-    return s.handle({"PUT", "/v1/cluster", auth, body.dump()});
+  static Response put(Service& s, const json& body, std::optional<std::string> auth = {}) {
+    const std::string text = body.dump();
+    return s.handle(
+        {"PUT", "/v1/cluster", auth ? *auth : signed_for("PUT", "/v1/cluster", text), text});
   }
   static Response get(Service& s, const std::string& target) {
     return s.handle({"GET", target, "", ""});
   }
-  static Response post_event(Service& s, const std::string& body, const std::string& auth = kAuth) {
-    return s.handle({"POST", "/v1/events", auth, body});
+  static Response post_event(Service& s, const std::string& body,
+                             std::optional<std::string> auth = {}) {
+    return s.handle(
+        {"POST", "/v1/events", auth ? *auth : signed_for("POST", "/v1/events", body), body});
   }
 
   fs::path dir_;
@@ -98,10 +113,12 @@ TEST_F(ServiceTest, UnknownPathIs404) {
 
 TEST_F(ServiceTest, WrongMethodIs405WithAllow) {
   Service s(options());
-  EXPECT_EQ(s.handle({"DELETE", "/v1/cluster", kAuth, ""}).allow, "GET, PUT");
-  EXPECT_EQ(s.handle({"DELETE", "/v1/cluster", kAuth, ""}).status, 405);
-  EXPECT_EQ(s.handle({"POST", "/v1/cluster", kAuth, two_workers(0).dump()}).status, 405);
-  EXPECT_EQ(s.handle({"PUT", "/v1/events", kAuth, "{}"}).status, 405);
+  EXPECT_EQ(s.handle({"DELETE", "/v1/cluster", signed_for("DELETE", "/v1/cluster", ""), ""}).allow,
+            "GET, PUT");
+  EXPECT_EQ(s.handle({"DELETE", "/v1/cluster", signed_for("DELETE", "/v1/cluster", ""), ""}).status,
+            405);
+  EXPECT_EQ(s.handle({"POST", "/v1/cluster", "", two_workers(0).dump()}).status, 405);
+  EXPECT_EQ(s.handle({"PUT", "/v1/events", "", "{}"}).status, 405);
   EXPECT_EQ(s.handle({"POST", "/healthz", "", ""}).status, 405);
   EXPECT_EQ(s.version(), 0u);
 }
@@ -148,7 +165,8 @@ TEST_F(ServiceTest, MutationsWithoutTheTokenAre401) {
   Service s(options());
   for (const std::string auth :
        {"", "Bearer", "Bearer ", "Bearer wrong", "Bearer s3cret-toke", "Bearer s3cret-token2",
-        "Basic s3cret-token", "s3cret-token", "bearer s3cret-token"}) {
+        "Basic s3cret-token", "s3cret-token", "bearer s3cret-token", "Bearer s3cret-token",
+        "KF-HMAC-SHA256", "KF-HMAC-SHA256 ts=1,nonce=00,sig=00"}) {
     EXPECT_EQ(put(s, two_workers(0), auth).status, 401) << auth;
     EXPECT_EQ(post_event(s, R"({"type":"note"})", auth).status, 401) << auth;
   }
@@ -157,6 +175,52 @@ TEST_F(ServiceTest, MutationsWithoutTheTokenAre401) {
   // Reads need no token.
   EXPECT_EQ(get(s, "/v1/cluster").status, 200);
   EXPECT_EQ(get(s, "/v1/events").status, 200);
+}
+
+// A signature proves the token without sending it; it covers the method, target, time, nonce and
+// body; it is accepted once, and only near the server's time.
+TEST_F(ServiceTest, SignedMutationsAreCheckedAndNotReplayable) {
+  Service s(options());
+  const std::string body = two_workers(0).dump();
+  const std::string good = signed_for("PUT", "/v1/cluster", body);
+  const auto reason = [](const Response& r) {
+    return json::parse(r.body)["error"].get<std::string>();
+  };
+  // Another token, another method, target or body: refused.
+  for (const auto& [method, target, text, auth] :
+       std::vector<std::tuple<std::string, std::string, std::string, std::string>>{
+           {"PUT", "/v1/cluster", body, signed_for("PUT", "/v1/cluster", body, kNowMs, "other")},
+           {"PUT", "/v1/cluster", body, signed_for("POST", "/v1/cluster", body)},
+           {"PUT", "/v1/cluster", body, signed_for("PUT", "/v1/events", body)},
+           {"PUT", "/v1/cluster", body + " ", good}}) {
+    const Response r = s.handle({method, target, auth, text});
+    EXPECT_EQ(r.status, 401);
+    EXPECT_NE(reason(r).find("signature does not match"), std::string::npos) << reason(r);
+  }
+  // Too far from the server's time either way.
+  for (const std::int64_t off : {-61'000, 61'000}) {
+    const Response r = s.handle(
+        {"PUT", "/v1/cluster", signed_for("PUT", "/v1/cluster", body, kNowMs + off), body});
+    EXPECT_EQ(r.status, 401);
+    EXPECT_NE(reason(r).find("ms from the server's time"), std::string::npos) << reason(r);
+  }
+  EXPECT_EQ(s.version(), 0u);
+  // Accepted once; the same request again is a replay.
+  EXPECT_EQ(s.handle({"PUT", "/v1/cluster", good, body}).status, 200);
+  const Response again = s.handle({"PUT", "/v1/cluster", good, body});
+  EXPECT_EQ(again.status, 401);
+  EXPECT_NE(reason(again).find("nonce was used before"), std::string::npos) << reason(again);
+  EXPECT_EQ(s.version(), 1u);
+  // Bearer is refused, saying why, unless the server allows it.
+  const Response bearer = post_event(s, R"({"type":"note"})", std::string("Bearer ") + kToken);
+  EXPECT_EQ(bearer.status, 401);
+  EXPECT_NE(reason(bearer).find("--allow-bearer"), std::string::npos) << reason(bearer);
+  ServiceOptions o = options();
+  o.allow_bearer = true;
+  o.state_file = dir_ / "other.json";
+  Service lenient(o);
+  EXPECT_EQ(post_event(lenient, R"({"type":"note"})", std::string("Bearer ") + kToken).status, 201);
+  EXPECT_EQ(post_event(lenient, R"({"type":"note"})", std::string("Bearer x")).status, 401);
 }
 
 TEST_F(ServiceTest, BodyOverTheLimitIs413) {
@@ -175,7 +239,8 @@ TEST_P(InvalidPutTest, Is400WithAReasonAndChangesNothing) {
   Service s(options());
   ASSERT_EQ(put(s, two_workers(0)).status, 200);
   const std::string before = read_file(state_file_);
-  const auto r = s.handle({"PUT", "/v1/cluster", kAuth, GetParam().second});
+  const auto r = s.handle({"PUT", "/v1/cluster",
+                           signed_for("PUT", "/v1/cluster", GetParam().second), GetParam().second});
   EXPECT_EQ(r.status, 400) << r.body;
   const auto body = json::parse(r.body);
   ASSERT_TRUE(body.contains("error"));
@@ -277,7 +342,11 @@ TEST_F(ServiceTest, BadQueriesAre400) {
         "/v1/events?after=x", "/v1/events?limit=3"}) {
     EXPECT_EQ(get(s, target).status, 400) << target;
   }
-  EXPECT_EQ(s.handle({"PUT", "/v1/cluster?x=1", kAuth, two_workers(0).dump()}).status, 400);
+  EXPECT_EQ(
+      s.handle({"PUT", "/v1/cluster?x=1",
+                signed_for("PUT", "/v1/cluster?x=1", two_workers(0).dump()), two_workers(0).dump()})
+          .status,
+      400);
   EXPECT_EQ(s.version(), 0u);
 }
 

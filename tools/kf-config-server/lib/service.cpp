@@ -10,6 +10,7 @@
 #include "kf/common/log.hpp"
 #include "kf/runtime/cluster_settings.hpp"
 #include "kf/runtime/config_client.hpp"
+#include "kf/runtime/request_signature.hpp"
 
 namespace kf::config_server {
 
@@ -129,7 +130,9 @@ std::map<std::string, std::string> parse_query(const std::string& query) {
 }
 
 Service::Service(ServiceOptions options)
-    : options_(std::move(options)), state_(load_state(options_.state_file)) {}
+    : options_(std::move(options)),
+      control_key_(derive_key(options_.token, KeyUse::control)),
+      state_(load_state(options_.state_file)) {}
 
 Response Service::handle(const Request& request) {
   const auto q = request.target.find('?');
@@ -148,9 +151,7 @@ Response Service::handle(const Request& request) {
   const std::string write_method = is_cluster ? "PUT" : "POST";
   if (m != "GET" && m != write_method) return method_not_allowed("GET, " + write_method);
   if (mutation) {
-    if (!authorized(request.authorization)) {
-      return error(401, "missing or invalid Authorization: Bearer <job token>");
-    }
+    if (const std::string why = unauthorized(request); !why.empty()) return error(401, why);
     if (request.body.size() > options_.max_body_bytes) {
       return error(413, "body is over " + std::to_string(options_.max_body_bytes) + " bytes");
     }
@@ -255,20 +256,45 @@ Response Service::post_event(const std::string& body) {
   }
 }
 
-bool Service::authorized(const std::string& authorization) const noexcept {
-  constexpr std::string_view kScheme = "Bearer ";
-  if (options_.token.empty() || !authorization.starts_with(kScheme)) return false;
-  const std::string_view given = std::string_view(authorization).substr(kScheme.size());
-  const std::string& want = options_.token;
-  // Constant time in the token's content: every byte of the longer string is compared.
-  unsigned diff = given.size() == want.size() ? 0 : 1;
-  const std::size_t n = std::max(given.size(), want.size());
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto a = static_cast<unsigned char>(i < given.size() ? given[i] : 0);
-    const auto b = static_cast<unsigned char>(i < want.size() ? want[i] : 0);
-    diff |= static_cast<unsigned>(a ^ b);
+std::string Service::unauthorized(const Request& request) {
+  const std::string& auth = request.authorization;
+  constexpr std::string_view kBearer = "Bearer ";
+  if (auth.starts_with(kBearer)) {
+    if (!options_.allow_bearer) {
+      return "Authorization: Bearer is refused (it sends the job token); sign the request "
+             "(KF-HMAC-SHA256, as kf's clients do), or start the server with --allow-bearer";
+    }
+    if (options_.token.empty() ||
+        !equal_in_constant_time(std::string_view(auth).substr(kBearer.size()), options_.token)) {
+      return "invalid bearer token";
+    }
+    return {};
   }
-  return diff == 0;
+  std::string why;
+  const auto sig = parse_request_signature(auth, why);
+  if (!sig) {
+    return "missing or invalid Authorization: sign the request with the job token "
+           "(KF-HMAC-SHA256 ts=...,nonce=...,sig=...): " +
+           why;
+  }
+  if (!signature_matches(control_key_, *sig, request.method, request.target, request.body)) {
+    return "the request's signature does not match (another job token, or an altered request)";
+  }
+  const auto now = options_.now();
+  const auto at = std::chrono::system_clock::time_point(std::chrono::milliseconds(sig->unix_ms));
+  const auto off = std::chrono::duration_cast<std::chrono::milliseconds>(now - at);
+  if (off > options_.signature_window || -off > options_.signature_window) {
+    return "the request was signed " + std::to_string(off.count()) +
+           " ms from the server's time, more than the " +
+           std::to_string(options_.signature_window.count()) +
+           " ms allowed (a replay, or clocks out of step)";
+  }
+  std::erase_if(seen_nonces_,
+                [&](const auto& e) { return now - e.second > 2 * options_.signature_window; });
+  if (!seen_nonces_.emplace(sig->nonce, at).second) {
+    return "the request's nonce was used before (a replay)";
+  }
+  return {};
 }
 
 nlohmann::json Service::append_event(nlohmann::json event) {

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "kf-config-server/lib/state.hpp"
+#include "kf/common/keys.hpp"
 
 namespace kf::config_server {
 
@@ -39,7 +40,15 @@ struct Response {
 
 struct ServiceOptions {
   std::filesystem::path state_file;
-  std::string token;                                  ///< the job token mutations must present
+  /// The job token: mutations must be signed with the control key derived from it
+  /// (kf/runtime/request_signature.hpp).
+  std::string token;
+  /// Also accept "Authorization: Bearer TOKEN", which sends the token itself (for curl by hand
+  /// on a trusted network; kf's own clients always sign).
+  bool allow_bearer = false;
+  /// How far a signed request's time may be from the server's clock (either way); its nonce is
+  /// remembered for twice as long, so a replay is refused until the time check refuses it too.
+  std::chrono::milliseconds signature_window{60'000};
   std::size_t max_body_bytes = std::size_t{1} << 20;  ///< larger bodies get 413
   /// The clock events are stamped with (a fixed clock in tests).
   std::function<std::chrono::system_clock::time_point()> now = [] {
@@ -72,12 +81,17 @@ class Service {
   Response put_cluster(const std::string& body);
   Response get_events(const std::string& query) const;
   Response post_event(const std::string& body);
-  bool authorized(const std::string& authorization) const noexcept;
+  /// Why a mutation is not authorized, or "" when it is (a valid, fresh, unseen signature, or
+  /// the bearer token where allowed). Remembers the nonce of an accepted signature.
+  std::string unauthorized(const Request& request);
   /// Appends `event` (stamped with seq and time) and writes the state file; on failure removes
   /// it again and rethrows. Throws: std::runtime_error from save_state().
   nlohmann::json append_event(nlohmann::json event);
 
   ServiceOptions options_;
+  Key control_key_;  // derive_key(options_.token, KeyUse::control)
+  // Nonces of accepted signatures, until they are older than twice the signature window.
+  std::map<std::string, std::chrono::system_clock::time_point> seen_nonces_;
   State state_;
 };
 

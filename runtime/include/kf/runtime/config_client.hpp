@@ -19,6 +19,7 @@
 
 #include "kf/cluster/cluster.hpp"
 #include "kf/common/error.hpp"
+#include "kf/common/keys.hpp"
 
 namespace kf {
 
@@ -66,8 +67,9 @@ struct ConfigClientOptions {
 class ConfigClient {
  public:
   /// `url` is "http://HOST:PORT" (optionally with a trailing "/"; IPv6 as "[::1]") or
-  /// "etcd://HOST:PORT[,HOST:PORT...][/PREFIX]"; `token` is the job token presented on mutations
-  /// (kf-config-server), or from which the job's key prefix is derived (etcd, without PREFIX).
+  /// "etcd://HOST:PORT[,HOST:PORT...][/PREFIX]"; `token` is the job token, from which the key
+  /// that signs mutations (kf-config-server; the token itself is never sent) and the job's key
+  /// prefix (etcd, without PREFIX) are derived.
   /// Throws: std::invalid_argument naming the URL when it is not of either form.
   ConfigClient(std::string_view url, std::string token, ConfigClientOptions options = {});
   ~ConfigClient();
@@ -120,6 +122,7 @@ class ConfigClient {
 
   Endpoint server_;
   std::string token_;
+  Key control_key_;  // derive_key(token_, KeyUse::control): signs the mutations
   ConfigClientOptions options_;
   std::unique_ptr<Connection> connection_;
   std::unique_ptr<Etcd> etcd_;

@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: Apache-2.0
+// Signed requests to the config service: a mutation carries an HMAC of itself (method, target,
+// time, a fresh nonce and a hash of the body) under the control key derived from the job token
+// (kf/common/keys.hpp), so the token never travels and a recorded request cannot be replayed
+// once the server has seen its nonce or its time has passed (docs/config-server.md).
+//   Authorization: KF-HMAC-SHA256 ts=UNIX_MS,nonce=HEX32,sig=HEX64
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "kf/common/keys.hpp"
+
+namespace kf {
+
+inline constexpr std::string_view kSignatureScheme = "KF-HMAC-SHA256";
+
+struct RequestSignature {
+  std::int64_t unix_ms = 0;  ///< when it was signed (milliseconds since 1970, UTC)
+  std::string nonce;         ///< 32 lowercase hex digits, fresh per request
+  std::string sig;           ///< 64 lowercase hex digits
+};
+
+/// What is signed: the scheme, method, target (path and query), time, nonce and SHA-256 of the
+/// body, one per line.
+std::string string_to_sign(std::string_view method, std::string_view target, std::int64_t unix_ms,
+                           std::string_view nonce, std::string_view body);
+
+/// The Authorization header's value for a request, with a fresh nonce. Throws:
+/// std::runtime_error when no random bytes can be had.
+std::string sign_request(const Key& control, std::string_view method, std::string_view target,
+                         std::string_view body, std::int64_t unix_ms);
+
+/// Parses an Authorization value of this scheme; nullopt with `why` set when it is not one.
+std::optional<RequestSignature> parse_request_signature(std::string_view authorization,
+                                                        std::string& why);
+
+/// Whether `s` signs this request under `control` (compared in constant time).
+bool signature_matches(const Key& control, const RequestSignature& s, std::string_view method,
+                       std::string_view target, std::string_view body);
+
+}  // namespace kf

@@ -1,0 +1,100 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kf/runtime/request_signature.hpp"
+
+#include <openssl/rand.h>
+
+#include <array>
+#include <charconv>
+#include <stdexcept>
+
+namespace kf {
+
+namespace {
+
+bool is_hex(std::string_view s, std::size_t n) {
+  if (s.size() != n) return false;
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string string_to_sign(std::string_view method, std::string_view target, std::int64_t unix_ms,
+                           std::string_view nonce, std::string_view body) {
+  std::string s(kSignatureScheme);
+  s.append("\n").append(method).append("\n").append(target).append("\n");
+  s.append(std::to_string(unix_ms)).append("\n").append(nonce).append("\n");
+  s.append(sha256_hex(body));
+  return s;
+}
+
+std::string sign_request(const Key& control, std::string_view method, std::string_view target,
+                         std::string_view body, std::int64_t unix_ms) {
+  std::array<unsigned char, 16> raw{};
+  if (RAND_bytes(raw.data(), static_cast<int>(raw.size())) != 1) {
+    throw std::runtime_error("cannot sign a request: OpenSSL RAND_bytes failed");
+  }
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string nonce;
+  for (unsigned char b : raw) {
+    nonce.push_back(kDigits[b >> 4]);
+    nonce.push_back(kDigits[b & 0xf]);
+  }
+  const std::string sig =
+      hmac_sha256_hex(control, string_to_sign(method, target, unix_ms, nonce, body));
+  return std::string(kSignatureScheme) + " ts=" + std::to_string(unix_ms) + ",nonce=" + nonce +
+         ",sig=" + sig;
+}
+
+std::optional<RequestSignature> parse_request_signature(std::string_view authorization,
+                                                        std::string& why) {
+  const std::string prefix = std::string(kSignatureScheme) + " ";
+  if (!authorization.starts_with(prefix)) {
+    why = "not a " + std::string(kSignatureScheme) + " signature";
+    return std::nullopt;
+  }
+  std::string_view rest = authorization.substr(prefix.size());
+  RequestSignature s;
+  bool has_ts = false;
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    const auto eq = item.find('=');
+    if (eq == std::string_view::npos) {
+      why = "signature field '" + std::string(item.substr(0, 40)) + "' is not NAME=VALUE";
+      return std::nullopt;
+    }
+    const std::string_view name = item.substr(0, eq), value = item.substr(eq + 1);
+    if (name == "ts") {
+      const auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), s.unix_ms);
+      if (ec != std::errc() || ptr != value.data() + value.size() || s.unix_ms < 0) {
+        why = "signature ts is not milliseconds since 1970";
+        return std::nullopt;
+      }
+      has_ts = true;
+    } else if (name == "nonce") {
+      s.nonce = std::string(value);
+    } else if (name == "sig") {
+      s.sig = std::string(value);
+    } else {
+      why = "unknown signature field '" + std::string(name.substr(0, 40)) + "'";
+      return std::nullopt;
+    }
+  }
+  if (!has_ts || !is_hex(s.nonce, 32) || !is_hex(s.sig, 64)) {
+    why = "a signature needs ts, nonce (32 hex digits) and sig (64 hex digits)";
+    return std::nullopt;
+  }
+  return s;
+}
+
+bool signature_matches(const Key& control, const RequestSignature& s, std::string_view method,
+                       std::string_view target, std::string_view body) {
+  return equal_in_constant_time(
+      s.sig, hmac_sha256_hex(control, string_to_sign(method, target, s.unix_ms, s.nonce, body)));
+}
+
+}  // namespace kf
