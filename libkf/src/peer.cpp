@@ -74,6 +74,17 @@ PeerOptions Peer::options_from(const Env& e) {
     }
     o.transport = *t;
   }
+  if (e.frame_auth) {
+    const std::string& v = *e.frame_auth;
+    if (v == "on" || v == "1" || v == "true") {
+      o.frame_auth = true;
+    } else if (v == "off" || v == "0" || v == "false") {
+      o.frame_auth = false;
+    } else {
+      throw std::invalid_argument(std::string(env::kFrameAuth) + "='" + v +
+                                  "' is not one of on, off");
+    }
+  }
   if (e.device_backend) {
     auto b = parse_device_backend(*e.device_backend);
     if (!b) {

@@ -108,6 +108,12 @@ struct PeerOptions {
   /// The staging backend splits allreduces and broadcasts into chunks of about this many bytes,
   /// so that one chunk's copies to and from the device overlap another's transfer.
   std::size_t staging_chunk_bytes = std::size_t{4} << 20;
+  /// Every frame on a connection between hosts carries a MAC under a key of that connection
+  /// (AES-256-GMAC; docs/protocol.md, "Frame MACs"), so that nobody on the path can alter or
+  /// inject one. Off (KF_FRAME_AUTH=off) only on a network that is trusted; every worker of a
+  /// job must have the same setting (a peer with the other one is refused at the handshake).
+  /// Same-host connections carry no MACs: only processes of this user are trusted there.
+  bool frame_auth = true;
   std::size_t max_frame_bytes = std::size_t{64} << 20;      ///< larger transfers are split
   std::size_t max_unexpected_bytes = std::size_t{2} << 30;  ///< early-arrival buffer limit
 };

@@ -108,6 +108,7 @@ Env Env::from_environment() {
   e.config_server = get(env::kConfigServer);
   e.algorithm = get(env::kAlgorithm);
   e.transport = get(env::kTransport);
+  e.frame_auth = get(env::kFrameAuth);
   e.device_backend = get(env::kDeviceBackend);
   if (auto v = get_integer(env::kTimeoutMs, 1, 86'400'000, "a positive number of milliseconds")) {
     e.timeout = std::chrono::milliseconds(*v);

@@ -3,6 +3,7 @@
 // event that says it is done. Thread-safety: I/O context only (see driver/driver.hpp).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -118,6 +119,10 @@ struct SendReq {
   // before the socket was full; the writer sends the rest. Such a frame is counted in
   // Outgoing::socket_frames already.
   std::size_t written = 0;
+  // With frame MACs: the frame's tag, once computed (write_now computes it for the frames it
+  // starts; the writer for the others, as it writes their payload).
+  std::array<std::byte, 16> tag{};
+  bool tag_ready = false;
 };
 
 struct RecvReq {

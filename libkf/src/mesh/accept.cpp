@@ -34,6 +34,7 @@ awaitable<void> Mesh::accept_loop(Acceptor& acceptor) {
     in->pid = pid;
     in->single_copy = same_user;
     in->peek = std::is_same_v<Acceptor, tcp::acceptor>;
+    in->tcp = std::is_same_v<Acceptor, tcp::acceptor>;
     asio::co_spawn(ex(), serve_incoming(in, std::move(from)), asio::detached);
   }
 }
@@ -56,8 +57,15 @@ awaitable<std::error_code> Mesh::accept_handshake(Incoming& in, std::string& why
     why = "hello for job '" + hello->job_id + "', this is job '" + opts_.job_id + "'";
     co_return make_error_code(errc::auth_failed);
   }
+  if (hello->frame_auth != opts_.frame_auth) {
+    why = "hello from '" + hello->identity + "' has frame MACs " +
+          (hello->frame_auth ? "on" : "off") + " and this worker " +
+          (opts_.frame_auth ? "on" : "off") + " (KF_FRAME_AUTH must be the same on every worker)";
+    co_return make_error_code(errc::auth_failed);
+  }
   const auto want =
-      transport::handshake_mac(peer_key_, "hello", hello->job_id, hello->identity, nonce);
+      transport::handshake_mac(peer_key_, transport::handshake_purpose(true, hello->frame_auth),
+                               hello->job_id, hello->identity, nonce);
   if (!transport::mac_equal(want, hello->mac)) {
     why = "hello from '" + hello->identity + "' does not prove the job token";
     co_return make_error_code(errc::auth_failed);
@@ -69,12 +77,19 @@ awaitable<std::error_code> Mesh::accept_handshake(Incoming& in, std::string& why
     why = e.what();
     co_return make_error_code(errc::protocol_error);
   }
-  transport::Welcome w{identity_, transport::handshake_mac(peer_key_, "welcome", opts_.job_id,
-                                                           identity_, hello->nonce)};
+  transport::Welcome w{
+      identity_,
+      transport::handshake_mac(peer_key_, transport::handshake_purpose(false, opts_.frame_auth),
+                               opts_.job_id, identity_, hello->nonce),
+      opts_.frame_auth};
   if (auto ec = co_await write_control(in.sock, FrameType::welcome, transport::encode(w))) {
     co_return ec;
   }
   in.peer = peer_index(ep);
+  if (opts_.frame_auth && in.tcp) {
+    in.mac = std::make_unique<transport::FrameMac>(
+        transport::connection_key(peer_key_, nonce, hello->nonce, hello->identity, identity_));
+  }
   co_return std::error_code{};
 }
 
@@ -122,6 +137,7 @@ awaitable<void> Mesh::serve_incoming(std::shared_ptr<Incoming> in, std::string f
       co_await asio::post(ex(), asio::use_awaitable);
     }
     transport::HeaderBytes hb;
+    if (in->mac) in->mac->begin();
     if ((ec = co_await read_exact(*in, hb.data(), hb.size()))) break;
     FrameHeader h;
     if (!transport::decode(hb, opts_.max_frame_bytes, h, why)) {
@@ -139,16 +155,21 @@ awaitable<void> Mesh::serve_incoming(std::shared_ptr<Incoming> in, std::string f
     switch (h.type) {
       case FrameType::data:
         if ((h.flags & transport::kFlagRemote) == 0 &&
-            in->end - in->begin >= h.name_bytes + h.payload_bytes) {
+            in->end - in->begin >=
+                h.name_bytes + h.payload_bytes + (in->mac ? transport::kTagBytes : 0)) {
           ec = on_data_read_ahead(*in, h, why);
         } else {
           ec = co_await on_data(*in, h, name, why);
         }
         break;
-      case FrameType::heartbeat: ec = co_await skip_payload(*in, h); break;
+      case FrameType::heartbeat:
+        ec = co_await skip_payload(*in, h);
+        if (!ec) ec = co_await check_tag(*in, why);
+        break;
       case FrameType::notice_lost: ec = co_await on_notice_lost(*in, h); break;
       case FrameType::invite: ec = co_await on_invite(*in, h); break;
       case FrameType::bye:
+        if ((ec = co_await check_tag(*in, why))) break;
         said_bye = true;
         mark_departed(peer);
         break;
@@ -158,6 +179,8 @@ awaitable<void> Mesh::serve_incoming(std::shared_ptr<Incoming> in, std::string f
         ec = make_error_code(errc::protocol_error);
         break;
     }
+    // Every handler checks the tag before it acts; one it did not reach is checked here.
+    if (!ec && !said_bye) ec = co_await check_tag(*in, why);
     if (ec || said_bye) break;
     // Not counted: heartbeats, and a ring's offer (the ring's count starts after it).
     if (h.type != FrameType::heartbeat && h.type != FrameType::ring_offer) ++in->socket_frames;
@@ -175,18 +198,32 @@ void Mesh::close_incoming(const std::shared_ptr<Incoming>& in, bool said_bye, st
   }
   std::erase(ring_readers_, in);
   driver_.reads_rings = !ring_readers_.empty();
+  // Said before the socket closes, so that whoever sees it closed finds the reason logged.
+  if (!said_bye && !stopping_ && ec == make_error_code(errc::protocol_error)) {
+    KF_LOG(warn, "transport", "{}: closed connection from {}: {}", identity_, peers_[peer].key,
+           why);
+  }
   boost::system::error_code ignored;
   in->sock.close(ignored);
   auto& ins = peers_[static_cast<std::size_t>(peer)].in;
   std::erase(ins, in);
   if (said_bye || stopping_) return;
-  if (ec == make_error_code(errc::protocol_error)) {
-    KF_LOG(warn, "transport", "{}: closed connection from {}: {}", identity_, peers_[peer].key,
-           why);
-  }
   mark_lost(
       peer, make_error_code(errc::peer_lost),
       "connection from " + peers_[peer].key + " broke: " + (why.empty() ? ec.message() : why));
+}
+
+awaitable<std::error_code> Mesh::check_tag(Incoming& in, std::string& why) {
+  if (!in.mac || !in.mac->active()) co_return std::error_code{};
+  const transport::Tag want = in.mac->finish();  // and read_exact stops taking bytes in
+  transport::Tag got;
+  if (auto ec = co_await read_exact(in, got.data(), got.size())) co_return ec;
+  if (!transport::tag_equal(want, got)) {
+    why = "frame " + std::to_string(in.mac->frames()) +
+          " failed its MAC (altered, injected or replayed on the way)";
+    co_return make_error_code(errc::protocol_error);
+  }
+  co_return std::error_code{};
 }
 
 // The whole frame is in the read-ahead buffer already (a small frame usually arrives in one
@@ -198,6 +235,19 @@ std::error_code Mesh::on_data_read_ahead(Incoming& in, const FrameHeader& h, std
   const MailKeyView key{in.peer, h.cluster_version, h.tag,
                         std::string_view(reinterpret_cast<const char*>(at), h.name_bytes)};
   in.begin += h.name_bytes + h.payload_bytes;
+  if (in.mac) {
+    // The header went through read_exact; name and payload are taken from the buffer here.
+    in.mac->update(at, h.name_bytes + h.payload_bytes);
+    const transport::Tag want = in.mac->finish();
+    transport::Tag got;
+    std::memcpy(got.data(), in.buf.data() + in.begin, got.size());
+    in.begin += got.size();
+    if (!transport::tag_equal(want, got)) {
+      why = "frame " + std::to_string(in.mac->frames()) +
+            " failed its MAC (altered, injected or replayed on the way)";
+      return make_error_code(errc::protocol_error);
+    }
+  }
   KF_LOG(trace, "transport", "{}: frame '{}' tag {} from {} ({} bytes, read ahead)", identity_,
          key.name, h.tag, peers_[in.peer].key, h.payload_bytes);
   return store_frame(in.peer, key, {at + h.name_bytes, h.payload_bytes}, nullptr, why);
@@ -269,6 +319,11 @@ awaitable<std::error_code> Mesh::on_notice_lost(Incoming& in, const FrameHeader&
   if (auto ec = co_await read_exact(in, reinterpret_cast<std::byte*>(who.data()), who.size())) {
     co_return ec;
   }
+  std::string why;
+  if (auto ec = co_await check_tag(in, why)) {
+    in.closed_why = why;
+    co_return ec;
+  }
   if (h.cluster_version != io_cluster_.version) co_return std::error_code{};
   auto pit = peer_by_key_.find(who);
   if (pit != peer_by_key_.end() && who != identity_) {
@@ -282,6 +337,11 @@ awaitable<std::error_code> Mesh::on_invite(Incoming& in, const FrameHeader& h) {
   std::string payload(h.payload_bytes, '\0');
   if (auto ec =
           co_await read_exact(in, reinterpret_cast<std::byte*>(payload.data()), payload.size())) {
+    co_return ec;
+  }
+  std::string why;
+  if (auto ec = co_await check_tag(in, why)) {
+    in.closed_why = why;
     co_return ec;
   }
   KF_LOG(debug, "transport", "{}: invitation from {} (v{}, {} bytes)", identity_,

@@ -30,20 +30,25 @@ awaitable<std::error_code> Mesh::receive_data(Incoming& in, int peer, const Fram
       for (std::size_t done = 0; done < req->bytes && !ec;) {
         const std::size_t n = std::min(req->bytes - done, Incoming::kReduceChunk);
         ec = co_await read_payload(in, src, in.chunk.data(), n, why);
+        // With frame MACs the chunks are reduced before the tag at the end is checked: a frame
+        // that fails it fails the receive, and the collective with it.
         if (!ec) deliver(*req, in.chunk.data(), done, n);
         done += n;
       }
     } else {
       ec = co_await read_payload(in, src, req->dst, req->bytes, why);
     }
+    if (!ec) ec = co_await check_tag(in, why);
     mailbox_.end_fill(key, req, ec ? make_error_code(errc::peer_lost) : std::error_code{});
     co_return ec;
   }
   if (!mailbox_.has_room(h.payload_bytes, why)) co_return make_error_code(errc::protocol_error);
   ScratchPool::Block block = mailbox_.early_block(h.payload_bytes);
-  if (auto ec = co_await read_payload(in, src, block.data.get(), h.payload_bytes, why)) {
+  std::error_code rec = co_await read_payload(in, src, block.data.get(), h.payload_bytes, why);
+  if (!rec) rec = co_await check_tag(in, why);
+  if (rec) {
     mailbox_.recycle(std::move(block));
-    co_return ec;
+    co_return rec;
   }
   // The receive may have been posted while this payload was being read: then the block was
   // not kept, and goes back to the pool.

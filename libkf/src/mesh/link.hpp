@@ -17,6 +17,7 @@
 #include "common/clock.hpp"
 #include "kf/cluster/cluster.hpp"
 #include "mailbox/request.hpp"
+#include "transport/frame_mac.hpp"
 #include "transport/shm/shm_ring.hpp"
 
 namespace kf::detail {
@@ -40,6 +41,8 @@ struct Outgoing {
   // Frames written into the socket since the ring was set up, heartbeats not counted: each
   // ring record carries the count, so the receiver keeps the connection's order.
   std::uint64_t socket_frames = 0;
+  // Tags the frames after the handshake (a TCP connection with PeerOptions::frame_auth).
+  std::unique_ptr<transport::FrameMac> mac;
 };
 
 struct Incoming {
@@ -73,6 +76,10 @@ struct Incoming {
   std::uint64_t socket_frames = 0;
   // Why the connection was closed from outside its coroutine (a bad ring record).
   std::string closed_why;
+  bool tcp = false;  // accepted on the TCP port (not the same-host socket)
+  // Checks the tags of the frames after the handshake (a TCP connection with frame_auth): the
+  // bytes read_exact takes while it is active count towards the frame's tag.
+  std::unique_ptr<transport::FrameMac> mac;
 };
 
 /// Where a data frame's payload comes from: the connection, or (single-copy) the sender's

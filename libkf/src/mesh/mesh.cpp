@@ -52,6 +52,13 @@ Mesh::Mesh(const PeerOptions& opts, asio::io_context& ioc, Driver& driver, Mailb
   }
   self_ = Endpoint{opts_.listen.host, acceptor_.local_endpoint().port()};
   identity_ = self_.str();
+  if (!opts_.frame_auth) {
+    KF_LOG(warn, "transport",
+           "{}: frame MACs are off (KF_FRAME_AUTH=off): frames from other hosts are not "
+           "authenticated, so anyone on the network path could alter or inject them; for "
+           "trusted networks only",
+           identity_);
+  }
   // The same-host socket listens before the TCP port does: a peer on this host dials the former
   // first and falls back to TCP when it is refused, so in the other order a peer that dialled in
   // between would stay on TCP for good (this happened at job start, about one run in six).

@@ -182,9 +182,14 @@ class Mesh {
   awaitable<std::error_code> write_frame(Outgoing& out, SendReq& req);
   /// A small data frame to a connection whose writer is idle: written straight into the socket
   /// without blocking, saving the hand-off to the writer coroutine. Returns the bytes of the
-  /// frame (header, name, payload) that went; the caller queues the rest.
+  /// frame (header, name, payload and, with frame MACs, its tag, put in `tag`) that went; the
+  /// caller queues the rest.
   std::size_t write_now(Outgoing& out, const transport::HeaderBytes& header, std::string_view name,
-                        const std::byte* data, std::size_t bytes);
+                        const std::byte* data, std::size_t bytes, transport::Tag& tag);
+  /// With frame MACs (Incoming::mac): ends the frame being read by reading its tag and checking
+  /// it. Call it after the frame's bytes were read and before acting on them. Returns
+  /// protocol_error, with `why`, for a tag that does not match.
+  awaitable<std::error_code> check_tag(Incoming& in, std::string& why);
 
   // ---- reading (transport/stream/reads.cpp, mesh/frames.cpp) ----
   /// The next n payload bytes of the frame being read, into dst (from the socket, or copied

@@ -33,6 +33,7 @@ awaitable<boost::system::error_code> Mesh::connect(Outgoing& out, const Endpoint
   out.local = false;
   out.single_copy = false;
   out.ring.reset();
+  out.mac.reset();
   const bool try_local = same_host(ep) && !peers_[static_cast<std::size_t>(out.peer)].no_local;
   // The peer's same-host socket, into `out` when it answers.
   auto connect_local = [&]() -> awaitable<boost::system::error_code> {
@@ -121,8 +122,11 @@ awaitable<std::error_code> Mesh::dial(Outgoing& out) {
     }
     transport::Nonce their;
     std::memcpy(their.data(), payload.data(), their.size());
-    transport::Hello hello{opts_.job_id, identity_, transport::random_nonce(), {}};
-    hello.mac = transport::handshake_mac(peer_key_, "hello", opts_.job_id, identity_, their);
+    transport::Hello hello{
+        opts_.job_id, identity_, transport::random_nonce(), {}, opts_.frame_auth};
+    hello.mac =
+        transport::handshake_mac(peer_key_, transport::handshake_purpose(true, opts_.frame_auth),
+                                 opts_.job_id, identity_, their);
     if (auto ec = co_await write_control(reader.sock, FrameType::hello, transport::encode(hello))) {
       co_return ec;
     }
@@ -134,11 +138,22 @@ awaitable<std::error_code> Mesh::dial(Outgoing& out) {
       why = "malformed welcome";
       co_return make_error_code(errc::protocol_error);
     }
+    if (w->frame_auth != opts_.frame_auth) {
+      why = "peer " + ep.str() + " has frame MACs " + (w->frame_auth ? "on" : "off") +
+            " and this worker " + (opts_.frame_auth ? "on" : "off") +
+            " (KF_FRAME_AUTH must be the same on every worker)";
+      co_return make_error_code(errc::auth_failed);
+    }
     const auto want =
-        transport::handshake_mac(peer_key_, "welcome", opts_.job_id, w->identity, hello.nonce);
+        transport::handshake_mac(peer_key_, transport::handshake_purpose(false, w->frame_auth),
+                                 opts_.job_id, w->identity, hello.nonce);
     if (!transport::mac_equal(want, w->mac)) {
       why = "peer " + ep.str() + " does not prove the job token";
       co_return make_error_code(errc::auth_failed);
+    }
+    if (opts_.frame_auth && !out.local) {
+      out.mac = std::make_unique<transport::FrameMac>(
+          transport::connection_key(peer_key_, their, hello.nonce, identity_, w->identity));
     }
     if (out.local && opts_.transport == Transport::automatic && opts_.shm_frame_bytes > 0) {
       co_return co_await offer_ring(out, reader, why);
@@ -262,13 +277,22 @@ std::shared_ptr<SendReq> Mesh::post_send(int peer, const FrameHeader& h, std::st
   // name and an event per frame); one that does not fit goes on through the writer from where
   // this left it.
   std::size_t written = 0;
+  transport::Tag tag{};
+  bool tagged = false;
   if (h.type == FrameType::data && out.connected && out.sock.non_blocking() && !out.closed &&
       !out.writing && out.queue.empty() && h.payload_bytes <= kWriteNowBytes &&
       !(out.single_copy && h.payload_bytes >= opts_.single_copy_bytes)) {
-    written = write_now(out, header, name, data, h.payload_bytes);
-    if (written == header.size() + name.size() + h.payload_bytes) return sent_;
+    written = write_now(out, header, name, data, h.payload_bytes, tag);
+    tagged = out.mac != nullptr;
+    if (written == header.size() + name.size() + h.payload_bytes + (tagged ? tag.size() : 0)) {
+      return sent_;
+    }
   }
   auto req = std::make_shared<SendReq>(ex());
+  if (tagged) {
+    std::memcpy(req->tag.data(), tag.data(), tag.size());
+    req->tag_ready = true;
+  }
   req->header = header;
   req->name = std::string(name);
   req->data = data;

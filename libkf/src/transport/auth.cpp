@@ -77,6 +77,11 @@ class Reader {
     pos_ += N;
     return true;
   }
+  bool flag(bool& f) {
+    if (pos_ + 1 > b_.size() || static_cast<unsigned>(b_[pos_]) > 1) return false;
+    f = b_[pos_++] == std::byte{1};
+    return true;
+  }
   bool at_end() const { return pos_ == b_.size(); }
 
  private:
@@ -92,6 +97,7 @@ std::vector<std::byte> encode(const Hello& h) {
   put_str(out, h.identity);
   put_arr(out, h.nonce);
   put_arr(out, h.mac);
+  out.push_back(static_cast<std::byte>(h.frame_auth ? 1 : 0));
   return out;
 }
 
@@ -99,13 +105,15 @@ std::vector<std::byte> encode(const Welcome& w) {
   std::vector<std::byte> out;
   put_str(out, w.identity);
   put_arr(out, w.mac);
+  out.push_back(static_cast<std::byte>(w.frame_auth ? 1 : 0));
   return out;
 }
 
 std::optional<Hello> decode_hello(const std::vector<std::byte>& payload) {
   Reader r(payload);
   Hello h;
-  if (!r.str(h.job_id) || !r.str(h.identity) || !r.arr(h.nonce) || !r.arr(h.mac) || !r.at_end()) {
+  if (!r.str(h.job_id) || !r.str(h.identity) || !r.arr(h.nonce) || !r.arr(h.mac) ||
+      !r.flag(h.frame_auth) || !r.at_end()) {
     return std::nullopt;
   }
   return h;
@@ -114,7 +122,9 @@ std::optional<Hello> decode_hello(const std::vector<std::byte>& payload) {
 std::optional<Welcome> decode_welcome(const std::vector<std::byte>& payload) {
   Reader r(payload);
   Welcome w;
-  if (!r.str(w.identity) || !r.arr(w.mac) || !r.at_end()) return std::nullopt;
+  if (!r.str(w.identity) || !r.arr(w.mac) || !r.flag(w.frame_auth) || !r.at_end()) {
+    return std::nullopt;
+  }
   return w;
 }
 

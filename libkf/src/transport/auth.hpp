@@ -33,11 +33,20 @@ struct Hello {
   std::string identity;
   Nonce nonce{};
   Mac mac{};
+  bool frame_auth = true;  ///< the dialer's PeerOptions::frame_auth (in the MAC's purpose)
 };
 struct Welcome {
   std::string identity;
   Mac mac{};
+  bool frame_auth = true;  ///< the acceptor's (in the MAC's purpose)
 };
+
+/// The handshake MAC's purpose: `base` ("hello", "welcome"), marked when frames carry MACs, so
+/// that a setting altered on the way fails the MAC.
+inline const char* handshake_purpose(bool hello, bool frame_auth) noexcept {
+  if (hello) return frame_auth ? "hello+frame-mac" : "hello";
+  return frame_auth ? "welcome+frame-mac" : "welcome";
+}
 
 std::vector<std::byte> encode(const Hello& h);
 std::vector<std::byte> encode(const Welcome& w);

@@ -27,6 +27,7 @@
 #include "support/local_cluster.hpp"
 #include "transport/auth.hpp"
 #include "transport/frame.hpp"
+#include "transport/frame_mac.hpp"
 #include "transport/shm/shm_ring.hpp"
 
 namespace kf {
@@ -131,18 +132,24 @@ void send_frame(int s, transport::FrameType t, const std::vector<std::byte>& pay
   ASSERT_EQ(send(s, payload.data(), payload.size(), 0), static_cast<ssize_t>(payload.size()));
 }
 
-// The dialer's side of the handshake, as `identity`, with the test cluster's job and token.
-bool authenticate(int s, const std::string& identity) {
+// The dialer's side of the handshake, as `identity`, with the test cluster's job and token
+// (frame MACs on, as the peers have them). Returns the connection's key, whose FrameMac tags
+// what this side sends over TCP; nullopt when the handshake failed.
+std::optional<Key> authenticate(int s, const std::string& identity) {
   transport::FrameHeader h;
   std::vector<std::byte> payload;
-  if (!read_frame(s, h, payload) || h.type != transport::FrameType::challenge) return false;
+  if (!read_frame(s, h, payload) || h.type != transport::FrameType::challenge) return std::nullopt;
   transport::Nonce theirs;
   std::memcpy(theirs.data(), payload.data(), theirs.size());
-  transport::Hello hello{"kf", identity, transport::random_nonce(), {}};
-  hello.mac = transport::handshake_mac(derive_key("test-token", KeyUse::peers), "hello", "kf",
+  const Key peers = derive_key("test-token", KeyUse::peers);
+  transport::Hello hello{"kf", identity, transport::random_nonce(), {}, true};
+  hello.mac = transport::handshake_mac(peers, transport::handshake_purpose(true, true), "kf",
                                        identity, theirs);
   send_frame(s, transport::FrameType::hello, transport::encode(hello));
-  return read_frame(s, h, payload) && h.type == transport::FrameType::welcome;
+  if (!read_frame(s, h, payload) || h.type != transport::FrameType::welcome) return std::nullopt;
+  const auto w = transport::decode_welcome(payload);
+  if (!w) return std::nullopt;
+  return transport::connection_key(peers, theirs, hello.nonce, identity, w->identity);
 }
 
 // A data frame that claims its payload waits in the sender's memory at `addr`.
@@ -162,8 +169,11 @@ void send_single_copy_frame(int s, std::uint64_t addr) {
 }
 
 // Appends a data frame of cluster version 1, tag 0, named `name`, carrying `values`, to `wire`.
+// With `mac` (a TCP connection), the frame's tag follows it.
 void append_data_frame(std::vector<char>& wire, const std::string& name,
-                       const std::vector<std::int32_t>& values) {
+                       const std::vector<std::int32_t>& values,
+                       transport::FrameMac* mac = nullptr) {
+  const std::size_t start = wire.size();
   transport::FrameHeader d;
   d.type = transport::FrameType::data;
   d.cluster_version = 1;
@@ -176,6 +186,13 @@ void append_data_frame(std::vector<char>& wire, const std::string& name,
   wire.insert(wire.end(), name.begin(), name.end());
   const auto* p = reinterpret_cast<const char*>(values.data());
   wire.insert(wire.end(), p, p + values.size() * sizeof(std::int32_t));
+  if (mac != nullptr) {
+    mac->begin();
+    mac->update(wire.data() + start, wire.size() - start);
+    const transport::Tag t = mac->finish();
+    wire.insert(wire.end(), reinterpret_cast<const char*>(t.data()),
+                reinterpret_cast<const char*>(t.data()) + t.size());
+  }
 }
 
 // Waits (up to 10 s) until `peer` holds at least `bytes` of frames that came before their
@@ -280,12 +297,14 @@ TEST(Robustness, SmallFramesFromTheReadAheadBufferAreDeliveredOrRefused) {
   const std::uint64_t early_before = peers[0]->transport_stats().early_bytes;
   int s = connect_to(peers[0]->endpoint());
   ASSERT_GE(s, 0);
-  ASSERT_TRUE(authenticate(s, peers[1]->endpoint().str()));  // as rank 1
+  const auto key = authenticate(s, peers[1]->endpoint().str());  // as rank 1
+  ASSERT_TRUE(key);
+  transport::FrameMac mac(*key);
 
   constexpr std::size_t kCount = 100;
   std::vector<char> wire;
-  append_data_frame(wire, "truth", std::vector<std::int32_t>(kCount, 7));
-  append_data_frame(wire, "lie", std::vector<std::int32_t>(2, 7));
+  append_data_frame(wire, "truth", std::vector<std::int32_t>(kCount, 7), &mac);
+  append_data_frame(wire, "lie", std::vector<std::int32_t>(2, 7), &mac);
   ASSERT_EQ(send(s, wire.data(), wire.size(), 0), static_cast<ssize_t>(wire.size()));
   // Both frames wait in peer 0's mailbox before anything asks for them.
   ASSERT_EQ(await_early_bytes(*peers[0], early_before + kCount * sizeof(std::int32_t) + 8),
@@ -316,7 +335,9 @@ TEST(Robustness, FramesThatArriveInPiecesOverTcpAreReadWhole) {
   allreduce_works(peers, "before");
   int s = connect_to(peers[0]->endpoint());
   ASSERT_GE(s, 0);
-  ASSERT_TRUE(authenticate(s, peers[1]->endpoint().str()));  // as rank 1
+  const auto key = authenticate(s, peers[1]->endpoint().str());  // as rank 1
+  ASSERT_TRUE(key);
+  transport::FrameMac mac(*key);
 
   // A small frame (through the read-ahead buffer) and one of 20 KiB (its payload partly from
   // the buffer, the rest straight into the destination), each with its own values.
@@ -327,9 +348,9 @@ TEST(Robustness, FramesThatArriveInPiecesOverTcpAreReadWhole) {
     return v;
   };
   std::vector<char> wire;
-  append_data_frame(wire, "small", counting(kSmall, 1000));
+  append_data_frame(wire, "small", counting(kSmall, 1000), &mac);
   const std::size_t second = wire.size();
-  append_data_frame(wire, "large", counting(kLarge, 5000));
+  append_data_frame(wire, "large", counting(kLarge, 5000), &mac);
   // Cut inside the first header, inside its name, inside its payload, inside the second
   // header, and three times inside the second payload.
   const std::vector<std::size_t> cuts{
@@ -457,6 +478,88 @@ TEST(Robustness, PeerWithTheWrongTokenIsRejectedOnBothSides) {
   EXPECT_TRUE(ec == errcond::peer_failure) << ec.message();
   EXPECT_NE(log.text().find("does not prove the job token"), std::string::npos) << log.text();
   allreduce_works(peers, "unaffected");
+}
+
+// A relay between a genuine dialer (this test, holding the token) and a worker over TCP: it
+// forwards the handshake, so the worker accepts the connection, but the connection's key comes
+// from the peers' key, which the relay does not have. A frame of the genuine dialer passes
+// through it; one the relay makes, or alters, fails its MAC, and the worker closes the
+// connection saying why.
+TEST(Robustness, ARelayedHandshakeGivesTheRelayNothing) {
+  for (const bool alter : {false, true}) {
+    LogCapture log;
+    auto peers = test::make_local_cluster(2);
+    allreduce_works(peers, "before");
+    const std::uint64_t early_before = peers[0]->transport_stats().early_bytes;
+    int s = connect_to(peers[0]->endpoint());  // the relay's connection to the worker
+    ASSERT_GE(s, 0);
+    // The relay forwards the challenge to the dialer, and its hello back.
+    transport::FrameHeader h;
+    std::vector<std::byte> payload;
+    ASSERT_TRUE(read_frame(s, h, payload));
+    transport::Nonce challenge;
+    std::memcpy(challenge.data(), payload.data(), challenge.size());
+    const std::string identity = peers[1]->endpoint().str();
+    const Key peer_key = derive_key("test-token", KeyUse::peers);
+    transport::Hello hello{"kf", identity, transport::random_nonce(), {}, true};
+    hello.mac = transport::handshake_mac(peer_key, transport::handshake_purpose(true, true), "kf",
+                                         identity, challenge);
+    send_frame(s, transport::FrameType::hello, transport::encode(hello));
+    ASSERT_TRUE(read_frame(s, h, payload));
+    ASSERT_EQ(h.type, transport::FrameType::welcome);  // accepted: the handshake was genuine
+    const auto w = transport::decode_welcome(payload);
+    ASSERT_TRUE(w);
+    // The genuine dialer's frame, forwarded as it is: delivered.
+    transport::FrameMac genuine(
+        transport::connection_key(peer_key, challenge, hello.nonce, identity, w->identity));
+    std::vector<char> wire;
+    append_data_frame(wire, "truth", std::vector<std::int32_t>(10, 7), &genuine);
+    // The relay's own frame, tagged under every key it could make from what it saw, or the
+    // next genuine frame with a payload byte changed on the way.
+    if (alter) {
+      const std::size_t at = wire.size();
+      append_data_frame(wire, "truth2", std::vector<std::int32_t>(10, 7), &genuine);
+      wire[at + transport::kHeaderBytes + 6 + 3] ^= 1;
+    } else {
+      transport::FrameMac forged(transport::connection_key(derive_key("", KeyUse::peers), challenge,
+                                                           hello.nonce, identity, w->identity));
+      append_data_frame(wire, "stolen", std::vector<std::int32_t>(10, 9), &forged);
+    }
+    ASSERT_EQ(send(s, wire.data(), wire.size(), 0), static_cast<ssize_t>(wire.size()));
+    EXPECT_TRUE(closed_by_peer(s));
+    close(s);
+    EXPECT_EQ(await_early_bytes(*peers[0], early_before + 40), early_before + 40)
+        << "the genuine frame was not delivered, or the other one was";
+    const std::string text = log.text();
+    EXPECT_NE(text.find("frame 2 failed its MAC (altered, injected or replayed on the way)"),
+              std::string::npos)
+        << text;
+  }
+}
+
+// Frame MACs are a job setting: off on both sides, frames go without tags; on one side only,
+// the handshake refuses the connection and says why.
+TEST(Robustness, FrameMacsMustBeSetAlikeOnEveryWorker) {
+  PeerOptions off;
+  off.transport = Transport::tcp;
+  off.frame_auth = false;
+  auto plain = test::make_local_cluster(2, off);
+  allreduce_works(plain, "no-macs");
+  EXPECT_GT(plain[0]->transport_stats().tcp_bytes, 0u);
+
+  LogCapture log;
+  PeerOptions on = off;
+  on.frame_auth = true;
+  on.connect_timeout = std::chrono::milliseconds(2000);
+  off.connect_timeout = on.connect_timeout;
+  on.timeout = off.timeout = std::chrono::milliseconds(2000);
+  auto mixed = test::make_local_cluster(std::vector<PeerOptions>{on, off});
+  std::vector<int> v(4, 1);
+  const auto ec =
+      mixed[0]->allreduce("mixed", buffer(v.data(), 4), buffer(v.data(), 4)).wait_status();
+  EXPECT_TRUE(ec) << "a worker with frame MACs talked to one without";
+  EXPECT_NE(log.text().find("KF_FRAME_AUTH must be the same on every worker"), std::string::npos)
+      << log.text();
 }
 
 // Another user takes a worker's same-host socket name before the worker starts (the abstract

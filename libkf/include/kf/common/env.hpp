@@ -34,6 +34,8 @@ inline constexpr const char* kTransport =
     "KF_TRANSPORT";  ///< auto | unix | tcp (see kf::Transport)
 inline constexpr const char* kDeviceBackend =
     "KF_DEVICE_BACKEND";  ///< auto | nccl | staging (see kf::DeviceBackend)
+inline constexpr const char* kFrameAuth =
+    "KF_FRAME_AUTH";  ///< on | off: MACs on frames between hosts (PeerOptions::frame_auth)
 inline constexpr const char* kLogLevel = "KF_LOG_LEVEL";     ///< trace|debug|info|warn|error
 inline constexpr const char* kCheckpoint = "KF_CHECKPOINT";  ///< kf::Session checkpoint file
 inline constexpr const char* kCheckpointEvery = "KF_CHECKPOINT_EVERY";  ///< commits between saves
@@ -64,6 +66,7 @@ struct Env {
   std::optional<std::string> algorithm;
   std::optional<std::string> transport;
   std::optional<std::string> device_backend;  ///< KF_DEVICE_BACKEND
+  std::optional<std::string> frame_auth;      ///< KF_FRAME_AUTH
   std::optional<std::chrono::milliseconds> timeout;
   std::optional<std::chrono::microseconds> spin;
   std::optional<std::size_t> express_bytes;

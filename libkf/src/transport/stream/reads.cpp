@@ -39,8 +39,11 @@ std::error_code drop_peeked(Incoming& in) {
 
 awaitable<std::error_code> Mesh::read_exact(Incoming& in, std::byte* dst, std::size_t n) {
   KF_DCHECK_IO(driver_);
+  // With frame MACs, every byte of a frame counts towards its tag (but the tag's own).
+  const bool absorb = in.mac && in.mac->active();
   const std::size_t have = std::min(n, in.end - in.begin);
   if (have > 0) {
+    if (absorb) in.mac->update(in.buf.data() + in.begin, have);
     if (dst) std::memcpy(dst, in.buf.data() + in.begin, have);
     in.begin += have;
     n -= have;
@@ -54,6 +57,7 @@ awaitable<std::error_code> Mesh::read_exact(Incoming& in, std::byte* dst, std::s
       auto [ec, got] =
           co_await in.sock.async_read_some(asio::buffer(dst, std::min(n, kProgressChunk)), kTuple);
       if (ec) co_return to_std(ec);
+      if (absorb) in.mac->update(dst, got);
       dst += got;
       n -= got;
     } else {
@@ -68,6 +72,7 @@ awaitable<std::error_code> Mesh::read_exact(Incoming& in, std::byte* dst, std::s
       in.begin = 0;
       in.end = got;
       const std::size_t take = std::min(n, got);
+      if (absorb) in.mac->update(in.buf.data(), take);
       if (dst) {
         std::memcpy(dst, in.buf.data(), take);
         dst += take;

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Writing frames to a connection (TCP or the same-host socket): the writer coroutine's frame,
 // single-copy payloads left in place for the receiver, and small frames written at once.
+#include <cstring>
+
 #include "kf/common/log.hpp"
 #include "mesh/mesh.hpp"
 #include "transport/stream/socket_io.hpp"
@@ -63,8 +65,23 @@ awaitable<std::error_code> Mesh::write_frame(Outgoing& out, SendReq& req) {
     Counters::add(counters_.single_copy_refused, 1);
   } else {
     done = std::min(req.bytes, kProgressChunk);
-    std::array<asio::const_buffer, 3> bufs{asio::buffer(req.header), asio::buffer(req.name),
-                                           asio::buffer(data, done)};
+    // Frame MACs: the tag over header, name and payload, taken in as the payload is written,
+    // goes after it (write_now computed it already for a frame it started).
+    if (out.mac && !req.tag_ready) {
+      out.mac->begin();
+      out.mac->update(req.header.data(), req.header.size());
+      out.mac->update(req.name.data(), req.name.size());
+      out.mac->update(data, done);
+      if (done == req.bytes) {
+        const transport::Tag t = out.mac->finish();
+        std::memcpy(req.tag.data(), t.data(), t.size());
+        req.tag_ready = true;
+      }
+    }
+    const bool tag_now = out.mac && done == req.bytes;
+    std::array<asio::const_buffer, 4> bufs{asio::buffer(req.header), asio::buffer(req.name),
+                                           asio::buffer(data, done),
+                                           tag_now ? asio::buffer(req.tag) : asio::const_buffer()};
     // What write_now put into the socket already (it only takes frames of one chunk).
     for (std::size_t skip = req.written; auto& b : bufs) {
       const std::size_t k = std::min(skip, b.size());
@@ -76,12 +93,23 @@ awaitable<std::error_code> Mesh::write_frame(Outgoing& out, SendReq& req) {
     touch();
   }
   // The rest of the payload, a chunk at a time, so that a long write shows progress (last_tx).
+  const bool tag_after = out.mac && !req.tag_ready;
   while (!ec && done < req.bytes) {
     const std::size_t len = std::min(req.bytes - done, kProgressChunk);
+    if (tag_after) out.mac->update(data + done, len);
     auto [wec, n] =
         co_await asio::async_write(out.sock, asio::buffer(data + done, len), AllAtOnce{}, kTuple);
     ec = wec;
     done += len;
+    touch();
+  }
+  if (!ec && tag_after) {
+    const transport::Tag t = out.mac->finish();
+    std::memcpy(req.tag.data(), t.data(), t.size());
+    req.tag_ready = true;
+    auto [wec, n] =
+        co_await asio::async_write(out.sock, asio::buffer(req.tag), AllAtOnce{}, kTuple);
+    ec = wec;
     touch();
   }
   if (!ec && req.header[6] == static_cast<std::byte>(FrameType::data)) {
@@ -91,10 +119,19 @@ awaitable<std::error_code> Mesh::write_frame(Outgoing& out, SendReq& req) {
 }
 
 std::size_t Mesh::write_now(Outgoing& out, const transport::HeaderBytes& header,
-                            std::string_view name, const std::byte* data, std::size_t bytes) {
+                            std::string_view name, const std::byte* data, std::size_t bytes,
+                            transport::Tag& tag) {
   KF_DCHECK_IO(driver_);
-  const std::array<asio::const_buffer, 3> bufs{
-      asio::buffer(header), asio::buffer(name.data(), name.size()), asio::buffer(data, bytes)};
+  if (out.mac) {
+    out.mac->begin();
+    out.mac->update(header.data(), header.size());
+    out.mac->update(name.data(), name.size());
+    out.mac->update(data, bytes);
+    tag = out.mac->finish();
+  }
+  const std::array<asio::const_buffer, 4> bufs{
+      asio::buffer(header), asio::buffer(name.data(), name.size()), asio::buffer(data, bytes),
+      out.mac ? asio::buffer(tag) : asio::const_buffer()};
   boost::system::error_code ec;
   // The socket is in non-blocking mode (run_outgoing): would_block means nothing was written.
   const std::size_t n = out.sock.write_some(bufs, ec);
@@ -102,7 +139,7 @@ std::size_t Mesh::write_now(Outgoing& out, const transport::HeaderBytes& header,
   // Some bytes are in the socket: the frame is this connection's next, whatever happens now.
   ++out.socket_frames;
   peers_[static_cast<std::size_t>(out.peer)].last_tx = coarse_now();
-  if (n == header.size() + name.size() + bytes) {
+  if (n == header.size() + name.size() + bytes + (out.mac ? tag.size() : 0)) {
     Counters::add(out.local ? counters_.socket_bytes : counters_.tcp_bytes, bytes);
   }
   return n;
