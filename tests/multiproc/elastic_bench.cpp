@@ -7,9 +7,12 @@
 //           first step at the new size
 //   add     kf-member add -> joiner in join() (process start) -> joined the agreement (connect)
 //           -> state synced (sync); survivors' pause; with --extra-floats of state (default 10 M)
-// Usage: build/tests/multiproc/elastic-bench [--runs N] [--extra-floats N] [--np N]; the
-// executables are taken from the build tree it is in (or KFRUN, KF_ELASTIC_WORKER, KF_MEMBER,
-// CONFIG_SERVER_EXE).
+//   steady  the time of a step without any change (the session's per-step look at the
+//           service included), over 200 steps
+// Usage: build/tests/multiproc/elastic-bench [--runs N] [--extra-floats N] [--np N] [--etcd];
+// the executables are taken from the build tree it is in (or KFRUN, KF_ELASTIC_WORKER,
+// KF_MEMBER, CONFIG_SERVER_EXE). --etcd keeps the jobs' documents in a one-member etcd on
+// 127.0.0.1 (etcd:// URLs) instead of a kf-config-server per job.
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -20,10 +23,18 @@
 #include <nlohmann/json.hpp>
 
 #include "support/elastic_job.hpp"
+#include "support/etcd_process.hpp"
 
 namespace {
 
 using kf::test::ElasticJob;
+
+// With --etcd: the etcd URL; each job gets a prefix of its own there.
+std::string g_etcd;
+std::string service_for(const std::string& name) {
+  static int n = 0;
+  return g_etcd.empty() ? "" : g_etcd + "/bench/" + name + "-" + std::to_string(n++);
+}
 
 std::int64_t now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -73,7 +84,7 @@ double ms_between(std::int64_t a, std::int64_t b) { return static_cast<double>(b
 const std::string kArgs = "--samples 20000 --dim 32 --batch 64 --epochs 1000";
 
 bool run_revoke(int np, std::map<std::string, Series>& out) {
-  ElasticJob job("bench-revoke");
+  ElasticJob job("bench-revoke", service_for("bench-revoke"));
   job.start(np, kArgs);
   if (!job.wait_progress(100)) return false;
   const auto c = job.client().get_cluster();
@@ -94,7 +105,7 @@ bool run_revoke(int np, std::map<std::string, Series>& out) {
 }
 
 bool run_kill(int np, std::map<std::string, Series>& out) {
-  ElasticJob job("bench-kill");
+  ElasticJob job("bench-kill", service_for("bench-kill"));
   job.start(np, kArgs);
   if (!job.wait_progress(100)) return false;
   const auto c = job.client().get_cluster();
@@ -121,7 +132,7 @@ bool run_kill(int np, std::map<std::string, Series>& out) {
 }
 
 bool run_add(int np, std::size_t extra, std::map<std::string, Series>& out) {
-  ElasticJob job("bench-add");
+  ElasticJob job("bench-add", service_for("bench-add"));
   job.start(np, kArgs + " --extra-floats " + std::to_string(extra));
   if (!job.wait_progress(20)) return false;
   const std::int64_t t0 = now_us();
@@ -151,6 +162,20 @@ bool run_add(int np, std::size_t extra, std::map<std::string, Series>& out) {
   return true;
 }
 
+bool run_steady(int np, std::map<std::string, Series>& out) {
+  ElasticJob job("bench-steady", service_for("bench-steady"));
+  job.start(np, kArgs);
+  if (!job.wait_progress(50)) return false;
+  const long p0 = job.progress();
+  const std::int64_t t0 = now_us();
+  if (!job.wait_progress(p0 + 200)) return false;
+  const std::int64_t t1 = now_us();
+  const long p1 = job.progress();
+  out["steady: step time (no change)"].add(ms_between(t0, t1) / static_cast<double>(p1 - p0));
+  job.finish_soon();
+  return job.wait() == 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -160,7 +185,18 @@ int main(int argc, char** argv) {
   app.add_option("--runs", runs)->check(CLI::Range(1, 1000));
   app.add_option("--np", np, "workers before each change")->check(CLI::Range(2, 8));
   app.add_option("--extra-floats", extra, "float32 state a joiner receives");
+  bool etcd = false;
+  app.add_flag("--etcd", etcd, "keep the jobs' documents in etcd instead of kf-config-server");
   CLI11_PARSE(app, argc, argv);
+  std::unique_ptr<kf::test::EtcdProcess> etcd_process;
+  if (etcd) {
+    etcd_process = std::make_unique<kf::test::EtcdProcess>();
+    if (!etcd_process->error().empty()) {
+      std::cerr << "elastic-bench: " << etcd_process->error() << "\n";
+      return 2;
+    }
+    g_etcd = etcd_process->url();
+  }
   // Without the test environment, find the executables in the build tree this program is in.
   const auto build = std::filesystem::canonical("/proc/self/exe").parent_path() / ".." / "..";
   const std::pair<const char*, std::filesystem::path> defaults[] = {
@@ -175,10 +211,11 @@ int main(int argc, char** argv) {
     failed += !run_revoke(np + 1, out);
     failed += !run_kill(np + 1, out);
     failed += !run_add(np, extra, out);
+    failed += !run_steady(np, out);
     std::cerr << "run " << i + 1 << "/" << runs << " done\n";
   }
   std::cout << "elastic-bench: " << runs << " runs, np " << np << " (+1 before revoke/kill), "
-            << failed << " failed runs\n";
+            << (etcd ? "etcd" : "kf-config-server") << ", " << failed << " failed runs\n";
   for (const auto& [name, s] : out) std::printf("%-48s %s ms\n", name.c_str(), s.str().c_str());
   return failed == 0 ? 0 : 1;
 }
