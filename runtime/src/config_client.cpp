@@ -2,7 +2,6 @@
 #include "kf/runtime/config_client.hpp"
 
 #include <openssl/evp.h>
-#include <openssl/rand.h>
 #include <openssl/sha.h>
 
 #include <array>
@@ -425,20 +424,6 @@ std::uint64_t int_field(const json& j, const char* key) {
     if (ec == std::errc{} && ptr == s.data() + s.size()) return n;
   }
   return 0;
-}
-
-std::string random_hex(std::size_t bytes) {
-  std::vector<unsigned char> raw(bytes);
-  if (RAND_bytes(raw.data(), static_cast<int>(raw.size())) != 1) {
-    throw std::runtime_error("cannot generate random bytes (OpenSSL RAND_bytes failed)");
-  }
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned char b : raw) {
-    hex.push_back(kDigits[b >> 4]);
-    hex.push_back(kDigits[b & 0xf]);
-  }
-  return hex;
 }
 
 std::string now_rfc3339() {

@@ -1,8 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf/runtime/request_signature.hpp"
 
-#include <openssl/rand.h>
-
 #include <array>
 #include <charconv>
 #include <stdexcept>
@@ -32,16 +30,7 @@ std::string string_to_sign(std::string_view method, std::string_view target, std
 
 std::string sign_request(const Key& control, std::string_view method, std::string_view target,
                          std::string_view body, std::int64_t unix_ms) {
-  std::array<unsigned char, 16> raw{};
-  if (RAND_bytes(raw.data(), static_cast<int>(raw.size())) != 1) {
-    throw std::runtime_error("cannot sign a request: OpenSSL RAND_bytes failed");
-  }
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string nonce;
-  for (unsigned char b : raw) {
-    nonce.push_back(kDigits[b >> 4]);
-    nonce.push_back(kDigits[b & 0xf]);
-  }
+  const std::string nonce = random_hex(16);
   const std::string sig =
       hmac_sha256_hex(control, string_to_sign(method, target, unix_ms, nonce, body));
   return std::string(kSignatureScheme) + " ts=" + std::to_string(unix_ms) + ",nonce=" + nonce +

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cluster/cluster_job.hpp"
+#include "support/series.hpp"
 
 namespace {
 
@@ -31,22 +32,6 @@ std::int64_t now_us() {
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
-
-struct Series {
-  std::vector<double> ms;
-  std::string str() const {
-    if (ms.empty()) return "n/a";
-    auto s = ms;
-    std::sort(s.begin(), s.end());
-    const auto q = [&](double p) {
-      return s[std::min(s.size() - 1, static_cast<std::size_t>(p * static_cast<double>(s.size())))];
-    };
-    char buf[128];
-    std::snprintf(buf, sizeof buf, "p50 %8.1f  p95 %8.1f  max %8.1f  (n=%zu)", q(0.5), q(0.95),
-                  s.back(), s.size());
-    return buf;
-  }
-};
 
 // The recovery records ("change {...}" lines) in the agents' logs: the earliest detection and
 // the latest first step at `to_size`.
@@ -99,11 +84,10 @@ bool run_fault(const std::string& kind, int run, std::map<std::string, Series>& 
   job.wait_progress(job.progress() + 5);
   std::int64_t detected = 0, resumed = 0;
   if (!recovery_times(job.logs(), to_size, detected, resumed)) return false;
-  out[kind + ": fault -> detected"].ms.push_back(static_cast<double>(detected - t0) / 1000.0);
-  out[kind + ": detected -> first step at new size"].ms.push_back(
-      static_cast<double>(resumed - detected) / 1000.0);
-  out[kind + ": fault -> first step at new size"].ms.push_back(
-      static_cast<double>(resumed - t0) / 1000.0);
+  out[kind + ": fault -> detected"].add(static_cast<double>(detected - t0) / 1000.0);
+  out[kind + ": detected -> first step at new size"].add(static_cast<double>(resumed - detected) /
+                                                         1000.0);
+  out[kind + ": fault -> first step at new size"].add(static_cast<double>(resumed - t0) / 1000.0);
   if (kind == "partition") hosts.heal();
   return true;
 }
@@ -141,8 +125,8 @@ int main(int argc, char** argv) {
     std::cerr << "run " << i + 1 << "/" << runs << " done\n";
   }
   std::cout << "cluster-bench: " << runs << " runs, 3 hosts x 2 workers, heartbeat timeout "
-            << (std::getenv("KF_HEARTBEAT_MS") ? std::getenv("KF_HEARTBEAT_MS") : "750")
-            << " ms, " << failed << " failed runs\n";
+            << (std::getenv("KF_HEARTBEAT_MS") ? std::getenv("KF_HEARTBEAT_MS") : "750") << " ms, "
+            << failed << " failed runs\n";
   for (const auto& [name, s] : out) std::printf("%-44s %s ms\n", name.c_str(), s.str().c_str());
   return failed == 0 ? 0 : 1;
 }

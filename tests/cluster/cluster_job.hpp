@@ -5,11 +5,11 @@
 // Uses GoogleTest's assertions. Thread-safety: one thread.
 #pragma once
 
-#include <gtest/gtest.h>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <gtest/gtest.h>
 #include <map>
 #include <memory>
 #include <regex>
@@ -17,7 +17,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-#include <gtest/gtest.h>
 
 #include "kf/runtime/config_client.hpp"
 #include "support/elastic_job.hpp"

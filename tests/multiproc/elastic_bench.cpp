@@ -24,10 +24,12 @@
 
 #include "support/elastic_job.hpp"
 #include "support/etcd_process.hpp"
+#include "support/series.hpp"
 
 namespace {
 
 using kf::test::ElasticJob;
+using kf::test::Series;
 
 // With --etcd: the etcd URL; each job gets a prefix of its own there.
 std::string g_etcd;
@@ -61,23 +63,6 @@ std::vector<Change> changes(const ElasticJob& job) {
   }
   return v;
 }
-
-struct Series {
-  std::vector<double> ms;
-  void add(double v) { ms.push_back(v); }
-  std::string str() const {
-    if (ms.empty()) return "n/a";
-    auto s = ms;
-    std::sort(s.begin(), s.end());
-    const auto q = [&](double p) {
-      return s[std::min(s.size() - 1, static_cast<std::size_t>(p * static_cast<double>(s.size())))];
-    };
-    char buf[128];
-    std::snprintf(buf, sizeof buf, "p50 %7.2f  p95 %7.2f  max %7.2f  (n=%zu)", q(0.5), q(0.95),
-                  s.back(), s.size());
-    return buf;
-  }
-};
 
 double ms_between(std::int64_t a, std::int64_t b) { return static_cast<double>(b - a) / 1000.0; }
 

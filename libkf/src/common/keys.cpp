@@ -5,6 +5,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/kdf.h>
+#include <openssl/rand.h>
 #include <openssl/sha.h>
 
 #include <memory>
@@ -60,6 +61,14 @@ std::string sha256_hex(std::string_view data) {
   unsigned char out[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), out);
   return hex(out, sizeof out);
+}
+
+std::string random_hex(std::size_t bytes) {
+  std::string raw(bytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(raw.data()), static_cast<int>(raw.size())) != 1) {
+    throw std::runtime_error("cannot generate random bytes (OpenSSL RAND_bytes failed)");
+  }
+  return hex(reinterpret_cast<const unsigned char*>(raw.data()), raw.size());
 }
 
 bool equal_in_constant_time(std::string_view a, std::string_view b) noexcept {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -28,6 +29,10 @@ std::string hmac_sha256_hex(const Key& key, std::string_view message);
 
 /// SHA-256 of `data`, as 64 lowercase hex digits.
 std::string sha256_hex(std::string_view data);
+
+/// `bytes` random bytes (OpenSSL's generator) as 2 * bytes lowercase hex digits. Throws:
+/// std::runtime_error when the generator fails.
+std::string random_hex(std::size_t bytes);
 
 /// Whether a and b are equal, in time that depends only on their lengths.
 bool equal_in_constant_time(std::string_view a, std::string_view b) noexcept;
