@@ -13,12 +13,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/sinks/base_sink.h>
 
 #include <chrono>
 #include <csignal>
 #include <cstddef>
 #include <cstring>
+#include <mutex>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -33,20 +34,34 @@
 namespace kf {
 namespace {
 
+// What kf logs while it lives, readable while the I/O threads go on logging (under the sink's
+// own lock).
 class LogCapture {
  public:
-  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
-    logger().sinks().push_back(sink_);
-  }
+  LogCapture() : sink_(std::make_shared<StringSink>()) { logger().sinks().push_back(sink_); }
   ~LogCapture() { std::erase(logger().sinks(), sink_); }
-  std::string text() {
-    logger().flush();
-    return out_.str();
-  }
+  std::string text() { return sink_->text(); }
 
  private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+  class StringSink : public spdlog::sinks::base_sink<std::mutex> {
+   public:
+    std::string text() {
+      std::lock_guard<std::mutex> lock(mutex_);
+      return text_;
+    }
+
+   protected:
+    void sink_it_(const spdlog::details::log_msg& msg) override {
+      spdlog::memory_buf_t line;
+      formatter_->format(msg, line);
+      text_.append(line.data(), line.size());
+    }
+    void flush_() override {}
+
+   private:
+    std::string text_;
+  };
+  std::shared_ptr<StringSink> sink_;
 };
 
 // A free TCP port of 127.0.0.1 (free when this returns).
