@@ -487,6 +487,7 @@ class ConfigClient::Etcd {
         prefix_(url.prefix.empty() ? prefix_for_token(token) : url.prefix),
         cluster_key_(prefix_ + "/cluster"),
         events_prefix_(prefix_ + "/events/"),
+        agents_prefix_(prefix_ + "/agents/"),
         connection_(connection),
         options_(options) {}
 
@@ -663,6 +664,52 @@ class ConfigClient::Etcd {
     return events;
   }
 
+  bool announce_agent(const std::string& host, std::chrono::seconds ttl) {
+    agent_host_ = host;
+    agent_ttl_ = ttl;
+    const json granted = call("/v3/lease/grant", {{"TTL", std::to_string(ttl.count())}});
+    lease_ = int_field(granted, "ID");
+    if (lease_ == 0) {
+      throw Error(make_error_code(errc::protocol_error), "etcd lease grant: no lease ID");
+    }
+    const json record = {{"host", host}, {"since", now_rfc3339()}};
+    json put = {{"key", base64(agents_prefix_ + host)},
+                {"value", base64(record.dump())},
+                {"lease", std::to_string(lease_)}};
+    call("/v3/kv/put", put);
+    return true;
+  }
+
+  void keep_agent_alive() {
+    if (lease_ == 0) return;
+    std::uint64_t ttl = 0;
+    const json request = {{"ID", std::to_string(lease_)}};
+    connection_.stream(endpoints_[current_], "/v3/lease/keepalive", request, options_.deadline,
+                       [&](const json& m) {
+                         ttl = int_field(m.value("result", json::object()), "TTL");
+                         return true;
+                       });
+    // A lease that had expired (the agent was away for longer than its TTL) renews to nothing.
+    if (ttl == 0) announce_agent(agent_host_, agent_ttl_);
+  }
+
+  void retire_agent() {
+    if (lease_ == 0) return;
+    call("/v3/lease/revoke", {{"ID", std::to_string(lease_)}});
+    lease_ = 0;
+  }
+
+  std::vector<std::string> live_agents() {
+    const json answer = call("/v3/kv/range", {{"key", base64(agents_prefix_)},
+                                              {"range_end", base64(prefix_end(agents_prefix_))}});
+    std::vector<std::string> hosts;
+    for (const auto& kv : answer.value("kvs", json::array())) {
+      const std::string key = unbase64(kv.value("key", std::string()), "etcd agents");
+      hosts.push_back(key.substr(agents_prefix_.size()));
+    }
+    return hosts;
+  }
+
  private:
   struct Stored {
     Cluster cluster;
@@ -719,8 +766,12 @@ class ConfigClient::Etcd {
   std::string prefix_;
   std::string cluster_key_;
   std::string events_prefix_;
+  std::string agents_prefix_;
   Connection& connection_;
   ConfigClientOptions options_;
+  std::uint64_t lease_ = 0;  // announce_agent's
+  std::string agent_host_;
+  std::chrono::seconds agent_ttl_{0};
 };
 
 ServiceUrl ConfigClient::parse_service_url(std::string_view url) {
@@ -833,6 +884,23 @@ ConfigEvent ConfigClient::post_event(const std::string& type, const std::string&
   const Answer a = connection_->call(server_, &control_key_, http::verb::post, "/v1/events", &body,
                                      options_.deadline);
   return event_from_json(a.body);
+}
+
+bool ConfigClient::announce_agent(const std::string& host, std::chrono::seconds ttl) {
+  return etcd_ ? etcd_->announce_agent(host, ttl) : false;
+}
+
+void ConfigClient::keep_agent_alive() {
+  if (etcd_) etcd_->keep_agent_alive();
+}
+
+void ConfigClient::retire_agent() {
+  if (etcd_) etcd_->retire_agent();
+}
+
+std::optional<std::vector<std::string>> ConfigClient::live_agents() {
+  if (!etcd_) return std::nullopt;
+  return etcd_->live_agents();
 }
 
 std::vector<ConfigEvent> ConfigClient::get_events(std::uint64_t after_seq) {

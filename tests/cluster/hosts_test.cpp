@@ -177,6 +177,12 @@ TEST(ClusterHosts, OnEtcdTheJobOutlivesItsLeadersDeath) {
   ClusterJob job(hosts, "etcd-kill", 3, [&](int i) { return etcd.url_for(i); });
   job.grow_to_two_per_host();
   if (HasFatalFailure()) return;
+  // Every agent is listed as alive (its etcd lease).
+  const std::string alive =
+      "agents alive: " + hosts.address(1) + " " + hosts.address(2) + " " + hosts.address(3) + "\n";
+  EXPECT_TRUE(eventually(
+      [&] { return job.member(1, "list").output.find(alive) != std::string::npos; }, 30s))
+      << job.member(1, "list").output;
   const int leader = etcd.leader();
   ASSERT_GE(leader, 1) << "no etcd leader found";
   const Ran r = job.member(1, "resize 4");

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "kf/runtime/config_client.hpp"
+#include "support/elastic_job.hpp"
 #include "support/etcd_process.hpp"
 
 namespace kf {
@@ -201,6 +202,28 @@ TEST_F(EtcdClient, ADeadMemberIsSkipped) {
     EXPECT_EQ(e.code(), make_error_code(errc::service_unavailable));
     EXPECT_NE(std::string(e.what()).find("no etcd member answered"), std::string::npos) << e.what();
   }
+}
+
+// Agents are listed while their lease lives: renewed, retired at once, or expired after its TTL
+// when nobody renews it (an agent that died). kf-config-server keeps no liveness.
+TEST_F(EtcdClient, AgentsAreAliveWhileTheirLeaseIs) {
+  ConfigClient a = client();
+  ConfigClient b = client();
+  ConfigClient viewer = client();
+  EXPECT_EQ(viewer.live_agents(), std::vector<std::string>{});
+  ASSERT_TRUE(a.announce_agent("10.0.0.1", 30s));
+  ASSERT_TRUE(b.announce_agent("10.0.0.2", 2s));
+  EXPECT_EQ(viewer.live_agents(), (std::vector<std::string>{"10.0.0.1", "10.0.0.2"}));
+  a.keep_agent_alive();
+  a.retire_agent();
+  EXPECT_EQ(viewer.live_agents(), std::vector<std::string>{"10.0.0.2"});
+  // b never renews: etcd drops it once its lease runs out.
+  EXPECT_TRUE(test::eventually([&] { return viewer.live_agents()->empty(); }, 20s));
+  // Renewing an expired lease announces again.
+  b.keep_agent_alive();
+  EXPECT_EQ(viewer.live_agents(), std::vector<std::string>{"10.0.0.2"});
+  EXPECT_FALSE(ConfigClient("http://127.0.0.1:1", "t").announce_agent("h", 10s));
+  EXPECT_FALSE(ConfigClient("http://127.0.0.1:1", "t").live_agents().has_value());
 }
 
 // Jobs with different tokens (or prefixes) have their own documents in one etcd.

@@ -150,10 +150,23 @@ std::vector<WorkerSpec> add_workers(Cluster& cluster, const AddOptions& options,
 }
 
 void list(CommandContext& ctx) {
-  ctx.out << format_cluster(ctx.client.get_cluster()) << std::flush;
+  ctx.out << format_cluster(ctx.client.get_cluster());
+  // etcd keeps the agents' liveness (their leases); kf-config-server does not.
+  if (const auto agents = ctx.client.live_agents()) {
+    ctx.out << "agents alive:";
+    for (const auto& h : *agents) ctx.out << " " << h;
+    if (agents->empty()) ctx.out << " none";
+    ctx.out << "\n";
+  }
+  ctx.out << std::flush;
 }
 
 void add(CommandContext& ctx, const AddOptions& options) {
+  if (const auto agents = ctx.client.live_agents();
+      agents && std::find(agents->begin(), agents->end(), options.host) == agents->end()) {
+    ctx.out << "note: no agent is alive on " << options.host
+            << "; its workers start once one watches there" << std::endl;
+  }
   mutate(ctx, [&](Cluster& c) {
     bool checked = true;
     const auto added = add_workers(c, options, &checked);

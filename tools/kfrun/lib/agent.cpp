@@ -7,11 +7,14 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <condition_variable>
 #include <csignal>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include "kfrun/lib/adopt.hpp"
@@ -57,6 +60,62 @@ struct LocalWorker {
   bool killed = false;                       // SIGKILL sent
 };
 
+// With etcd, this host's agent is listed as alive under a lease (ConfigClient::announce_agent)
+// that a thread of its own renews every third of its TTL: the listing ends when the agent stops,
+// and runs out when the agent dies. kf-member shows it. A service that is down is retried.
+class Liveness {
+ public:
+  static constexpr std::chrono::seconds kTtl{10};
+  Liveness(const std::string& url, const std::string& token, std::string host)
+      : client_(url, token, ConfigClientOptions{milliseconds(2000)}), host_(std::move(host)) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~Liveness() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+  Liveness(const Liveness&) = delete;
+  Liveness& operator=(const Liveness&) = delete;
+
+ private:
+  void run() {
+    bool announced = false;
+    std::unique_lock lock(mutex_);
+    while (!stop_) {
+      lock.unlock();
+      try {
+        if (announced) {
+          client_.keep_agent_alive();
+        } else {
+          announced = client_.announce_agent(host_, kTtl);
+        }
+      } catch (const std::exception&) {
+        // Unreachable for now: the next period tries again (the agent logs outages itself).
+      }
+      lock.lock();
+      changed_.wait_for(lock, kTtl / 3, [this] { return stop_; });
+    }
+    lock.unlock();
+    if (!announced) return;
+    try {
+      client_.retire_agent();
+    } catch (const std::exception&) {
+      // The lease runs out by itself.
+    }
+  }
+
+  ConfigClient client_;
+  std::string host_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 // An exit the reporter is judging (is the worker still a member?).
 struct PendingExit {
   int wait_status;
@@ -83,6 +142,9 @@ class Agent {
     reporter_ = std::make_unique<Reporter>(link, mailbox_, outage);
     Bootstrap bootstrap{setup.initial_ports, options.algorithm, *options.slots, options.settings};
     watcher_ = std::make_unique<ClusterWatcher>(link, std::move(bootstrap), mailbox_, outage);
+    if (ConfigClient::parse_service_url(setup.url).kind == ServiceUrl::Kind::etcd) {
+      liveness_ = std::make_unique<Liveness>(setup.url, setup.token, options.host);
+    }
   }
 
   // Runs until the job is finished or kfrun is stopped; returns the exit code (run_agent).
@@ -486,6 +548,7 @@ class Agent {
   std::shared_ptr<Mailbox> mailbox_;
   std::unique_ptr<Reporter> reporter_;
   std::unique_ptr<ClusterWatcher> watcher_;
+  std::unique_ptr<Liveness> liveness_;  // with etcd
 
   std::optional<Cluster> cluster_;              // the newest document
   std::map<std::string, LocalWorker> workers_;  // running, by "host:port"

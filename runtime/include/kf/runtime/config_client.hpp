@@ -116,6 +116,19 @@ class ConfigClient {
   /// GET /v1/events?after=SEQ: the events with seq > `after_seq`, oldest first.
   std::vector<ConfigEvent> get_events(std::uint64_t after_seq = 0);
 
+  // ---- agent liveness (etcd only: kf-config-server keeps none) ----
+
+  /// Lists `host`'s agent as alive under an etcd lease of `ttl` (key PREFIX/agents/HOST), for as
+  /// long as keep_agent_alive() renews it within each ttl. Returns false, doing nothing, for
+  /// kf-config-server.
+  bool announce_agent(const std::string& host, std::chrono::seconds ttl);
+  /// Renews the lease of announce_agent(); announces again when it had expired.
+  void keep_agent_alive();
+  /// Ends the lease at once: the host is no longer listed.
+  void retire_agent();
+  /// The hosts whose agents are alive, in order; nullopt for kf-config-server.
+  std::optional<std::vector<std::string>> live_agents();
+
  private:
   class Connection;  // the io_context and the cancellation flag
   class Etcd;        // the etcd backend, when the URL is etcd://
