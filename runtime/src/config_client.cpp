@@ -63,32 +63,44 @@ struct Exchange {
   bool done = false;
 };
 
-// Starts resolve, connect, write and read; `x->done` is set when they have ended.
-void start(const std::shared_ptr<Exchange>& x, const Endpoint& server) {
-  const auto fail = [x](beast::error_code ec) {
-    x->ec = ec;
-    x->done = true;
-  };
+// Ends `x` with `ec`.
+template <typename X>
+void fail(const std::shared_ptr<X>& x, beast::error_code ec) {
+  x->ec = ec;
+  x->done = true;
+}
+
+// Resolves, connects and writes x's request, then calls `read(x)` to take the answer; a failure
+// on the way ends `x` (either kind of exchange below).
+template <typename X, typename Read>
+void connect_and_send(const std::shared_ptr<X>& x, const Endpoint& server, Read read) {
   x->resolver.async_resolve(
       server.host, std::to_string(server.port),
-      [x, fail](beast::error_code resolve_ec, tcp::resolver::results_type results) {
-        if (resolve_ec) return fail(resolve_ec);
-        x->stream.async_connect(results, [x, fail](beast::error_code connect_ec,
-                                                   const tcp::endpoint&) {
-          if (connect_ec) return fail(connect_ec);
-          http::async_write(
-              x->stream, x->request, [x, fail](beast::error_code write_ec, std::size_t) {
-                if (write_ec) return fail(write_ec);
-                http::async_read(x->stream, x->buffer, x->response,
-                                 [x, fail](beast::error_code read_ec, std::size_t) {
-                                   if (read_ec) return fail(read_ec);
-                                   beast::error_code ignored;
-                                   x->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-                                   x->done = true;
-                                 });
-              });
-        });
+      [x, read](beast::error_code resolve_ec, tcp::resolver::results_type results) {
+        if (resolve_ec) return fail(x, resolve_ec);
+        x->stream.async_connect(
+            results, [x, read](beast::error_code connect_ec, const tcp::endpoint&) {
+              if (connect_ec) return fail(x, connect_ec);
+              http::async_write(x->stream, x->request,
+                                [x, read](beast::error_code write_ec, std::size_t) {
+                                  if (write_ec) return fail(x, write_ec);
+                                  read(x);
+                                });
+            });
       });
+}
+
+// Starts resolve, connect, write and read; `x->done` is set when they have ended.
+void start(const std::shared_ptr<Exchange>& x, const Endpoint& server) {
+  connect_and_send(x, server, [](const std::shared_ptr<Exchange>& ex) {
+    http::async_read(ex->stream, ex->buffer, ex->response,
+                     [ex](beast::error_code read_ec, std::size_t) {
+                       if (read_ec) return fail(ex, read_ec);
+                       beast::error_code ignored;
+                       ex->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+                       ex->done = true;
+                     });
+  });
 }
 
 // A request whose answer is a stream of JSON messages, one per line (etcd's watch through its
@@ -143,25 +155,8 @@ void read_stream(const std::shared_ptr<StreamExchange>& x) {
 }
 
 void start_stream(const std::shared_ptr<StreamExchange>& x, const Endpoint& server) {
-  const auto fail = [x](beast::error_code ec) {
-    x->ec = ec;
-    x->done = true;
-  };
   x->parser.body_limit(std::uint64_t{256} << 20);
-  x->resolver.async_resolve(
-      server.host, std::to_string(server.port),
-      [x, fail](beast::error_code resolve_ec, tcp::resolver::results_type results) {
-        if (resolve_ec) return fail(resolve_ec);
-        x->stream.async_connect(
-            results, [x, fail](beast::error_code connect_ec, const tcp::endpoint&) {
-              if (connect_ec) return fail(connect_ec);
-              http::async_write(x->stream, x->request,
-                                [x, fail](beast::error_code write_ec, std::size_t) {
-                                  if (write_ec) return fail(write_ec);
-                                  read_stream(x);
-                                });
-            });
-      });
+  connect_and_send(x, server, [](const std::shared_ptr<StreamExchange>& sx) { read_stream(sx); });
 }
 
 std::string reason_of(const Answer& a) {

@@ -102,13 +102,7 @@ int main(int argc, char** argv) {
   app.add_option("--only", only, "vanish or partition")
       ->check(CLI::IsMember({"vanish", "partition"}));
   CLI11_PARSE(app, argc, argv);
-  const auto build = std::filesystem::canonical("/proc/self/exe").parent_path() / ".." / "..";
-  const std::pair<const char*, std::filesystem::path> defaults[] = {
-      {"KFRUN", build / "tools/kfrun/kfrun"},
-      {"KF_ELASTIC_WORKER", build / "tests/multiproc/elastic-worker"},
-      {"KF_MEMBER", build / "tools/kf-member/kf-member"},
-      {"CONFIG_SERVER_EXE", build / "tools/kf-config-server/kf-config-server"}};
-  for (const auto& [name, path] : defaults) ::setenv(name, path.lexically_normal().c_str(), 0);
+  kf::test::use_build_tree_executables();
   if (std::getenv("KF_CLUSTER_HOSTS") == nullptr) {
     std::cerr << "cluster-bench: set KF_CLUSTER_HOSTS to tests/cluster/hosts\n";
     return 2;

@@ -183,13 +183,7 @@ int main(int argc, char** argv) {
     g_etcd = etcd_process->url();
   }
   // Without the test environment, find the executables in the build tree this program is in.
-  const auto build = std::filesystem::canonical("/proc/self/exe").parent_path() / ".." / "..";
-  const std::pair<const char*, std::filesystem::path> defaults[] = {
-      {"KFRUN", build / "tools/kfrun/kfrun"},
-      {"KF_ELASTIC_WORKER", build / "tests/multiproc/elastic-worker"},
-      {"KF_MEMBER", build / "tools/kf-member/kf-member"},
-      {"CONFIG_SERVER_EXE", build / "tools/kf-config-server/kf-config-server"}};
-  for (const auto& [name, path] : defaults) ::setenv(name, path.lexically_normal().c_str(), 0);
+  kf::test::use_build_tree_executables();
   std::map<std::string, Series> out;
   int failed = 0;
   for (int i = 0; i < runs; ++i) {

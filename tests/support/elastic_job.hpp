@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -18,6 +19,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "kf/runtime/config_client.hpp"
@@ -58,6 +60,18 @@ inline long read_progress(const std::filesystem::path& path) {
   long s = -1;
   in >> s;
   return in ? s : -1;
+}
+
+/// For benchmarks run by hand: KFRUN, KF_ELASTIC_WORKER, KF_MEMBER and CONFIG_SERVER_EXE, where
+/// not set, name the executables of the build tree the running program is in (two levels up).
+inline void use_build_tree_executables() {
+  const auto build = std::filesystem::canonical("/proc/self/exe").parent_path() / ".." / "..";
+  const std::pair<const char*, std::filesystem::path> defaults[] = {
+      {"KFRUN", build / "tools/kfrun/kfrun"},
+      {"KF_ELASTIC_WORKER", build / "tests/multiproc/elastic-worker"},
+      {"KF_MEMBER", build / "tools/kf-member/kf-member"},
+      {"CONFIG_SERVER_EXE", build / "tools/kf-config-server/kf-config-server"}};
+  for (const auto& [name, path] : defaults) ::setenv(name, path.lexically_normal().c_str(), 0);
 }
 
 class ElasticJob {
