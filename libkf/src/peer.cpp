@@ -78,11 +78,14 @@ PeerOptions Peer::options_from(const Env& e) {
     const std::string& v = *e.frame_auth;
     if (v == "on" || v == "1" || v == "true") {
       o.frame_auth = true;
+    } else if (v == "openssl") {
+      o.frame_auth = true;
+      o.frame_auth_openssl = true;
     } else if (v == "off" || v == "0" || v == "false") {
       o.frame_auth = false;
     } else {
       throw std::invalid_argument(std::string(env::kFrameAuth) + "='" + v +
-                                  "' is not one of on, off");
+                                  "' is not one of on, off, openssl");
     }
   }
   if (e.device_backend) {

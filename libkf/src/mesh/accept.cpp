@@ -88,7 +88,9 @@ awaitable<std::error_code> Mesh::accept_handshake(Incoming& in, std::string& why
   in.peer = peer_index(ep);
   if (opts_.frame_auth && in.tcp) {
     in.mac = std::make_unique<transport::FrameMac>(
-        transport::connection_key(peer_key_, nonce, hello->nonce, hello->identity, identity_));
+        transport::connection_key(peer_key_, nonce, hello->nonce, hello->identity, identity_),
+        opts_.frame_auth_openssl ? transport::FrameMac::Kind::openssl
+                                 : transport::FrameMac::Kind::best);
   }
   co_return std::error_code{};
 }

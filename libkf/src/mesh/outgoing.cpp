@@ -153,7 +153,9 @@ awaitable<std::error_code> Mesh::dial(Outgoing& out) {
     }
     if (opts_.frame_auth && !out.local) {
       out.mac = std::make_unique<transport::FrameMac>(
-          transport::connection_key(peer_key_, their, hello.nonce, identity_, w->identity));
+          transport::connection_key(peer_key_, their, hello.nonce, identity_, w->identity),
+          opts_.frame_auth_openssl ? transport::FrameMac::Kind::openssl
+                                   : transport::FrameMac::Kind::best);
     }
     if (out.local && opts_.transport == Transport::automatic && opts_.shm_frame_bytes > 0) {
       co_return co_await offer_ring(out, reader, why);

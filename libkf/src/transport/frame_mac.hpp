@@ -11,10 +11,12 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "kf/common/keys.hpp"
 #include "transport/auth.hpp"
+#include "transport/ghash.hpp"
 
 struct evp_cipher_ctx_st;
 
@@ -30,8 +32,13 @@ Key connection_key(const Key& peers, const Nonce& challenge, const Nonce& hello,
 
 class FrameMac {
  public:
+  /// How the tags are computed; every kind gives the same tags.
+  enum class Kind {
+    best,     ///< vector GHASH (transport/ghash.hpp) where the processor has it, else openssl
+    openssl,  ///< OpenSSL's AES-GCM
+  };
   /// Throws: std::runtime_error when OpenSSL fails.
-  explicit FrameMac(const Key& key);
+  explicit FrameMac(const Key& key, Kind kind = Kind::best);
   ~FrameMac();
   FrameMac(const FrameMac&) = delete;
   FrameMac& operator=(const FrameMac&) = delete;
@@ -47,8 +54,17 @@ class FrameMac {
   /// Frames tagged so far.
   std::uint64_t frames() const noexcept { return seq_; }
 
+  /// Whether the vector GHASH computes the tags.
+  bool vector() const noexcept { return ghash_ != nullptr; }
+
  private:
+  Block encrypt_block(const Block& in);
+
+  // AES-256-GCM (openssl kind) or AES-256 on single blocks (vector kind: the tag is the GHASH
+  // of the frame XOR the cipher's output for the nonce block).
   evp_cipher_ctx_st* ctx_ = nullptr;
+  std::unique_ptr<Ghash> ghash_;
+  Block pad_{};
   std::uint64_t seq_ = 0;
   bool active_ = false;
 };

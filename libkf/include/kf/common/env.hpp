@@ -35,7 +35,8 @@ inline constexpr const char* kTransport =
 inline constexpr const char* kDeviceBackend =
     "KF_DEVICE_BACKEND";  ///< auto | nccl | staging (see kf::DeviceBackend)
 inline constexpr const char* kFrameAuth =
-    "KF_FRAME_AUTH";  ///< on | off: MACs on frames between hosts (PeerOptions::frame_auth)
+    "KF_FRAME_AUTH";  ///< on | off | openssl: MACs on frames between hosts
+                      ///< (PeerOptions::frame_auth)
 inline constexpr const char* kLogLevel = "KF_LOG_LEVEL";     ///< trace|debug|info|warn|error
 inline constexpr const char* kCheckpoint = "KF_CHECKPOINT";  ///< kf::Session checkpoint file
 inline constexpr const char* kCheckpointEvery = "KF_CHECKPOINT_EVERY";  ///< commits between saves
