@@ -501,7 +501,10 @@ class ConfigClient::Etcd {
       for (const auto& e : parsed.errors) why += (why.empty() ? "" : "; ") + e;
       throw Error(make_error_code(errc::invalid_argument), "etcd put cluster: " + why);
     }
-    const Stored current = read();
+    // The document this client read last, when the edit was made from it (the usual read, edit,
+    // write): the transaction's compare checks that it is still current, and a failed compare
+    // answers with the current one, so a fresh read first would only add a round trip.
+    const Stored current = last_ && last_->cluster.version == next.version ? *last_ : read();
     if (next.version != current.cluster.version) {
       throw ConflictError("etcd put cluster: stale version " + std::to_string(next.version) +
                               ", current is " + std::to_string(current.cluster.version),
@@ -547,12 +550,21 @@ class ConfigClient::Etcd {
       }
       throw;
     }
-    if (answer.value("succeeded", false)) return stored;
+    last_.reset();
+    if (answer.value("succeeded", false)) {
+      // The transaction's revision is the document's new mod_revision.
+      const std::uint64_t revision = int_field(answer.value("header", json::object()), "revision");
+      if (revision > 0) last_ = Stored{stored, revision, revision};
+      return stored;
+    }
     // The compare failed: someone else wrote first.
     Cluster now = current.cluster;
     if (answer.contains("responses") && answer["responses"].is_array()) {
       for (const auto& r : answer["responses"]) {
-        if (r.contains("response_range")) now = from_range(r["response_range"], "etcd txn").cluster;
+        if (!r.contains("response_range")) continue;
+        Stored s = from_range(r["response_range"], "etcd txn");
+        now = s.cluster;
+        if (s.mod_revision > 0) last_ = std::move(s);
       }
     }
     throw ConflictError("etcd put cluster: version " + std::to_string(next.version) +
@@ -733,7 +745,8 @@ class ConfigClient::Etcd {
   }
 
   Stored read() {
-    return from_range(call("/v3/kv/range", {{"key", base64(cluster_key_)}}), "etcd");
+    last_ = from_range(call("/v3/kv/range", {{"key", base64(cluster_key_)}}), "etcd");
+    return *last_;
   }
 
   void next_endpoint() { current_ = (current_ + 1) % endpoints_.size(); }
@@ -764,7 +777,8 @@ class ConfigClient::Etcd {
   std::string agents_prefix_;
   Connection& connection_;
   ConfigClientOptions options_;
-  std::uint64_t lease_ = 0;  // announce_agent's
+  std::optional<Stored> last_;  // the document as this client last read or wrote it
+  std::uint64_t lease_ = 0;     // announce_agent's
   std::string agent_host_;
   std::chrono::seconds agent_ttl_{0};
 };

@@ -76,6 +76,35 @@ TEST_F(EtcdClient, StoresTheDocumentByCompareAndSwap) {
   EXPECT_EQ(c.get_cluster().settings["batch_size"], 64);
 }
 
+TEST_F(EtcdClient, AWriteFromADocumentAnotherClientReplacedConflicts) {
+  // The client writes against the document it read last, without reading it again: the
+  // transaction's compare must still catch another client's write in between, with the same
+  // version number in the document, and the conflict must hand over the current one.
+  ConfigClient a = client(), b = client();
+  ASSERT_EQ(a.put_cluster(cluster_of(0, {7001, 7002})).version, 1u);
+  const Cluster seen = a.get_cluster();
+  ASSERT_EQ(seen.version, 1u);
+  Cluster theirs = b.get_cluster();
+  theirs.workers.pop_back();
+  const Cluster v2 = b.put_cluster(theirs);
+  Cluster mine = seen;
+  mine.settings["batch_size"] = 32;
+  mine.version = 1;
+  try {
+    a.put_cluster(mine);
+    FAIL() << "a write from a replaced document was accepted";
+  } catch (const ConflictError& e) {
+    EXPECT_EQ(e.current().to_json(), v2.to_json());
+  }
+  // Edited from what the conflict handed over, it goes through, once.
+  Cluster again = v2;
+  again.settings["batch_size"] = 32;
+  const Cluster v3 = a.put_cluster(again);
+  EXPECT_EQ(v3.version, 3u);
+  EXPECT_EQ(b.get_cluster().to_json(), v3.to_json());
+  EXPECT_EQ(b.get_cluster().size(), 1);
+}
+
 TEST_F(EtcdClient, RejectsWhatTheServiceRejects) {
   ConfigClient c = client();
   const auto code_of = [&](const Cluster& x) {

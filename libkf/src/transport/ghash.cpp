@@ -15,17 +15,15 @@
 namespace kf::transport {
 namespace {
 
-#define KF_GHASH_TARGET \
-  __attribute__((target("avx512f,avx512bw,avx512vl,vpclmulqdq,pclmul,ssse3")))
+#define KF_GHASH_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,vpclmulqdq,pclmul,ssse3")))
 
 // Reverses the bytes of each 16-byte block.
 KF_GHASH_TARGET inline __m128i reverse(__m128i x) {
   return _mm_shuffle_epi8(x, _mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
 }
 KF_GHASH_TARGET inline __m512i reverse(__m512i x) {
-  return _mm512_shuffle_epi8(
-      x, _mm512_broadcast_i32x4(
-             _mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)));
+  return _mm512_shuffle_epi8(x, _mm512_broadcast_i32x4(_mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9,
+                                                                    10, 11, 12, 13, 14, 15)));
 }
 
 // The 256-bit product lo + hi * x^128, times x^-128, modulo POLYVAL's polynomial
@@ -76,7 +74,8 @@ KF_GHASH_TARGET inline void multiply(Sums& s, __m512i d, __m512i k) {
 // H^n .. H^1 at `keys`. Only the product of acc waits for the previous step; the blocks'
 // products run ahead of it.
 template <int vectors>
-KF_GHASH_TARGET inline __m128i absorb(__m128i acc, const std::uint8_t* p, const std::uint8_t* keys) {
+KF_GHASH_TARGET inline __m128i absorb(__m128i acc, const std::uint8_t* p,
+                                      const std::uint8_t* keys) {
   Sums s{_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
   for (int v = 0; v < vectors; ++v) {
     multiply(s, reverse(_mm512_loadu_si512(p + 64 * v)), _mm512_load_si512(keys + 64 * v));
@@ -84,9 +83,8 @@ KF_GHASH_TARGET inline __m128i absorb(__m128i acc, const std::uint8_t* p, const 
   const __m128i k = _mm_load_si128(reinterpret_cast<const __m128i*>(keys));
   const __m128i lo = _mm_xor_si128(fold(s.lo), _mm_clmulepi64_si128(acc, k, 0x00));
   const __m128i hi = _mm_xor_si128(fold(s.hi), _mm_clmulepi64_si128(acc, k, 0x11));
-  const __m128i mid = _mm_xor_si128(
-      fold(s.mid),
-      _mm_xor_si128(_mm_clmulepi64_si128(acc, k, 0x01), _mm_clmulepi64_si128(acc, k, 0x10)));
+  const __m128i mid = _mm_xor_si128(fold(s.mid), _mm_xor_si128(_mm_clmulepi64_si128(acc, k, 0x01),
+                                                               _mm_clmulepi64_si128(acc, k, 0x10)));
   return combine(lo, mid, hi);
 }
 
@@ -128,8 +126,7 @@ KF_GHASH_TARGET void absorb_blocks(std::uint8_t* acc_bytes, const std::uint8_t* 
   for (; blocks >= 4; blocks -= 4, p += 64) acc = absorb<1>(acc, p, powers + 16 * (n - 4));
   const __m128i h = _mm_load_si128(reinterpret_cast<const __m128i*>(powers + 16 * (n - 1)));
   for (; blocks > 0; --blocks, p += 16) {
-    acc = dot(_mm_xor_si128(acc, reverse(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))),
-              h);
+    acc = dot(_mm_xor_si128(acc, reverse(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))), h);
   }
   _mm_store_si128(reinterpret_cast<__m128i*>(acc_bytes), acc);
 }
@@ -137,8 +134,7 @@ KF_GHASH_TARGET void absorb_blocks(std::uint8_t* acc_bytes, const std::uint8_t* 
 }  // namespace
 
 bool Ghash::available() noexcept {
-  static const bool yes = __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512bw") &&
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") &&
                           __builtin_cpu_supports("vpclmulqdq") && __builtin_cpu_supports("pclmul");
   return yes;
@@ -183,7 +179,8 @@ Block Ghash::finish() noexcept {
   // big-endian.
   std::array<std::uint8_t, 16> lengths{};
   const std::uint64_t bits = total_ * 8;
-  for (int i = 0; i < 8; ++i) lengths[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(bits >> (56 - 8 * i));
+  for (int i = 0; i < 8; ++i)
+    lengths[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(bits >> (56 - 8 * i));
   absorb_blocks(acc_.data(), lengths.data(), 1, powers_.data());
   Block out{};
   for (std::size_t i = 0; i < 16; ++i) out[i] = static_cast<std::byte>(acc_[15 - i]);

@@ -162,11 +162,6 @@ void list(CommandContext& ctx) {
 }
 
 void add(CommandContext& ctx, const AddOptions& options) {
-  if (const auto agents = ctx.client.live_agents();
-      agents && std::find(agents->begin(), agents->end(), options.host) == agents->end()) {
-    ctx.out << "note: no agent is alive on " << options.host
-            << "; its workers start once one watches there" << std::endl;
-  }
   mutate(ctx, [&](Cluster& c) {
     bool checked = true;
     const auto added = add_workers(c, options, &checked);
@@ -175,6 +170,13 @@ void add(CommandContext& ctx, const AddOptions& options) {
     for (const auto& w : added) edit.events.push_back({"added", w.endpoint.str(), "kf-member add"});
     return edit;
   });
+  // After the change, not before: the look at the agents' leases is one more request to etcd,
+  // and the change does not wait for an agent anyway.
+  if (const auto agents = ctx.client.live_agents();
+      agents && std::find(agents->begin(), agents->end(), options.host) == agents->end()) {
+    ctx.out << "note: no agent is alive on " << options.host
+            << "; its workers start once one watches there" << std::endl;
+  }
 }
 
 void revoke(CommandContext& ctx, const std::string& worker, std::optional<int> notice_seconds) {
