@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf/runtime/config_client.hpp"
+#include "kf/common/json.hpp"
 
 #include <openssl/evp.h>
 #include <openssl/sha.h>
@@ -128,7 +129,7 @@ bool take_lines(StreamExchange& x) {
     const std::string_view line(body.data() + x.consumed, end - x.consumed);
     x.consumed = end + 1;
     if (line.find_first_not_of(" \r\t") == std::string_view::npos) continue;
-    const json m = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const json m = parse_json_or_discard(line);
     if (m.is_discarded()) {
       x.bad_message = std::string(line.substr(0, 200));
       return true;
@@ -321,7 +322,7 @@ Answer ConfigClient::Connection::call(const Endpoint& server, const Key* control
   Answer a;
   a.status = x->response.result_int();
   if (!x->response.body().empty()) {
-    a.body = json::parse(x->response.body(), nullptr, /*allow_exceptions=*/false);
+    a.body = parse_json_or_discard(x->response.body());
   }
   if ((a.status >= 200 && a.status < 300) || a.status == 409) return a;
   const std::string message = what + ": " + std::to_string(a.status) + " " + reason_of(a);
@@ -361,7 +362,7 @@ bool ConfigClient::Connection::stream(const Endpoint& server, const std::string&
   }
   const unsigned status = x->parser.get().result_int();
   if (status < 200 || status >= 300) {
-    Answer a{status, json::parse(x->parser.get().body(), nullptr, false)};
+    Answer a{status, parse_json_or_discard(x->parser.get().body())};
     throw Error(make_error_code(status >= 500 ? errc::service_unavailable : errc::protocol_error),
                 what + ": " + std::to_string(status) + " " + reason_of(a));
   }
@@ -660,7 +661,7 @@ class ConfigClient::Etcd {
     std::vector<ConfigEvent> events;
     for (const auto& kv : answer.value("kvs", json::array())) {
       const std::string value = unbase64(kv.value("value", std::string()), "etcd events");
-      const json j = json::parse(value, nullptr, /*allow_exceptions=*/false);
+      const json j = parse_json_or_discard(value);
       if (!j.is_object()) {
         throw Error(make_error_code(errc::protocol_error), "etcd events: an event is not JSON");
       }
@@ -730,7 +731,7 @@ class ConfigClient::Etcd {
 
   Cluster parse_document(const json& kv, const std::string& what) const {
     const std::string value = unbase64(kv.value("value", std::string()), what);
-    const json j = json::parse(value, nullptr, /*allow_exceptions=*/false);
+    const json j = parse_json_or_discard(value);
     return cluster_from(Answer{200, j}, what + " " + cluster_key_);
   }
 

@@ -13,6 +13,7 @@
 // cluster document, the config service's answer to a compare-and-swap), so every worker takes the
 // same one.
 #include "kf/runtime/session.hpp"
+#include "kf/common/json.hpp"
 
 #include <cstdio>
 #include <filesystem>
@@ -203,7 +204,7 @@ bool Session::join() {
     if (!inv) continue;
     Cluster target;
     try {
-      const auto doc = nlohmann::json::parse(inv->payload);
+      const auto doc = parse_json(inv->payload);
       target = Cluster::from_json(doc.at("cluster"));
     } catch (const std::exception& e) {
       KF_LOG(warn, "session", "{}: ignored a malformed invitation from {}: {}", self.str(),

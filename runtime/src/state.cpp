@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf/runtime/state.hpp"
+#include "kf/common/json.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -170,7 +171,7 @@ void State::load(const std::string& path) {
   if (!std::getline(in, line)) throw fail("truncated header");
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(line);
+    header = parse_json(line);
   } catch (const std::exception& e) {
     throw fail(std::string("malformed header: ") + e.what());
   }

@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "kf/common/json.hpp"
 #include "kf/policies/builtin.hpp"
 #include "kf/policies/policy.hpp"
 #include "kf/runtime/job_file.hpp"
@@ -91,7 +92,7 @@ int main(int argc, char** argv) {
     kf::PolicyInputs inputs;
     nlohmann::json recorded;
     try {
-      const auto j = nlohmann::json::parse(line);
+      const auto j = kf::parse_json(line);
       hook = kf::parse_policy_hook(j.at("hook").get<std::string>());
       inputs = kf::PolicyInputs::from_json(j.at("inputs"));
       recorded = j.value("proposal", nlohmann::json());

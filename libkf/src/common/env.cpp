@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf/common/env.hpp"
+#include "kf/common/json.hpp"
 
 #include <charconv>
 #include <cstdlib>
@@ -92,7 +93,7 @@ Env Env::from_environment() {
   }
   const std::string cluster_text = require(env::kCluster);
   try {
-    e.cluster = Cluster::from_json(nlohmann::json::parse(cluster_text));
+    e.cluster = Cluster::from_json(parse_json(cluster_text));
   } catch (const std::exception& ex) {
     throw std::invalid_argument(std::string(env::kCluster) + ": " + ex.what());
   }

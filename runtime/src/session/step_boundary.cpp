@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kf/common/json.hpp"
 #include "kf/common/log.hpp"
 #include "kf/runtime/cluster_settings.hpp"
 #include "kf/runtime/session.hpp"
@@ -152,7 +153,7 @@ Session::Outcome Session::take_newer(int root, std::size_t doc_bytes, const std:
     if (!is_peer_failure(e.code())) throw;
     return recover(e);
   }
-  Cluster target = Cluster::from_json(nlohmann::json::parse(doc));
+  Cluster target = Cluster::from_json(parse_json(doc));
   if (link_) link_->offer(target);
   const ParsedSettings settings = parse_cluster_settings(target.settings);
   const NewerVerdict verdict = detail::judge_newer(target, settings.typed, peer_->cluster());

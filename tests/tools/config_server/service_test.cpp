@@ -257,6 +257,14 @@ std::string with(const std::string& key, const json& value) {
   return doc.dump();
 }
 
+// A field nested 100 levels deep (a million would overflow the stack of whatever copied or
+// printed it; the body limit of these tests is 4 KiB).
+std::string deep_field() {
+  std::string doc = two_workers(1).dump();
+  doc.pop_back();  // the closing brace
+  return doc + R"(,"x":)" + std::string(100, '[') + std::string(100, ']') + "}";
+}
+
 std::string without(const std::string& key) {
   json doc = two_workers(1);
   doc.erase(key);
@@ -285,7 +293,8 @@ INSTANTIATE_TEST_SUITE_P(
         std::pair{"unknown field 'rank'",
                   with("workers", {{{"host", "h"}, {"port", 80}, {"rank", 0}}})},
         std::pair{"slot", with("workers", {{{"host", "h"}, {"port", 80}, {"slot", -1}}})},
-        std::pair{"agents", with("agents", "h:1")}));
+        std::pair{"agents", with("agents", "h:1")},
+        std::pair{"nested deeper than 64 levels", deep_field()}));
 
 TEST_F(ServiceTest, MistypedSettingIs400NamingTheKeyAndTheExpectedType) {
   Service s(options());

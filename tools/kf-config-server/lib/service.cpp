@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "kf/common/json.hpp"
 #include "kf/common/log.hpp"
 #include "kf/runtime/cluster_settings.hpp"
 #include "kf/runtime/config_client.hpp"
@@ -182,8 +183,8 @@ Response Service::get_cluster(const std::string& query) const {
 }
 
 Response Service::put_cluster(const std::string& body) {
-  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return error(400, "malformed JSON");
+  const json j = parse_json_or_discard(body);
+  if (j.is_discarded()) return error(400, "malformed JSON (or nested deeper than 64 levels)");
   if (auto why = check_put_body(j); !why.empty()) return error(400, why);
   Cluster proposed;
   try {
@@ -243,8 +244,8 @@ Response Service::get_events(const std::string& query) const {
 }
 
 Response Service::post_event(const std::string& body) {
-  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return error(400, "malformed JSON");
+  const json j = parse_json_or_discard(body);
+  if (j.is_discarded()) return error(400, "malformed JSON (or nested deeper than 64 levels)");
   if (auto why = check_event_body(j); !why.empty()) return error(400, why);
   try {
     const json event = append_event(j);

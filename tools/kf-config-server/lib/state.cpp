@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf-config-server/lib/state.hpp"
 
+#include "kf/common/json.hpp"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -88,8 +90,8 @@ State load_state(const std::filesystem::path& file) {
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) fail(file, "cannot read");
-  const auto j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) fail(file, "corrupt: not valid JSON");
+  const auto j = parse_json_or_discard(text.str());
+  if (j.is_discarded()) fail(file, "corrupt: not valid JSON (or nested deeper than 64 levels)");
   try {
     return State::from_json(j);
   } catch (const std::invalid_argument& e) {
