@@ -6,6 +6,7 @@
 // else a string. yaml-cpp keeps the first of two equal keys silently, so keys are checked here.
 #include "kf/runtime/job_file.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
@@ -16,9 +17,11 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <sstream>
 #include <string_view>
 #include <system_error>
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 namespace kf {
@@ -214,7 +217,9 @@ class Reader {
       case Kind::string: {
         std::string s = v.node.Scalar();
         if (s.size() > 60) s = s.substr(0, 57) + "...";
-        return nlohmann::json(s).dump();  // quoted, with control characters escaped
+        // Quoted, with control characters escaped; a character the cut at 57 bytes split shows
+        // as U+FFFD rather than failing the message.
+        return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
       }
       default: return v.node.Scalar();
     }
@@ -495,20 +500,97 @@ nlohmann::json JobFile::to_settings() const {
           {"max_workers", workers.max}};
 }
 
+namespace {
+
+// The offset of the first byte that is not YAML text: not part of well-formed UTF-8 (no
+// overlong forms, no surrogates, nothing past U+10FFFF), or a control character other than tab,
+// line feed and carriage return (which YAML does not allow, and which make yaml-cpp guess
+// another encoding: a NUL reads as UTF-16). npos when there is none.
+std::size_t first_invalid_utf8(std::string_view s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t n = 0;
+    unsigned lo = 0x80, hi = 0xbf;  // the range of the second byte
+    if (c < 0x80) {
+      if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f) return i;
+      ++i;
+      continue;
+    } else if (c >= 0xc2 && c <= 0xdf) {
+      n = 1;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      n = 2;
+      if (c == 0xe0) lo = 0xa0;  // overlong
+      if (c == 0xed) hi = 0x9f;  // surrogates
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      n = 3;
+      if (c == 0xf0) lo = 0x90;  // overlong
+      if (c == 0xf4) hi = 0x8f;  // past U+10FFFF
+    } else {
+      return i;
+    }
+    for (std::size_t k = 1; k <= n; ++k) {
+      if (i + k >= s.size()) return i;
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if (b < (k == 1 ? lo : 0x80u) || b > (k == 1 ? hi : 0xbfu)) return i;
+    }
+    i += n + 1;
+  }
+  return std::string_view::npos;
+}
+
+// Counts the documents of a stream and notes where the second starts.
+struct DocumentCounter : YAML::EventHandler {
+  int documents = 0;
+  int second_line = 0;
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    if (++documents == 2) second_line = mark.line + 1;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+}  // namespace
+
 JobFile parse_job_file(const std::string& yaml_text, const std::string& source_name) {
+  // YAML is Unicode text; kf keeps its strings in JSON, which must be UTF-8.
+  if (const auto bad = first_invalid_utf8(yaml_text); bad != std::string_view::npos) {
+    const auto line = 1 + std::count(yaml_text.begin(),
+                                     yaml_text.begin() + static_cast<std::ptrdiff_t>(bad), '\n');
+    throw JobFileError(
+        source_name, static_cast<int>(line), "",
+        "not UTF-8 text without control characters (byte " + std::to_string(bad + 1) + ")");
+  }
   std::vector<YAML::Node> docs;
+  int second_line = 0;  // where a second document starts, when there is one
   try {
-    docs = YAML::LoadAll(yaml_text);
+    // Documents are counted up to two, not loaded all: on some malformed streams (a stray
+    // directive) yaml-cpp's LoadAll returns empty documents without end, until memory runs out.
+    std::istringstream stream(yaml_text);
+    YAML::Parser parser(stream);
+    DocumentCounter counter;
+    while (counter.documents < 2 && parser.HandleNextDocument(counter)) {
+    }
+    second_line = counter.second_line;
+    if (counter.documents > 0) docs.push_back(YAML::Load(yaml_text));
   } catch (const YAML::Exception& e) {
     const int line = e.mark.is_null() ? 1 : e.mark.line + 1;
     const std::string column =
         e.mark.is_null() ? "" : " (column " + std::to_string(e.mark.column + 1) + ")";
     throw JobFileError(source_name, line, "", "malformed YAML: " + e.msg + column);
   }
-  if (docs.size() > 1) {
-    throw JobFileError(source_name, line_of(docs[1], 1), "",
-                       "a job file holds one YAML document, found " + std::to_string(docs.size()) +
-                           " (remove the extra '---')");
+  if (second_line > 0) {
+    throw JobFileError(source_name, second_line, "",
+                       "a job file holds one YAML document, found more (remove the extra '---')");
   }
   const Reader r(source_name);
   const YAML::Node root = docs.empty() ? YAML::Node() : docs[0];

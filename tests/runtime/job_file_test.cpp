@@ -85,6 +85,29 @@ TEST(JobFile, FullFileReadsEveryKey) {
   EXPECT_EQ(j.plugins, (std::vector<std::string>{"libmy_policy.so", "/opt/kf/libother.so"}));
 }
 
+TEST(JobFile, TextThatIsNotUtf8IsRefusedNamingTheLine) {
+  // A byte that is no UTF-8 (found by the fuzz harness: it used to escape as a JSON error
+  // while the message quoting the value was made).
+  EXPECT_EQ(std::string(error_of("job: {name: a}\nalgorithm: r\xb8ng\n").what()),
+            "job.yaml:2: not UTF-8 text without control characters (byte 28)");
+  EXPECT_EQ(error_of("job: {name: \xc0\xaf}\n").line(), 1);               // overlong '/'
+  EXPECT_EQ(error_of("job: {name: \xed\xa0\x80}\n").line(), 1);           // a surrogate
+  EXPECT_EQ(error_of("job: {name: \xf4\x90\x80\x80}\n").line(), 1);       // past U+10FFFF
+  EXPECT_EQ(error_of("job: {name: ab\xe2\x82}").line(), 1);               // cut short at the end
+  EXPECT_EQ(error_of(std::string("job: {name: a\0b}\n", 17)).line(), 1);  // NUL
+  EXPECT_EQ(error_of("job:\n  name: a\x04\n").line(), 2);                 // a control character
+  // A long value cut for the message in the middle of a character still makes a message.
+  // 56 bytes, then a 2-byte character the cut at 57 bytes splits.
+  const std::string long_value = std::string(56, 'a') + "\xc3\xbc" + "bbbb";
+  const std::string message = error_of("job: {name: n}\nbatch_size: " + long_value + "\n").what();
+  EXPECT_NE(message.find("batch_size"), std::string::npos) << message;
+  // Well-formed multi-byte text is fine: 2, 3 and 4 bytes.
+  const std::string name =
+      "gr\xc3\xbc\xc3\x9f"
+      "e \xe2\x82\xac \xf0\x9f\x98\x80";
+  EXPECT_EQ(parse_job_file("job: {name: \"" + name + "\"}\n", "x").name, name);
+}
+
 TEST(JobFile, LoadReadsTheFileAndNamesItInErrors) {
   const std::string path = temp_path("kf-job-file-test.yaml");
   {
@@ -371,8 +394,15 @@ TEST(JobFile, MalformedYamlGivesTheParsersLine) {
   EXPECT_EQ(std::string(e.what()).rfind("job.yaml:3: malformed YAML: ", 0), 0u) << e.what();
   EXPECT_NE(std::string(e.what()).find("(column "), std::string::npos) << e.what();
 
+  // A stray directive after content (found by the fuzz harness): yaml-cpp's LoadAll returned
+  // empty documents from it until memory ran out; now it is one malformed document.
+  const JobFileError stray = error_of(
+      ",job: {name: j, workers: 2}\ntraining: {batch_size: 64, lr: 0.01}\npolicies:\n"
+      "%  - name: plateau\n    every: 10\n");
+  EXPECT_GE(stray.line(), 1) << stray.what();
+
   EXPECT_EQ(std::string(error_of("job: {}\n---\njob: {}\n").what()),
-            "job.yaml:3: a job file holds one YAML document, found 2 (remove the extra '---')");
+            "job.yaml:2: a job file holds one YAML document, found more (remove the extra '---')");
 }
 
 TEST(JobFile, UnsupportedYamlFeaturesAreRejectedNotMisread) {
