@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf/runtime/state.hpp"
 #include "kf/common/json.hpp"
+#include "kf/common/log.hpp"
+#include "kf/runtime/atomic_file.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -18,19 +20,6 @@ namespace kf {
 namespace {
 
 constexpr char kMagic[] = "KFSTATE1\n";
-
-void write_all(int fd, const void* data, std::size_t n, const std::string& path) {
-  const auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw std::runtime_error("cannot write state file '" + path + "': " + std::strerror(errno));
-    }
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-}
 
 }  // namespace
 
@@ -135,26 +124,16 @@ void State::save(const std::string& path) const {
         {{"name", name}, {"dtype", to_string(e.live.dtype)}, {"count", e.live.count}});
   }
   const std::string head = kMagic + header.dump() + "\n";
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    throw std::runtime_error("cannot create state file '" + tmp + "': " + std::strerror(errno));
+  std::vector<std::string_view> pieces{head};
+  for (const auto& [name, e] : buffers_) {
+    pieces.emplace_back(reinterpret_cast<const char*>(e.saved.data()), e.saved.size());
   }
   try {
-    write_all(fd, head.data(), head.size(), tmp);
-    for (const auto& [name, e] : buffers_) write_all(fd, e.saved.data(), e.saved.size(), tmp);
-    if (::fsync(fd) != 0) {
-      throw std::runtime_error("cannot fsync state file '" + tmp + "': " + std::strerror(errno));
-    }
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    throw std::runtime_error("cannot rename '" + tmp + "' to '" + path +
-                             "': " + std::strerror(errno));
+    write_file_atomically(path, pieces, 0644, [](const std::string& why) {
+      KF_LOG(warn, "state", "checkpoint: {}", why);
+    });
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string("cannot save the state file: ") + e.what());
   }
 }
 

@@ -2,6 +2,8 @@
 #include "kf-config-server/lib/state.hpp"
 
 #include "kf/common/json.hpp"
+#include "kf/common/log.hpp"
+#include "kf/runtime/atomic_file.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -26,16 +28,6 @@ constexpr int kFormat = 1;
 
 [[noreturn]] void fail_errno(const std::filesystem::path& file, const std::string& what) {
   fail(file, what + ": " + std::strerror(errno));
-}
-
-void write_all(int fd, const std::string& text, const std::filesystem::path& tmp) {
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail_errno(tmp, "cannot write");
-    done += static_cast<std::size_t>(n);
-  }
 }
 
 }  // namespace
@@ -101,30 +93,13 @@ State load_state(const std::filesystem::path& file) {
 
 void save_state(const std::filesystem::path& file, const State& state) {
   const std::string text = state.to_json().dump(2) + "\n";
-  const std::filesystem::path tmp = file.string() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) fail_errno(tmp, "cannot create");
   try {
-    write_all(fd, text, tmp);
-    if (::fsync(fd) != 0) fail_errno(tmp, "cannot fsync");
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
+    write_file_atomically(file.string(), {text}, 0600, [](const std::string& why) {
+      KF_LOG(warn, "config-server", "state file: {}", why);
+    });
+  } catch (const std::runtime_error& e) {
+    fail(file, e.what());
   }
-  if (::close(fd) != 0) fail_errno(tmp, "cannot close");
-  if (::rename(tmp.c_str(), file.c_str()) != 0) {
-    const int saved = errno;
-    ::unlink(tmp.c_str());
-    errno = saved;
-    fail_errno(file, "cannot rename " + tmp.string() + " over it");
-  }
-  const auto dir = file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) fail_errno(dir, "cannot open directory to fsync it");
-  const int rc = ::fsync(dir_fd);
-  ::close(dir_fd);
-  if (rc != 0) fail_errno(dir, "cannot fsync directory");
 }
 
 std::string format_rfc3339_ms(std::chrono::system_clock::time_point t) {

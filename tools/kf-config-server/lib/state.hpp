@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The config service's durable state: the cluster document and the append-only audit trail of
-// events, and the state file that holds both. A save writes FILE.tmp, fsyncs it, renames it over
-// FILE and fsyncs the directory, so that a crash leaves either the old or the new state.
-// Thread-safety: value types and free functions; a file must have one writer at a time.
+// events, and the state file that holds both. A save writes a fresh temporary
+// (kf/runtime/atomic_file.hpp), fsyncs it, renames it over FILE and fsyncs the directory, so that a
+// crash leaves either the old or the new state. Thread-safety: value types and free functions; a
+// file must have one writer at a time.
 #pragma once
 
 #include <chrono>

@@ -43,7 +43,8 @@ class State {
   /// layouts (names, types, sizes) differ.
   void sync(Peer& peer, int root);
 
-  /// Writes the last commit to `path` atomically (temporary file, fsync, rename).
+  /// Writes the last commit to `path` atomically (kf/runtime/atomic_file.hpp: a fresh temporary,
+  /// fsync, rename, directory fsync).
   /// Throws: std::logic_error without a commit; std::runtime_error naming the file on I/O errors.
   void save(const std::string& path) const;
   /// Reads a file written by save() into the live buffers and counters and commits it.
