@@ -46,7 +46,7 @@ TEST_F(AtomicFile, ReplacesTheFileWithThePiecesAndLeavesNoTemporary) {
   write_file_atomically(file, {"old"}, 0600);
   write_file_atomically(file, {"new ", "", "content"}, 0640);
   EXPECT_EQ(read(file), "new content");
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(::stat(file.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0640u);
   EXPECT_TRUE(others("state").empty());

@@ -29,12 +29,14 @@ struct PeerImpl::DeviceBackends {
 
 namespace {
 
+#if KF_HAVE_NCCL
 // Whether NCCL can run this collective: every buffer it touches on this rank is on the device.
 bool nccl_can_run(const CollCtx& c) {
   if (c.op == CollOp::consensus || c.op == CollOp::barrier) return false;
   const bool recv_unused = c.op == CollOp::gather && c.rank != c.opts.root;
   return c.send.device == Device::cuda && (recv_unused || c.recv.device == Device::cuda);
 }
+#endif
 
 void note_use(std::string& used, const char* name) {
   if (used.find(name) != std::string::npos) return;

@@ -41,14 +41,14 @@ std::size_t json_depth(std::string_view text, std::size_t limit) noexcept {
 
 nlohmann::json parse_json(std::string_view text, std::size_t max_depth) {
   if (json_depth(text, max_depth) > max_depth) {
-    throw std::invalid_argument("JSON nests deeper than " + std::to_string(max_depth) +
-                                " levels");
+    throw std::invalid_argument("JSON nests deeper than " + std::to_string(max_depth) + " levels");
   }
   return nlohmann::json::parse(text);
 }
 
 nlohmann::json parse_json_or_discard(std::string_view text, std::size_t max_depth) noexcept {
-  if (json_depth(text, max_depth) > max_depth) return nlohmann::json(nlohmann::json::value_t::discarded);
+  if (json_depth(text, max_depth) > max_depth)
+    return nlohmann::json(nlohmann::json::value_t::discarded);
   try {
     return nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   } catch (const std::exception&) {  // out of memory

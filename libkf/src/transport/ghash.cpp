@@ -5,8 +5,10 @@
 
 // GCC 12's AVX-512 headers make their "undefined" vectors from uninitialised variables, which
 // its own flow analysis then reports at every cast and extract inlined here.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <algorithm>
@@ -189,6 +191,8 @@ Block Ghash::finish() noexcept {
 
 }  // namespace kf::transport
 
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
 #endif  // __x86_64__

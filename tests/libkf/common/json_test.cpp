@@ -12,8 +12,8 @@ TEST(Json, DepthCountsArraysAndObjectsButNotStrings) {
   EXPECT_EQ(json_depth("1"), 0u);
   EXPECT_EQ(json_depth(R"({"a": [1, {"b": []}]})"), 4u);
   EXPECT_EQ(json_depth(R"(["[[[[", "{{\"{{"])"), 1u);  // brackets in strings, an escaped quote
-  EXPECT_EQ(json_depth(R"([] [] [[]])"), 2u);           // not JSON: still measured
-  EXPECT_EQ(json_depth("]]]][["), 2u);                  // closers first do not go below zero
+  EXPECT_EQ(json_depth(R"([] [] [[]])"), 2u);          // not JSON: still measured
+  EXPECT_EQ(json_depth("]]]][["), 2u);                 // closers first do not go below zero
 }
 
 TEST(Json, DepthStopsCountingPastTheLimit) {
