@@ -7,16 +7,19 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <unistd.h>
 
-#define KF_FUZZ_CHECK(cond, ...)                                                     \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
+#define KF_FUZZ_CHECK(cond, ...)                                                         \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
       std::fprintf(stderr, "property failed at %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, "  %s\n", std::string(__VA_ARGS__).c_str());              \
-      std::abort();                                                                  \
-    }                                                                                \
+      std::fprintf(stderr, "  %s\n", std::string(__VA_ARGS__).c_str());                  \
+      std::abort();                                                                      \
+    }                                                                                    \
   } while (false)
 
 namespace kf::fuzz {
@@ -45,5 +48,15 @@ class Input {
   const std::uint8_t* p_;
   std::size_t left_;
 };
+
+/// A folder of this process's own under the temporary folder, made on first use.
+inline const std::filesystem::path& scratch_dir() {
+  static const std::filesystem::path dir = [] {
+    std::string t = (std::filesystem::temp_directory_path() / "kf-fuzz-XXXXXX").string();
+    if (::mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    return std::filesystem::path(t);
+  }();
+  return dir;
+}
 
 }  // namespace kf::fuzz

@@ -10,7 +10,6 @@
 #include <filesystem>
 #include <set>
 #include <stdexcept>
-#include <unistd.h>
 
 #include "check.hpp"
 #include "kf-config-server/lib/service.hpp"
@@ -24,23 +23,15 @@ using namespace kf::config_server;
 namespace {
 
 const std::string kToken = "fuzz-token";
-const auto kNow = std::chrono::system_clock::time_point(std::chrono::milliseconds(1'700'000'000'000));
-
-const fs::path& state_dir() {
-  static const fs::path dir = [] {
-    std::string t = (fs::temp_directory_path() / "kf-fuzz-service-XXXXXX").string();
-    if (::mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    return fs::path(t);
-  }();
-  return dir;
-}
+const auto kNow =
+    std::chrono::system_clock::time_point(std::chrono::milliseconds(1'700'000'000'000));
 
 std::string state_text(const State& s) { return s.to_json().dump(); }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  const fs::path file = state_dir() / "state.json";
+  const fs::path file = kf::fuzz::scratch_dir() / "state.json";
   fs::remove(file);
   ServiceOptions options;
   options.state_file = file;
@@ -62,10 +53,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     switch (auth) {
       case 0: break;
       case 1:
-        r.authorization = kf::sign_request(control, r.method, r.target, r.body,
-                                           std::chrono::duration_cast<std::chrono::milliseconds>(
-                                               kNow.time_since_epoch())
-                                               .count());
+        r.authorization = kf::sign_request(
+            control, r.method, r.target, r.body,
+            std::chrono::duration_cast<std::chrono::milliseconds>(kNow.time_since_epoch()).count());
         break;
       case 2: r.authorization = "Bearer " + kToken; break;
       default: r.authorization = in.piece(); break;
@@ -75,8 +65,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::string before = state_text(service.state());
     (void)service.watch_after(r);
     const Response a = service.handle(r);
-    const std::string what = r.method + " " + r.target + " -> " + std::to_string(a.status) +
-                             " " + a.body;
+    const std::string what =
+        r.method + " " + r.target + " -> " + std::to_string(a.status) + " " + a.body;
     KF_FUZZ_CHECK(documented.contains(a.status), what);
     KF_FUZZ_CHECK(!kf::parse_json_or_discard(a.body).is_discarded(), what);
     const bool signed_mutation = auth == 1 && (r.method == "PUT" || r.method == "POST");

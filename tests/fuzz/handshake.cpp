@@ -50,8 +50,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   fill(w.mac, in);
   w.identity = in.piece(true);
   const auto w2 = decode_welcome(encode(w));
-  KF_FUZZ_CHECK(w2 && w2->identity == w.identity && w2->mac == w.mac &&
-                    w2->frame_auth == w.frame_auth,
-                "a welcome must decode to what was encoded");
+  KF_FUZZ_CHECK(
+      w2 && w2->identity == w.identity && w2->mac == w.mac && w2->frame_auth == w.frame_auth,
+      "a welcome must decode to what was encoded");
   return 0;
 }

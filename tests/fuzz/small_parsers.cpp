@@ -26,15 +26,16 @@ void only_invalid_argument(const char* what, const std::string& text, F&& f) {
   } catch (const std::invalid_argument& e) {
     KF_FUZZ_CHECK(std::string_view(e.what()).size() > 0, std::string(what) + ": empty reason");
   } catch (const std::exception& e) {
-    KF_FUZZ_CHECK(false, std::string(what) + "('" + text + "') threw another exception: " + e.what());
+    KF_FUZZ_CHECK(false,
+                  std::string(what) + "('" + text + "') threw another exception: " + e.what());
   }
 }
 
 const char* const kVariables[] = {
-    "KF_SELF",          "KF_CLUSTER",        "KF_JOB_ID",        "KF_CONFIG_SERVER",
-    "KF_ALGORITHM",     "KF_TRANSPORT",      "KF_TIMEOUT_MS",    "KF_SPIN_US",
+    "KF_SELF",          "KF_CLUSTER",        "KF_JOB_ID",           "KF_CONFIG_SERVER",
+    "KF_ALGORITHM",     "KF_TRANSPORT",      "KF_TIMEOUT_MS",       "KF_SPIN_US",
     "KF_EXPRESS_BYTES", "KF_HEARTBEAT_MS",   "KF_CHECKPOINT_EVERY", "KF_MONITORS",
-    "KF_GNS_THETA",     "KF_METRICS_PORT",   "KF_METRICS_EVERY", "KF_SERVICE_TIMEOUT_MS",
+    "KF_GNS_THETA",     "KF_METRICS_PORT",   "KF_METRICS_EVERY",    "KF_SERVICE_TIMEOUT_MS",
     "KF_FRAME_AUTH",    "KF_DEVICE_BACKEND",
 };
 
@@ -94,9 +95,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
       ::unsetenv("KF_JOB_TOKEN_FILE");
       ::setenv("KF_JOB_TOKEN", "t", 1);
-      only_invalid_argument("Env::from_environment", "", [] {
-        (void)kf::Env::from_environment();
-      });
+      only_invalid_argument("Env::from_environment", "", [] { (void)kf::Env::from_environment(); });
       break;
     }
   }

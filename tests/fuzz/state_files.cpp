@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
-#include <unistd.h>
 #include <vector>
 
 #include "check.hpp"
@@ -16,22 +15,9 @@
 
 namespace fs = std::filesystem;
 
-namespace {
-
-const fs::path& dir() {
-  static const fs::path d = [] {
-    std::string t = (fs::temp_directory_path() / "kf-fuzz-state-XXXXXX").string();
-    if (::mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    return fs::path(t);
-  }();
-  return d;
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
-  const fs::path file = dir() / "state";
+  const fs::path file = kf::fuzz::scratch_dir() / "state";
   {
     std::ofstream out(file, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(data + 1), static_cast<std::streamsize>(size - 1));
