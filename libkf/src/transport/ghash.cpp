@@ -153,6 +153,7 @@ void Ghash::reset() noexcept {
 }
 
 void Ghash::update(const void* data, std::size_t bytes) noexcept {
+  if (bytes == 0) return;  // data may then be null (an empty name, an empty payload)
   const auto* p = static_cast<const std::uint8_t*>(data);
   total_ += bytes;
   if (pending_bytes_ > 0) {
@@ -168,7 +169,7 @@ void Ghash::update(const void* data, std::size_t bytes) noexcept {
   const std::size_t blocks = bytes / 16;
   if (blocks > 0) absorb_blocks(acc_.data(), p, blocks, powers_.data());
   pending_bytes_ = bytes % 16;
-  std::memcpy(pending_.data(), p + 16 * blocks, pending_bytes_);
+  if (pending_bytes_ > 0) std::memcpy(pending_.data(), p + 16 * blocks, pending_bytes_);
 }
 
 Block Ghash::finish() noexcept {

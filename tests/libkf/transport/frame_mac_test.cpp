@@ -24,6 +24,7 @@ std::string hex(const Tag& t) {
 
 Tag tag_of(FrameMac& mac, const std::vector<std::byte>& frame, std::mt19937_64& rng) {
   mac.begin();
+  mac.update(nullptr, 0);  // an empty name or payload: no bytes, no buffer
   // In pieces of random lengths (some empty), as the socket hands them over.
   std::size_t at = 0;
   while (at < frame.size()) {
