@@ -343,12 +343,29 @@ TEST_F(ServiceTest, WatchWaitsOnlyWhileVersionIsNotPastAfter) {
   EXPECT_EQ(json::parse(r.body)["version"], 1);
 }
 
+TEST_F(ServiceTest, EventsComeAtMostLimitAtATimeSayingWhetherMoreFollow) {
+  Service s(options());
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(post_event(s, R"({"type":"note"})").status, 201);
+  const auto page = json::parse(get(s, "/v1/events?after=1&limit=2").body);
+  ASSERT_EQ(page["events"].size(), 2u);
+  EXPECT_EQ(page["events"][0]["seq"], 2);
+  EXPECT_EQ(page["events"][1]["seq"], 3);
+  EXPECT_EQ(page["more"], true);
+  const auto last = json::parse(get(s, "/v1/events?after=3&limit=2").body);
+  ASSERT_EQ(last["events"].size(), 2u);
+  EXPECT_EQ(last["more"], false);
+  // Without a limit, all of them, and no "more" (as before).
+  const auto all = json::parse(get(s, "/v1/events").body);
+  EXPECT_EQ(all["events"].size(), 5u);
+  EXPECT_FALSE(all.contains("more"));
+}
+
 TEST_F(ServiceTest, BadQueriesAre400) {
   Service s(options());
   for (const char* target :
        {"/v1/cluster?watch=1&after=x", "/v1/cluster?watch=yes", "/v1/cluster?after=1",
         "/v1/cluster?watch=1&after=-1", "/v1/cluster?foo=1", "/v1/cluster?watch=1&watch=1",
-        "/v1/events?after=x", "/v1/events?limit=3"}) {
+        "/v1/events?after=x", "/v1/events?limit=0", "/v1/events?limit=x", "/v1/events?since=3"}) {
     EXPECT_EQ(get(s, target).status, 400) << target;
   }
   EXPECT_EQ(

@@ -230,17 +230,32 @@ Response Service::get_events(const std::string& query) const {
     return error(400, e.what());
   }
   std::uint64_t after = 0;
+  std::optional<std::uint64_t> limit;
   for (const auto& [k, v] : params) {
-    if (k != "after") return error(400, "unknown query parameter '" + k + "'");
     const auto n = parse_u64(v);
-    if (!n) return error(400, "after must be a non-negative integer");
-    after = *n;
+    if (k == "after") {
+      if (!n) return error(400, "after must be a non-negative integer");
+      after = *n;
+    } else if (k == "limit") {
+      if (!n || *n == 0) return error(400, "limit must be a positive integer");
+      limit = *n;
+    } else {
+      return error(400, "unknown query parameter '" + k + "'");
+    }
   }
   json events = json::array();
+  bool more = false;
   for (const auto& e : state_.events) {
-    if (e["seq"].get<std::uint64_t>() > after) events.push_back(e);
+    if (e["seq"].get<std::uint64_t>() <= after) continue;
+    if (limit && events.size() >= *limit) {
+      more = true;
+      break;
+    }
+    events.push_back(e);
   }
-  return ok(200, json{{"events", std::move(events)}});
+  json body{{"events", std::move(events)}};
+  if (limit) body["more"] = more;
+  return ok(200, body);
 }
 
 Response Service::post_event(const std::string& body) {
