@@ -6,6 +6,8 @@
 // else a string. yaml-cpp keeps the first of two equal keys silently, so keys are checked here.
 #include "kf/runtime/job_file.hpp"
 
+#include "kf/common/utf8.hpp"
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -502,41 +504,16 @@ nlohmann::json JobFile::to_settings() const {
 
 namespace {
 
-// The offset of the first byte that is not YAML text: not part of well-formed UTF-8 (no
-// overlong forms, no surrogates, nothing past U+10FFFF), or a control character other than tab,
-// line feed and carriage return (which YAML does not allow, and which make yaml-cpp guess
-// another encoding: a NUL reads as UTF-16). npos when there is none.
-std::size_t first_invalid_utf8(std::string_view s) {
-  std::size_t i = 0;
-  while (i < s.size()) {
+// The offset of the first byte that is not YAML text: not part of well-formed UTF-8, or a
+// control character other than tab, line feed and carriage return (which YAML does not allow,
+// and which make yaml-cpp guess another encoding: a NUL reads as UTF-16). npos when there is none.
+std::size_t first_non_yaml_byte(std::string_view s) {
+  std::size_t bad = first_invalid_utf8(s);
+  for (std::size_t i = 0; i < std::min(bad, s.size()); ++i) {
     const auto c = static_cast<unsigned char>(s[i]);
-    std::size_t n = 0;
-    unsigned lo = 0x80, hi = 0xbf;  // the range of the second byte
-    if (c < 0x80) {
-      if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f) return i;
-      ++i;
-      continue;
-    } else if (c >= 0xc2 && c <= 0xdf) {
-      n = 1;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      n = 2;
-      if (c == 0xe0) lo = 0xa0;  // overlong
-      if (c == 0xed) hi = 0x9f;  // surrogates
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      n = 3;
-      if (c == 0xf0) lo = 0x90;  // overlong
-      if (c == 0xf4) hi = 0x8f;  // past U+10FFFF
-    } else {
-      return i;
-    }
-    for (std::size_t k = 1; k <= n; ++k) {
-      if (i + k >= s.size()) return i;
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      if (b < (k == 1 ? lo : 0x80u) || b > (k == 1 ? hi : 0xbfu)) return i;
-    }
-    i += n + 1;
+    if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f) return i;
   }
-  return std::string_view::npos;
+  return bad;
 }
 
 // Counts the documents of a stream and notes where the second starts.
@@ -563,7 +540,7 @@ struct DocumentCounter : YAML::EventHandler {
 
 JobFile parse_job_file(const std::string& yaml_text, const std::string& source_name) {
   // YAML is Unicode text; kf keeps its strings in JSON, which must be UTF-8.
-  if (const auto bad = first_invalid_utf8(yaml_text); bad != std::string_view::npos) {
+  if (const auto bad = first_non_yaml_byte(yaml_text); bad != std::string_view::npos) {
     const auto line = 1 + std::count(yaml_text.begin(),
                                      yaml_text.begin() + static_cast<std::ptrdiff_t>(bad), '\n');
     throw JobFileError(
