@@ -124,6 +124,8 @@ TransportStats Peer::transport_stats() const noexcept {
   t.single_copy_refused = c.single_copy_refused.load(std::memory_order_relaxed);
   t.shm_bytes = c.shm_bytes.load(std::memory_order_relaxed);
   t.early_bytes = impl_->mailbox().early_bytes();
+  t.accept_failures = c.accept_failures.load(std::memory_order_relaxed);
+  t.handshakes_refused = c.handshakes_refused.load(std::memory_order_relaxed);
   return t;
 }
 

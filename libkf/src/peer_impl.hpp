@@ -89,7 +89,8 @@ class PeerImpl {
   std::shared_ptr<DeviceBackends> device_;  // made on the first device collective
   asio::io_context ioc_{1};
   std::shared_ptr<Driver> driver_;
-  Mailbox mailbox_{*driver_, ioc_.get_executor(), opts_.max_unexpected_bytes};
+  Mailbox mailbox_{*driver_, ioc_.get_executor(), opts_.max_unexpected_bytes,
+                   opts_.max_unexpected_bytes_per_peer};
   Mesh mesh_{opts_, ioc_, *driver_, mailbox_};
   Engine engine_{opts_, ioc_, *driver_, mailbox_, mesh_};
   std::thread io_thread_;

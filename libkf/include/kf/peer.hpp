@@ -63,6 +63,15 @@ struct PeerOptions {
   std::chrono::milliseconds timeout{3000};
   /// How long a new connection may take to open and authenticate (peers may start late).
   std::chrono::milliseconds connect_timeout{20000};
+  /// How long an accepted connection has to prove the job token (its hello) before it is
+  /// closed, or connect_timeout where that is shorter. A genuine dialer answers the challenge
+  /// at once; this bounds what a silent or slow client holds.
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// Accepted connections still in their handshake, at most: in all, and from one source (an
+  /// IP address; same-host connections of this worker's own user are not counted against a
+  /// source). Connections past either are closed at once, with a warning.
+  int max_pending_handshakes = 256;
+  int max_pending_handshakes_per_source = 64;
   /// Idle connections carry a heartbeat this often, and a member whose connection to us stays
   /// silent for heartbeat_timeout is lost (zero disables either).
   std::chrono::milliseconds heartbeat_interval{200};
@@ -118,8 +127,13 @@ struct PeerOptions {
   /// (about twice OpenSSL's speed), else with OpenSSL's AES-GCM; both give the same tags. True
   /// (KF_FRAME_AUTH=openssl) takes OpenSSL's everywhere, to compare the two.
   bool frame_auth_openssl = false;
-  std::size_t max_frame_bytes = std::size_t{64} << 20;      ///< larger transfers are split
-  std::size_t max_unexpected_bytes = std::size_t{2} << 30;  ///< early-arrival buffer limit
+  std::size_t max_frame_bytes = std::size_t{64} << 20;  ///< larger transfers are split
+  /// Frames that arrive before their receive is posted are kept while they take no more than
+  /// this, each charged its payload, its name and 64 bytes of bookkeeping; one peer's no more
+  /// than max_unexpected_bytes_per_peer. A peer that sends past a limit has its connection
+  /// closed as a protocol violation (and counts as lost).
+  std::size_t max_unexpected_bytes = std::size_t{2} << 30;
+  std::size_t max_unexpected_bytes_per_peer = std::size_t{1} << 30;
 };
 
 /// Payload bytes of the data frames this peer has sent, by the path they took.
@@ -135,6 +149,12 @@ struct TransportStats {
   /// Received before the matching receive was posted: held in kf's buffers (pooled when large)
   /// and copied once more when the receive comes.
   std::uint64_t early_bytes = 0;
+  /// Connections that could not be accepted (the listener failed: out of descriptors, say);
+  /// each failure is followed by a growing pause, up to a second, before the next try.
+  std::uint64_t accept_failures = 0;
+  /// Accepted connections closed at once because too many handshakes were pending
+  /// (PeerOptions::max_pending_handshakes).
+  std::uint64_t handshakes_refused = 0;
 };
 
 namespace detail {

@@ -34,6 +34,42 @@ spdlog::logger& logger() {
   return *log;
 }
 
+std::string printable(std::string_view text, std::size_t max_bytes) {
+  constexpr char kHex[] = "0123456789abcdef";
+  const std::string_view shown = text.substr(0, max_bytes);
+  std::string out;
+  out.reserve(shown.size() + 16);
+  for (const char c : shown) {
+    const auto b = static_cast<unsigned char>(c);
+    if (b >= 0x20 && b < 0x7f && b != '\\') {
+      out += c;
+    } else {
+      out += "\\x";
+      out += kHex[b >> 4];
+      out += kHex[b & 15];
+    }
+  }
+  if (shown.size() < text.size()) out += "... (" + std::to_string(text.size()) + " bytes)";
+  return out;
+}
+
+bool LogLimiter::allow(std::uint64_t& left_out) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lk(mu_);
+  if (in_window_ == 0 || now - window_start_ >= window_) {
+    window_start_ = now;
+    in_window_ = 0;
+  }
+  if (in_window_ >= burst_) {
+    ++left_out_;
+    return false;
+  }
+  ++in_window_;
+  left_out = left_out_;
+  left_out_ = 0;
+  return true;
+}
+
 void check_failed(const char* file, int line, const char* cond, const std::string& msg) {
   logger().critical("check failed at {}:{}: {}: {}", file, line, cond, msg);
   logger().flush();

@@ -7,10 +7,11 @@
 namespace kf::detail {
 
 Mailbox::Mailbox(const Driver& driver, const asio::any_io_executor& ex,
-                 std::size_t max_unexpected_bytes)
+                 std::size_t max_unexpected_bytes, std::size_t max_unexpected_bytes_per_peer)
     : driver_(driver),
       ex_(ex),
       max_unexpected_bytes_(max_unexpected_bytes),
+      max_unexpected_bytes_per_peer_(max_unexpected_bytes_per_peer),
       received_(std::make_shared<RecvReq>(ex, MailKey{})) {
   received_->ev.set({});
 }
@@ -42,14 +43,19 @@ std::error_code Mailbox::store(const MailKeyView& key, std::span<const std::byte
     stale = true;
     return {};
   }
-  if (!has_room(payload.size(), why)) return make_error_code(errc::protocol_error);
+  if (!has_room(key.peer, payload.size(), key.name.size(), why))
+    return make_error_code(errc::protocol_error);
   keep_early(key, payload, owned, it);
   return {};
 }
 
 void Mailbox::keep_early(const MailKeyView& key, std::span<const std::byte> payload,
                          ScratchPool::Block* owned, Slots::iterator it) {
-  unexpected_bytes_ += payload.size();
+  const std::size_t charged = early_charge(payload.size(), key.name.size());
+  unexpected_bytes_ += charged;
+  const auto p = static_cast<std::size_t>(key.peer);
+  if (p >= unexpected_by_peer_.size()) unexpected_by_peer_.resize(p + 1, 0);
+  unexpected_by_peer_[p] += charged;
   early_bytes_.store(early_bytes_.load(std::memory_order_relaxed) + payload.size(),
                      std::memory_order_relaxed);
   if (key.tag == 0 && payload.size() <= EarlyFrame::kSmallBytes && slots_.empty() &&
@@ -60,10 +66,12 @@ void Mailbox::keep_early(const MailKeyView& key, std::span<const std::byte> payl
     q.name_bytes = key.name.size();
     std::memcpy(q.name_chars.data(), key.name.data(), key.name.size());
     q.frame.bytes = payload.size();
+    q.frame.charged = charged;
     if (!payload.empty()) std::memcpy(q.frame.small.data(), payload.data(), payload.size());
     return;
   }
-  EarlyFrame early{owned ? std::move(*owned) : early_block(payload.size()), payload.size()};
+  EarlyFrame early{owned ? std::move(*owned) : early_block(payload.size()), payload.size(),
+                   charged};
   if (!owned && !payload.empty()) {
     std::memcpy(early.block.data.get(), payload.data(), payload.size());
   }
@@ -91,11 +99,23 @@ void Mailbox::end_fill(const MailKeyView& key, const std::shared_ptr<RecvReq>& r
   req->ev.set(ec);
 }
 
-bool Mailbox::has_room(std::size_t bytes, std::string& why) const {
-  if (unexpected_bytes_ + bytes <= max_unexpected_bytes_) return true;
-  why = "peer sent more unrequested data than the limit of " +
-        std::to_string(max_unexpected_bytes_) + " bytes";
-  return false;
+bool Mailbox::has_room(int peer, std::size_t bytes, std::size_t name_bytes,
+                       std::string& why) const {
+  const std::size_t charge = early_charge(bytes, name_bytes);
+  if (unexpected_bytes(peer) + charge > max_unexpected_bytes_per_peer_) {
+    why = "peer sent more unrequested data than the limit of " +
+          std::to_string(max_unexpected_bytes_per_peer_) + " bytes per peer (" +
+          std::to_string(unexpected_bytes(peer)) + " held, " + std::to_string(charge) +
+          " more with the frame's name and bookkeeping)";
+    return false;
+  }
+  if (unexpected_bytes_ + charge > max_unexpected_bytes_) {
+    why = "peers sent more unrequested data than the limit of " +
+          std::to_string(max_unexpected_bytes_) + " bytes (" + std::to_string(unexpected_bytes_) +
+          " held, " + std::to_string(charge) + " more with the frame's name and bookkeeping)";
+    return false;
+  }
+  return true;
 }
 
 ScratchPool::Block Mailbox::early_block(std::size_t bytes) {
@@ -152,7 +172,7 @@ std::optional<EarlyFrame> Mailbox::take_early(const MailKeyView& key) {
     for (auto q = quick_early_.begin(); q != quick_early_.end(); ++q) {
       if (q->peer == key.peer && q->version == key.version && q->name() == key.name) {
         std::optional<EarlyFrame> early(std::move(q->frame));
-        unexpected_bytes_ -= early->bytes;
+        uncharge(q->peer, early->charged);
         quick_early_.erase(q);
         return early;
       }
@@ -163,7 +183,7 @@ std::optional<EarlyFrame> Mailbox::take_early(const MailKeyView& key) {
   if (it == slots_.end() || it->second.unexpected.empty()) return std::nullopt;
   EarlyFrame early = std::move(it->second.unexpected.front());
   it->second.unexpected.erase(it->second.unexpected.begin());
-  unexpected_bytes_ -= early.bytes;
+  uncharge(key.peer, early.charged);
   if (it->second.empty()) drop_slot(it);
   return early;
 }
@@ -200,15 +220,19 @@ void Mailbox::fail_posted(const KeyMatch& match, std::error_code ec) {
 
 void Mailbox::drop_older(std::uint64_t version) {
   KF_DCHECK_IO(driver_);
-  std::erase_if(slots_, [&](auto& kv) {
-    if (kv.first.version >= version) return false;
-    for (const auto& d : kv.second.unexpected) unexpected_bytes_ -= d.bytes;
-    return kv.second.posted.empty();
-  });
+  for (auto it = slots_.begin(); it != slots_.end();) {
+    if (it->first.version >= version) {
+      ++it;
+      continue;
+    }
+    for (const auto& d : it->second.unexpected) uncharge(it->first.peer, d.charged);
+    it->second.unexpected.clear();
+    it = it->second.posted.empty() ? slots_.erase(it) : std::next(it);
+  }
   quick_early_.erase(std::remove_if(quick_early_.begin(), quick_early_.end(),
                                     [&](const QuickEarly& q) {
                                       if (q.version >= version) return false;
-                                      unexpected_bytes_ -= q.frame.bytes;
+                                      uncharge(q.peer, q.frame.charged);
                                       return true;
                                     }),
                      quick_early_.end());

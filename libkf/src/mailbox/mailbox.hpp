@@ -36,6 +36,13 @@ inline constexpr std::size_t kEarlyPoolBytes = std::size_t{256} << 20;
 /// blocks of under 64 KiB): a small collective whose peer is a moment ahead gets its frame early
 /// every time, and a fresh allocation for each cost more than the rest of its bookkeeping.
 inline constexpr std::size_t kSmallEarlyBytes = 256;
+/// What an early frame is charged against the limits beyond its payload and name: its share of
+/// the bookkeeping, so that a stream of empty frames cannot hold memory without bound either.
+inline constexpr std::size_t kEarlyFrameOverhead = 64;
+/// The bytes an early frame is charged (Mailbox's limits).
+constexpr std::size_t early_charge(std::size_t payload, std::size_t name) noexcept {
+  return payload + name + kEarlyFrameOverhead;
+}
 
 /// The payload of a frame that arrived before its receive was posted: in a block of
 /// Mailbox::early_pool_ (`bytes` of the block's capacity are used), or, for a quick early frame
@@ -44,6 +51,7 @@ struct EarlyFrame {
   static constexpr std::size_t kSmallBytes = 64;
   ScratchPool::Block block;
   std::size_t bytes = 0;
+  std::size_t charged = 0;  // early_charge of its payload and name
   alignas(16) std::array<std::byte, kSmallBytes> small;
   const std::byte* data() const noexcept { return block.data ? block.data.get() : small.data(); }
 };
@@ -102,7 +110,10 @@ class Mailbox {
   /// Fails the claims waiting for keys that `match` covers (fail_posted tells the claimer too).
   using FailClaimsFn = void (*)(void* self, const KeyMatch& match, std::error_code ec);
 
-  Mailbox(const Driver& driver, const asio::any_io_executor& ex, std::size_t max_unexpected_bytes);
+  /// Early frames are kept while they are charged (early_charge) no more than
+  /// `max_unexpected_bytes` in all and `max_unexpected_bytes_per_peer` for any one sender.
+  Mailbox(const Driver& driver, const asio::any_io_executor& ex, std::size_t max_unexpected_bytes,
+          std::size_t max_unexpected_bytes_per_peer);
 
   /// The claimer, asked first while `claiming` is on (Mailbox::set_claiming).
   void set_claimer(ClaimFn claim, FailClaimsFn fail, void* self) noexcept {
@@ -127,8 +138,14 @@ class Mailbox {
   std::shared_ptr<RecvReq> begin_fill(const MailKeyView& key);
   /// The end of begin_fill's receive: taken off the mailbox and completed with `ec`.
   void end_fill(const MailKeyView& key, const std::shared_ptr<RecvReq>& req, std::error_code ec);
-  /// Whether `bytes` more early bytes stay within the limit; if not, `why` says so.
-  bool has_room(std::size_t bytes, std::string& why) const;
+  /// Whether one more early frame from `peer`, of `bytes` of payload and `name_bytes` of name,
+  /// stays within the limits; if not, `why` says which.
+  bool has_room(int peer, std::size_t bytes, std::size_t name_bytes, std::string& why) const;
+  /// What early frames from `peer` are charged now (early_charge).
+  std::size_t unexpected_bytes(int peer) const noexcept {
+    const auto p = static_cast<std::size_t>(peer);
+    return p < unexpected_by_peer_.size() ? unexpected_by_peer_[p] : 0;
+  }
   /// A buffer for a frame that arrives before its receive, and its return once delivered: large
   /// ones are reused, so that they are not mapped afresh (and page-faulted) for every frame.
   ScratchPool::Block early_block(std::size_t bytes);
@@ -175,10 +192,16 @@ class Mailbox {
   /// Keeps a frame that came before its receive.
   void keep_early(const MailKeyView& key, std::span<const std::byte> payload,
                   ScratchPool::Block* owned, Slots::iterator it);
+  /// Takes an early frame of `peer`'s off the counts.
+  void uncharge(int peer, std::size_t charged) noexcept {
+    unexpected_bytes_ -= charged;
+    unexpected_by_peer_[static_cast<std::size_t>(peer)] -= charged;
+  }
 
   [[maybe_unused]] const Driver& driver_;  // for KF_DCHECK_IO, which release builds drop
   asio::any_io_executor ex_;
   std::size_t max_unexpected_bytes_;
+  std::size_t max_unexpected_bytes_per_peer_;
   ClaimFn claim_ = nullptr;
   FailClaimsFn fail_claims_ = nullptr;
   void* claimer_ = nullptr;
@@ -194,9 +217,10 @@ class Mailbox {
   // instructions. Only while there are no slots, so that a key's frames stay in order: any
   // later one of the same key goes behind these (take_early looks here first).
   boost::container::small_vector<QuickEarly, 4> quick_early_;
-  std::size_t unexpected_bytes_ = 0;
-  ScratchPool early_pool_{kEarlyPoolBytes};  // blocks of at least kPooledEarlyBytes
-  ScratchPool small_early_pool_;             // smaller blocks (kSmallEarlyBytes and up)
+  std::size_t unexpected_bytes_ = 0;             // charged by every early frame kept
+  std::vector<std::size_t> unexpected_by_peer_;  // and by each peer's, by peer index
+  ScratchPool early_pool_{kEarlyPoolBytes};      // blocks of at least kPooledEarlyBytes
+  ScratchPool small_early_pool_;                 // smaller blocks (kSmallEarlyBytes and up)
   // The completed receive that take_early_into hands out for frames that came early, instead
   // of allocating one each. Never modified after construction.
   std::shared_ptr<RecvReq> received_;

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The accepting side of the mesh: the listeners, the handshake that proves the job token, and
 // the reader of each incoming connection, which hands every frame to its handler.
+#include <algorithm>
+#include <optional>
 #include <type_traits>
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
@@ -19,23 +21,85 @@ using transport::FrameType;
 
 template <typename Acceptor>
 awaitable<void> Mesh::accept_loop(Acceptor& acceptor) {
+  constexpr bool kTcp = std::is_same_v<Acceptor, tcp::acceptor>;
+  std::chrono::milliseconds pause{0};
   while (!stopping_) {
     auto [ec, sock] = co_await acceptor.async_accept(kTuple);
     if (ec) {
       if (stopping_ || ec == asio::error::operation_aborted) co_return;
-      KF_LOG(warn, "transport", "{}: accept failed: {}", identity_, ec.message());
+      // Out of descriptors (or memory): the connection stays queued, and accepting again at
+      // once would fail again at once, round and round. Pause, longer each time in a row.
+      Counters::add(counters_.accept_failures, 1);
+      pause = std::clamp(pause * 2, std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
+      log_rejected(fmt::format("{}: accepting a connection failed: {}; trying again in {} ms",
+                               identity_, ec.message(), pause.count()));
+      asio::steady_timer t(ex(), pause);
+      co_await t.async_wait(kTuple);
       continue;
     }
+    pause = std::chrono::milliseconds(0);
     set_socket_options(sock, opts_.socket_buffer_bytes);
     boost::system::error_code rec;
-    std::string from = describe(sock.remote_endpoint(rec));
+    const auto remote = sock.remote_endpoint(rec);
+    std::string from = describe(remote);
     const auto [pid, same_user] = peer_process(sock);
+    // What the connection counts under while in its handshake: its address, or (same-host
+    // socket) another user; processes of this worker's own user are trusted already.
+    std::string source;
+    if constexpr (kTcp) {
+      source = rec ? std::string("an unknown address") : remote.address().to_string();
+    } else {
+      if (!same_user) source = "another user's process";
+    }
+    if (auto refused = handshake_room(source)) {
+      Counters::add(counters_.handshakes_refused, 1);
+      log_rejected(fmt::format("{}: refused connection from {}: {}", identity_, from, *refused));
+      boost::system::error_code ignored;
+      sock.close(ignored);
+      continue;
+    }
+    ++pending_handshakes_;
+    if (!source.empty()) ++pending_by_source_[source];
     auto in = std::make_shared<Incoming>(Stream(std::move(sock)));
     in->pid = pid;
     in->single_copy = same_user;
-    in->peek = std::is_same_v<Acceptor, tcp::acceptor>;
-    in->tcp = std::is_same_v<Acceptor, tcp::acceptor>;
+    in->peek = kTcp;
+    in->tcp = kTcp;
+    in->source = std::move(source);
     asio::co_spawn(ex(), serve_incoming(in, std::move(from)), asio::detached);
+  }
+}
+
+std::optional<std::string> Mesh::handshake_room(const std::string& source) const {
+  if (pending_handshakes_ >= opts_.max_pending_handshakes) {
+    return fmt::format("{} connections are in their handshake already (the limit)",
+                       pending_handshakes_);
+  }
+  if (source.empty()) return std::nullopt;
+  const auto it = pending_by_source_.find(source);
+  if (it != pending_by_source_.end() && it->second >= opts_.max_pending_handshakes_per_source) {
+    return fmt::format("{} of its connections are in their handshake already (the limit)",
+                       it->second);
+  }
+  return std::nullopt;
+}
+
+void Mesh::end_handshake(Incoming& in) {
+  --pending_handshakes_;
+  if (in.source.empty()) return;
+  const auto it = pending_by_source_.find(in.source);
+  if (it != pending_by_source_.end() && --it->second == 0) pending_by_source_.erase(it);
+  in.source.clear();
+}
+
+void Mesh::log_rejected(const std::string& line) {
+  std::uint64_t left_out = 0;
+  if (!reject_log_.allow(left_out)) {
+    KF_LOG(debug, "transport", "{}", line);
+  } else if (left_out > 0) {
+    KF_LOG(warn, "transport", "{} ({} more such lines were left out)", line, left_out);
+  } else {
+    KF_LOG(warn, "transport", "{}", line);
   }
 }
 
@@ -54,11 +118,11 @@ awaitable<std::error_code> Mesh::accept_handshake(Incoming& in, std::string& why
     co_return make_error_code(errc::protocol_error);
   }
   if (hello->job_id != opts_.job_id) {
-    why = "hello for job '" + hello->job_id + "', this is job '" + opts_.job_id + "'";
+    why = "hello for job '" + printable(hello->job_id) + "', this is job '" + opts_.job_id + "'";
     co_return make_error_code(errc::auth_failed);
   }
   if (hello->frame_auth != opts_.frame_auth) {
-    why = "hello from '" + hello->identity + "' has frame MACs " +
+    why = "hello from '" + printable(hello->identity) + "' has frame MACs " +
           (hello->frame_auth ? "on" : "off") + " and this worker " +
           (opts_.frame_auth ? "on" : "off") + " (KF_FRAME_AUTH must be the same on every worker)";
     co_return make_error_code(errc::auth_failed);
@@ -67,14 +131,14 @@ awaitable<std::error_code> Mesh::accept_handshake(Incoming& in, std::string& why
       transport::handshake_mac(peer_key_, transport::handshake_purpose(true, hello->frame_auth),
                                hello->job_id, hello->identity, nonce);
   if (!transport::mac_equal(want, hello->mac)) {
-    why = "hello from '" + hello->identity + "' does not prove the job token";
+    why = "hello from '" + printable(hello->identity) + "' does not prove the job token";
     co_return make_error_code(errc::auth_failed);
   }
   Endpoint ep;
   try {
     ep = Endpoint::parse(hello->identity);
   } catch (const std::exception& e) {
-    why = e.what();
+    why = printable(e.what());
     co_return make_error_code(errc::protocol_error);
   }
   transport::Welcome w{
@@ -97,20 +161,29 @@ awaitable<std::error_code> Mesh::accept_handshake(Incoming& in, std::string& why
 
 awaitable<bool> Mesh::admit(Incoming& in, const std::string& from) {
   std::string why;
-  // The handshake, raced against the connect deadline so a silent client cannot hold a socket.
-  asio::steady_timer deadline(ex(), opts_.connect_timeout);
+  // The handshake, raced against its deadline so a silent client cannot hold a socket.
+  const auto limit = std::min(opts_.connect_timeout, opts_.handshake_timeout);
+  asio::steady_timer deadline(ex(), limit);
   auto outcome = co_await (accept_handshake(in, why) || deadline.async_wait(kTuple));
+  end_handshake(in);
   std::error_code hec =
       outcome.index() == 0 ? std::get<0>(outcome) : make_error_code(errc::timeout);
-  if (outcome.index() == 1) why = "handshake not completed in time";
-  if (!hec) co_return true;
+  if (outcome.index() == 1) {
+    why = fmt::format("handshake not completed in time ({} ms)", limit.count());
+  }
+  if (!hec) {
+    // Authenticated: now the connection gets its full read-ahead buffer (what is in the small
+    // one stays where it is).
+    in.buf.resize(Incoming::kBufBytes);
+    co_return true;
+  }
   if (why.empty() && hec == std::errc::connection_reset) {
     // Closed before it said anything: a dialer that found the same-host socket after all
     // (Mesh::connect), or a port probe. Nothing was rejected.
     KF_LOG(debug, "transport", "{}: connection from {} closed before its hello", identity_, from);
   } else {
-    KF_LOG(warn, "transport", "{}: rejected connection from {}: {} ({})", identity_, from,
-           why.empty() ? hec.message() : why, hec.message());
+    log_rejected(fmt::format("{}: rejected connection from {}: {} ({})", identity_, from,
+                             why.empty() ? hec.message() : why, hec.message()));
   }
   boost::system::error_code ignored;
   in.sock.close(ignored);
@@ -143,6 +216,15 @@ awaitable<void> Mesh::serve_incoming(std::shared_ptr<Incoming> in, std::string f
     if ((ec = co_await read_exact(*in, hb.data(), hb.size()))) break;
     FrameHeader h;
     if (!transport::decode(hb, opts_.max_frame_bytes, h, why)) {
+      ec = make_error_code(errc::protocol_error);
+      break;
+    }
+    if (io_cluster_.version > 0 && h.cluster_version > io_cluster_.version &&
+        h.cluster_version - io_cluster_.version > transport::kMaxVersionLead) {
+      // No member runs that far ahead: taken in, it would make every receive from this peer
+      // look stale (note_version) until the end of the job.
+      why = fmt::format("frame of cluster version {}, more than {} ahead of this worker's {}",
+                        h.cluster_version, transport::kMaxVersionLead, io_cluster_.version);
       ec = make_error_code(errc::protocol_error);
       break;
     }

@@ -42,7 +42,8 @@ awaitable<std::error_code> Mesh::receive_data(Incoming& in, int peer, const Fram
     mailbox_.end_fill(key, req, ec ? make_error_code(errc::peer_lost) : std::error_code{});
     co_return ec;
   }
-  if (!mailbox_.has_room(h.payload_bytes, why)) co_return make_error_code(errc::protocol_error);
+  if (!mailbox_.has_room(peer, h.payload_bytes, h.name_bytes, why))
+    co_return make_error_code(errc::protocol_error);
   ScratchPool::Block block = mailbox_.early_block(h.payload_bytes);
   std::error_code rec = co_await read_payload(in, src, block.data.get(), h.payload_bytes, why);
   if (!rec) rec = co_await check_tag(in, why);

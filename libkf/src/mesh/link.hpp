@@ -46,8 +46,11 @@ struct Outgoing {
 };
 
 struct Incoming {
-  explicit Incoming(Stream s) : sock(std::move(s)), buf(kBufBytes) {}
+  explicit Incoming(Stream s) : sock(std::move(s)), buf(kHandshakeBufBytes) {}
   static constexpr std::size_t kBufBytes = 64 * 1024;
+  // The read-ahead buffer's size until the handshake is through (Mesh::admit): a connection
+  // that has not proved the job token holds little memory.
+  static constexpr std::size_t kHandshakeBufBytes = 512;
   static constexpr std::size_t kReduceChunk = 256 * 1024;  // streamed reductions, cache-sized
   std::vector<std::byte> chunk;  // allocated on the first streamed reduction
   Stream sock;
@@ -77,6 +80,8 @@ struct Incoming {
   // Why the connection was closed from outside its coroutine (a bad ring record).
   std::string closed_why;
   bool tcp = false;  // accepted on the TCP port (not the same-host socket)
+  // While in the handshake, what it counts under in Mesh::pending_by_source_ (empty: nothing).
+  std::string source;
   // Checks the tags of the frames after the handshake (a TCP connection with frame_auth): the
   // bytes read_exact takes while it is active count towards the frame's tag.
   std::unique_ptr<transport::FrameMac> mac;

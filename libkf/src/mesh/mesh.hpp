@@ -27,6 +27,7 @@
 #include "driver/driver.hpp"
 #include "kf/cluster/cluster.hpp"
 #include "kf/common/keys.hpp"
+#include "kf/common/log.hpp"
 #include "kf/peer.hpp"
 #include "mailbox/mailbox.hpp"
 #include "mailbox/request.hpp"
@@ -129,7 +130,7 @@ class Mesh {
   /// Bytes moved by each path; written by the I/O context, read from any thread.
   struct Counters {
     std::atomic<std::uint64_t> tcp_bytes{0}, socket_bytes{0}, single_copy_bytes{0},
-        single_copy_refused{0}, shm_bytes{0};
+        single_copy_refused{0}, shm_bytes{0}, accept_failures{0}, handshakes_refused{0};
     static void add(std::atomic<std::uint64_t>& c, std::uint64_t n) {
       c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
     }
@@ -153,8 +154,16 @@ class Mesh {
   /// The acceptor's handshake: challenge, hello (which must prove the job token), welcome; sets
   /// in.peer.
   awaitable<std::error_code> accept_handshake(Incoming& in, std::string& why);
-  /// Runs the handshake within the connect timeout; a connection that fails it is closed.
+  /// Runs the handshake within the handshake timeout; a connection that fails it is closed.
   awaitable<bool> admit(Incoming& in, const std::string& from);
+  /// Why a connection from `source` (Incoming::source) cannot start a handshake now, if it
+  /// cannot (PeerOptions::max_pending_handshakes).
+  std::optional<std::string> handshake_room(const std::string& source) const;
+  /// The handshake of `in` is over (either way): it no longer counts as pending.
+  void end_handshake(Incoming& in);
+  /// Logs a rejected connection at warn, within reject_log_'s rate (else at debug). Anything
+  /// the remote end chose in `line` must have gone through kf::printable.
+  void log_rejected(const std::string& line);
   /// The end of an incoming connection: a peer that did not say goodbye counts as lost.
   void close_incoming(const std::shared_ptr<Incoming>& in, bool said_bye, std::error_code ec,
                       std::string why);
@@ -251,6 +260,12 @@ class Mesh {
   // frame written whole), instead of allocating one each. Never modified after construction.
   std::shared_ptr<SendReq> sent_;
   Counters counters_;
+
+  // Accepted connections in their handshake, in all and by source (admit_limits); log lines
+  // about rejected connections, rate-limited.
+  int pending_handshakes_ = 0;
+  std::unordered_map<std::string, int> pending_by_source_;
+  LogLimiter reject_log_{20, std::chrono::seconds(10)};
 
   // Invitations received (the I/O context pushes, a user thread takes).
   std::mutex invite_mu_;

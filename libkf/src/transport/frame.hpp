@@ -20,6 +20,9 @@ inline constexpr std::uint32_t kMaxNameBytes = 1024;
 inline constexpr std::uint64_t kMaxControlPayload = 4096;
 /// An invitation carries a cluster document, which grows with the number of workers.
 inline constexpr std::uint64_t kMaxInvitePayload = std::uint64_t{1} << 20;
+/// How far a frame's cluster version may run ahead of the receiver's (once it has one): further
+/// is no member's, and the connection is closed.
+inline constexpr std::uint64_t kMaxVersionLead = std::uint64_t{1} << 16;
 
 enum class FrameType : std::uint8_t {
   challenge = 1,    ///< acceptor -> dialer: nonce

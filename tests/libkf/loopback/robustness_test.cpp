@@ -15,10 +15,14 @@
 
 #include <spdlog/sinks/base_sink.h>
 
+#include <fcntl.h>
+#include <sys/resource.h>
+
 #include <chrono>
 #include <csignal>
 #include <cstddef>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -186,12 +190,12 @@ void send_single_copy_frame(int s, std::uint64_t addr) {
 // Appends a data frame of cluster version 1, tag 0, named `name`, carrying `values`, to `wire`.
 // With `mac` (a TCP connection), the frame's tag follows it.
 void append_data_frame(std::vector<char>& wire, const std::string& name,
-                       const std::vector<std::int32_t>& values,
-                       transport::FrameMac* mac = nullptr) {
+                       const std::vector<std::int32_t>& values, transport::FrameMac* mac = nullptr,
+                       std::uint64_t version = 1) {
   const std::size_t start = wire.size();
   transport::FrameHeader d;
   d.type = transport::FrameType::data;
-  d.cluster_version = 1;
+  d.cluster_version = version;
   d.tag = 0;
   d.name_bytes = static_cast<std::uint32_t>(name.size());
   d.payload_bytes = values.size() * sizeof(std::int32_t);
@@ -474,6 +478,190 @@ TEST(Robustness, SilentClientIsDroppedAfterTheConnectDeadline) {
   close(s);
   EXPECT_NE(log.text().find("handshake not completed in time"), std::string::npos);
   allreduce_works(peers, "still-fine");
+}
+
+// The hello has a deadline of its own, much shorter than the one for reaching a peer at all.
+TEST(Robustness, AClientHasLittleTimeToProveTheToken) {
+  LogCapture log;
+  PeerOptions o;
+  o.handshake_timeout = std::chrono::milliseconds(300);  // connect_timeout stays 20 s
+  auto peers = test::make_local_cluster(2, o);
+  const int s = connect_to(peers[0]->endpoint());
+  ASSERT_GE(s, 0);
+  EXPECT_TRUE(closed_by_peer(s));
+  close(s);
+  EXPECT_NE(log.text().find("handshake not completed in time (300 ms)"), std::string::npos)
+      << log.text();
+  allreduce_works(peers, "still-fine");
+}
+
+// Connections that have not proved the token are capped, from one address and in all: past a
+// cap they are closed at once, and the worker's real connections go on.
+TEST(Robustness, PendingHandshakesAreCappedBySourceAndInAll) {
+  LogCapture log;
+  PeerOptions o;
+  o.max_pending_handshakes_per_source = 3;
+  o.max_pending_handshakes = 5;
+  auto peers = test::make_local_cluster(2, o);
+  allreduce_works(peers, "before");  // the peers' own connections are through their handshakes
+  const auto dial_from = [&](const char* source) {
+    const int s = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    inet_pton(AF_INET, source, &a.sin_addr);
+    EXPECT_EQ(bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << source;
+    a.sin_port = htons(peers[0]->endpoint().port);
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    EXPECT_EQ(connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    return s;
+  };
+  // A challenge read means the worker accepted the connection and counts it as pending.
+  const auto challenged = [](int s) {
+    transport::FrameHeader h;
+    std::vector<std::byte> payload;
+    return read_frame(s, h, payload) && h.type == transport::FrameType::challenge;
+  };
+  std::vector<int> held;
+  for (int i = 0; i < 3; ++i) {
+    held.push_back(dial_from("127.0.0.1"));
+    ASSERT_TRUE(challenged(held.back())) << i;
+  }
+  const int over_source = dial_from("127.0.0.1");
+  EXPECT_TRUE(closed_by_peer(over_source)) << "a fourth pending handshake from one address";
+  close(over_source);
+  for (int i = 0; i < 2; ++i) {
+    held.push_back(dial_from("127.0.0.2"));
+    ASSERT_TRUE(challenged(held.back())) << i;
+  }
+  const int over_all = dial_from("127.0.0.3");
+  EXPECT_TRUE(closed_by_peer(over_all)) << "a sixth pending handshake in all";
+  close(over_all);
+  EXPECT_EQ(peers[0]->transport_stats().handshakes_refused, 2u);
+  const std::string text = log.text();
+  EXPECT_NE(text.find("3 of its connections are in their handshake already (the limit)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("5 connections are in their handshake already (the limit)"),
+            std::string::npos)
+      << text;
+  allreduce_works(peers, "while-held");
+  for (const int s : held) close(s);
+}
+
+// Out of descriptors, a listener cannot accept the connection waiting for it, and trying again
+// at once fails again at once: the worker pauses longer each time instead of spinning, and
+// accepts the connection once descriptors are free.
+TEST(Robustness, AcceptingPausesWhileDescriptorsRunOut) {
+  auto peers = test::make_local_cluster(2);
+  allreduce_works(peers, "before");
+  rlimit was{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &was), 0);
+  int open_now = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    ++open_now;
+  }
+  rlimit low = was;
+  low.rlim_cur = static_cast<rlim_t>(open_now + 64);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<int> filler;
+  for (;;) {
+    const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) break;
+    filler.push_back(fd);
+  }
+  ASSERT_EQ(errno, EMFILE);
+  close(filler.back());
+  filler.pop_back();
+  const int s = connect_to(peers[0]->endpoint());  // takes the one free descriptor
+  ASSERT_GE(s, 0);
+  const auto failures = [&] { return peers[0]->transport_stats().accept_failures; };
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (failures() == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::yield();
+  }
+  ASSERT_GT(failures(), 0u) << "the worker never tried to accept the connection";
+  // Half a second of a listener that cannot accept: the pauses (10, 20, 40, ... ms) allow a
+  // handful of tries, where spinning would make thousands.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const std::uint64_t tries = failures();
+  for (const int fd : filler) close(fd);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &was), 0);
+  EXPECT_LE(tries, 12u);
+  transport::FrameHeader h;
+  std::vector<std::byte> payload;
+  timeval tv{5, 0};
+  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  EXPECT_TRUE(read_frame(s, h, payload) && h.type == transport::FrameType::challenge)
+      << "the waiting connection was not accepted once descriptors were free";
+  close(s);
+  allreduce_works(peers, "after");
+}
+
+// What a client says in a rejected hello reaches the log escaped (no forged lines, no terminal
+// codes), and a flood of rejections is logged at a bounded rate.
+TEST(Robustness, RejectedHellosAreLoggedEscapedAndRateLimited) {
+  LogCapture log;
+  auto peers = test::make_local_cluster(2);
+  const auto start = std::chrono::steady_clock::now();
+  constexpr int kTries = 30;
+  for (int i = 0; i < kTries; ++i) {
+    const int s = connect_to(peers[0]->endpoint());
+    ASSERT_GE(s, 0);
+    transport::FrameHeader h;
+    std::vector<std::byte> payload;
+    ASSERT_TRUE(read_frame(s, h, payload));
+    transport::Hello hello{"evil\n12:00:00.000 error forged\x1b[31m",
+                           "127.0.0.1:1",
+                           transport::random_nonce(),
+                           {},
+                           true};
+    send_frame(s, transport::FrameType::hello, transport::encode(hello));
+    EXPECT_TRUE(closed_by_peer(s));
+    close(s);
+  }
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  const std::string text = log.text();
+  EXPECT_NE(text.find("hello for job 'evil\\x0a12:00:00.000 error forged\\x1b[31m'"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("\n12:00:00.000 error forged"), std::string::npos) << text;
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
+  int lines = 0;
+  for (std::size_t at = 0; (at = text.find("rejected connection from", at)) != std::string::npos;
+       ++at) {
+    ++lines;
+  }
+  EXPECT_GT(lines, 0);
+  // 20 lines per 10 s window.
+  const auto windows = 1 + std::chrono::duration_cast<std::chrono::seconds>(elapsed).count() / 10;
+  EXPECT_LE(lines, 20 * windows) << text;
+  allreduce_works(peers, "after");
+}
+
+// A frame whose cluster version runs far ahead of every member's closes its connection: taken
+// in, it would make every receive from that peer look stale for the rest of the job.
+TEST(Robustness, FramesOfAFarFutureVersionAreRefused) {
+  LogCapture log;
+  auto peers = test::make_local_cluster(2);
+  allreduce_works(peers, "before");
+  const int s = connect_to(peers[0]->endpoint());
+  ASSERT_GE(s, 0);
+  const std::string identity = "127.0.0.1:1";  // not a member: its loss breaks nothing
+  const auto key = authenticate(s, identity);
+  ASSERT_TRUE(key);
+  transport::FrameMac mac(*key);
+  std::vector<char> wire;
+  append_data_frame(wire, "near", std::vector<std::int32_t>(2, 1), &mac, 2);
+  append_data_frame(wire, "far", std::vector<std::int32_t>(2, 1), &mac,
+                    1 + transport::kMaxVersionLead + 1);
+  ASSERT_EQ(send(s, wire.data(), wire.size(), 0), static_cast<ssize_t>(wire.size()));
+  EXPECT_TRUE(closed_by_peer(s));
+  close(s);
+  EXPECT_NE(log.text().find("frame of cluster version 65538, more than 65536 ahead of this "
+                            "worker's 1"),
+            std::string::npos)
+      << log.text();
+  allreduce_works(peers, "after");
 }
 
 TEST(Robustness, PeerWithTheWrongTokenIsRejectedOnBothSides) {

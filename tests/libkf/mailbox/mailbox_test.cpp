@@ -18,7 +18,7 @@ class MailboxTest : public ::testing::Test {
   asio::io_context ioc_{1};
   Driver driver_{ioc_};
   Driver::Running running_{driver_};  // this thread plays the context's runner
-  Mailbox box_{driver_, ioc_.get_executor(), 1024};
+  Mailbox box_{driver_, ioc_.get_executor(), 2048, 1024};
   std::string why_;
 
   std::error_code store(const MailKeyView& k, const std::vector<std::byte>& payload,
@@ -70,10 +70,54 @@ TEST_F(MailboxTest, AnEarlyFrameOfTheWrongSizeFailsItsReceive) {
 }
 
 TEST_F(MailboxTest, EarlyFramesPastTheLimitEndTheConnection) {
-  const std::vector<std::byte> big(1000);
+  const std::vector<std::byte> big(900);
   EXPECT_FALSE(store(MailKeyView{0, 1, 0, "one"}, big));
   EXPECT_EQ(store(MailKeyView{0, 1, 0, "two"}, big), make_error_code(errc::protocol_error));
-  EXPECT_NE(why_.find("limit of 1024 bytes"), std::string::npos) << why_;
+  EXPECT_NE(why_.find("limit of 1024 bytes per peer"), std::string::npos) << why_;
+}
+
+// Each early frame is charged its name and bookkeeping too: frames with nothing in them still
+// reach the limit, after 1024 / (0 + 4 + kEarlyFrameOverhead) of them.
+TEST_F(MailboxTest, EmptyEarlyFramesAreChargedTheirBookkeeping) {
+  const std::size_t fits = 1024 / early_charge(0, 4);
+  for (std::size_t i = 0; i < fits; ++i) {
+    const std::string name = "e" + std::to_string(100 + i);
+    ASSERT_FALSE(store(MailKeyView{0, 1, 1, name}, {})) << i << ": " << why_;
+  }
+  EXPECT_EQ(box_.unexpected_bytes(0), fits * early_charge(0, 4));
+  EXPECT_EQ(store(MailKeyView{0, 1, 1, "e999"}, {}), make_error_code(errc::protocol_error));
+  EXPECT_EQ(box_.early_bytes(), 0u) << "no payload bytes were kept";
+}
+
+// One sender cannot take the whole budget: past its own limit it is refused while another
+// still gets room, and the limit of all peers together holds as well.
+TEST_F(MailboxTest, EachPeerHasItsOwnLimitWithinTheLimitOfAll) {
+  const std::vector<std::byte> part(600);
+  EXPECT_FALSE(store(MailKeyView{0, 1, 0, "a"}, part));
+  EXPECT_EQ(store(MailKeyView{0, 1, 0, "b"}, part), make_error_code(errc::protocol_error));
+  EXPECT_FALSE(store(MailKeyView{1, 1, 0, "a"}, part)) << why_;
+  EXPECT_FALSE(store(MailKeyView{2, 1, 0, "a"}, part)) << why_;
+  EXPECT_EQ(store(MailKeyView{3, 1, 0, "a"}, part), make_error_code(errc::protocol_error));
+  EXPECT_NE(why_.find("limit of 2048 bytes ("), std::string::npos) << why_;
+  // Taken frames are uncharged, to their sender.
+  std::vector<std::byte> dst(600);
+  EXPECT_NE(box_.take_early_into(MailKeyView{1, 1, 0, "a"}, dst.data(), dst.size(), nullptr),
+            nullptr);
+  EXPECT_EQ(box_.unexpected_bytes(1), 0u);
+  EXPECT_FALSE(store(MailKeyView{3, 1, 0, "a"}, part)) << why_;
+}
+
+// A new cluster version drops the early frames of older ones, and their charge with them, even
+// where a receive of the older version is still posted.
+TEST_F(MailboxTest, DroppingOlderVersionsReleasesTheirCharge) {
+  EXPECT_FALSE(store(MailKeyView{0, 1, 0, "quick"}, bytes_of({1})));
+  std::byte dst[1];
+  auto posted = box_.post(MailKeyView{0, 1, 0, "p"}, dst, 1, nullptr, {});
+  EXPECT_FALSE(store(MailKeyView{0, 1, 0, "p#2"}, std::vector<std::byte>(300)));
+  EXPECT_FALSE(store(MailKeyView{0, 1, 7, "tagged"}, std::vector<std::byte>(300)));
+  box_.drop_older(2);
+  EXPECT_EQ(box_.unexpected_bytes(0), 0u);
+  EXPECT_FALSE(store(MailKeyView{0, 2, 0, "big"}, std::vector<std::byte>(900))) << why_;
 }
 
 TEST_F(MailboxTest, AStaleFrameThatNobodyWaitsForIsDropped) {
@@ -147,7 +191,7 @@ TEST(MailboxConfinement, ACallOffTheContextsRunnerIsCaughtInDebugBuilds) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   asio::io_context ioc{1};
   Driver driver{ioc};
-  Mailbox box{driver, ioc.get_executor(), 1024};
+  Mailbox box{driver, ioc.get_executor(), 1024, 1024};
   EXPECT_DEATH(box.take_early(MailKeyView{0, 1, 0, "x"}), "off the I/O context's runner");
   Driver::Running running{driver};
   EXPECT_FALSE(box.take_early(MailKeyView{0, 1, 0, "x"}).has_value());
