@@ -21,6 +21,7 @@
 #include <thread>
 #include <utility>
 
+#include "kf/common/fd.hpp"
 #include "kf/common/log.hpp"
 #include "kf/monitor/prometheus_text.hpp"
 
@@ -146,6 +147,7 @@ asio::awaitable<void> async_accept(tcp::acceptor& acceptor, const MetricsRegistr
       co_await retry.async_wait(kAsTuple);
       continue;
     }
+    set_close_on_exec(socket.native_handle());
     asio::co_spawn(acceptor.get_executor(),
                    async_session(std::move(socket), registry, idle_timeout), log_exception);
   }
@@ -186,6 +188,7 @@ MetricsServer::MetricsServer(const MetricsRegistry& registry, MetricsServerOptio
   // The error_code forms: Boost's own system_error is not a std::system_error.
   beast::error_code ec;
   acceptor.open(endpoint.protocol(), ec);
+  if (!ec) set_close_on_exec(acceptor.native_handle());
   if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) acceptor.bind(endpoint, ec);
   if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf/runtime/config_client.hpp"
+#include "kf/common/fd.hpp"
 #include "kf/common/json.hpp"
 
 #include <openssl/evp.h>
@@ -82,6 +83,7 @@ void connect_and_send(const std::shared_ptr<X>& x, const Endpoint& server, Read 
         x->stream.async_connect(
             results, [x, read](beast::error_code connect_ec, const tcp::endpoint&) {
               if (connect_ec) return fail(x, connect_ec);
+              set_close_on_exec(x->stream.socket().native_handle());
               http::async_write(x->stream, x->request,
                                 [x, read](beast::error_code write_ec, std::size_t) {
                                   if (write_ec) return fail(x, write_ec);

@@ -11,8 +11,13 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <optional>
+#include <set>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace kf::test {
@@ -110,6 +115,42 @@ inline Ran run_shell(const std::string& command) {
   const int status = ::pclose(p);
   ran.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return ran;
+}
+
+/// Whether process `pid` has ended: gone, or a zombie nobody reaped yet.
+inline bool ended(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) return true;
+  const auto close = text.rfind(')');
+  return close == std::string::npos || close + 2 >= text.size() || text[close + 2] == 'Z' ||
+         text[close + 2] == 'X';
+}
+
+/// Waits (polling) until `pid` has ended or `until` passes; whether it ended.
+inline bool wait_ended(pid_t pid, std::chrono::steady_clock::time_point until) {
+  while (!ended(pid) && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  return ended(pid);
+}
+
+/// What `ls -l /proc/self/fd/` printed, among other lines: the descriptor numbers, and whether
+/// any of them is a socket.
+struct ListedFds {
+  std::set<int> fds;
+  bool socket = false;
+};
+inline ListedFds listed_fds(const std::string& output) {
+  ListedFds l;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    const auto arrow = line.find(" -> ");
+    if (arrow == std::string::npos || arrow == 0) continue;
+    const auto name = line.rfind(' ', arrow - 1);
+    if (name == std::string::npos) continue;
+    l.fds.insert(std::atoi(line.substr(name + 1, arrow - name - 1).c_str()));
+    l.socket = l.socket || line.find("socket:", arrow) != std::string::npos;
+  }
+  return l;
 }
 
 }  // namespace kf::test

@@ -23,6 +23,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -30,6 +31,7 @@
 
 #include "kf/cluster/cluster.hpp"
 #include "kfrun/lib/binding.hpp"
+#include "support/process.hpp"
 
 namespace kf::tools {
 namespace {
@@ -208,23 +210,24 @@ TEST_F(Kfrun, PrefixesEachLineWithRankOnItsOwnStream) {
 }
 
 TEST_F(Kfrun, GivesEachWorkerItsEndpointAndTheWholeCluster) {
-  const auto r = run_kfrun(
-      {"-np", "3", "--port-range", "20000-40000", "--algorithm", "ring", "--timeout-ms", "1500",
-       "--", "sh", "-c",
-       "echo \"$KF_RANK|$KF_SIZE|$KF_SELF|$KF_ALGORITHM|$KF_TIMEOUT_MS|$KF_JOB_ID|$KF_JOB_TOKEN|"
-       "$KF_CLUSTER\""});
+  const auto r =
+      run_kfrun({"-np", "3", "--port-range", "20000-40000", "--algorithm", "ring", "--timeout-ms",
+                 "1500", "--", "sh", "-c",
+                 "echo \"$KF_RANK|$KF_SIZE|$KF_SELF|$KF_ALGORITHM|$KF_TIMEOUT_MS|$KF_JOB_ID|"
+                 "${KF_JOB_TOKEN-unset}|$KF_JOB_TOKEN_FILE|$(cat \"$KF_JOB_TOKEN_FILE\")|"
+                 "$(stat -c %a \"$KF_JOB_TOKEN_FILE\")|$KF_CLUSTER\""});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::map<int, std::vector<std::string>> fields;  // by rank
   for (const auto& line : lines_of(r.out)) {
     std::vector<std::string> f;
     std::istringstream in(line.substr(line.find(' ') + 1));
     for (std::string field; std::getline(in, field, '|');) f.push_back(field);
-    ASSERT_EQ(f.size(), 8u) << line;
+    ASSERT_EQ(f.size(), 11u) << line;
     EXPECT_EQ(line.substr(0, line.find(' ')), "[" + f[0] + "]");
     fields[std::stoi(f[0])] = f;
   }
   ASSERT_EQ(fields.size(), 3u) << r.out;
-  const Cluster cluster = Cluster::from_json(nlohmann::json::parse(fields[0][7]));
+  const Cluster cluster = Cluster::from_json(nlohmann::json::parse(fields[0][10]));
   EXPECT_EQ(cluster.version, 1u);
   ASSERT_EQ(cluster.size(), 3);
   EXPECT_EQ(cluster.settings, (nlohmann::json{{"algorithm", "ring"}}));
@@ -239,11 +242,16 @@ TEST_F(Kfrun, GivesEachWorkerItsEndpointAndTheWholeCluster) {
     EXPECT_EQ(f[4], "1500");
     EXPECT_EQ(f[5], fields[0][5]);
     EXPECT_FALSE(f[5].empty());
-    EXPECT_EQ(f[6], fields[0][6]);
-    EXPECT_EQ(f[6].size(), 32u);
+    // The token goes by file only: a fresh random one, in a file only this user can read.
+    EXPECT_EQ(f[6], "unset");
     EXPECT_EQ(f[7], fields[0][7]);
+    EXPECT_EQ(f[8], fields[0][8]);
+    EXPECT_EQ(f[8].size(), 64u);
+    EXPECT_EQ(f[9], "600");
+    EXPECT_EQ(f[10], fields[0][10]);
     ports.insert(cluster.workers[rank].endpoint.port);
   }
+  EXPECT_FALSE(std::filesystem::exists(fields[0][7])) << "the token file outlived the job";
   EXPECT_EQ(ports.size(), 3u);
   EXPECT_GE(*ports.begin(), 20000);
   EXPECT_LE(*ports.rbegin(), 40000);
@@ -386,9 +394,9 @@ TEST_F(Kfrun, ReportsProgramThatCannotBeExecuted) {
   EXPECT_TRUE(contains(r.err, "cannot execute 'kf-no-such-program'")) << r.err;
 }
 
-// Starts kfrun with 2 workers that print "ready" and then run `sleep 30`, waits until both are
-// ready, sends kfrun `sig`, and returns how kfrun ended.
-Captured signal_running_job(int sig) {
+// Starts kfrun with 2 workers that run `script` (which prints one line and then waits), waits
+// until both printed theirs, sends kfrun `sig`, and returns how kfrun ended.
+Captured signal_running_job(int sig, const std::string& script = "echo ready; sleep 30") {
   int out[2];
   EXPECT_EQ(::pipe(out), 0);
   std::FILE* err = std::tmpfile();
@@ -399,7 +407,7 @@ Captured signal_running_job(int sig) {
     ::close(out[0]);
     ::close(out[1]);
     const std::string kfrun = kfrun_path();
-    ::execl(kfrun.c_str(), kfrun.c_str(), "-np", "2", "--", "sh", "-c", "echo ready; sleep 30",
+    ::execl(kfrun.c_str(), kfrun.c_str(), "-np", "2", "--", "sh", "-c", script.c_str(),
             static_cast<char*>(nullptr));
     ::_exit(126);
   }
@@ -436,6 +444,36 @@ TEST_F(Kfrun, StopsTheWorkersOnSigterm) {
   EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
   EXPECT_LT(r.elapsed, kPrompt);
   EXPECT_TRUE(contains(r.err, "kfrun: received SIGTERM; stopping the workers")) << r.err;
+}
+
+// kfrun killed with kill -9 cannot stop its workers itself: the kernel does (a parent-death
+// signal), so none is left training alone.
+TEST_F(Kfrun, WorkersDieWithKfrunEvenByKillNine) {
+  const auto r = signal_running_job(SIGKILL, "echo ready $$; exec sleep 30");
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
+  std::vector<pid_t> workers;
+  for (const auto& line : lines_of(r.out)) {
+    const auto at = line.find("ready ");
+    ASSERT_NE(at, std::string::npos) << line;
+    workers.push_back(std::stoi(line.substr(at + 6)));
+  }
+  ASSERT_EQ(workers.size(), 2u) << r.out;
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  for (const pid_t w : workers) {
+    EXPECT_TRUE(test::wait_ended(w, deadline)) << "worker " << w << " outlived kfrun";
+    if (!test::ended(w)) ::kill(w, SIGKILL);
+  }
+}
+
+// A worker gets stdin, stdout and stderr, and nothing else of kfrun's (here: the files this
+// test gave kfrun as its stdout and stderr, which kfrun itself inherits below them).
+TEST_F(Kfrun, WorkersInheritOnlyStdinStdoutAndStderr) {
+  const auto r = run_kfrun({"-np", "1", "--", "ls", "-l", "/proc/self/fd/"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto listed = test::listed_fds(r.out);
+  // 3: the directory ls is listing.
+  EXPECT_EQ(listed.fds, (std::set<int>{0, 1, 2, 3})) << r.out;
+  EXPECT_FALSE(listed.socket) << r.out;
 }
 
 TEST_F(Kfrun, RejectsPortRangeWithoutEnoughFreePorts) {

@@ -327,6 +327,37 @@ TEST_F(KfrunWatch, BuiltinStartsTheInitialWorkersWithTheirEnvironment) {
   EXPECT_FALSE(fs::exists(token_file_)) << "the temporary directory was left behind";
 }
 
+// The agent holds sockets (its config service's, its connections to it) and pipes (its other
+// workers' output); a worker gets none of them.
+TEST_F(KfrunWatch, AWorkerInheritsNothingOfTheAgent) {
+  agent_ = std::make_unique<KfrunProcess>(
+      std::vector<std::string>{"--watch", "--config-server", "builtin", "--slots", "1", "-np", "1",
+                               "--", "ls", "-l", "/proc/self/fd/"});
+  ASSERT_GT(agent_->pid(), 0);
+  EXPECT_EQ(wait_exit(), 0) << agent_->output();
+  const auto listed = kf::test::listed_fds(agent_->output());
+  EXPECT_EQ(listed.fds, (std::set<int>{0, 1, 2, 3})) << agent_->output();
+  EXPECT_FALSE(listed.socket) << agent_->output();
+}
+
+// With --orphans kill, workers do not outlive an agent killed with kill -9 (without it they
+// do, and the next agent adopts them: AdoptsTheWorkersOfAnAgentThatWasKilled).
+TEST_F(KfrunWatch, WithOrphansKillTheWorkersDieWithTheAgent) {
+  start_builtin(2, 2, {"--orphans", "kill"});
+  std::vector<pid_t> pids;
+  for (const auto& [self, w] : agent_->workers()) {
+    const auto started = wait_for_event("started", self);
+    ASSERT_TRUE(started) << self;
+    pids.push_back(std::stoi(started->detail.substr(4)));  // "pid N"
+  }
+  ASSERT_EQ(::kill(agent_->pid(), SIGKILL), 0);
+  ASSERT_EQ(agent_->wait_exit(Clock::now() + kWait), 128 + SIGKILL);
+  for (const pid_t pid : pids) {
+    EXPECT_TRUE(kf::test::wait_ended(pid, Clock::now() + kWait)) << pid << " outlived its agent";
+    if (!kf::test::ended(pid)) ::kill(pid, SIGKILL);
+  }
+}
+
 TEST_F(KfrunWatch, StartsAWorkerThatKfMemberAdds) {
   start_builtin(2, 1);
   const std::string first = self_of_rank(0);

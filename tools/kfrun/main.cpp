@@ -110,6 +110,13 @@ int main(int argc, char** argv) {
                  "how long a worker that left the cluster may run before SIGTERM (default 30000)")
       ->check(CLI::Range(0, std::numeric_limits<int>::max()))
       ->needs(watch);
+  std::string orphans = "adopt";
+  app.add_option("--orphans", orphans,
+                 "when the agent dies without stopping its workers (kill -9): adopt, they train "
+                 "on and a restarted agent takes them over; kill, they get SIGKILL at once")
+      ->check(CLI::IsMember({"adopt", "kill"}))
+      ->capture_default_str()
+      ->needs(watch);
   app.add_option("PROG", options.command, "the worker program and its arguments")->required();
   app.positionals_at_end();
 
@@ -156,6 +163,7 @@ int main(int argc, char** argv) {
     agent.settings = options.settings;
     agent.job_file = options.job_file;
     if (leave_grace_ms) agent.leave_grace = std::chrono::milliseconds(*leave_grace_ms);
+    agent.orphans = orphans == "kill" ? kf::tools::Orphans::kill : kf::tools::Orphans::adopt;
     agent.command = options.command;
     return kf::tools::run_agent(agent);
   } catch (const kf::JobFileError& e) {

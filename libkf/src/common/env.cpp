@@ -1,11 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf/common/env.hpp"
 #include "kf/common/json.hpp"
+#include "kf/common/log.hpp"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <charconv>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <limits>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 
 namespace kf {
@@ -75,12 +82,38 @@ void read_session_variables(Env& e) {
 }  // namespace
 
 std::string read_token_file(const std::string& path) {
+  constexpr std::size_t kMaxTokenBytes = 4096;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    throw std::runtime_error("cannot read job token file '" + path + "': " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw std::runtime_error("job token file '" + path + "' is not a regular file");
+  }
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot read job token file '" + path + "'");
-  std::string token;
-  std::getline(in, token);
+  std::string head(kMaxTokenBytes + 1, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<std::size_t>(in.gcount()));
+  std::string token = head.substr(0, head.find('\n'));
+  if (token.size() > kMaxTokenBytes) {
+    throw std::runtime_error("job token file '" + path + "': the first line is longer than " +
+                             std::to_string(kMaxTokenBytes) + " bytes");
+  }
   while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
   if (token.empty()) throw std::runtime_error("job token file '" + path + "' is empty");
+  if ((st.st_mode & (S_IRGRP | S_IROTH)) != 0) {
+    static std::mutex mu;
+    static std::set<std::string> warned;
+    std::lock_guard<std::mutex> lk(mu);
+    if (warned.insert(path).second) {
+      KF_LOG(warn, "auth",
+             "job token file '{}' may be read by {} (mode {:o}): whoever reads it can join and "
+             "change the job; chmod 600 it",
+             printable(path), (st.st_mode & S_IROTH) != 0 ? "every user" : "its group",
+             st.st_mode & 0777);
+    }
+  }
   return token;
 }
 

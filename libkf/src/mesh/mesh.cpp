@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "kf/common/fd.hpp"
 #include "kf/common/log.hpp"
 
 namespace kf::detail {
@@ -44,6 +45,7 @@ Mesh::Mesh(const PeerOptions& opts, asio::io_context& ioc, Driver& driver, Mailb
   const tcp::endpoint ep = resolve_listen(ioc_, opts_.listen);
   boost::system::error_code ec;
   acceptor_.open(ep.protocol(), ec);
+  if (!ec) set_close_on_exec(acceptor_.native_handle());
   if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec) acceptor_.bind(ep, ec);
   if (ec) {
@@ -66,6 +68,7 @@ Mesh::Mesh(const PeerOptions& opts, asio::io_context& ioc, Driver& driver, Mailb
     // The same-host listener is an optimisation: without it, peers on this host use TCP.
     const std::string name = local_socket_name(self_);
     local_acceptor_.open(local_stream(), ec);
+    if (!ec) set_close_on_exec(local_acceptor_.native_handle());
     if (!ec) local_acceptor_.bind(local_stream::endpoint(name), ec);
     if (!ec) local_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
     if (ec == boost::asio::error::address_in_use) {

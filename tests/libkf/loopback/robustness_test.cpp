@@ -13,8 +13,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <spdlog/sinks/base_sink.h>
-
 #include <fcntl.h>
 #include <sys/resource.h>
 
@@ -30,6 +28,8 @@
 
 #include "kf/common/log.hpp"
 #include "support/local_cluster.hpp"
+#include "support/log_capture.hpp"
+#include "support/process.hpp"
 #include "transport/auth.hpp"
 #include "transport/frame.hpp"
 #include "transport/frame_mac.hpp"
@@ -38,35 +38,7 @@
 namespace kf {
 namespace {
 
-// What kf logs while it lives, readable while the I/O threads go on logging (under the sink's
-// own lock).
-class LogCapture {
- public:
-  LogCapture() : sink_(std::make_shared<StringSink>()) { logger().sinks().push_back(sink_); }
-  ~LogCapture() { std::erase(logger().sinks(), sink_); }
-  std::string text() { return sink_->text(); }
-
- private:
-  class StringSink : public spdlog::sinks::base_sink<std::mutex> {
-   public:
-    std::string text() {
-      std::lock_guard<std::mutex> lock(mutex_);
-      return text_;
-    }
-
-   protected:
-    void sink_it_(const spdlog::details::log_msg& msg) override {
-      spdlog::memory_buf_t line;
-      formatter_->format(msg, line);
-      text_.append(line.data(), line.size());
-    }
-    void flush_() override {}
-
-   private:
-    std::string text_;
-  };
-  std::shared_ptr<StringSink> sink_;
-};
+using test::LogCapture;
 
 // A free TCP port of 127.0.0.1 (free when this returns).
 std::uint16_t free_port() {
@@ -636,6 +608,22 @@ TEST(Robustness, RejectedHellosAreLoggedEscapedAndRateLimited) {
   const auto windows = 1 + std::chrono::duration_cast<std::chrono::seconds>(elapsed).count() / 10;
   EXPECT_LE(lines, 20 * windows) << text;
   allreduce_works(peers, "after");
+}
+
+// A program the worker's process starts (user code calling system(), a data loader's helper)
+// inherits none of kf's listeners and connections: they are all close-on-exec.
+TEST(Robustness, AProgramTheWorkerStartsInheritsNoneOfItsSockets) {
+  for (const Transport t : {Transport::automatic, Transport::tcp}) {
+    PeerOptions o;
+    o.transport = t;
+    auto peers = test::make_local_cluster(2, o);
+    allreduce_works(peers, "connected");
+    const auto ran = test::run_shell("ls -l /proc/self/fd/");
+    ASSERT_EQ(ran.exit_code, 0) << ran.output;
+    const auto listed = test::listed_fds(ran.output);
+    EXPECT_FALSE(listed.fds.empty()) << ran.output;
+    EXPECT_FALSE(listed.socket) << ran.output;
+  }
 }
 
 // A frame whose cluster version runs far ahead of every member's closes its connection: taken

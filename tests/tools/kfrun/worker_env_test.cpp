@@ -31,7 +31,7 @@ JobSpec two_worker_job() {
   JobSpec job;
   job.cluster = static_cluster("127.0.0.1", {10001, 10002}, std::nullopt);
   job.job_id = "job";
-  job.job_token = "secret";
+  job.job_token_file = "/run/kf/token";
   return job;
 }
 
@@ -60,8 +60,8 @@ TEST(WorkerEnvironment, SetsSelfRankSizeAndCluster) {
   EXPECT_EQ(value_of(env, env::kRank), "1");
   EXPECT_EQ(value_of(env, env::kSize), "2");
   EXPECT_EQ(value_of(env, env::kJobId), "job");
-  EXPECT_EQ(value_of(env, env::kJobToken), "secret");
-  EXPECT_EQ(value_of(env, env::kJobTokenFile), "<unset>");
+  EXPECT_EQ(value_of(env, env::kJobToken), "<unset>") << "the token goes by file only";
+  EXPECT_EQ(value_of(env, env::kJobTokenFile), "/run/kf/token");
   EXPECT_EQ(value_of(env, env::kAlgorithm), "<unset>");
   EXPECT_EQ(value_of(env, env::kTimeoutMs), "<unset>");
   EXPECT_EQ(nlohmann::json::parse(value_of(env, env::kCluster)), job.cluster.to_json());
@@ -69,7 +69,6 @@ TEST(WorkerEnvironment, SetsSelfRankSizeAndCluster) {
 
 TEST(WorkerEnvironment, ReplacesInheritedKfVariables) {
   JobSpec job = two_worker_job();
-  job.job_token.reset();
   job.job_token_file = "/run/token";
   job.algorithm = "tree";
   job.timeout = std::chrono::milliseconds(1500);

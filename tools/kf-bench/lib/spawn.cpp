@@ -13,6 +13,8 @@
 #include <cstring>
 #include <utility>
 
+#include "kf/common/fd.hpp"
+
 extern char** environ;
 
 namespace kf::tools::bench {
@@ -98,6 +100,7 @@ struct ChildFds {
   if (install_fd(fds.in, STDIN_FILENO) && install_fd(fds.out, STDOUT_FILENO) &&
       install_fd(fds.err, STDERR_FILENO)) {
     ::sigprocmask(SIG_SETMASK, &mask, nullptr);
+    close_on_exec_from(3);  // the member gets none of kf-bench's other pipes
     ::execve(argv[0], argv, envp);
   }
   const int error = errno;

@@ -21,6 +21,7 @@
 #include <system_error>
 #include <utility>
 
+#include "kf/common/fd.hpp"
 #include "kf/common/log.hpp"
 
 namespace kf::config_server {
@@ -92,6 +93,7 @@ asio::awaitable<void> Server::async_accept(tcp::acceptor& acceptor) {
       co_await retry.async_wait(kAsTuple);
       continue;
     }
+    kf::set_close_on_exec(socket.native_handle());
     asio::co_spawn(acceptor.get_executor(), async_session(std::move(socket)), log_exception);
   }
 }
@@ -203,6 +205,7 @@ HttpServer::HttpServer(Service& service, ServerOptions options)
   auto& acceptor = impl_->acceptor;
   try {
     acceptor.open(endpoint.protocol());
+    kf::set_close_on_exec(acceptor.native_handle());
     acceptor.set_option(asio::socket_base::reuse_address(true));
     acceptor.bind(endpoint);
     acceptor.listen();

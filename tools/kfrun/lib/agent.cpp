@@ -436,7 +436,8 @@ class Agent {
         return e.rfind(std::string(kAgentPidVariable) + "=", 0) == 0;
       });
       env.push_back(std::string(kAgentPidVariable) + "=" + std::to_string(::getpid()));
-      auto process = WorkerProcess::spawn(options_.command, env);
+      auto process = WorkerProcess::spawn(options_.command, env, std::nullopt,
+                                          options_.orphans == Orphans::kill);
       const auto pid = std::to_string(process.pid());
       // Appended piecewise: GCC 12 warns falsely (-Wrestrict) on "[" + std::string&&.
       std::string prefix = "[";

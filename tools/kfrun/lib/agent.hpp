@@ -19,6 +19,11 @@
 
 namespace kf::tools {
 
+/// What becomes of this host's workers when the agent dies without stopping them (kill -9, a
+/// crash): `adopt`, they train on, and an agent restarted on the host takes them over
+/// (adopt.hpp); `kill`, they get SIGKILL at once (the job counts them as lost).
+enum class Orphans { adopt, kill };
+
 struct AgentOptions {
   std::string config_server;       ///< "http://HOST:PORT", or "builtin" to run one in-process
   std::optional<int> slots;        ///< most workers running at once on this host, >= 1
@@ -37,6 +42,7 @@ struct AgentOptions {
   std::chrono::milliseconds leave_grace{30'000};
   /// Between SIGTERM and SIGKILL when kfrun itself is stopped (SIGINT, SIGTERM, an error).
   std::chrono::milliseconds stop_grace{2000};
+  Orphans orphans = Orphans::adopt;
   std::vector<std::string> command;  ///< program and its arguments
   int out_fd = 1;                    ///< where the workers' tagged stdout goes
   int err_fd = 2;                    ///< their tagged stderr and kfrun's own messages

@@ -23,30 +23,6 @@ namespace kf::tools {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-constexpr std::size_t kTokenBytes = 32;
-
-fs::path make_temp_dir() {
-  std::string pattern = (fs::temp_directory_path() / "kfrun-XXXXXX").string();
-  if (::mkdtemp(pattern.data()) == nullptr) {
-    throw std::system_error(errno, std::generic_category(),
-                            "kfrun: cannot make a temporary directory like " + pattern);
-  }
-  return pattern;
-}
-
-// Writes `token` to a new file readable by this user only.
-void write_token_file(const fs::path& file, const std::string& token) {
-  UniqueFd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-  if (!fd.is_open() || !write_all(fd.get(), token + "\n")) {
-    throw std::system_error(errno, std::generic_category(),
-                            "kfrun: cannot write the job token file " + file.string());
-  }
-}
-
-}  // namespace
-
 BuiltinServer::BuiltinServer(const BuiltinServerOptions& options) {
   try {
     if (options.token_file) {
@@ -57,14 +33,14 @@ BuiltinServer::BuiltinServer(const BuiltinServerOptions& options) {
       }
       token_file_ = fs::absolute(*options.token_file);
     }
-    if (!options.token_file || !options.state_file) temp_dir_ = make_temp_dir();
+    if (!options.token_file || !options.state_file) temp_dir_.emplace();
     if (!options.token_file) {
       token_ = random_hex(kTokenBytes);
-      token_file_ = temp_dir_ / "job.token";
+      token_file_ = temp_dir_->path() / "job.token";
       write_token_file(token_file_, token_);
     }
     config_server::ServiceOptions service_options;
-    service_options.state_file = options.state_file.value_or(temp_dir_ / "state.json");
+    service_options.state_file = options.state_file.value_or(temp_dir_->path() / "state.json");
     service_options.token = token_;
     // The agent tells every change and event in its own words; the service's info lines would
     // only repeat them. KF_LOG_LEVEL still decides when it is set.
@@ -83,20 +59,14 @@ BuiltinServer::BuiltinServer(const BuiltinServerOptions& options) {
       }
     });
   } catch (...) {
-    if (!temp_dir_.empty()) {
-      std::error_code ignored;
-      fs::remove_all(temp_dir_, ignored);
-    }
+    temp_dir_.reset();
     throw;
   }
 }
 
 BuiltinServer::~BuiltinServer() {
   stop();
-  if (!temp_dir_.empty()) {
-    std::error_code ignored;
-    fs::remove_all(temp_dir_, ignored);
-  }
+  temp_dir_.reset();
 }
 
 void BuiltinServer::stop() noexcept {

@@ -15,6 +15,8 @@
 #include <string>
 #include <thread>
 
+#include "kfrun/lib/private_dir.hpp"
+
 namespace kf::config_server {
 class Service;
 class HttpServer;
@@ -50,7 +52,7 @@ class BuiltinServer {
   void stop() noexcept;
 
  private:
-  std::filesystem::path temp_dir_;  // empty when none was needed
+  std::optional<PrivateDir> temp_dir_;  // when one was needed
   std::filesystem::path token_file_;
   std::string token_;
   std::string url_;

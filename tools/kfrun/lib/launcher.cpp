@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <csignal>
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
 #include <string_view>
 #include <utility>
@@ -15,6 +16,7 @@
 #include "kf/common/env.hpp"
 #include "kfrun/lib/line_prefixer.hpp"
 #include "kfrun/lib/output.hpp"
+#include "kfrun/lib/private_dir.hpp"
 #include "kfrun/lib/signal_pipe.hpp"
 #include "kfrun/lib/worker_env.hpp"
 #include "kfrun/lib/worker_process.hpp"
@@ -52,9 +54,10 @@ class Supervisor {
     prefix.append(std::to_string(rank)).append("] ");
     // Worker i is in slot i.
     const auto cpu = cpu_for_slot(options_.bind, rank, options_.np, cpus_);
-    workers_.push_back(Worker{rank, WorkerProcess::spawn(options_.command, env, cpu),
-                              LinePrefixer(prefix, [this](auto line) { out_.write(line); }),
-                              LinePrefixer(prefix, [this](auto line) { err_.write(line); })});
+    workers_.push_back(
+        Worker{rank, WorkerProcess::spawn(options_.command, env, cpu, /*die_with_parent=*/true),
+               LinePrefixer(prefix, [this](auto line) { out_.write(line); }),
+               LinePrefixer(prefix, [this](auto line) { err_.write(line); })});
   }
 
   // Ends the job with exit code `code` (unless a worker failed first) and stops the workers.
@@ -201,8 +204,6 @@ JobSpec make_job(const LaunchOptions& options) {
     }
     // Absolute, so that a worker that changes directory still finds it.
     job.job_token_file = std::filesystem::absolute(*options.job_token_file).string();
-  } else {
-    job.job_token = random_hex(16);
   }
   job.job_id = options.job_id.value_or("kf-" + random_hex(8));
   job.algorithm = options.algorithm;
@@ -219,7 +220,17 @@ JobSpec make_job(const LaunchOptions& options) {
 
 int run_static(const LaunchOptions& options) {
   check(options);
-  const JobSpec job = make_job(options);
+  JobSpec job = make_job(options);
+  // Without a token file, a random token in a 0600 file of a private directory that lives as
+  // long as the job: a token in the environment could be read by anyone who can read the
+  // workers' /proc/PID/environ, and is inherited by every program they start.
+  std::optional<PrivateDir> token_dir;
+  if (!job.job_token_file) {
+    token_dir.emplace();
+    const auto file = token_dir->path() / "job.token";
+    write_token_file(file, random_hex(kTokenBytes));
+    job.job_token_file = file.string();
+  }
   const auto base = current_environment();
   SignalPipe signals;
   Supervisor supervisor(options, signals);

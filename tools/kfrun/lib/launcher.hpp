@@ -43,8 +43,11 @@ struct LaunchOptions {
 /// Runs a static job and returns kfrun's exit code:
 ///  1. Checks the options and picks `np` free ports of `ports` on `host`.
 ///  2. Builds the job: cluster version 1 with worker i at host:ports[i], slot i; the job id; the
-///     token (KF_JOB_TOKEN_FILE when a file is given, else a fresh random KF_JOB_TOKEN).
-///  3. Starts the workers, rank 0 first, each with its KF_* environment on top of kfrun's, in a
+///     token file (KF_JOB_TOKEN_FILE: the one given, else a fresh random token in a 0600 file of a
+///     private temporary directory, removed when kfrun returns).
+///  3. Starts the workers, rank 0 first, each with its KF_* environment on top of kfrun's, with
+///     none of kfrun's descriptors but stdin, stdout and stderr, and SIGKILL should kfrun die
+///     (even by kill -9: no worker outlives it), in a
 ///     process group of its own, stdin on /dev/null.
 ///  4. Copies each line a worker writes to its stdout (stderr) to out_fd (err_fd), prefixed with
 ///     "[rank] "; a final line without newline is completed at end of stream.

@@ -58,7 +58,6 @@ std::vector<std::string> worker_environment(const JobSpec& job, int rank,
   out.push_back(assign(env::kSelf, job.cluster.workers[rank].endpoint.str()));
   out.push_back(assign(env::kCluster, job.cluster.to_json().dump()));
   out.push_back(assign(env::kJobId, job.job_id));
-  if (job.job_token) out.push_back(assign(env::kJobToken, *job.job_token));
   if (job.job_token_file) out.push_back(assign(env::kJobTokenFile, *job.job_token_file));
   out.push_back(assign(env::kRank, std::to_string(rank)));
   out.push_back(assign(env::kSize, std::to_string(job.cluster.size())));

@@ -20,7 +20,6 @@ namespace kf::tools {
 struct JobSpec {
   Cluster cluster;  ///< the initial cluster; worker i is workers[i]
   std::string job_id;
-  std::optional<std::string> job_token;       ///< passed as KF_JOB_TOKEN when set
   std::optional<std::string> job_token_file;  ///< passed as KF_JOB_TOKEN_FILE when set
   std::optional<std::string> algorithm;
   std::optional<std::chrono::milliseconds> timeout;

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -15,6 +16,7 @@
 #include <system_error>
 #include <utility>
 
+#include "kf/common/fd.hpp"
 #include "kf/common/log.hpp"
 
 namespace kf::tools {
@@ -52,9 +54,14 @@ bool install_fd(int fd, int target) noexcept {
 // Runs in the child between fork and exec: async-signal-safe calls only. All signals are
 // blocked on entry; `mask` is the mask to restore once the dispositions are back to default.
 [[noreturn]] void exec_child(char* const* argv, char* const* envp, int stdin_fd, int out_fd,
-                             int err_fd, int status_fd, const sigset_t& mask,
-                             const cpu_set_t* cpus) {
+                             int err_fd, int status_fd, const sigset_t& mask, const cpu_set_t* cpus,
+                             pid_t die_with) {
   ::setpgid(0, 0);
+  // SIGKILL when the thread that forked this child ends (kfrun's main thread: kfrun itself),
+  // even by kill -9. Checked once more after: kfrun may have died before this call.
+  if (die_with > 0 && (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != die_with)) {
+    ::_exit(127);
+  }
   if (cpus != nullptr && ::sched_setaffinity(0, sizeof *cpus, cpus) != 0) {
     const int error = -errno;  // negative: the affinity failed, not the exec
     [[maybe_unused]] auto n = ::write(status_fd, &error, sizeof error);
@@ -75,6 +82,9 @@ bool install_fd(int fd, int target) noexcept {
   action.sa_handler = SIG_IGN;
   ::sigaction(SIGPIPE, &action, nullptr);
   ::sigprocmask(SIG_SETMASK, &mask, nullptr);
+  // Nothing of kfrun's but stdin, stdout and stderr reaches the worker: not the builtin config
+  // service's sockets, not another worker's pipes (status_fd has the flag already).
+  close_on_exec_from(3);
   ::execvpe(argv[0], argv, envp);
   const int error = errno;
   [[maybe_unused]] auto n = ::write(status_fd, &error, sizeof error);
@@ -118,7 +128,8 @@ std::string describe_exit(int wait_status) {
 }
 
 WorkerProcess WorkerProcess::spawn(const std::vector<std::string>& argv,
-                                   const std::vector<std::string>& env, std::optional<int> cpu) {
+                                   const std::vector<std::string>& env, std::optional<int> cpu,
+                                   bool die_with_parent) {
   KF_CHECK(!argv.empty(), "WorkerProcess::spawn: empty argv");
   // Built before the fork: the child makes only async-signal-safe calls.
   cpu_set_t cpus;
@@ -144,10 +155,11 @@ WorkerProcess WorkerProcess::spawn(const std::vector<std::string>& argv,
   sigset_t previous;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &previous);
+  const pid_t self = ::getpid();
   const pid_t pid = ::fork();
   if (pid == 0) {
     exec_child(c_argv.data(), c_env.data(), dev_null.get(), out.write.get(), err.write.get(),
-               status.write.get(), previous, cpu ? &cpus : nullptr);
+               status.write.get(), previous, cpu ? &cpus : nullptr, die_with_parent ? self : 0);
   }
   const int fork_error = errno;
   ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);

@@ -88,8 +88,10 @@ struct Env {
   static Env from_environment();
 };
 
-/// Reads a job token file: its content up to the first newline. Throws: std::runtime_error when
-/// the file cannot be read or is empty.
+/// Reads a job token file: its content up to the first newline (trailing spaces and CR dropped).
+/// Warns (once per file and process) when users other than the owner may read it. Throws:
+/// std::runtime_error when the file cannot be read, is not a regular file, is empty, or its
+/// first line is longer than 4096 bytes.
 std::string read_token_file(const std::string& path);
 
 }  // namespace kf

@@ -16,6 +16,7 @@
 
 #include "common/asio.hpp"
 #include "kf/common/error.hpp"
+#include "kf/common/fd.hpp"
 #include "mesh/link.hpp"
 #include "transport/frame.hpp"
 
@@ -61,6 +62,7 @@ inline void set_buffer_sizes(Socket& s, std::size_t bytes) {
 
 // buffer_bytes: PeerOptions::socket_buffer_bytes.
 inline void set_socket_options(tcp::socket& s, std::size_t buffer_bytes) {
+  set_close_on_exec(s.native_handle());
   boost::system::error_code ignored;
   s.set_option(tcp::no_delay(true), ignored);
   if (buffer_bytes > 0) set_buffer_sizes(s, buffer_bytes);
@@ -69,6 +71,7 @@ inline void set_socket_options(tcp::socket& s, std::size_t buffer_bytes) {
 // Unix-domain sockets have small default buffers (about 200 KiB): with larger ones a big frame
 // moves in fewer, larger copies and the writer blocks less often on the reader.
 inline void set_socket_options(local_stream::socket& s, std::size_t buffer_bytes) {
+  set_close_on_exec(s.native_handle());
   set_buffer_sizes(s, buffer_bytes > 0 ? buffer_bytes : std::size_t{4} << 20);
 }
 

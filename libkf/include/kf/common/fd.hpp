@@ -1,0 +1,20 @@
+// SPDX-License-Identifier: Apache-2.0
+// Descriptors that must not outlive an exec. Asio opens its sockets and acceptors without
+// close-on-exec, so kf marks each one it opens right after: a program the process starts (user
+// code calling system(), a data loader's helper) then inherits none of kf's connections and
+// listeners, and cannot keep a port bound after the worker is gone. Thread-safety: pure
+// functions on the descriptor.
+#pragma once
+
+namespace kf {
+
+/// Sets FD_CLOEXEC on `fd`; false (errno set) when the descriptor is not open.
+bool set_close_on_exec(int fd) noexcept;
+
+/// Sets FD_CLOEXEC on every open descriptor from `first` up: for a child between fork and exec,
+/// so that the program it runs gets only the descriptors it was given below `first`, whatever
+/// threads of the parent opened without the flag. Async-signal-safe (close_range, or fcntl on
+/// each descriptor below the open-files limit where the kernel lacks it).
+void close_on_exec_from(int first) noexcept;
+
+}  // namespace kf

@@ -1,0 +1,33 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kf/common/fd.hpp"
+
+#include <fcntl.h>
+#include <linux/close_range.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace kf {
+
+bool set_close_on_exec(int fd) noexcept {
+  const int flags = ::fcntl(fd, F_GETFD);
+  return flags >= 0 && ((flags & FD_CLOEXEC) != 0 || ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC) == 0);
+}
+
+void close_on_exec_from(int first) noexcept {
+  if (::syscall(SYS_close_range, static_cast<unsigned>(first), ~0U, CLOSE_RANGE_CLOEXEC) == 0) {
+    return;
+  }
+  rlimit limit{};
+  int last = 65536;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+      limit.rlim_cur < static_cast<rlim_t>(last)) {
+    last = static_cast<int>(limit.rlim_cur);
+  }
+  for (int fd = first; fd < last; ++fd) {
+    const int flags = ::fcntl(fd, F_GETFD);
+    if (flags >= 0 && (flags & FD_CLOEXEC) == 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+  }
+}
+
+}  // namespace kf

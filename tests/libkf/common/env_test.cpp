@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: Apache-2.0
+// Reading the job token from its file: what is taken, what is refused, and the warning about a
+// file that others may read.
+#include "kf/common/env.hpp"
+
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+#include "support/log_capture.hpp"
+
+namespace kf {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TokenFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "kf-env-test-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string write(const std::string& name, const std::string& text, mode_t mode = 0600) {
+    const fs::path p = dir_ / name;
+    std::ofstream(p) << text;
+    ::chmod(p.c_str(), mode);
+    return p.string();
+  }
+  std::string error_of(const std::string& path) {
+    try {
+      read_token_file(path);
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    return "";
+  }
+  fs::path dir_;
+};
+
+TEST_F(TokenFile, TakesTheFirstLineWithoutTrailingSpaceOrCarriageReturn) {
+  EXPECT_EQ(read_token_file(write("a", "s3cret \r\nsecond line\n")), "s3cret");
+  EXPECT_EQ(read_token_file(write("b", "no-newline")), "no-newline");
+}
+
+TEST_F(TokenFile, RefusesWhatIsNoToken) {
+  EXPECT_NE(error_of(write("empty", "\n")).find("is empty"), std::string::npos);
+  EXPECT_NE(error_of((dir_ / "absent").string()).find("cannot read job token file"),
+            std::string::npos);
+  EXPECT_NE(error_of(dir_.string()).find("is not a regular file"), std::string::npos);
+  const std::string huge = write("huge", std::string(5000, 'x') + "\n");
+  EXPECT_NE(error_of(huge).find("the first line is longer than 4096 bytes"), std::string::npos)
+      << error_of(huge);
+  EXPECT_EQ(read_token_file(write("long", std::string(4096, 'y') + "\n")).size(), 4096u);
+}
+
+TEST_F(TokenFile, WarnsOnceWhenOthersMayReadIt) {
+  test::LogCapture log;
+  const std::string open_to_all = write("all", "t\n", 0644);
+  const std::string open_to_group = write("group", "t\n", 0640);
+  const std::string private_file = write("private", "t\n", 0600);
+  for (int i = 0; i < 2; ++i) {
+    read_token_file(open_to_all);
+    read_token_file(open_to_group);
+    read_token_file(private_file);
+  }
+  const std::string text = log.text();
+  EXPECT_NE(text.find("job token file '" + open_to_all + "' may be read by every user (mode 644)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("job token file '" + open_to_group + "' may be read by its group (mode 640)"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find(private_file), std::string::npos) << text;
+  EXPECT_EQ(text.find(open_to_all), text.rfind(open_to_all)) << "warned twice: " << text;
+}
+
+}  // namespace
+}  // namespace kf
