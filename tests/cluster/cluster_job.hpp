@@ -203,6 +203,9 @@ class ClusterJob {
     if (!url_for_) std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     std::ofstream(dir_ / "token") << "cluster-test-token\n";
+    // Only this user may read a token file (kf warns otherwise).
+    std::filesystem::permissions(
+        dir_ / "token", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
     n_hosts_ = n_hosts;
     if (url_for_) {
       url_ = url_for_(1);

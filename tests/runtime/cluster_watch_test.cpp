@@ -28,6 +28,9 @@ class ClusterWatchTest : public ::testing::Test {
     ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
     dir_ = pattern;
     std::ofstream(dir_ / "token") << "tok\n";
+    // Only this user may read a token file (kf warns otherwise).
+    std::filesystem::permissions(
+        dir_ / "token", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
     server_ = std::make_unique<test::ServerProcess>(
         dir_, std::vector<std::string>{"--watch-timeout-ms", "600000"});
     ASSERT_FALSE(server_->url().empty()) << "kf-config-server did not start";

@@ -85,6 +85,9 @@ class ElasticJob {
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     std::ofstream(dir_ / "token") << "elastic-test-token\n";
+    // Only this user may read a token file (kf warns otherwise).
+    std::filesystem::permissions(
+        dir_ / "token", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
     if (service_url_.empty()) server_ = std::make_unique<ServerProcess>(dir_);
   }
   ~ElasticJob() {

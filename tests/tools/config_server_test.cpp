@@ -60,6 +60,9 @@ class ConfigServerTest : public ::testing::Test {
     ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
     dir_ = pattern;
     std::ofstream(dir_ / "token") << kToken << "\n";
+    // Only this user may read a token file (kf warns otherwise).
+    std::filesystem::permissions(
+        dir_ / "token", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   }
   void TearDown() override { fs::remove_all(dir_); }
 

@@ -74,7 +74,13 @@ class KfMemberTest : public ::testing::Test {
     ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
     dir_ = pattern;
     std::ofstream(dir_ / "token") << kToken << "\n";
+    // Only this user may read a token file (kf warns otherwise).
+    std::filesystem::permissions(
+        dir_ / "token", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
     std::ofstream(dir_ / "bad-token") << "not-the-token\n";
+    // Only this user may read a token file (kf warns otherwise).
+    std::filesystem::permissions(dir_ / "bad-token", std::filesystem::perms::owner_read |
+                                                         std::filesystem::perms::owner_write);
     server_ = std::make_unique<ServerProcess>(dir_);
     ASSERT_FALSE(server_->url().empty()) << "kf-config-server did not start";
   }

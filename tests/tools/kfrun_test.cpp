@@ -302,6 +302,9 @@ TEST_F(Kfrun, PassesJobIdAndTokenFileInsteadOfToken) {
   Fifo dir;  // only for its temporary directory
   const auto token_file = std::filesystem::path(dir.path()).parent_path() / "token";
   std::ofstream(token_file) << "s3cret\n";
+  // Only this user may read a token file (kf warns otherwise).
+  std::filesystem::permissions(
+      token_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   ::setenv("KF_JOB_TOKEN", "inherited", 1);
   const auto r =
       run_kfrun({"-np", "2", "--job-id", "my-job", "--job-token-file", token_file.string(), "--",
@@ -449,13 +452,19 @@ TEST_F(Kfrun, StopsTheWorkersOnSigterm) {
 // kfrun killed with kill -9 cannot stop its workers itself: the kernel does (a parent-death
 // signal), so none is left training alone.
 TEST_F(Kfrun, WorkersDieWithKfrunEvenByKillNine) {
-  const auto r = signal_running_job(SIGKILL, "echo ready $$; exec sleep 30");
+  const auto r = signal_running_job(SIGKILL, "echo ready $$ $KF_JOB_TOKEN_FILE; exec sleep 30");
   EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
   std::vector<pid_t> workers;
   for (const auto& line : lines_of(r.out)) {
     const auto at = line.find("ready ");
     ASSERT_NE(at, std::string::npos) << line;
-    workers.push_back(std::stoi(line.substr(at + 6)));
+    std::istringstream fields(line.substr(at + 6));
+    pid_t pid = 0;
+    std::string token_file;
+    fields >> pid >> token_file;
+    workers.push_back(pid);
+    // kfrun had no chance to remove its private directory.
+    std::filesystem::remove_all(std::filesystem::path(token_file).parent_path());
   }
   ASSERT_EQ(workers.size(), 2u) << r.out;
   const auto deadline = Clock::now() + std::chrono::seconds(10);

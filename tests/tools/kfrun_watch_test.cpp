@@ -500,6 +500,9 @@ TEST_F(KfrunWatch, FailsAWorkerBeyondItsSlots) {
 
 TEST_F(KfrunWatch, KeepsItsWorkersWhileTheConfigServerRestarts) {
   std::ofstream(dir_ / "token") << "watch-e2e-token\n";
+  // Only this user may read a token file (kf warns otherwise).
+  std::filesystem::permissions(
+      dir_ / "token", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   auto server = std::make_unique<kf::test::ServerProcess>(dir_);
   ASSERT_FALSE(server->url().empty());
   url_ = server->url();
@@ -535,6 +538,9 @@ TEST_F(KfrunWatch, KeepsItsWorkersWhileTheConfigServerRestarts) {
 // their output again and judges their exits from the document, as their exit status is unknown.
 TEST_F(KfrunWatch, AdoptsTheWorkersOfAnAgentThatWasKilled) {
   std::ofstream(dir_ / "token") << "watch-e2e-token\n";
+  // Only this user may read a token file (kf warns otherwise).
+  std::filesystem::permissions(
+      dir_ / "token", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   kf::test::ServerProcess server(dir_);
   ASSERT_FALSE(server.url().empty());
   url_ = server.url();

@@ -1,0 +1,118 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kf-chaos/lib/verdict.hpp"
+
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace kf::chaos {
+
+namespace {
+
+// The text after the "[WORKER] " tag kfrun puts before each line, and the tag's worker.
+std::string_view untagged(std::string_view line, std::string_view& worker) {
+  worker = {};
+  if (line.starts_with('[')) {
+    const auto close = line.find("] ");
+    if (close != std::string_view::npos) {
+      worker = line.substr(1, close - 1);
+      return line.substr(close + 2);
+    }
+  }
+  return line;
+}
+
+}  // namespace
+
+Verdict judge(std::string_view output) {
+  Verdict v;
+  const std::regex final_re(R"(^final step=(\d+) workers=(\d+) hash=([0-9A-Za-z]+)\b)");
+  std::set<std::int64_t> steps;
+  std::set<std::string> hashes;
+  std::set<int> stated;
+  std::map<std::uint64_t, std::set<std::int64_t>> commits;  // by cluster version
+  std::istringstream in{std::string(output)};
+  for (std::string raw; std::getline(in, raw);) {
+    std::string_view worker;
+    const std::string line(untagged(raw, worker));
+    const std::string who = worker.empty() ? "a worker" : std::string(worker);
+    if (line.starts_with("BROKEN")) {
+      v.problems.push_back(who + " reported a broken guarantee: " + line);
+    } else if (line.starts_with("final ")) {
+      std::smatch m;
+      if (!std::regex_search(line, m, final_re)) {
+        v.problems.push_back(who + " printed a final line kf-chaos cannot read: " + line);
+        continue;
+      }
+      ++v.finals;
+      steps.insert(std::stoll(m[1]));
+      stated.insert(std::stoi(m[2]));
+      hashes.insert(m[3]);
+    } else if (line.starts_with("change {")) {
+      const auto j = nlohmann::json::parse(line.substr(7), nullptr, false);
+      if (j.is_discarded() || !j.contains("to_version") || !j["to_version"].is_number_unsigned() ||
+          !j.contains("commit") || !j["commit"].is_number_integer()) {
+        v.problems.push_back(who + " printed a change line kf-chaos cannot read: " + line);
+        continue;
+      }
+      // A joiner's record counts its own commits (none yet), not the job's; a leaver's names
+      // no version it went to.
+      const std::string kind = j.value("kind", "");
+      if (kind == "join" || kind == "left") continue;
+      commits[j["to_version"].get<std::uint64_t>()].insert(j["commit"].get<std::int64_t>());
+    }
+  }
+  if (v.finals == 0) {
+    v.problems.push_back(
+        "no worker printed a final line (\"final step=S workers=N hash=H\"): the job did not "
+        "finish, or the program does not report its parameters");
+  } else {
+    v.final_step = *steps.rbegin();
+    v.hash = *hashes.begin();
+    v.final_workers = *stated.rbegin();
+    if (hashes.size() > 1) {
+      v.problems.push_back("the workers finished with different parameters (" +
+                           std::to_string(hashes.size()) + " different hashes)");
+    }
+    if (steps.size() > 1) {
+      v.problems.push_back("the workers finished at different steps (" +
+                           std::to_string(*steps.begin()) + " to " +
+                           std::to_string(*steps.rbegin()) + ")");
+    }
+    if (stated.size() > 1 || *stated.begin() != v.finals) {
+      v.problems.push_back(std::to_string(v.finals) + " workers printed a final line, but they " +
+                           "say the job had " + std::to_string(*stated.rbegin()) + " workers");
+    }
+  }
+  std::int64_t before = -1;
+  std::uint64_t before_version = 0;
+  for (const auto& [version, seen] : commits) {
+    ++v.changes;
+    if (seen.size() > 1) {
+      v.problems.push_back("the workers disagree on the step committed at version " +
+                           std::to_string(version) + " (" + std::to_string(*seen.begin()) +
+                           " and " + std::to_string(*seen.rbegin()) + ")");
+    }
+    const std::int64_t commit = *seen.begin();
+    if (commit < before) {
+      v.problems.push_back("committed progress went back: version " + std::to_string(version) +
+                           " resumed from step " + std::to_string(commit) + ", but version " +
+                           std::to_string(before_version) + " had committed step " +
+                           std::to_string(before));
+    }
+    before = std::max(before, *seen.rbegin());
+    before_version = version;
+  }
+  v.last_commit = before;
+  if (v.finals > 0 && before > v.final_step) {
+    v.problems.push_back("the job finished at step " + std::to_string(v.final_step) +
+                         ", before step " + std::to_string(before) + " that it had committed");
+  }
+  v.pass = v.problems.empty();
+  return v;
+}
+
+}  // namespace kf::chaos
