@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// kf-chaos end to end: random churn against a real elastic job (kf-config-server, kfrun --watch,
-// elastic-worker) ends with every guarantee checked; and kf-chaos itself notices a job whose
-// workers disagree, and one that hangs.
+// kf-chaos and kf-replay end to end: random churn against a real elastic job (kf-config-server,
+// kfrun --watch, elastic-worker) ends with every guarantee checked; kf-chaos itself notices a job
+// whose workers disagree, and one that hangs; the repository's synthetic trace replayed with
+// kills and revokes reports the throughput retained and keeps the guarantees.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <regex>
 #include <string>
 
 #include "support/process.hpp"
@@ -20,6 +23,11 @@ std::string env_or_empty(const char* name) {
 // a failure, for a look).
 kf::test::Ran chaos(const std::string& args) {
   return kf::test::run_shell("(d=$(mktemp -d) && timeout 300 " + env_or_empty("KF_CHAOS") +
+                             " --dir \"$d\" " + args + "; rc=$?; rm -rf \"$d\"; exit $rc)");
+}
+
+kf::test::Ran replay(const std::string& args) {
+  return kf::test::run_shell("(d=$(mktemp -d) && timeout 300 " + env_or_empty("KF_REPLAY") +
                              " --dir \"$d\" " + args + "; rc=$?; rm -rf \"$d\"; exit $rc)");
 }
 
@@ -78,6 +86,53 @@ TEST(KfChaos, RefusesBadArgumentsWithAClearMessage) {
     EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
     EXPECT_EQ(count_of(r.output, c.says), 1) << c.args << "\n" << r.output;
   }
+}
+
+TEST(KfReplay, ReplaysTheSyntheticTraceAndReportsTheThroughputRetained) {
+  const auto r = replay("--trace " + env_or_empty("KF_TRACE") +
+                        " --speed 60 --max-workers 3 --kill-fraction 0.5 --seed 4 --settle-ms 500 "
+                        "--calibrate-ms 1500 --finish-with epochs=1 -- " +
+                        env_or_empty("KF_ELASTIC_WORKER") +
+                        " --samples 20000 --dim 32 --batch 64 --epochs 1000");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const int n : {1, 2, 3}) {
+    EXPECT_NE(
+        r.output.find("] calibrated " + std::to_string(n) + (n == 1 ? " worker: " : " workers: ")),
+        std::string::npos)
+        << r.output;
+  }
+  // 5 nodes at most, scaled to 3 workers: 2, 3, 2, 1, 2 workers.
+  EXPECT_NE(r.output.find("synthetic-spot.csv: 12 rows, 5 nodes at most, scaled to 3 workers; "
+                          "4 changes (2 removals: "),
+            std::string::npos)
+      << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      r.output, m, std::regex(R"(throughput retained (\d+\.\d+): (\d+) steps committed of (\d+))")))
+      << r.output;
+  const double retained = std::stod(m[1]);
+  EXPECT_GT(retained, 0.0) << r.output;
+  EXPECT_LT(retained, 2.0) << r.output;
+  EXPECT_GT(std::stod(m[3]), 0.0) << r.output;
+  EXPECT_NE(r.output.find("kf-replay: guarantees held: identical parameters ("), std::string::npos)
+      << r.output;
+}
+
+TEST(KfReplay, ATraceThatCannotBeUsedIsNamedWithItsLine) {
+  const std::string bad = ::testing::TempDir() + "/bad-trace.csv";
+  std::ofstream(bad) << "t_ms,action,node\n0,add,a\n10,remove,b\n";
+  const auto r = replay("--trace " + bad + " -- true");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("kf-replay: " + bad + ":3: node b is not up"), std::string::npos)
+      << r.output;
+  const auto missing = replay("--trace /nonexistent/trace.csv -- true");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("/nonexistent/trace.csv: cannot be read"), std::string::npos)
+      << missing.output;
+  const auto fraction = replay("--trace " + bad + " --kill-fraction 2 -- true");
+  EXPECT_EQ(fraction.exit_code, 2) << fraction.output;
+  EXPECT_NE(fraction.output.find("--kill-fraction must lie in [0, 1]"), std::string::npos)
+      << fraction.output;
 }
 
 }  // namespace

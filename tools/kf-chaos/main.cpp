@@ -17,31 +17,19 @@
 #include <CLI/CLI.hpp>
 
 #include "kf-chaos/lib/chaos.hpp"
+#include "kf-chaos/lib/job.hpp"
 
 namespace {
 
 constexpr int kUsageError = 2;
-
-// `name` next to this executable (installed), in the build tree's sibling folder, or on PATH.
-std::string default_tool(const std::string& name) {
-  std::error_code ec;
-  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    for (const auto& candidate :
-         {self.parent_path() / name, self.parent_path().parent_path() / name / name}) {
-      if (::access(candidate.c_str(), X_OK) == 0) return candidate.string();
-    }
-  }
-  return name;
-}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   kf::chaos::Options o;
   o.seed = std::random_device{}();
-  o.kfrun = default_tool("kfrun");
-  o.config_server = default_tool("kf-config-server");
+  o.kfrun = kf::chaos::default_tool("kfrun");
+  o.config_server = kf::chaos::default_tool("kf-config-server");
   CLI::App app{
       "Throws random membership churn at an elastic job on this host (workers added, revoked, "
       "killed, stopped; the config service and the agent restarted), lets it finish and checks "

@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: Apache-2.0
+// An elastic job on this host, run by kf-chaos and kf-replay: a kf-config-server and one
+// `kfrun --watch` agent, both children of this process, with a random job token in the work
+// directory and their output in files there. It knows the pid of every worker the agents
+// started (their `started` and `adopted` events) and kills them all when it goes.
+// Thread-safety: one thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kf/cluster/cluster.hpp"
+#include "kf/runtime/config_client.hpp"
+
+namespace kf::chaos {
+
+using Clock = std::chrono::steady_clock;
+
+struct JobSpec {
+  std::string kfrun = "kfrun";
+  std::string config_server = "kf-config-server";
+  int np = 1;                        ///< initial workers
+  int slots = 1;                     ///< the agent's --slots: the most workers at once
+  std::vector<std::string> command;  ///< the worker program and its arguments
+  std::vector<std::string> env;      ///< "NAME=VALUE" added to the agent's (and workers') own
+};
+
+/// `name` next to the running executable (installed), in the build tree's sibling folder
+/// (tools/NAME/NAME), or else the bare name (looked up on PATH when started).
+std::string default_tool(const std::string& name);
+
+class Job {
+ public:
+  /// Writes the token and picks the service's port; starts nothing. Throws: std::system_error
+  /// when the token file cannot be written, std::invalid_argument when no port is free.
+  Job(JobSpec spec, std::filesystem::path dir);
+  /// Kills the agent, every worker it knows of and the service.
+  ~Job();
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  const std::string& url() const noexcept { return url_; }
+  ConfigClient client() const;
+
+  /// Starts the config service (same port and state file every time) and waits until it
+  /// answers. Throws: std::runtime_error naming what it said when it exits or stays silent 30 s.
+  void start_server();
+  void kill_server();  ///< kill -9
+  void stop_server();  ///< SIGTERM
+  void start_agent();
+  void kill_agent();  ///< kill -9 (its workers run on, to be adopted)
+  /// kfrun's exit code once it has exited, waiting until `until` at most.
+  std::optional<int> agent_exit(Clock::time_point until);
+
+  /// Learns the pids of the workers started since the last call (from the service's events).
+  void refresh_pids();
+  /// The members of `c` whose process runs, with their pids (refresh_pids first).
+  std::map<std::string, pid_t> live_members(const Cluster& c);
+  /// kill -9 of every worker ever started that still runs.
+  void kill_workers();
+
+  std::string agent_output() const;
+  std::string agent_errors() const;
+
+ private:
+  JobSpec spec_;
+  std::filesystem::path dir_;
+  std::filesystem::path token_file_;
+  std::string token_;
+  std::uint16_t port_ = 0;
+  std::string url_;
+  pid_t server_ = 0;
+  pid_t agent_ = 0;
+  std::optional<int> agent_code_;
+  std::uint64_t last_seq_ = 0;
+  std::map<std::string, pid_t> pids_;  // every worker ever started, by endpoint
+};
+
+/// Writes settings[KEY] = VALUE into the cluster document by compare-and-swap, for
+/// `assignment` "KEY=VALUE" (VALUE as JSON when it parses as JSON, else as a string); the job's
+/// workers see it at a step boundary. Throws: ConflictError after 50 lost races, kf::Error.
+void write_setting(ConfigClient& c, const std::string& assignment);
+
+/// Whether process `pid` runs (not gone, not a zombie).
+bool running(pid_t pid);
+/// The last `count` lines of `text`.
+std::string last_lines(const std::string& text, int count);
+
+}  // namespace kf::chaos
