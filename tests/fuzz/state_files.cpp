@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// State files: the config service's (kf-config-server/lib/state.hpp) and kf::State's
-// checkpoints (kf/runtime/state.hpp). Whatever the file holds, loading it either succeeds or
-// throws std::runtime_error naming the file; nothing else escapes, and a kf::State that
-// refused a file keeps its buffers as they were.
+// State files: the config service's (kf-config-server/lib/state.hpp: its snapshot, or its log
+// after an empty snapshot) and kf::State's checkpoints (kf/runtime/state.hpp). Whatever the file
+// holds, loading it either succeeds or throws std::runtime_error naming a state file; nothing
+// else escapes, and a kf::State that refused a file keeps its buffers as they were.
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -18,8 +18,13 @@ namespace fs = std::filesystem;
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   const fs::path file = kf::fuzz::scratch_dir() / "state";
+  const fs::path log = kf::config_server::log_file(file);
+  // With bit 1 the input is the config service's log (and there is no snapshot).
+  const bool as_log = (data[0] & 3) == 3;
+  std::error_code ignored;
+  fs::remove(as_log ? file : log, ignored);
   {
-    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    std::ofstream out(as_log ? log : file, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(data + 1), static_cast<std::streamsize>(size - 1));
   }
   if (data[0] & 1) {

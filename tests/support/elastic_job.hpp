@@ -42,17 +42,6 @@ inline std::string slurp(const std::filesystem::path& p) {
   return s.str();
 }
 
-// Polls `condition` until it holds or `timeout` passes (the state it waits for is produced by
-// other processes; there is nothing to block on).
-inline bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
-  const auto until = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < until) {
-    if (condition()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return condition();
-}
-
 /// The committed step count a worker wrote to `path` (elastic-worker --progress-file), -1 before
 /// the first.
 inline long read_progress(const std::filesystem::path& path) {

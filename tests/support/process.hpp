@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -115,6 +116,17 @@ inline Ran run_shell(const std::string& command) {
   const int status = ::pclose(p);
   ran.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return ran;
+}
+
+/// Polls `condition` until it holds or `timeout` passes (the state it waits for is produced by
+/// other processes; there is nothing to block on).
+inline bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < until) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return condition();
 }
 
 /// Whether process `pid` has ended: gone, or a zombie nobody reaped yet.

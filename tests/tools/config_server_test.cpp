@@ -42,6 +42,7 @@ std::string server_path() {
   return path != nullptr ? path : "";
 }
 
+using kf::test::eventually;
 using kf::test::Ran;
 using kf::test::run_shell;
 
@@ -244,6 +245,80 @@ TEST_F(ConfigServerTest, BadHttpIsRefusedWithoutACrash) {
                   .starts_with("HTTP/1.1 200"));
   EXPECT_TRUE(server.alive());
   EXPECT_EQ(http("GET", server.url() + "/healthz").status, 200);
+}
+
+// Connections past a cap get a 503 naming it (kf's clients take it as the service being down
+// for a moment); once the held ones close, connections are served again.
+TEST_F(ConfigServerTest, ConnectionsPastTheCapAreRefusedWith503) {
+  ServerProcess server(dir_, {"--max-connections-per-source", "2"});
+  ASSERT_FALSE(server.url().empty());
+  const auto colon = server.address().rfind(':');
+  std::vector<int> held;
+  for (int i = 0; i < 2; ++i) {
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<std::uint16_t>(std::stoi(server.address().substr(colon + 1))));
+    ::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    held.push_back(::socket(AF_INET, SOCK_STREAM, 0));
+    ASSERT_EQ(::connect(held.back(), reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  }
+  // The held connections are accepted in order; the server counts each before the next.
+  const std::string refused = raw_exchange(server.address(), "GET /healthz HTTP/1.1\r\n\r\n");
+  EXPECT_TRUE(refused.starts_with("HTTP/1.1 503")) << refused;
+  EXPECT_NE(refused.find("2 connections from 127.0.0.1 are open (the limit)"), std::string::npos)
+      << refused;
+  for (const int fd : held) ::close(fd);
+  EXPECT_TRUE(eventually([&] { return http("GET", server.url() + "/healthz").status == 200; },
+                         std::chrono::seconds(10)));
+  EXPECT_TRUE(server.alive());
+}
+
+// Long-polls past the cap are answered 503 at once instead of waiting: of two sent together with
+// a cap of one, one waits (and gets the change) and the other is refused.
+TEST_F(ConfigServerTest, LongPollsPastTheCapAreRefusedWith503) {
+  ServerProcess server(dir_, {"--max-watches-per-source", "1", "--watch-timeout-ms", "20000"});
+  ASSERT_FALSE(server.url().empty());
+  const auto long_poll = [&] {
+    return raw_exchange(server.address(),
+                        "GET /v1/cluster?watch=1&after=0 HTTP/1.1\r\nConnection: close\r\n\r\n");
+  };
+  auto a = std::async(std::launch::async, long_poll);
+  auto b = std::async(std::launch::async, long_poll);
+  std::future<std::string>* first = nullptr;
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (first == nullptr && std::chrono::steady_clock::now() < until) {
+    if (a.wait_for(10ms) == std::future_status::ready)
+      first = &a;
+    else if (b.wait_for(10ms) == std::future_status::ready)
+      first = &b;
+  }
+  ASSERT_NE(first, nullptr) << "neither long-poll was refused";
+  const std::string refused = first->get();
+  EXPECT_TRUE(refused.starts_with("HTTP/1.1 503")) << refused;
+  EXPECT_NE(refused.find("1 long-polls from 127.0.0.1 are open (the limit)"), std::string::npos)
+      << refused;
+  ASSERT_EQ(http("PUT", server.url() + "/v1/cluster", cluster(0, 1).dump(), true).status, 200);
+  const std::string woke = (first == &a ? b : a).get();
+  EXPECT_TRUE(woke.starts_with("HTTP/1.1 200")) << woke;
+  EXPECT_NE(woke.find("\"version\":1"), std::string::npos) << woke;
+}
+
+// A mutation without credentials is refused from its header alone: the server does not wait
+// for, nor read, the megabyte its Content-Length announces.
+TEST_F(ConfigServerTest, AMutationWithoutCredentialsIsRefusedBeforeItsBody) {
+  ServerProcess server(dir_);
+  ASSERT_FALSE(server.url().empty());
+  const std::string reply =
+      raw_exchange(server.address(), "PUT /v1/cluster HTTP/1.1\r\nContent-Length: 1000000\r\n\r\n");
+  EXPECT_TRUE(reply.starts_with("HTTP/1.1 401")) << reply;
+  EXPECT_NE(reply.find("missing or invalid Authorization"), std::string::npos) << reply;
+  const std::string stale = raw_exchange(
+      server.address(), "POST /v1/events HTTP/1.1\r\nAuthorization: " +
+                            kf::sign_request(kf::derive_key(kToken, kf::KeyUse::control), "POST",
+                                             "/v1/events", "", 1000) +
+                            "\r\nContent-Length: 1000000\r\n\r\n");
+  EXPECT_TRUE(stale.starts_with("HTTP/1.1 401")) << stale;
+  EXPECT_NE(stale.find("ms from the server's time"), std::string::npos) << stale;
 }
 
 TEST_F(ConfigServerTest, UsageErrorsExit2) {

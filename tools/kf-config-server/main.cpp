@@ -42,7 +42,9 @@ int main(int argc, char** argv) {
   app.add_option("--listen", listen, "HOST:PORT to listen on (port 0: any free port)")
       ->capture_default_str();
   app.add_option("--token-file", token_file, "file holding the job token (first line)")->required();
-  app.add_option("--state", state_file, "state file: loaded on start, rewritten after each change")
+  app.add_option("--state", state_file,
+                 "state file: a snapshot, loaded on start with its log FILE.log, to which each "
+                 "change is appended")
       ->required();
   app.add_flag("--allow-bearer", allow_bearer,
                "also accept \"Authorization: Bearer TOKEN\" (sends the token itself: for curl by "
@@ -50,6 +52,23 @@ int main(int argc, char** argv) {
   app.add_option("--watch-timeout-ms", watch_timeout_ms,
                  "longest wait of a long-poll (GET /v1/cluster?watch=1) in milliseconds")
       ->check(CLI::Range(1, kMaxWatchTimeoutMs))
+      ->capture_default_str();
+  kf::config_server::ServerOptions server_options;
+  app.add_option("--max-connections", server_options.max_connections,
+                 "open connections at most; past it a connection gets 503")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-connections-per-source", server_options.max_connections_per_source,
+                 "open connections from one address at most")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-watches", server_options.max_watches,
+                 "long-polls waiting at once at most; past it a long-poll gets 503")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-watches-per-source", server_options.max_watches_per_source,
+                 "long-polls waiting at once from one address at most")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
 
   try {
@@ -61,7 +80,6 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
 
-  kf::config_server::ServerOptions server_options;
   try {
     server_options.listen = kf::config_server::ListenAddress::parse(listen);
   } catch (const std::invalid_argument& e) {

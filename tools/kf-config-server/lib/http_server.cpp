@@ -70,8 +70,36 @@ class Server {
   asio::awaitable<void> async_accept(tcp::acceptor& acceptor);
 
  private:
-  asio::awaitable<void> async_session(tcp::socket socket);
-  asio::awaitable<Response> async_handle(const Request& request);
+  // How many of something (connections, long-polls) are open, in all and by address.
+  struct Count {
+    std::size_t all = 0;
+    std::map<std::string, std::size_t> by_source;
+    // Why one more from `source` would pass a cap, or "" when it would not.
+    std::string refusal(const std::string& source, std::size_t max_all, std::size_t max_source,
+                        const char* what) const {
+      if (all >= max_all) return std::to_string(all) + " " + what + " are open (the limit)";
+      const auto it = by_source.find(source);
+      if (it != by_source.end() && it->second >= max_source) {
+        return std::to_string(it->second) + " " + what + " from " + source +
+               " are open (the limit)";
+      }
+      return {};
+    }
+    void add(const std::string& source) {
+      ++all;
+      ++by_source[source];
+    }
+    void remove(const std::string& source) {
+      --all;
+      if (auto it = by_source.find(source); it != by_source.end() && --it->second == 0) {
+        by_source.erase(it);
+      }
+    }
+  };
+
+  asio::awaitable<void> async_session(tcp::socket socket, std::string source);
+  asio::awaitable<void> async_refuse(tcp::socket socket, std::string why);
+  asio::awaitable<Response> async_handle(const Request& request, const std::string& source);
   asio::awaitable<beast::error_code> async_write(beast::tcp_stream& stream, const Response& r,
                                                  unsigned version, bool keep_alive);
   void on_change() noexcept;
@@ -79,6 +107,9 @@ class Server {
   Service& service_;
   const ServerOptions& options_;
   std::set<asio::steady_timer*> waiters_;  // long-polls waiting for the next version
+  Count connections_;
+  Count watches_;
+  LogLimiter refusals_log_{20, std::chrono::seconds(10)};
 };
 
 asio::awaitable<void> Server::async_accept(tcp::acceptor& acceptor) {
@@ -94,11 +125,37 @@ asio::awaitable<void> Server::async_accept(tcp::acceptor& acceptor) {
       continue;
     }
     kf::set_close_on_exec(socket.native_handle());
-    asio::co_spawn(acceptor.get_executor(), async_session(std::move(socket)), log_exception);
+    beast::error_code rec;
+    const auto remote = socket.remote_endpoint(rec);
+    std::string source = rec ? std::string("an unknown address") : remote.address().to_string();
+    if (auto why = connections_.refusal(source, options_.max_connections,
+                                        options_.max_connections_per_source, "connections");
+        !why.empty()) {
+      asio::co_spawn(acceptor.get_executor(), async_refuse(std::move(socket), std::move(why)),
+                     log_exception);
+      continue;
+    }
+    connections_.add(source);
+    asio::co_spawn(acceptor.get_executor(), async_session(std::move(socket), std::move(source)),
+                   log_exception);
   }
 }
 
-asio::awaitable<void> Server::async_session(tcp::socket socket) {
+// A connection past a cap: a 503 saying which, then closed.
+asio::awaitable<void> Server::async_refuse(tcp::socket socket, std::string why) {
+  std::uint64_t left_out = 0;
+  if (refusals_log_.allow(left_out)) {
+    KF_LOG(warn, "config-server", "refused a connection: {}{}", why,
+           left_out > 0 ? " (" + std::to_string(left_out) + " more such lines were left out)" : "");
+  }
+  beast::tcp_stream stream(std::move(socket));
+  co_await async_write(stream, error_response(503, why), 11, false);
+  beast::error_code ignored;
+  stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  stream.close();
+}
+
+asio::awaitable<void> Server::async_session(tcp::socket socket, std::string source) {
   beast::tcp_stream stream(std::move(socket));
   beast::flat_buffer buffer;
   for (;;) {
@@ -107,6 +164,18 @@ asio::awaitable<void> Server::async_session(tcp::socket socket) {
     parser.body_limit(options_.max_body_bytes);
     stream.expires_after(options_.idle_timeout);  // deadline for the whole request
     auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, kAsTuple);
+    if (!ec && parser.get().method() != http::verb::get &&
+        parser.get().method() != http::verb::head) {
+      // A mutation: its credentials are looked at before its body is read (the signature itself
+      // covers the body and is checked after), so that nobody without them gets the server to
+      // take in a body.
+      const std::string why =
+          service_.unauthorized_before_body(std::string(parser.get()[http::field::authorization]));
+      if (!why.empty()) {
+        co_await async_write(stream, error_response(401, why), parser.get().version(), false);
+        break;
+      }
+    }
     if (!ec && parser.get()[http::field::expect] == "100-continue") {
       http::response<http::empty_body> go_on{http::status::continue_, parser.get().version()};
       std::tie(ec, n) = co_await http::async_write(stream, go_on, kAsTuple);
@@ -130,21 +199,29 @@ asio::awaitable<void> Server::async_session(tcp::socket socket) {
                           std::string(req[http::field::authorization]), req.body()};
     const bool keep_alive = req.keep_alive();
     const unsigned version = req.version();
-    const Response response = co_await async_handle(request);
+    const Response response = co_await async_handle(request, source);
     if (co_await async_write(stream, response, version, keep_alive) || !keep_alive) break;
   }
   beast::error_code ignored;
   stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
   stream.close();
+  connections_.remove(source);
 }
 
-asio::awaitable<Response> Server::async_handle(const Request& request) {
+asio::awaitable<Response> Server::async_handle(const Request& request, const std::string& source) {
   if (service_.watch_after(request)) {
+    if (auto why = watches_.refusal(source, options_.max_watches, options_.max_watches_per_source,
+                                    "long-polls");
+        !why.empty()) {
+      co_return error_response(503, why);
+    }
     // on_change() cancels the wait; a timeout answers with the unchanged document.
     asio::steady_timer timer(co_await asio::this_coro::executor);
     timer.expires_after(options_.watch_timeout);
     waiters_.insert(&timer);
+    watches_.add(source);
     co_await timer.async_wait(kAsTuple);
+    watches_.remove(source);
     waiters_.erase(&timer);
   }
   const auto before = service_.version();

@@ -24,6 +24,14 @@ struct ServerOptions {
   std::chrono::milliseconds idle_timeout{30'000};     ///< reading one request, or idle keep-alive
   std::size_t max_header_bytes = 16 * 1024;           ///< larger request heads get 400
   std::size_t max_body_bytes = std::size_t{1} << 20;  ///< larger bodies get 413
+  /// Open connections, at most: in all and from one address. A connection past either gets a
+  /// 503 (which kf's clients retry after a pause, as when the service is down) and is closed.
+  std::size_t max_connections = 4096;
+  std::size_t max_connections_per_source = 512;
+  /// Long-polls (GET /v1/cluster?watch=1) waiting at once, at most: in all and from one
+  /// address. One past either is answered 503 at once.
+  std::size_t max_watches = 4096;
+  std::size_t max_watches_per_source = 256;
   /// Called once with "HOST:PORT" after the socket is listening (the port resolved when 0).
   /// Used by run_server(); an HttpServer tells its address() instead.
   std::function<void(const std::string&)> on_listening;

@@ -133,7 +133,15 @@ std::map<std::string, std::string> parse_query(const std::string& query) {
 Service::Service(ServiceOptions options)
     : options_(std::move(options)),
       control_key_(derive_key(options_.token, KeyUse::control)),
-      state_(load_state(options_.state_file)) {}
+      state_(load_state(options_.state_file)) {
+  // A log that ends in a record cut short: a fresh snapshot, so that the next record does not
+  // land behind the fragment.
+  if (state_.torn) {
+    save_state(options_.state_file, state_);
+    state_.torn = false;
+    state_.logged = 0;
+  }
+}
 
 Response Service::handle(const Request& request) {
   const auto q = request.target.find('?');
@@ -211,7 +219,8 @@ Response Service::put_cluster(const std::string& body) {
     append_event(json{{"type", "cluster_changed"},
                       {"version", state_.cluster.version},
                       {"detail", std::to_string(state_.cluster.size()) +
-                                     (state_.cluster.size() == 1 ? " worker" : " workers")}});
+                                     (state_.cluster.size() == 1 ? " worker" : " workers")}},
+                 /*with_cluster=*/true);
   } catch (const std::runtime_error& e) {
     state_.cluster = std::move(previous);
     KF_LOG(err, "config-server", "{}", e.what());
@@ -272,8 +281,7 @@ Response Service::post_event(const std::string& body) {
   }
 }
 
-std::string Service::unauthorized(const Request& request) {
-  const std::string& auth = request.authorization;
+std::string Service::unauthorized_before_body(const std::string& auth) const {
   constexpr std::string_view kBearer = "Bearer ";
   if (auth.starts_with(kBearer)) {
     if (!options_.allow_bearer) {
@@ -293,37 +301,51 @@ std::string Service::unauthorized(const Request& request) {
            "(KF-HMAC-SHA256 ts=...,nonce=...,sig=...): " +
            why;
   }
-  if (!signature_matches(control_key_, *sig, request.method, request.target, request.body)) {
-    return "the request's signature does not match (another job token, or an altered request)";
-  }
-  const auto now = options_.now();
-  const auto at = std::chrono::system_clock::time_point(std::chrono::milliseconds(sig->unix_ms));
-  const auto off = std::chrono::duration_cast<std::chrono::milliseconds>(now - at);
+  const auto off = std::chrono::duration_cast<std::chrono::milliseconds>(
+      options_.now() -
+      std::chrono::system_clock::time_point(std::chrono::milliseconds(sig->unix_ms)));
   if (off > options_.signature_window || -off > options_.signature_window) {
     return "the request was signed " + std::to_string(off.count()) +
            " ms from the server's time, more than the " +
            std::to_string(options_.signature_window.count()) +
            " ms allowed (a replay, or clocks out of step)";
   }
+  if (seen_nonces_.contains(sig->nonce)) return "the request's nonce was used before (a replay)";
+  return {};
+}
+
+std::string Service::unauthorized(const Request& request) {
+  if (auto why = unauthorized_before_body(request.authorization); !why.empty()) return why;
+  if (request.authorization.starts_with("Bearer ")) return {};
+  std::string why;
+  const auto sig = parse_request_signature(request.authorization, why);
+  if (!signature_matches(control_key_, *sig, request.method, request.target, request.body)) {
+    return "the request's signature does not match (another job token, or an altered request)";
+  }
+  const auto now = options_.now();
   std::erase_if(seen_nonces_,
                 [&](const auto& e) { return now - e.second > 2 * options_.signature_window; });
+  const auto at = std::chrono::system_clock::time_point(std::chrono::milliseconds(sig->unix_ms));
   if (!seen_nonces_.emplace(sig->nonce, at).second) {
     return "the request's nonce was used before (a replay)";
   }
   return {};
 }
 
-nlohmann::json Service::append_event(nlohmann::json event) {
+nlohmann::json Service::append_event(nlohmann::json event, bool with_cluster) {
   json stamped = {{"seq", state_.next_seq}, {"time", format_rfc3339_ms(options_.now())}};
   stamped.update(event);
+  append_record(options_.state_file, stamped, with_cluster ? &state_.cluster : nullptr);
   state_.events.push_back(stamped);
   ++state_.next_seq;
-  try {
-    save_state(options_.state_file, state_);
-  } catch (...) {
-    state_.events.pop_back();
-    --state_.next_seq;
-    throw;
+  if (++state_.logged >= options_.snapshot_every) {
+    try {
+      save_state(options_.state_file, state_);
+      state_.logged = 0;
+    } catch (const std::runtime_error& e) {
+      // The records are safe in the log; the next change tries again.
+      KF_LOG(warn, "config-server", "{}", e.what());
+    }
   }
   return stamped;
 }

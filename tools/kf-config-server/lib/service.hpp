@@ -50,6 +50,8 @@ struct ServiceOptions {
   /// remembered for twice as long, so a replay is refused until the time check refuses it too.
   std::chrono::milliseconds signature_window{60'000};
   std::size_t max_body_bytes = std::size_t{1} << 20;  ///< larger bodies get 413
+  /// A snapshot of the state after this many records in its log (state.hpp).
+  std::size_t snapshot_every = kSnapshotEvery;
   /// The clock events are stamped with (a fixed clock in tests).
   std::function<std::chrono::system_clock::time_point()> now = [] {
     return std::chrono::system_clock::now();
@@ -73,6 +75,12 @@ class Service {
   /// with the current document.
   std::optional<std::uint64_t> watch_after(const Request& request) const;
 
+  /// What can be told of a mutation's credentials from its Authorization header alone, before
+  /// its body is read: why it will be refused (no header, another scheme, a malformed
+  /// signature, a time outside the window, a nonce seen before, a wrong bearer token), or "".
+  /// The signature itself, which covers the body, is checked by handle().
+  std::string unauthorized_before_body(const std::string& authorization) const;
+
   std::uint64_t version() const noexcept { return state_.cluster.version; }
   const State& state() const noexcept { return state_; }
 
@@ -84,9 +92,11 @@ class Service {
   /// Why a mutation is not authorized, or "" when it is (a valid, fresh, unseen signature, or
   /// the bearer token where allowed). Remembers the nonce of an accepted signature.
   std::string unauthorized(const Request& request);
-  /// Appends `event` (stamped with seq and time) and writes the state file; on failure removes
-  /// it again and rethrows. Throws: std::runtime_error from save_state().
-  nlohmann::json append_event(nlohmann::json event);
+  /// Appends `event` (stamped with seq and time), with the cluster document when
+  /// `with_cluster`, to the state's log (append_record) and then to the state; a snapshot every
+  /// kSnapshotEvery records. On failure nothing changes. Throws: std::runtime_error from
+  /// append_record().
+  nlohmann::json append_event(nlohmann::json event, bool with_cluster = false);
 
   ServiceOptions options_;
   Key control_key_;  // derive_key(options_.token, KeyUse::control)
