@@ -69,7 +69,7 @@ class LrPlateau : public kf::Policy {
 
 }  // namespace
 
-extern "C" void kf_register_policies(kf::PolicyRegistry* registry) {
+KF_POLICY_PLUGIN(registry) {
   registry->add("lr-plateau",
                 [](const nlohmann::json& params) { return std::make_unique<LrPlateau>(params); });
 }

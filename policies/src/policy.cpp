@@ -2,6 +2,14 @@
 #include "kf/policies/policy.hpp"
 
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 
 #include <cmath>
 #include <stdexcept>
@@ -165,18 +173,83 @@ std::unique_ptr<Policy> PolicyRegistry::make(const std::string& name,
   return p;
 }
 
+namespace {
+
+// Why the plugin open at `fd` may not be loaded, or "".
+std::string unsafe_plugin(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return std::string("cannot stat it: ") + std::strerror(errno);
+  if (!S_ISREG(st.st_mode)) return "it is not a regular file";
+  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    return "it belongs to uid " + std::to_string(st.st_uid) + ", not to this user or root";
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    return std::string("its ") + ((st.st_mode & S_IWOTH) != 0 ? "other users" : "group") +
+           " may write it (chmod go-w it)";
+  }
+  // The directory the file really is in (symbolic links followed): who may replace it.
+  char real[PATH_MAX];
+  const std::string self = "/proc/self/fd/" + std::to_string(fd);
+  const ssize_t n = ::readlink(self.c_str(), real, sizeof real - 1);
+  if (n <= 0) return "cannot tell which directory it is in";
+  const auto dir =
+      std::filesystem::path(std::string(real, static_cast<std::size_t>(n))).parent_path();
+  struct stat ds {};
+  if (::stat(dir.c_str(), &ds) != 0) return "cannot stat its directory " + dir.string();
+  if ((ds.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (ds.st_mode & S_ISVTX) == 0) {
+    return "its directory " + dir.string() + " may be written by " +
+           ((ds.st_mode & S_IWOTH) != 0 ? "other users" : "its group") +
+           ", who could replace it (chmod go-w the directory)";
+  }
+  return {};
+}
+
+}  // namespace
+
 void PolicyRegistry::load_plugin(const std::string& path) {
-  // The library stays loaded for the life of the process: its policies' code lives there.
-  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  const auto fail = [&](const std::string& why) {
+    throw std::runtime_error("policy plugin '" + path + "': " + why);
+  };
+  if (!std::filesystem::path(path).is_absolute()) {
+    fail("the path must be absolute (a job file's plugins are taken relative to the job file)");
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(std::string("cannot open it: ") + std::strerror(errno));
+  if (const std::string why = unsafe_plugin(fd); !why.empty()) {
+    ::close(fd);
+    fail("refused: " + why);
+  }
+  // Loaded through the descriptor that was checked, so that the file cannot be swapped between
+  // the check and the load. The library stays loaded for the life of the process (its
+  // policies' code lives there), and so does the descriptor: the loader knows the library by
+  // this name, and a number reused by a later plugin would make it hand back this one.
+  void* handle = ::dlopen(("/proc/self/fd/" + std::to_string(fd)).c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* err = ::dlerror();
-    throw std::runtime_error("cannot load policy plugin '" + path + "': " + (err ? err : "?"));
+    ::close(fd);
+    fail(std::string("cannot load it: ") + (err ? err : "?"));
+  }
+  // A plugin refused after loading is unloaded again, before its entry point runs.
+  const auto refuse = [&](const std::string& why) {
+    ::dlclose(handle);
+    ::close(fd);
+    fail(why);
+  };
+  void* version = ::dlsym(handle, kKfPolicyPluginApiSymbol);
+  if (version == nullptr) {
+    refuse(std::string("it has no ") + kKfPolicyPluginApiSymbol +
+           " (a plugin built for an older kf): define its entry point with KF_POLICY_PLUGIN "
+           "(kf/policies/policy.hpp) and rebuild it");
+  }
+  const int api = reinterpret_cast<kf_policy_plugin_api_version_fn>(version)();
+  if (api != kPolicyPluginApi) {
+    refuse("it was built for plugin API " + std::to_string(api) + ", and this kf has " +
+           std::to_string(kPolicyPluginApi) + ": rebuild it against this kf");
   }
   void* sym = ::dlsym(handle, kKfRegisterPoliciesSymbol);
   if (sym == nullptr) {
-    throw std::runtime_error("policy plugin '" + path + "' has no entry point " +
-                             kKfRegisterPoliciesSymbol +
-                             " (declare it extern \"C\", see kf/policies/policy.hpp)");
+    refuse(std::string("it has no entry point ") + kKfRegisterPoliciesSymbol +
+           " (define it with KF_POLICY_PLUGIN, see kf/policies/policy.hpp)");
   }
   auto fn = reinterpret_cast<kf_register_policies_fn>(sym);
   try {

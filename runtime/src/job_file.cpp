@@ -597,7 +597,16 @@ JobFile load_job_file(const std::string& path) {
   }
   std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   if (in.bad()) throw JobFileError(path, 0, "", "cannot read the job file");
-  return parse_job_file(text, path);
+  JobFile job = parse_job_file(text, path);
+  // A plugin is code every worker runs: found beside the job file, never through the loader's
+  // search path or the workers' current directory.
+  const auto base = std::filesystem::absolute(path, ec).parent_path();
+  for (auto& plugin : job.plugins) {
+    if (std::filesystem::path(plugin).is_relative()) {
+      plugin = (base / plugin).lexically_normal().string();
+    }
+  }
+  return job;
 }
 
 }  // namespace kf

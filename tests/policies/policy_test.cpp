@@ -6,6 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -101,6 +104,64 @@ TEST(PolicyRegistry, UnknownNamesAndBadPluginsGiveClearErrors) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/libpolicy.so"), std::string::npos);
   }
+}
+
+// The message load_plugin throws for `path`, or "" when it loads.
+std::string plugin_error(const std::string& path) {
+  PolicyRegistry r;
+  try {
+    r.load_plugin(path);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A plugin is code every worker runs: only an absolute path, only a file nobody else can change,
+// only one built for this kf's plugin API.
+TEST(PolicyPlugin, OnlyAPluginNobodyElseCanChangeBuiltForThisKfLoads) {
+  const char* example = std::getenv("KF_TEST_PLUGIN");
+  ASSERT_NE(example, nullptr);
+  EXPECT_EQ(plugin_error("libplateau_policy.so"),
+            "policy plugin 'libplateau_policy.so': the path must be absolute (a job file's "
+            "plugins are taken relative to the job file)");
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("kf-plugin-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::filesystem::permissions(dir, std::filesystem::perms::owner_all);
+  const auto copy = dir / "libplateau_policy.so";
+  std::filesystem::copy_file(example, copy, std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::permissions(copy, std::filesystem::perms::owner_all);
+  EXPECT_EQ(plugin_error(copy.string()), "") << "the copy, only its owner may write it";
+  ::chmod(copy.c_str(), 0666);
+  EXPECT_EQ(plugin_error(copy.string()),
+            "policy plugin '" + copy.string() +
+                "': refused: its other users may write it (chmod go-w it)");
+  ::chmod(copy.c_str(), 0775);
+  EXPECT_NE(plugin_error(copy.string()).find("refused: its group may write it"), std::string::npos);
+  ::chmod(copy.c_str(), 0755);
+  ::chmod(dir.c_str(), 0777);
+  EXPECT_NE(plugin_error(copy.string())
+                .find("refused: its directory " + dir.string() + " may be written by other users"),
+            std::string::npos)
+      << plugin_error(copy.string());
+  ::chmod(dir.c_str(), 01777);  // sticky, like /tmp: nobody else may replace the file
+  EXPECT_EQ(plugin_error(copy.string()), "");
+  std::filesystem::remove_all(dir);
+
+  const char* unversioned = std::getenv("KF_TEST_UNVERSIONED_PLUGIN");
+  const char* future = std::getenv("KF_TEST_FUTURE_PLUGIN");
+  ASSERT_NE(unversioned, nullptr);
+  ASSERT_NE(future, nullptr);
+  EXPECT_NE(plugin_error(unversioned)
+                .find("it has no kf_policy_plugin_api_version (a plugin built "
+                      "for an older kf): define its entry point with "
+                      "KF_POLICY_PLUGIN"),
+            std::string::npos)
+      << plugin_error(unversioned);
+  EXPECT_NE(plugin_error(future).find("it was built for plugin API 99, and this kf has 1"),
+            std::string::npos)
+      << plugin_error(future);
 }
 
 TEST(PolicyRunner, DisablesAThrowingPolicyAndRecordsEveryRun) {

@@ -119,6 +119,10 @@ TEST(JobFile, LoadReadsTheFileAndNamesItInErrors) {
   EXPECT_EQ(j.name, "fashion-mnist");
   EXPECT_EQ(j.policies.size(), 2u);
   EXPECT_EQ(j.to_settings(), parse_job_file(kFullFile, "x").to_settings());
+  // A relative plugin is taken beside the job file, never through the loader's search path.
+  const auto dir = std::filesystem::absolute(path).parent_path();
+  EXPECT_EQ(j.plugins,
+            (std::vector<std::string>{(dir / "libmy_policy.so").string(), "/opt/kf/libother.so"}));
   {
     std::ofstream out(path);
     out << "job: {}\nbatch_size: 0\n";

@@ -58,15 +58,7 @@ int main(int argc, char** argv) {
     const kf::JobFile job = kf::load_job_file(job_path);
     kf::PolicyRegistry registry;
     kf::register_builtin_policies(registry);
-    const auto base = std::filesystem::path(job_path).parent_path();
-    for (const auto& plugin : job.plugins) {
-      // A relative plugin path is taken relative to the job file when it exists there.
-      const auto near = base / plugin;
-      registry.load_plugin(std::filesystem::path(plugin).is_relative() &&
-                                   std::filesystem::exists(near)
-                               ? near.string()
-                               : plugin);
-    }
+    for (const auto& plugin : job.plugins) registry.load_plugin(plugin);
     for (const auto& spec : job.policies) {
       try {
         runner.add(registry.make(spec.name, spec.params));

@@ -122,9 +122,16 @@ class PolicyRegistry {
   std::unique_ptr<Policy> make(const std::string& name, const nlohmann::json& params) const;
   std::vector<std::string> names() const;
 
-  /// Loads a shared library and calls its `kf_register_policies(kf::PolicyRegistry*)`.
-  /// Throws: std::runtime_error naming the file and what failed (dlopen, missing entry point,
-  /// an exception from the entry point).
+  /// Loads a shared library made with KF_POLICY_PLUGIN (below) and calls its entry point. The
+  /// path must be absolute (a job file's plugins are made so, relative to the job file). The
+  /// file must be a regular file owned by this user or root that its group and other users
+  /// cannot write, in a directory they cannot write either (unless it is sticky, like /tmp):
+  /// whoever can change the library runs code in every worker. The file is opened once, checked
+  /// and loaded through that descriptor, so that it cannot be swapped in between. Its plugin API
+  /// version must be this kf's (kPolicyPluginApi).
+  /// Throws: std::runtime_error naming the file and what failed (not absolute, cannot be opened,
+  /// its owner or permissions, dlopen, no or another API version, an exception from the entry
+  /// point).
   void load_plugin(const std::string& path);
 
  private:
@@ -133,12 +140,25 @@ class PolicyRegistry {
 
 }  // namespace kf
 
-/// The entry point a policy plugin exports (extern "C", so that its name is not mangled):
-///   extern "C" void kf_register_policies(kf::PolicyRegistry* registry) {
+/// A policy plugin's entry point, with the plugin API version it was built for:
+///   KF_POLICY_PLUGIN(registry) {
 ///     registry->add("my-policy", [](const nlohmann::json& p) { return std::make_unique<My>(p); });
 ///   }
-/// The plugin must be built against the same kf version (pkg-config --cflags --libs kf).
+/// It defines two extern "C" functions (names not mangled): kf_policy_plugin_api_version(),
+/// which returns KF_POLICY_PLUGIN_API as the plugin was compiled, and
+/// kf_register_policies(kf::PolicyRegistry*), whose body follows the macro. A kf whose plugin
+/// API differs refuses the plugin, naming both versions, instead of calling into code built
+/// against other types. Build it against the kf it runs with (pkg-config --cflags --libs kf).
+#define KF_POLICY_PLUGIN_API 1
+#define KF_POLICY_PLUGIN(registry)                                               \
+  extern "C" int kf_policy_plugin_api_version() { return KF_POLICY_PLUGIN_API; } \
+  extern "C" void kf_register_policies(kf::PolicyRegistry* registry)
+
 extern "C" {
 using kf_register_policies_fn = void (*)(kf::PolicyRegistry*);
+using kf_policy_plugin_api_version_fn = int (*)();
 }
 inline constexpr const char* kKfRegisterPoliciesSymbol = "kf_register_policies";
+inline constexpr const char* kKfPolicyPluginApiSymbol = "kf_policy_plugin_api_version";
+/// The plugin API of this kf (KF_POLICY_PLUGIN_API when it was built).
+inline constexpr int kPolicyPluginApi = KF_POLICY_PLUGIN_API;

@@ -83,7 +83,9 @@ struct JobFile {
   std::optional<Checkpoint> checkpoint;
   std::optional<Metrics> metrics;
   std::vector<PolicySpec> policies;  ///< in the order of the file (later ones win on merge)
-  std::vector<std::string> plugins;  ///< shared libraries, as written (passed to dlopen)
+  /// Policy plugins (PolicyRegistry::load_plugin): load_job_file makes a relative path absolute,
+  /// relative to the job file's directory; parse_job_file keeps them as written.
+  std::vector<std::string> plugins;
 
   /// The cluster settings kf-config-server holds for the job: {"algorithm", "batch_size", "lr",
   /// "min_workers", "max_workers"}.
