@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <mutex>
@@ -124,11 +125,34 @@ Env Env::from_environment() {
   } catch (const std::invalid_argument& ex) {
     throw std::invalid_argument(std::string(env::kSelf) + ": " + ex.what());
   }
-  const std::string cluster_text = require(env::kCluster);
+  // The document in the environment, or (a large one) in the file it names.
+  const char* source = env::kCluster;
+  std::string cluster_text;
+  if (auto inline_text = get(env::kCluster)) {
+    cluster_text = std::move(*inline_text);
+  } else if (auto file = get(env::kClusterFile)) {
+    source = env::kClusterFile;
+    constexpr std::uintmax_t kMaxClusterFileBytes = std::uintmax_t{64} << 20;
+    std::error_code ec;
+    const auto bytes = std::filesystem::file_size(*file, ec);
+    if (ec || bytes > kMaxClusterFileBytes) {
+      throw std::invalid_argument(
+          std::string(env::kClusterFile) + ": '" + *file + "' " +
+          (ec ? "cannot be read: " + ec.message() : "is larger than 64 MiB"));
+    }
+    std::ifstream in(*file, std::ios::binary);
+    cluster_text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (!in.good() && !in.eof()) {
+      throw std::invalid_argument(std::string(env::kClusterFile) + ": cannot read '" + *file + "'");
+    }
+  } else {
+    throw std::invalid_argument(std::string("neither ") + env::kCluster + " nor " +
+                                env::kClusterFile + " is set");
+  }
   try {
     e.cluster = Cluster::from_json(parse_json(cluster_text));
   } catch (const std::exception& ex) {
-    throw std::invalid_argument(std::string(env::kCluster) + ": " + ex.what());
+    throw std::invalid_argument(std::string(source) + ": " + ex.what());
   }
   e.job_id = get(env::kJobId).value_or("kf");
   if (auto t = get(env::kJobToken)) {

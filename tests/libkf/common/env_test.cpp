@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// Reading the job token from its file: what is taken, what is refused, and the warning about a
-// file that others may read.
+// Reading the job token from its file (what is taken, what is refused, the warning about a
+// file that others may read) and the cluster document from the environment or its file.
 #include "kf/common/env.hpp"
 
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,7 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TokenFile : public ::testing::Test {
+class EnvFile : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string pattern = (fs::temp_directory_path() / "kf-env-test-XXXXXX").string();
@@ -45,12 +46,12 @@ class TokenFile : public ::testing::Test {
   fs::path dir_;
 };
 
-TEST_F(TokenFile, TakesTheFirstLineWithoutTrailingSpaceOrCarriageReturn) {
+TEST_F(EnvFile, TakesTheFirstLineWithoutTrailingSpaceOrCarriageReturn) {
   EXPECT_EQ(read_token_file(write("a", "s3cret \r\nsecond line\n")), "s3cret");
   EXPECT_EQ(read_token_file(write("b", "no-newline")), "no-newline");
 }
 
-TEST_F(TokenFile, RefusesWhatIsNoToken) {
+TEST_F(EnvFile, RefusesWhatIsNoToken) {
   EXPECT_NE(error_of(write("empty", "\n")).find("is empty"), std::string::npos);
   EXPECT_NE(error_of((dir_ / "absent").string()).find("cannot read job token file"),
             std::string::npos);
@@ -61,7 +62,7 @@ TEST_F(TokenFile, RefusesWhatIsNoToken) {
   EXPECT_EQ(read_token_file(write("long", std::string(4096, 'y') + "\n")).size(), 4096u);
 }
 
-TEST_F(TokenFile, WarnsOnceWhenOthersMayReadIt) {
+TEST_F(EnvFile, WarnsOnceWhenOthersMayReadIt) {
   test::LogCapture log;
   const std::string open_to_all = write("all", "t\n", 0644);
   const std::string open_to_group = write("group", "t\n", 0640);
@@ -80,6 +81,44 @@ TEST_F(TokenFile, WarnsOnceWhenOthersMayReadIt) {
       << text;
   EXPECT_EQ(text.find(private_file), std::string::npos) << text;
   EXPECT_EQ(text.find(open_to_all), text.rfind(open_to_all)) << "warned twice: " << text;
+}
+
+// The worker's reading of its environment: the cluster document inline or, too large for the
+// environment, from the file kfrun names.
+TEST_F(EnvFile, TheClusterComesInlineOrFromAFile) {
+  const std::string doc =
+      R"({"version":3,"workers":[{"host":"127.0.0.1","port":9001,"slot":0}],"settings":{}})";
+  const std::string file = write("cluster.json", doc + "\n");
+  ::setenv("KF_SELF", "127.0.0.1:9001", 1);
+  ::setenv("KF_JOB_TOKEN", "t", 1);
+  ::unsetenv("KF_CLUSTER");
+  ::setenv("KF_CLUSTER_FILE", file.c_str(), 1);
+  EXPECT_EQ(Env::from_environment().cluster.version, 3u);
+  ::setenv("KF_CLUSTER", R"({"version":4,"workers":[{"host":"127.0.0.1","port":9001,"slot":0}]})",
+           1);
+  EXPECT_EQ(Env::from_environment().cluster.version, 4u) << "KF_CLUSTER comes first";
+  ::unsetenv("KF_CLUSTER");
+  ::setenv("KF_CLUSTER_FILE", (dir_ / "absent.json").c_str(), 1);
+  try {
+    Env::from_environment();
+    ADD_FAILURE() << "a missing cluster file was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("KF_CLUSTER_FILE: '" + (dir_ / "absent.json").string() +
+                                         "' cannot be read"),
+              std::string::npos)
+        << e.what();
+  }
+  ::setenv("KF_CLUSTER_FILE", write("bad.json", "{\"version\": 1").c_str(), 1);
+  EXPECT_THROW(Env::from_environment(), std::invalid_argument);
+  ::unsetenv("KF_CLUSTER_FILE");
+  try {
+    Env::from_environment();
+    ADD_FAILURE() << "no cluster was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "neither KF_CLUSTER nor KF_CLUSTER_FILE is set");
+  }
+  ::unsetenv("KF_SELF");
+  ::unsetenv("KF_JOB_TOKEN");
 }
 
 }  // namespace

@@ -1,11 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kfrun/lib/worker_env.hpp"
 
+#include <stdlib.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "kf/common/env.hpp"
 
@@ -81,6 +86,32 @@ TEST(WorkerEnvironment, ReplacesInheritedKfVariables) {
   EXPECT_EQ(value_of(env, env::kAlgorithm), "tree");
   EXPECT_EQ(value_of(env, env::kTimeoutMs), "1500");
   EXPECT_EQ(value_of(env, env::kLogLevel), "debug");
+}
+
+// A document too large for the environment (Linux refuses an exec with a string over 128 KiB)
+// goes by file: one per version, readable by this user only.
+TEST(WorkerEnvironment, ALargeClusterGoesByFile) {
+  JobSpec job = two_worker_job();
+  EXPECT_TRUE(fits_environment(job.cluster));
+  std::vector<std::uint16_t> ports;
+  for (int i = 0; i < 3000; ++i) ports.push_back(static_cast<std::uint16_t>(10000 + i));
+  job.cluster = static_cluster("worker-with-a-long-host-name.example.internal", ports, "ring");
+  ASSERT_FALSE(fits_environment(job.cluster));
+  std::string pattern = (std::filesystem::temp_directory_path() / "kf-env-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+  const std::filesystem::path dir = pattern;
+  job.cluster_file = write_cluster_file(job.cluster, dir);
+  EXPECT_EQ(*job.cluster_file, (dir / "cluster-v1.json").string());
+  EXPECT_EQ(write_cluster_file(job.cluster, dir), *job.cluster_file) << "one file per version";
+  EXPECT_EQ(std::filesystem::status(*job.cluster_file).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  std::ifstream in(*job.cluster_file);
+  EXPECT_EQ(nlohmann::json::parse(in), job.cluster.to_json());
+  const auto env = worker_environment(job, 7, {"KF_CLUSTER=stale"});
+  EXPECT_EQ(value_of(env, env::kCluster), "<unset>");
+  EXPECT_EQ(value_of(env, env::kClusterFile), *job.cluster_file);
+  EXPECT_EQ(value_of(env, env::kSize), "3000");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(WorkerEnvironment, SetsConfigServerOnlyWhenTheJobHasOne) {

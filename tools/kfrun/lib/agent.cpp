@@ -23,6 +23,7 @@
 #include "kfrun/lib/agent_setup.hpp"
 #include "kfrun/lib/line_prefixer.hpp"
 #include "kfrun/lib/output.hpp"
+#include "kfrun/lib/private_dir.hpp"
 #include "kfrun/lib/signal_pipe.hpp"
 #include "kfrun/lib/worker_env.hpp"
 #include "kfrun/lib/worker_process.hpp"
@@ -430,6 +431,16 @@ class Agent {
     JobSpec job = job_;
     job.cluster = c;
     try {
+      if (!fits_environment(c)) {
+        // A document too large for the environment goes by file, in a directory of this
+        // agent's (it outlives the agent only when the agent is killed).
+        try {
+          if (!spill_dir_) spill_dir_.emplace();
+          job.cluster_file = write_cluster_file(c, spill_dir_->path());
+        } catch (const std::system_error& e) {
+          throw ExecError(e.what());  // this worker cannot start; the agent goes on
+        }
+      }
       auto env = worker_environment(job, rank, base_env_);
       // So that an agent restarted after this one died can tell the worker was orphaned.
       std::erase_if(env, [](const std::string& e) {
@@ -542,6 +553,7 @@ class Agent {
 
   const AgentOptions& options_;
   const JobSpec& job_;
+  std::optional<PrivateDir> spill_dir_;  // cluster documents too large for the environment
   SignalPipe& signals_;
   FdWriter out_;
   FdWriter& err_;

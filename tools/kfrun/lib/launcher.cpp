@@ -224,12 +224,17 @@ int run_static(const LaunchOptions& options) {
   // Without a token file, a random token in a 0600 file of a private directory that lives as
   // long as the job: a token in the environment could be read by anyone who can read the
   // workers' /proc/PID/environ, and is inherited by every program they start.
-  std::optional<PrivateDir> token_dir;
+  // The same directory holds the cluster document when it is too large for the environment.
+  std::optional<PrivateDir> job_dir;
   if (!job.job_token_file) {
-    token_dir.emplace();
-    const auto file = token_dir->path() / "job.token";
+    job_dir.emplace();
+    const auto file = job_dir->path() / "job.token";
     write_token_file(file, random_hex(kTokenBytes));
     job.job_token_file = file.string();
+  }
+  if (!fits_environment(job.cluster)) {
+    if (!job_dir) job_dir.emplace();
+    job.cluster_file = write_cluster_file(job.cluster, job_dir->path());
   }
   const auto base = current_environment();
   SignalPipe signals;

@@ -1,27 +1,32 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kfrun/lib/worker_env.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <stdexcept>
 #include <string_view>
+#include <system_error>
 
 #include <openssl/rand.h>
 
 #include "kf/common/env.hpp"
 #include "kf/common/log.hpp"
+#include "kfrun/lib/output.hpp"
+#include "kfrun/lib/unique_fd.hpp"
 
 namespace kf::tools {
 
 namespace {
 
 // Every variable worker_environment() may set; inherited values of these are dropped.
-constexpr std::array kManaged = {env::kSelf,        env::kCluster,      env::kJobId,
-                                 env::kJobToken,    env::kJobTokenFile, env::kAlgorithm,
-                                 env::kTimeoutMs,   env::kRank,         env::kSize,
-                                 env::kMetricsPort, env::kJobFile};
+constexpr std::array kManaged = {env::kSelf,      env::kCluster,     env::kClusterFile,
+                                 env::kJobId,     env::kJobToken,    env::kJobTokenFile,
+                                 env::kAlgorithm, env::kTimeoutMs,   env::kRank,
+                                 env::kSize,      env::kMetricsPort, env::kJobFile};
 
 bool is_managed(std::string_view entry, bool sets_config_server) {
   const auto name = entry.substr(0, entry.find('='));
@@ -56,7 +61,11 @@ std::vector<std::string> worker_environment(const JobSpec& job, int rank,
   std::copy_if(base.begin(), base.end(), std::back_inserter(out),
                [&](const std::string& entry) { return !is_managed(entry, sets_config_server); });
   out.push_back(assign(env::kSelf, job.cluster.workers[rank].endpoint.str()));
-  out.push_back(assign(env::kCluster, job.cluster.to_json().dump()));
+  if (job.cluster_file) {
+    out.push_back(assign(env::kClusterFile, *job.cluster_file));
+  } else {
+    out.push_back(assign(env::kCluster, job.cluster.to_json().dump()));
+  }
   out.push_back(assign(env::kJobId, job.job_id));
   if (job.job_token_file) out.push_back(assign(env::kJobTokenFile, *job.job_token_file));
   out.push_back(assign(env::kRank, std::to_string(rank)));
@@ -72,6 +81,23 @@ std::vector<std::string> worker_environment(const JobSpec& job, int rank,
     out.push_back(assign(env::kMetricsPort, std::to_string(port <= 65535 ? port : 0)));
   }
   return out;
+}
+
+bool fits_environment(const Cluster& cluster) {
+  return cluster.to_json().dump().size() <= kMaxClusterEnvBytes;
+}
+
+std::string write_cluster_file(const Cluster& cluster, const std::filesystem::path& dir) {
+  const auto file = dir / ("cluster-v" + std::to_string(cluster.version) + ".json");
+  std::error_code ec;
+  if (std::filesystem::exists(file, ec)) return file.string();  // this version's, written before
+  const std::string text = cluster.to_json().dump() + "\n";
+  UniqueFd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd.is_open() || !write_all(fd.get(), text)) {
+    throw std::system_error(errno, std::generic_category(),
+                            "kfrun: cannot write the cluster file " + file.string());
+  }
+  return file.string();
 }
 
 std::vector<std::string> current_environment() {

@@ -7,7 +7,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,7 +30,19 @@ struct JobSpec {
   /// kernel picks).
   std::optional<std::uint16_t> metrics_port;
   std::optional<std::string> job_file;  ///< passed as KF_JOB_FILE when set (kfrun --job)
+  /// Passed as KF_CLUSTER_FILE instead of KF_CLUSTER when set: a file holding `cluster`
+  /// (write_cluster_file), for a document too large for the environment.
+  std::optional<std::string> cluster_file;
 };
+
+/// The largest cluster document (JSON bytes) passed in the environment: Linux refuses an exec
+/// with one string over 128 KiB, and the rest of the environment needs room too.
+inline constexpr std::size_t kMaxClusterEnvBytes = 96 * 1024;
+/// Whether `cluster`'s document fits the environment (kMaxClusterEnvBytes).
+bool fits_environment(const Cluster& cluster);
+/// Writes `cluster`'s document to DIR/cluster-vVERSION.json (0600; kept when it exists: one file
+/// per version) and returns its path. Throws: std::system_error naming the file.
+std::string write_cluster_file(const Cluster& cluster, const std::filesystem::path& dir);
 
 /// The cluster of a static job: version 1, one worker per port on `host` in rank order with
 /// slot = rank, and settings {"algorithm": algorithm} when an algorithm is given.
@@ -37,7 +51,7 @@ Cluster static_cluster(const std::string& host, const std::vector<std::uint16_t>
 
 /// The environment ("NAME=VALUE" strings) of worker `rank`: `base` without the KF_* variables
 /// kfrun sets (so that a value from an enclosing job cannot leak in), followed by KF_SELF,
-/// KF_CLUSTER, KF_JOB_ID, KF_JOB_TOKEN or KF_JOB_TOKEN_FILE, KF_RANK, KF_SIZE and, when set,
+/// KF_CLUSTER (or KF_CLUSTER_FILE), KF_JOB_ID, KF_JOB_TOKEN_FILE, KF_RANK, KF_SIZE and, when set,
 /// KF_ALGORITHM, KF_TIMEOUT_MS, KF_CONFIG_SERVER, KF_METRICS_PORT and KF_JOB_FILE. An inherited
 /// KF_CONFIG_SERVER is replaced only when job.config_server is set (a static job leaves it alone).
 /// Requires: 0 <= rank < job.cluster.size().

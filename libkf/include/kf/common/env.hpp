@@ -19,8 +19,11 @@
 namespace kf {
 
 namespace env {
-inline constexpr const char* kSelf = "KF_SELF";           ///< host:port this worker listens on
-inline constexpr const char* kCluster = "KF_CLUSTER";     ///< initial cluster, JSON
+inline constexpr const char* kSelf = "KF_SELF";        ///< host:port this worker listens on
+inline constexpr const char* kCluster = "KF_CLUSTER";  ///< initial cluster, JSON
+/// A file holding the initial cluster, instead of KF_CLUSTER (kfrun uses it for a document too
+/// large for the environment).
+inline constexpr const char* kClusterFile = "KF_CLUSTER_FILE";
 inline constexpr const char* kJobId = "KF_JOB_ID";        ///< job id (part of the handshake)
 inline constexpr const char* kJobToken = "KF_JOB_TOKEN";  ///< job token (secret)
 inline constexpr const char* kJobTokenFile = "KF_JOB_TOKEN_FILE";  ///< file holding the token
