@@ -35,6 +35,7 @@ class Input {
     return *p_++;
   }
   bool empty() const noexcept { return left_ == 0; }
+  std::size_t remaining() const noexcept { return left_; }
   /// A piece whose length is the next byte (up to 255), or all that is left when `rest`.
   std::string piece(bool rest = false) {
     const std::size_t n = rest ? left_ : std::min<std::size_t>(byte(), left_);

@@ -100,6 +100,9 @@ class ShmRing {
   Peek peek(Record& out, std::uint64_t max_payload, std::string& why) noexcept;
   /// Frees the record peek() returned.
   void pop() noexcept;
+  /// This side's mapping of the record area, for checks (tests and the fuzz harness): every
+  /// record peek() returns lies inside it.
+  std::span<const std::byte> records() const noexcept { return {data(), kCapacity}; }
   /// Announces (true) that the reader is about to sleep in the kernel, or that it is awake.
   /// Sequentially consistent: after announcing sleep the reader looks at the ring once more,
   /// and a writer that published first sees the flag or its record is seen.
