@@ -20,7 +20,6 @@
 #include "kf-chaos/lib/verdict.hpp"
 #include "kf-member/lib/commands.hpp"
 #include "kf/runtime/config_client.hpp"
-#include "kfrun/lib/private_dir.hpp"
 
 namespace kf::chaos {
 
@@ -113,15 +112,8 @@ void check(const Options& o) {
 
 int run(const Options& o, std::ostream& out) {
   check(o);
-  std::optional<tools::PrivateDir> own_dir;
-  fs::path dir;
-  if (o.dir) {
-    dir = *o.dir;
-    fs::create_directories(dir);
-  } else {
-    own_dir.emplace();
-    dir = own_dir->path();
-  }
+  WorkDir work(o.dir);
+  const fs::path& dir = work.path();
   const auto start = Clock::now();
   const auto stamp = [&] {
     const double s = std::chrono::duration<double>(Clock::now() - start).count();
@@ -272,16 +264,8 @@ int run(const Options& o, std::ostream& out) {
     return 0;
   }
   for (const auto& p : problems) out << "kf-chaos: FAIL: " << p << std::endl;
-  if (own_dir) {
-    // Kept for a look: the agent's and the service's output.
-    const fs::path kept = fs::temp_directory_path() /
-                          ("kf-chaos-" + std::to_string(o.seed) + "-" + std::to_string(::getpid()));
-    std::error_code ec;
-    fs::rename(dir, kept, ec);
-    if (!ec) out << "kf-chaos: the job's output is in " << kept.string() << std::endl;
-  } else {
-    out << "kf-chaos: the job's output is in " << dir.string() << std::endl;
-  }
+  // Kept for a look: the agent's and the service's output.
+  out << "kf-chaos: the job's output is in " << work.keep("kf-chaos", o.seed) << std::endl;
   return 1;
 }
 

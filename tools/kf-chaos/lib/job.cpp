@@ -8,11 +8,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <regex>
 #include <sstream>
 #include <stdexcept>
+#include <system_error>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -87,6 +89,39 @@ std::string slurp(const fs::path& p) {
 }
 
 }  // namespace
+
+WorkDir::WorkDir(const std::optional<fs::path>& given) {
+  if (given) {
+    path_ = *given;
+    fs::create_directories(path_);
+    return;
+  }
+  std::string pattern = (fs::temp_directory_path() / "kf-job-XXXXXX").string();
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    throw std::system_error(errno, std::generic_category(),
+                            "cannot make a temporary directory like " + pattern);
+  }
+  path_ = pattern;
+  own_ = true;
+}
+
+WorkDir::~WorkDir() {
+  if (!own_) return;
+  std::error_code ignored;
+  fs::remove_all(path_, ignored);
+}
+
+std::string WorkDir::keep(const std::string& tool, std::uint64_t seed) {
+  if (!own_) return path_.string();
+  const fs::path kept = fs::temp_directory_path() /
+                        (tool + "-" + std::to_string(seed) + "-" + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::rename(path_, kept, ec);
+  if (ec) return path_.string();
+  path_ = kept;
+  own_ = false;
+  return kept.string();
+}
 
 std::string default_tool(const std::string& name) {
   std::error_code ec;

@@ -32,6 +32,24 @@ struct JobSpec {
   std::vector<std::string> env;      ///< "NAME=VALUE" added to the agent's (and workers') own
 };
 
+/// A tool's work directory: the one the user gave (created if need be, always kept), or a fresh
+/// private one under $TMPDIR, removed when this goes unless kept after a failure.
+class WorkDir {
+ public:
+  explicit WorkDir(const std::optional<std::filesystem::path>& given);
+  ~WorkDir();
+  WorkDir(const WorkDir&) = delete;
+  WorkDir& operator=(const WorkDir&) = delete;
+  const std::filesystem::path& path() const noexcept { return path_; }
+  /// After a failure: a private directory moves to $TMPDIR/TOOL-SEED-PID and stays. Returns
+  /// where the job's output is now.
+  std::string keep(const std::string& tool, std::uint64_t seed);
+
+ private:
+  std::filesystem::path path_;
+  bool own_ = false;
+};
+
 /// `name` next to the running executable (installed), in the build tree's sibling folder
 /// (tools/NAME/NAME), or else the bare name (looked up on PATH when started).
 std::string default_tool(const std::string& name);

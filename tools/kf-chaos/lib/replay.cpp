@@ -19,7 +19,6 @@
 #include "kf-chaos/lib/trace.hpp"
 #include "kf-chaos/lib/verdict.hpp"
 #include "kf-member/lib/commands.hpp"
-#include "kfrun/lib/private_dir.hpp"
 
 namespace kf::chaos {
 
@@ -277,22 +276,10 @@ int replay(const ReplayOptions& o, std::ostream& out) {
   std::ifstream in(o.trace);
   if (!in) throw TraceError(o.trace.string() + ": cannot be read");
   const auto trace = parse_trace(in, o.trace.string());
-  std::optional<tools::PrivateDir> own_dir;
-  fs::path dir;
-  if (o.dir) {
-    dir = *o.dir;
-    fs::create_directories(dir);
-  } else {
-    own_dir.emplace();
-    dir = own_dir->path();
-  }
-  const int code = Replayer(o, dir, out).run(trace);
-  if (code != 0 && own_dir) {
-    const fs::path kept = fs::temp_directory_path() / ("kf-replay-" + std::to_string(o.seed) + "-" +
-                                                       std::to_string(::getpid()));
-    std::error_code ec;
-    fs::rename(dir, kept, ec);
-    if (!ec) out << "kf-replay: the job's output is in " << kept.string() << std::endl;
+  WorkDir work(o.dir);
+  const int code = Replayer(o, work.path(), out).run(trace);
+  if (code != 0) {
+    out << "kf-replay: the job's output is in " << work.keep("kf-replay", o.seed) << std::endl;
   }
   return code;
 }
