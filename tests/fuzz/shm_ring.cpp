@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -118,7 +119,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       KF_FUZZ_CHECK(
           !w.plain || w.name == r.name && w.header.cluster_version == r.header.cluster_version &&
                           w.header.tag == r.header.tag && w.socket_before == r.socket_before &&
-                          std::memcmp(w.payload.data(), r.payload.data(), w.payload.size()) == 0,
+                          std::equal(w.payload.begin(), w.payload.end(), r.payload.begin(),
+                                   r.payload.end()),
           "a record read back differs from the one written");
     }
     reader->pop();
