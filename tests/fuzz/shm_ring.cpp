@@ -120,7 +120,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           !w.plain || w.name == r.name && w.header.cluster_version == r.header.cluster_version &&
                           w.header.tag == r.header.tag && w.socket_before == r.socket_before &&
                           std::equal(w.payload.begin(), w.payload.end(), r.payload.begin(),
-                                   r.payload.end()),
+                                     r.payload.end()),
           "a record read back differs from the one written");
     }
     reader->pop();
