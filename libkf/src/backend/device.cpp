@@ -103,11 +103,16 @@ Handle PeerImpl::submit_device(std::shared_ptr<CollCtx> ctx) {
     return h;
   }
 #endif
-  if (opts_.device_backend == DeviceBackend::nccl) {
+  // What NCCL cannot do (consensus, a host buffer beside a device one) goes through staging
+  // even with `nccl` forced; forcing it fails only where NCCL itself is missing.
 #if KF_HAVE_NCCL
-    const std::string why = d.nccl ? "NCCL has no " + std::string(to_string(ctx->op)) +
-                                         " over these buffers (PeerOptions::device_backend is nccl)"
-                                   : "NCCL cannot be used: " + d.nccl_why;
+  const bool nccl_missing = !d.nccl;
+#else
+  const bool nccl_missing = true;
+#endif
+  if (opts_.device_backend == DeviceBackend::nccl && nccl_missing) {
+#if KF_HAVE_NCCL
+    const std::string why = "NCCL cannot be used: " + d.nccl_why;
 #else
     const std::string why = "PeerOptions::device_backend is nccl, but this build has no NCCL";
 #endif

@@ -359,11 +359,13 @@ void NcclBackend::run(std::shared_ptr<CollCtx> ctx, const Cluster& cluster) {
     done->mark = mark;
     r.state->device = done;
     running_.fetch_add(1);
-    api_->call_after(comm_stream_, [this, comm, state = r.state, label] {
+    // The callback owns the request until it completes it: the request's last owner completes
+    // it with `closed` when destroyed unfinished (CollCtx's destructor).
+    api_->call_after(comm_stream_, [this, comm, ctx, label] {
       if (comm->failed.load(std::memory_order_acquire)) {
-        state->complete(comm->ec, label + ": " + comm->why);
+        ctx->state->complete(comm->ec, label + ": " + comm->why);
       } else {
-        state->complete({}, {});
+        ctx->state->complete({}, {});
       }
       running_.fetch_sub(1);
     });

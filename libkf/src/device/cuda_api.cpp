@@ -2,10 +2,14 @@
 // DeviceApi over the CUDA runtime (device_api.hpp). Built into every libkf; without CUDA in the
 // build, cuda_device_api says so. The device is the one current on the thread that first asks
 // (cudaGetDevice); kf's own threads bind to it.
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "config.hpp"
 #include "device/device_api.hpp"
@@ -31,9 +35,44 @@ void check(const char* what, cudaError_t e) {
 
 cudaStream_t as_stream(void* s) noexcept { return static_cast<cudaStream_t>(s); }
 
+// A host function that a stream runs must not call CUDA, and kf's completions do (they destroy
+// events, return page-locked blocks, start the next copies): the host function only hands each
+// completion to this thread, which runs them in order. Made once per device and never destroyed,
+// so that no exit-time destructor waits for a stream.
+class Completions {
+ public:
+  explicit Completions(int device) {
+    std::thread([this, device] {
+      (void)cudaSetDevice(device);
+      std::unique_lock<std::mutex> lk(mu_);
+      for (;;) {
+        cv_.wait(lk, [&] { return !queue_.empty(); });
+        std::function<void()> f = std::move(queue_.front());
+        queue_.pop_front();
+        lk.unlock();
+        f();
+        f = nullptr;  // what it holds is released here, not under the lock
+        lk.lock();
+      }
+    }).detach();
+  }
+  void post(std::function<void()> f) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      queue_.push_back(std::move(f));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+};
+
 class CudaApi final : public DeviceApi {
  public:
-  explicit CudaApi(int device) : device_(device) {
+  explicit CudaApi(int device) : device_(device), completions_(new Completions(device)) {
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) name_ = prop.name;
   }
@@ -67,12 +106,16 @@ class CudaApi final : public DeviceApi {
           cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, as_stream(stream)));
   }
   void call_after(void* stream, std::function<void()> f) override {
-    auto* heap = new std::function<void()>(std::move(f));
+    struct Call {
+      Completions* to;
+      std::function<void()> f;
+    };
+    auto* heap = new Call{completions_, std::move(f)};
     const cudaError_t e = cudaLaunchHostFunc(
         as_stream(stream),
         [](void* arg) {
-          std::unique_ptr<std::function<void()>> g(static_cast<std::function<void()>*>(arg));
-          (*g)();
+          std::unique_ptr<Call> call(static_cast<Call*>(arg));
+          call->to->post(std::move(call->f));
         },
         heap);
     if (e != cudaSuccess) {
@@ -105,6 +148,7 @@ class CudaApi final : public DeviceApi {
  private:
   int device_;
   std::string name_;
+  Completions* completions_;  // never freed: see Completions
 };
 
 }  // namespace

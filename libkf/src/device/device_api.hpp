@@ -3,7 +3,7 @@
 // runtime itself (device/cuda_api.cpp, in builds with CUDA), or host memory standing in for a
 // device (device/standin.cpp), so that the staging backend's logic runs where no GPU is.
 // Thread-safety: every method may be called from any thread whose current CUDA device is the
-// API's (bind_thread); the callbacks of call_after run on a runtime thread.
+// API's (bind_thread); the callbacks of call_after run on a thread of the API's.
 #pragma once
 
 #include <cstddef>
@@ -35,8 +35,9 @@ class DeviceApi {
   virtual void destroy_stream(void* stream) noexcept = 0;
   /// Enqueues a copy of `bytes` bytes; either side may be in host or in device memory.
   virtual void copy(void* dst, const void* src, std::size_t bytes, void* stream) = 0;
-  /// Enqueues a call of `f` on a runtime thread once the work enqueued before it is done. The
-  /// stream waits for `f`, which must return quickly and must not call this API.
+  /// Enqueues a call of `f` once the work enqueued before it is done, on a thread of the API's
+  /// that runs such calls in order. `f` must return quickly; it may release events and
+  /// page-locked memory, but must not wait for a stream.
   virtual void call_after(void* stream, std::function<void()> f) = 0;
   /// A mark after the work enqueued on `stream` so far.
   virtual DeviceEvent record(void* stream) = 0;

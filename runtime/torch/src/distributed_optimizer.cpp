@@ -8,8 +8,11 @@
 #endif
 
 #include <cmath>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "kf/peer.hpp"
 #include "kf/runtime/step_monitor.hpp"
@@ -40,7 +43,19 @@ struct DistributedOptimizer::Bucket {
 
 namespace {
 
-std::string key_of(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+// The key of a parameter in Optimizer::state(): the address of its TensorImpl, as text in the
+// LibTorch of Debian 12 and as the pointer itself in newer releases (2.11 has void*).
+using StateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+template <class Key = StateKey>
+Key key_of(const torch::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;
+    text << p.unsafeGetTensorImpl();
+    return text.str();
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
+}
 
 Buffer tensor_buffer(const torch::Tensor& t, const std::string& what) {
   if (!t.is_contiguous() || (t.device().type() != torch::kCPU && !t.is_cuda())) {
