@@ -41,12 +41,19 @@ namespace {
 
 using Ms = std::chrono::milliseconds;
 
+// A remote process that exited or a broken connection is a lost peer, which the job recovers
+// from like any other; the rest are faults of this process or its device.
+std::error_code nccl_error_code(ncclResult_t r) {
+  return make_error_code(r == ncclRemoteError || r == ncclSystemError ? errc::peer_lost
+                                                                      : errc::device_error);
+}
+
 [[noreturn]] void throw_nccl(const char* what, ncclResult_t r, ncclComm_t comm = nullptr) {
   std::string msg = std::string("NCCL: ") + what + ": " + ncclGetErrorString(r);
   if (comm) {
     if (const char* last = ncclGetLastError(comm); last && *last) msg += std::string(": ") + last;
   }
-  throw Error(make_error_code(errc::device_error), msg);
+  throw Error(nccl_error_code(r), msg);
 }
 
 ncclDataType_t nccl_type(DType t) {
@@ -150,7 +157,13 @@ void NcclBackend::settle(Comm& c, const char* what, Ms limit, bool watch_members
       throw Error(make_error_code(errc::timeout), std::string("NCCL: ") + what + " took over " +
                                                       std::to_string(limit.count()) + " ms");
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));  // polling NCCL's state
+    // NCCL's state is only polled. A collective that returned ncclInProgress is usually
+    // enqueued within microseconds: yield for the first millisecond or so, then sleep.
+    if (polls < 1000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
   }
 }
 
@@ -220,6 +233,18 @@ std::shared_ptr<NcclBackend::Comm> NcclBackend::shrunk(Comm& old, const Cluster&
   const ncclResult_t r = ncclCommShrink(old.comm, exclude.data(), static_cast<int>(exclude.size()),
                                         &c->comm, &config, flags);
   if (r != ncclSuccess && r != ncclInProgress) throw_nccl("ncclCommShrink", r, old.comm);
+  // Non-blocking, NCCL writes the new handle only once the shrink is done; until then the
+  // parent's state tells how it goes.
+  try {
+    settle(old, "ncclCommShrink", hooks_.init_timeout);
+  } catch (...) {
+    if (c->comm) (void)ncclCommAbort(c->comm);
+    c->comm = nullptr;
+    throw;
+  }
+  if (!c->comm) {
+    throw Error(make_error_code(errc::device_error), "NCCL: ncclCommShrink made no communicator");
+  }
   settle_new(*c, "ncclCommShrink");
   std::lock_guard<std::mutex> lk(comm_mu_);
   timings_.shrink_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -398,7 +423,7 @@ void NcclBackend::watch() {
         if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
           const ncclResult_t bad = r != ncclSuccess ? r : state;
           const char* last = ncclGetLastError(c->comm);
-          fail_comm(*c, make_error_code(errc::device_error),
+          fail_comm(*c, nccl_error_code(bad),
                     std::string("NCCL: ") + ncclGetErrorString(bad) +
                         (last && *last ? std::string(": ") + last : std::string()));
         } else {

@@ -36,6 +36,11 @@ void apply_environment(const Env& e, PeerOptions& peer, SessionOptions& session)
   }
   if (e.transport) peer.transport = from_env.transport;
   if (e.algorithm) peer.default_algorithm = from_env.default_algorithm;
+  if (e.frame_auth) {
+    peer.frame_auth = from_env.frame_auth;
+    peer.frame_auth_openssl = from_env.frame_auth_openssl;
+  }
+  if (e.device_backend) peer.device_backend = from_env.device_backend;
   session.config_server = e.config_server;
   session.job_token = e.job_token;
   if (e.checkpoint) session.checkpoint_path = e.checkpoint;

@@ -92,6 +92,25 @@ TEST(WorkerConfig, EnvironmentOverridesSettingsAndJobFile) {
   EXPECT_EQ(c.session.metrics_port, std::uint16_t{0});
 }
 
+// Every peer variable reaches a session's peer, not only Peer::from_environment's.
+TEST(WorkerConfig, FrameAuthAndDeviceBackendVariablesReachThePeer) {
+  const auto defaults = resolve_worker_config(base_env(), std::nullopt);
+  EXPECT_TRUE(defaults.peer.frame_auth);
+  EXPECT_EQ(defaults.peer.device_backend, DeviceBackend::automatic);
+  Env e = base_env();
+  e.frame_auth = "off";
+  e.device_backend = "staging";
+  auto c = resolve_worker_config(e, job());
+  EXPECT_FALSE(c.peer.frame_auth);
+  EXPECT_EQ(c.peer.device_backend, DeviceBackend::staging);
+  e.frame_auth = "openssl";
+  e.device_backend = "nccl";
+  c = resolve_worker_config(e, job());
+  EXPECT_TRUE(c.peer.frame_auth);
+  EXPECT_TRUE(c.peer.frame_auth_openssl);
+  EXPECT_EQ(c.peer.device_backend, DeviceBackend::nccl);
+}
+
 TEST(WorkerConfig, AMistypedClusterSettingIsReportedAndIgnoredNotThrown) {
   Env e = base_env();
   e.cluster.settings = {{"algorithm", 5}, {"max_workers", "8"}, {"batch_size", 16}};
