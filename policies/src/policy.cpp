@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "kf/coll/types.hpp"
+#include "kf/policies/training_spec.hpp"
 
 namespace kf {
 
@@ -62,6 +63,8 @@ void Proposal::merge(const Proposal& later) {
   if (later.batch_size) batch_size = later.batch_size;
   if (later.learning_rate) learning_rate = later.learning_rate;
   if (later.algorithm) algorithm = later.algorithm;
+  if (later.mode) mode = later.mode;
+  if (later.compression) compression = later.compression;
   stop = stop || later.stop;
   reasons.insert(reasons.end(), later.reasons.begin(), later.reasons.end());
 }
@@ -75,6 +78,24 @@ bool Proposal::changes_nothing(int current_workers, const nlohmann::json& settin
   if (batch_size && !same("batch_size", *batch_size)) return false;
   if (learning_rate && !same("lr", *learning_rate)) return false;
   if (algorithm && !same("algorithm", *algorithm)) return false;
+  // The settings may spell a mode or compression otherwise ("sma:period=1" is "sma").
+  const auto same_spec = [&](const char* key, const std::string& v, auto parse) {
+    if (!settings.contains(key) || !settings[key].is_string()) return false;
+    try {
+      return parse(settings[key].template get<std::string>()) == parse(v);
+    } catch (const std::invalid_argument&) {
+      return false;
+    }
+  };
+  if (mode && !same_spec("mode", *mode, parse_mode)) {
+    // An absent "mode" is sync-sgd.
+    if (settings.contains("mode") || parse_mode(*mode) != ModeSpec{}) return false;
+  }
+  if (compression && !same_spec("compression", *compression, parse_compression)) {
+    if (settings.contains("compression") || parse_compression(*compression) != CompressionSpec{}) {
+      return false;
+    }
+  }
   return true;
 }
 
@@ -84,6 +105,8 @@ nlohmann::json Proposal::to_json() const {
   if (batch_size) j["batch_size"] = *batch_size;
   if (learning_rate) j["lr"] = *learning_rate;
   if (algorithm) j["algorithm"] = *algorithm;
+  if (mode) j["mode"] = *mode;
+  if (compression) j["compression"] = *compression;
   if (stop) j["stop"] = true;
   j["reasons"] = reasons;
   return j;
@@ -136,6 +159,28 @@ void PolicyContext::set_algorithm(std::string_view algorithm, std::string_view w
   }
   proposal_.algorithm = std::string(algorithm);
   note("algorithm=" + std::string(algorithm), why);
+}
+
+void PolicyContext::set_mode(std::string_view mode, std::string_view why) {
+  ModeSpec spec;
+  try {
+    spec = parse_mode(mode);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(policy_ + ": set_mode: " + e.what());
+  }
+  proposal_.mode = spec.str();
+  note("mode=" + *proposal_.mode, why);
+}
+
+void PolicyContext::set_compression(std::string_view compression, std::string_view why) {
+  CompressionSpec spec;
+  try {
+    spec = parse_compression(compression);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(policy_ + ": set_compression: " + e.what());
+  }
+  proposal_.compression = spec.str();
+  note("compression=" + *proposal_.compression, why);
 }
 
 void PolicyContext::stop(std::string_view why) {

@@ -64,6 +64,26 @@ const std::vector<Rule>& rules() {
          s.max_workers = integer_at_least(v, 0);
          return s.max_workers.has_value();
        }},
+      {"mode", "a training mode such as \"sync-sgd\" or \"sma:period=4\"",
+       [](const json& v, ClusterSettings& s) {
+         if (!v.is_string()) return false;
+         try {
+           s.mode = parse_mode(v.get<std::string>());
+         } catch (const std::invalid_argument&) {
+           return false;
+         }
+         return true;
+       }},
+      {"compression", "a compression such as \"none\", \"fp16\" or \"topk:0.01\"",
+       [](const json& v, ClusterSettings& s) {
+         if (!v.is_string()) return false;
+         try {
+           s.compression = parse_compression(v.get<std::string>());
+         } catch (const std::invalid_argument&) {
+           return false;
+         }
+         return true;
+       }},
       {"finished", "true or false",
        [](const json& v, ClusterSettings& s) {
          if (!v.is_boolean()) return false;

@@ -37,6 +37,26 @@ TEST(ClusterSettings, AMistypedKeyIsNamedAndLeftOutAndTheOthersStay) {
   EXPECT_EQ(p.valid, (json{{"batch_size", 32}}));
 }
 
+TEST(ClusterSettings, ReadsTheTrainingModeAndCompression) {
+  const auto p = parse_cluster_settings({{"mode", "sma:period=4"}, {"compression", "topk:0.01"}});
+  EXPECT_TRUE(p.errors.empty());
+  ASSERT_TRUE(p.typed.mode);
+  EXPECT_EQ(p.typed.mode->mode, TrainingMode::sma);
+  EXPECT_EQ(p.typed.mode->period, 4);
+  ASSERT_TRUE(p.typed.compression);
+  EXPECT_EQ(p.typed.compression->kind, Compression::topk);
+  const auto bad = parse_cluster_settings({{"mode", "sma:period=0"}, {"compression", 3}});
+  ASSERT_EQ(bad.errors.size(), 2u);
+  EXPECT_EQ(bad.errors[0],
+            "settings.mode: expected a training mode such as \"sync-sgd\" or \"sma:period=4\", "
+            "got \"sma:period=0\"");
+  EXPECT_EQ(bad.errors[1],
+            "settings.compression: expected a compression such as \"none\", \"fp16\" or "
+            "\"topk:0.01\", got 3");
+  EXPECT_FALSE(bad.typed.mode);
+  EXPECT_EQ(bad.valid, json::object());
+}
+
 TEST(ClusterSettings, RejectsOutOfRangeAndUnknownValues) {
   const auto p = parse_cluster_settings({{"batch_size", 0},
                                          {"algorithm", "fastest"},

@@ -60,6 +60,8 @@ void Session::apply(const Proposal& proposal, const char* hook) {
     if (p.batch_size) st["batch_size"] = *p.batch_size;
     if (p.learning_rate) st["lr"] = *p.learning_rate;
     if (p.algorithm) st["algorithm"] = *p.algorithm;
+    if (p.mode) st["mode"] = *p.mode;
+    if (p.compression) st["compression"] = *p.compression;
     if (p.stop) st["stop"] = true;
   };
   if (!link_) {

@@ -44,11 +44,14 @@ struct Proposal {
   std::optional<std::int64_t> batch_size;
   std::optional<double> learning_rate;
   std::optional<std::string> algorithm;
+  std::optional<std::string> mode;         ///< canonical text (ModeSpec::str())
+  std::optional<std::string> compression;  ///< canonical text (CompressionSpec::str())
   bool stop = false;
   std::vector<std::string> reasons;  ///< "policy: why" for each field set, in order
 
   bool empty() const noexcept {
-    return !workers && !batch_size && !learning_rate && !algorithm && !stop;
+    return !workers && !batch_size && !learning_rate && !algorithm && !mode && !compression &&
+           !stop;
   }
   /// Fields set in `later` replace ours (later policies in the job file win).
   void merge(const Proposal& later);
@@ -80,6 +83,13 @@ class PolicyContext {
   void set_learning_rate(double lr, std::string_view why = {});
   /// Throws: std::invalid_argument for a name that is not an algorithm (auto, star, ...).
   void set_algorithm(std::string_view algorithm, std::string_view why = {});
+  /// The training mode, e.g. "sync-sgd", "sma:period=4" (kf/policies/training_spec.hpp). Every
+  /// worker switches at the same step boundary, like a resize.
+  /// Throws: std::invalid_argument naming what is wrong with `mode`.
+  void set_mode(std::string_view mode, std::string_view why = {});
+  /// The compression of what the mode sends, e.g. "none", "fp16", "topk:0.01".
+  /// Throws: std::invalid_argument naming what is wrong with `compression`.
+  void set_compression(std::string_view compression, std::string_view why = {});
   void stop(std::string_view why = {});
 
   const Proposal& proposal() const noexcept { return proposal_; }

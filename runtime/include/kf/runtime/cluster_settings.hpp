@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kf/coll/types.hpp"
+#include "kf/policies/training_spec.hpp"
 
 namespace kf {
 
@@ -24,10 +25,12 @@ namespace kf {
 struct ClusterSettings {
   std::optional<Algorithm>
       algorithm;  ///< "algorithm": auto, star, ring, tree, clique, rhd, hierarchical
-  std::optional<std::int64_t> batch_size;   ///< "batch_size": global batch, an integer >= 1
-  std::optional<double> learning_rate;      ///< "lr": a number
-  std::optional<std::int64_t> min_workers;  ///< "min_workers": an integer >= 0 (0: no bound)
-  std::optional<std::int64_t> max_workers;  ///< "max_workers": an integer >= 0 (0: no bound)
+  std::optional<std::int64_t> batch_size;      ///< "batch_size": global batch, an integer >= 1
+  std::optional<double> learning_rate;         ///< "lr": a number
+  std::optional<std::int64_t> min_workers;     ///< "min_workers": an integer >= 0 (0: no bound)
+  std::optional<std::int64_t> max_workers;     ///< "max_workers": an integer >= 0 (0: no bound)
+  std::optional<ModeSpec> mode;                ///< "mode": e.g. "sma:period=4" (training_spec.hpp)
+  std::optional<CompressionSpec> compression;  ///< "compression": e.g. "topk:0.01"
   bool finished = false;  ///< "finished": true once Session::finish() ended the job
   bool stop = false;      ///< "stop": true once a policy (or anyone) asked the job to stop
 };
