@@ -20,6 +20,7 @@ namespace kf {
 using detail::contains;
 using detail::is_peer_failure;
 using detail::join_endpoints;
+using detail::modes_diverge;
 using detail::now_us;
 using SteadyClock = std::chrono::steady_clock;
 
@@ -43,7 +44,12 @@ bool Session::form(const Cluster& target, const Cluster* previous, bool fresh, C
   // initial parameters does.
   const bool behind = *newest < 0 || std::any_of(all.begin(), all.end(),
                                                  [&](std::int64_t c) { return c != *newest; });
-  if (behind) {
+  // In a mode whose models may differ between workers (before or after this change), the
+  // workers at the newest commit need not hold the same model: every worker takes the root's,
+  // so that the job goes on with one model (docs/training-modes.md, "Switching").
+  const bool diverged =
+      peer_->size() > 1 && (modes_diverge(settings_) || modes_diverge(target.settings));
+  if (behind || diverged) {
     state_.sync(*peer_, root);
     rec.sync_bytes = state_.bytes();
   } else if (!state_.has_commit()) {
@@ -145,7 +151,14 @@ Session::Outcome Session::switch_to(const Cluster& target, ChangeRecord rec) {
       form(target, &previous, false, rec);
     } else {
       peer_->update(target);
-      rec.connected_us = rec.synced_us = now_us();
+      rec.connected_us = now_us();
+      // A shrink or a mode switch in a mode whose models may differ: one model again, rank 0's
+      // (every worker takes this branch at this boundary).
+      if (peer_->size() > 1 && (modes_diverge(settings_) || modes_diverge(target.settings))) {
+        state_.sync(*peer_, 0);
+        rec.sync_bytes = state_.bytes();
+      }
+      rec.synced_us = now_us();
       adopt_settings(target.settings);
       if (target.size() != previous.size() && policies_ != nullptr && !policies_->empty()) {
         apply(policies_->run(PolicyHook::on_membership_change, policy_inputs()),

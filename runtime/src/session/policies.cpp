@@ -11,6 +11,7 @@
 #include "kf/runtime/session.hpp"
 #include "session/free_port.hpp"
 #include "session/service_link.hpp"
+#include "session/support.hpp"
 
 namespace kf {
 
@@ -31,6 +32,26 @@ Proposal Session::run_hook(PolicyHook hook, std::int64_t epoch) {
   Proposal p = policies_->run(hook, policy_inputs());
   apply(p, to_string(hook));
   return p;
+}
+
+ModeSpec Session::mode() const {
+  const auto it = settings_.find("mode");
+  if (it == settings_.end() || !it->is_string()) return {};
+  try {
+    return parse_mode(it->get<std::string>());
+  } catch (const std::invalid_argument&) {
+    return {};  // not reached: adopt_settings leaves out a bad mode
+  }
+}
+
+CompressionSpec Session::compression() const {
+  const auto it = settings_.find("compression");
+  if (it == settings_.end() || !it->is_string()) return {};
+  try {
+    return parse_compression(it->get<std::string>());
+  } catch (const std::invalid_argument&) {
+    return {};
+  }
 }
 
 // A setting of the wrong type is logged and left out: one bad write to the config service must
@@ -70,6 +91,11 @@ void Session::apply(const Proposal& proposal, const char* hook) {
     }
     nlohmann::json st = settings_;
     edit_settings(st);
+    // Leaving a mode whose models may differ: one model again, rank 0's, on every worker at
+    // this boundary.
+    if (peer_->size() > 1 && detail::modes_diverge(settings_) && !detail::modes_diverge(st)) {
+      state_.sync(*peer_, 0);
+    }
     settings_ = st;
     if (proposal.algorithm) peer_->set_default_algorithm(*parse_algorithm(*proposal.algorithm));
     KF_LOG(info, "session", "{} (rank {}) step {}: {} applied {}", peer_->endpoint().str(),

@@ -9,8 +9,12 @@
 #include <system_error>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "kf/cluster/cluster.hpp"
 #include "kf/common/error.hpp"
+#include "kf/runtime/cluster_settings.hpp"
+#include "kf/runtime/training_mode.hpp"
 
 namespace kf::detail {
 
@@ -25,6 +29,13 @@ inline std::int64_t now_us() {
 /// cluster version (so this worker's collectives of the old one cannot finish).
 inline bool is_peer_failure(const std::error_code& ec) {
   return ec == errcond::peer_failure || ec == errc::stale_version || ec == errc::closed;
+}
+
+/// Whether the workers' models may differ under the mode of these settings (then every change
+/// of the cluster or of the mode makes them one again: docs/training-modes.md, "Switching").
+inline bool modes_diverge(const nlohmann::json& settings) {
+  const auto typed = parse_cluster_settings(settings).typed;
+  return typed.mode && models_may_diverge(*typed.mode);
 }
 
 inline bool contains(const Cluster& c, const Endpoint& ep) { return c.rank_of(ep).has_value(); }

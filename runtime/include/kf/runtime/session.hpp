@@ -34,6 +34,7 @@
 #include "kf/cluster/cluster.hpp"
 #include "kf/peer.hpp"
 #include "kf/policies/policy.hpp"
+#include "kf/policies/training_spec.hpp"
 #include "kf/runtime/policy_runner.hpp"
 #include "kf/runtime/state.hpp"
 #include "kf/runtime/step_monitor.hpp"
@@ -233,6 +234,10 @@ class Session {
   std::uint64_t version() const noexcept;
   /// The settings of the current cluster version (batch_size, lr, algorithm, ...).
   const nlohmann::json& settings() const noexcept { return settings_; }
+  /// The training mode of the current settings ("mode"; sync-sgd when absent), and the
+  /// compression of what it sends ("compression"; none when absent). docs/training-modes.md.
+  ModeSpec mode() const;
+  CompressionSpec compression() const;
   /// Commits so far (State counter "kf.commits": steps every worker finished).
   std::int64_t commits() const noexcept { return *commits_; }
   const std::vector<ChangeRecord>& changes() const noexcept { return changes_; }

@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+// What a worker does in a step under each training mode (docs/training-modes.md), for trainers
+// that run their own update: the LibTorch adapter, or a program's own loop. The mode comes from
+// the cluster settings ("mode"), so every worker reads the same one at the same step and a
+// policy's switch takes effect on all of them at one step boundary.
+//
+//   const kf::ModePlan plan = kf::plan_step(session.mode(), session.steps());
+//   if (plan.average_gradients) allreduce-average the gradients;
+//   apply this worker's update;
+//   if (plan.average_parameters) kf::average_parameters(session.peer(), "model", params, n);
+//
+// Thread-safety: free functions over value types; average_parameters as Peer's collectives.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kf/peer.hpp"
+#include "kf/policies/training_spec.hpp"
+
+namespace kf {
+
+/// One step's collectives.
+struct ModePlan {
+  bool average_gradients = true;    ///< before the update: synchronous SGD
+  bool average_parameters = false;  ///< after the update: model averaging
+};
+
+/// The plan of the step that follows `steps_done` steps of the job.
+///   sync-sgd: gradients, every step.
+///   sma: gradients for the job's first post_local steps (synchronous SGD), then local updates
+///        with the parameters averaged after every period-th step (step number steps_done + 1
+///        divisible by period), so that period 1 averages after every step.
+/// Throws: std::invalid_argument for pair-avg and async-ps, which are not built yet.
+ModePlan plan_step(const ModeSpec& mode, std::int64_t steps_done);
+
+/// Whether, in `mode`, the workers' models may differ at a step boundary (sma with a period
+/// above 1 or a local phase to come, pair-avg, async-ps): such models are made one again
+/// whenever the cluster changes or the mode switches (docs/training-modes.md, "Switching").
+bool models_may_diverge(const ModeSpec& mode) noexcept;
+
+/// Replaces `params` (n float32 values; host memory, or a CUDA buffer with `device`) with their
+/// mean over every worker of `peer`: an allreduce of the sum, divided by the size on this
+/// worker. Throws: kf::Error from the allreduce.
+void average_parameters(Peer& peer, const std::string& name, float* params, std::size_t n);
+
+}  // namespace kf

@@ -1,0 +1,190 @@
+// SPDX-License-Identifier: Apache-2.0
+// Training modes: the plan of each step, model averaging against synchronous SGD and against
+// gradient descent computed in one process, on a quadratic (ranks as threads), and a mode
+// switch by a policy making the models of a static job one again at the boundary where it
+// takes effect.
+#include "kf/runtime/training_mode.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kf/runtime/session.hpp"
+#include "support/local_cluster.hpp"
+
+namespace kf {
+namespace {
+
+TEST(TrainingMode, SyncSgdAveragesGradientsEveryStep) {
+  for (std::int64_t s : {0, 1, 7, 1000}) {
+    const ModePlan p = plan_step(ModeSpec{}, s);
+    EXPECT_TRUE(p.average_gradients);
+    EXPECT_FALSE(p.average_parameters);
+  }
+}
+
+TEST(TrainingMode, SmaIsSynchronousUntilPostLocalThenAveragesEveryPeriod) {
+  const ModeSpec sma = parse_mode("sma:period=4,post_local=3");
+  std::vector<int> gradient_steps, average_steps;
+  for (int s = 0; s < 12; ++s) {
+    const ModePlan p = plan_step(sma, s);
+    if (p.average_gradients) gradient_steps.push_back(s);
+    if (p.average_parameters) average_steps.push_back(s);
+    EXPECT_FALSE(p.average_gradients && p.average_parameters) << "step " << s;
+  }
+  EXPECT_EQ(gradient_steps, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(average_steps, (std::vector<int>{3, 7, 11}));
+  // Period 1: the parameters after every step.
+  for (int s = 0; s < 5; ++s) EXPECT_TRUE(plan_step(parse_mode("sma"), s).average_parameters);
+}
+
+TEST(TrainingMode, ModesNotBuiltYetSaySo) {
+  try {
+    plan_step(parse_mode("pair-avg"), 0);
+    ADD_FAILURE() << "pair-avg planned";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "training mode pair-avg is not built yet (docs/training-modes.md)");
+  }
+  EXPECT_THROW(plan_step(parse_mode("async-ps"), 0), std::invalid_argument);
+}
+
+TEST(TrainingMode, WhichModesLetModelsDiverge) {
+  EXPECT_FALSE(models_may_diverge(parse_mode("sync-sgd")));
+  EXPECT_FALSE(models_may_diverge(parse_mode("sma")));
+  EXPECT_TRUE(models_may_diverge(parse_mode("sma:period=2")));
+  EXPECT_TRUE(models_may_diverge(parse_mode("pair-avg")));
+  EXPECT_TRUE(models_may_diverge(parse_mode("async-ps")));
+}
+
+// Worker r's part of the objective: f_r(w) = 1/2 sum_i (a_ri . w - b_ri)^2 over 4 rows, so the
+// job minimises the sum over workers; its gradient at w, as floats.
+struct Quadratic {
+  static constexpr int kDim = 3, kRows = 4;
+  std::vector<float> a, b;
+  explicit Quadratic(int rank) {
+    for (int i = 0; i < kRows; ++i) {
+      for (int d = 0; d < kDim; ++d) {
+        a.push_back(0.25f * static_cast<float>(((rank + 1) * (i + 2) + d * 3) % 7 + 1));
+      }
+      b.push_back(static_cast<float>(rank - i) * 0.5f);
+    }
+  }
+  std::vector<float> gradient(const std::vector<float>& w) const {
+    std::vector<float> g(kDim, 0.0f);
+    for (int i = 0; i < kRows; ++i) {
+      float err = -b[static_cast<std::size_t>(i)];
+      for (int d = 0; d < kDim; ++d) err += a[static_cast<std::size_t>(i * kDim + d)] * w[d];
+      for (int d = 0; d < kDim; ++d) g[d] += err * a[static_cast<std::size_t>(i * kDim + d)];
+    }
+    return g;
+  }
+};
+
+// Runs `steps` steps of `mode` with 3 workers from w = 0 and returns every worker's model.
+std::vector<std::vector<float>> train(const ModeSpec& mode, int steps, float lr) {
+  constexpr int n = 3;
+  auto peers = test::make_local_cluster(n);
+  std::vector<std::vector<float>> w(n, std::vector<float>(Quadratic::kDim, 0.0f));
+  test::run_all(n, [&](int r) {
+    const Quadratic q(r);
+    Peer& peer = *peers[static_cast<std::size_t>(r)];
+    for (int s = 0; s < steps; ++s) {
+      const ModePlan plan = plan_step(mode, s);
+      std::vector<float> g = q.gradient(w[r]);
+      if (plan.average_gradients) {
+        CollOptions o;
+        o.op = ReduceOp::avg;
+        peer.allreduce("g", buffer(g.data(), g.size()), buffer(g.data(), g.size()), o).wait();
+      }
+      for (int d = 0; d < Quadratic::kDim; ++d) w[r][d] -= lr * g[d];
+      if (plan.average_parameters) average_parameters(peer, "w", w[r].data(), w[r].size());
+    }
+  });
+  return w;
+}
+
+TEST(TrainingMode, SmaWithPeriodOneEqualsSynchronousSgdOnTheSameData) {
+  // Averaging the models after one local step from a common model is a step with the averaged
+  // gradient: w - lr * mean(g_r) = mean(w - lr * g_r), up to the rounding of the two orders.
+  constexpr int steps = 100;
+  constexpr float lr = 0.05f;
+  const auto sgd = train(parse_mode("sync-sgd"), steps, lr);
+  const auto sma = train(parse_mode("sma"), steps, lr);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(sgd[r], sgd[0]) << "synchronous SGD: every worker the same model";
+    EXPECT_EQ(sma[r], sma[0]) << "SMA, after its average: every worker the same model";
+    for (int d = 0; d < Quadratic::kDim; ++d) {
+      EXPECT_NEAR(sma[r][d], sgd[r][d], 1e-5f * (1.0f + std::fabs(sgd[r][d])))
+          << "rank " << r << ", coordinate " << d;
+    }
+  }
+  // Both follow gradient descent on the whole objective, computed here in one process.
+  std::vector<float> ref(Quadratic::kDim, 0.0f);
+  for (int s = 0; s < steps; ++s) {
+    std::vector<float> mean(Quadratic::kDim, 0.0f);
+    for (int r = 0; r < 3; ++r) {
+      const auto g = Quadratic(r).gradient(ref);
+      for (int d = 0; d < Quadratic::kDim; ++d) mean[d] += g[d] / 3.0f;
+    }
+    for (int d = 0; d < Quadratic::kDim; ++d) ref[d] -= lr * mean[d];
+  }
+  for (int d = 0; d < Quadratic::kDim; ++d) {
+    EXPECT_NEAR(sgd[0][d], ref[d], 1e-4f * (1.0f + std::fabs(ref[d])));
+    EXPECT_NE(ref[d], 0.0f);
+  }
+}
+
+TEST(TrainingMode, SmaWithALongerPeriodDivergesBetweenAveragesAndAgreesAfterThem) {
+  const auto after_average = train(parse_mode("sma:period=4"), 40, 0.05f);  // step 39 averages
+  const auto between = train(parse_mode("sma:period=4"), 38, 0.05f);
+  for (int r = 1; r < 3; ++r) {
+    EXPECT_EQ(after_average[r], after_average[0]);
+    EXPECT_NE(between[r], between[0]) << "local steps since the last average";
+  }
+}
+
+TEST(TrainingMode, LeavingADivergingModeGivesEveryWorkerRankZerosModel) {
+  // A static job in sma with period 8: after 3 local steps the models differ; a policy
+  // switches to sync-sgd at step 3, and at that boundary every worker takes rank 0's model.
+  class Switch : public Policy {
+   public:
+    std::string name() const override { return "switch"; }
+    void after_step(PolicyContext& c) override {
+      if (c.step() == 3) c.set_mode("sync-sgd", "test");
+    }
+  };
+  constexpr int n = 3;
+  auto job = test::make_unstarted_job(n, "mode-test");
+  job.cluster.settings = {{"mode", "sma:period=8"}};
+  std::vector<std::vector<double>> w(n);
+  std::vector<std::vector<double>> at_switch(n);
+  std::vector<std::string> modes(n);
+  test::run_all(n, [&](int r) {
+    State state;
+    w[r].assign(4, 0.0);
+    state.add("w", buffer(w[r].data(), w[r].size()));
+    PolicyRunner runner;
+    runner.add(std::make_unique<Switch>());
+    Session s(std::move(job.peers[static_cast<std::size_t>(r)]), job.cluster, state,
+              SessionOptions{});
+    s.set_policies(&runner);
+    ASSERT_TRUE(s.join());
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_EQ(s.mode().mode, TrainingMode::sma);
+      s.step([&] {
+        for (double& v : w[r]) v += r + 1.0;  // a local update that differs by rank
+      });
+    }
+    at_switch[r] = w[r];
+    modes[r] = s.mode().str();
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(modes[r], "sync-sgd");
+    EXPECT_EQ(at_switch[r], std::vector<double>(4, 3.0)) << "rank " << r << ": rank 0's model";
+  }
+}
+
+}  // namespace
+}  // namespace kf
