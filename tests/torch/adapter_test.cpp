@@ -102,8 +102,10 @@ struct Trained {
 };
 
 Trained train_kf(int n, Opt which, int steps, const Data& d, DistributedOptimizerOptions o = {},
-                 torch::Device device = torch::kCPU) {
+                 torch::Device device = torch::kCPU,
+                 const nlohmann::json& settings = nlohmann::json::object()) {
   Job job = make_job(n, device.is_cuda());
+  job.cluster.settings = settings;
   Trained t;
   t.params.resize(n);
   t.metrics.resize(n);
@@ -177,6 +179,38 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, TorchAdapter, ::testing::Values(Opt::sgd, O
                          [](const auto& p) {
                            return std::string(p.param == Opt::sgd ? "SgdMomentum" : "Adam");
                          });
+
+// Model averaging after every step, from one model, on equal shards: each worker's momentum
+// follows the same linear recursion as the whole batch's, so the averaged model is synchronous
+// SGD's (up to rounding), and every worker holds it.
+TEST(TorchAdapterModes, SmaWithPeriodOneMatchesSynchronousSgdWithMomentum) {
+  torch::set_num_threads(1);
+  const Data d = make_data(32);
+  const Trained sync = train_kf(2, Opt::sgd, 12, d);
+  const Trained sma = train_kf(2, Opt::sgd, 12, d, {}, torch::kCPU, {{"mode", "sma"}});
+  for (std::size_t i = 0; i < sync.params[0].size(); ++i) {
+    EXPECT_TRUE(torch::equal(sma.params[0][i], sma.params[1][i])) << "workers differ at " << i;
+    EXPECT_TRUE(torch::allclose(sma.params[0][i], sync.params[0][i], 1e-4, 1e-5))
+        << "parameter " << i << ": max difference "
+        << (sma.params[0][i] - sync.params[0][i]).abs().max().item<float>();
+  }
+  EXPECT_EQ(sync.metrics[0].count("gns.step_sqr"), 1u);
+  EXPECT_EQ(sma.metrics[0].count("gns.step_sqr"), 0u) << "no averaged gradient, no noise scale";
+}
+
+TEST(TorchAdapterModes, SmaWithALongerPeriodAveragesEveryPeriodthStep) {
+  torch::set_num_threads(1);
+  const Data d = make_data(32);
+  const nlohmann::json mode = {{"mode", "sma:period=4"}};
+  const Trained averaged = train_kf(2, Opt::adam, 8, d, {}, torch::kCPU, mode);  // step 8 averages
+  const Trained between = train_kf(2, Opt::adam, 6, d, {}, torch::kCPU, mode);
+  bool differ = false;
+  for (std::size_t i = 0; i < averaged.params[0].size(); ++i) {
+    EXPECT_TRUE(torch::equal(averaged.params[0][i], averaged.params[1][i])) << "parameter " << i;
+    differ = differ || !torch::equal(between.params[0][i], between.params[1][i]);
+  }
+  EXPECT_TRUE(differ) << "two local steps after an average, the workers' models differ";
+}
 
 TEST(TorchAdapterBuckets, OverlappedBucketsAndOneAllreduceAgreeBitForBit) {
   torch::set_num_threads(1);

@@ -239,6 +239,7 @@ void DistributedOptimizer::reset_step() {
   }
   finite_ = true;
   started_any_ = false;
+  planned_ = false;
 }
 
 // A gradient into its bucket, weighted; this worker's |g|² taken on the way (on the device, a
@@ -268,7 +269,16 @@ void DistributedOptimizer::fill(Slot& s, Bucket& b, const torch::Tensor& grad, f
   if (!std::isfinite(sq)) finite_ = false;
 }
 
+const ModePlan& DistributedOptimizer::plan() {
+  if (!planned_) {
+    plan_ = plan_step(session_.mode(), session_.steps());
+    planned_ = true;
+  }
+  return plan_;
+}
+
 void DistributedOptimizer::on_gradient(std::size_t index, const torch::Tensor& grad) {
+  if (!plan().average_gradients) return;  // a local step: nothing to send
   Slot& s = slots_[index];
   if (s.ready || !grad.defined()) return;  // a second backward in one step adds nothing here
   Bucket& b = *buckets_[s.bucket];
@@ -298,6 +308,13 @@ void DistributedOptimizer::step() {
     DistributedOptimizer* self;
     ~Reset() { self->reset_step(); }
   } reset{this};
+  if (!plan().average_gradients) {
+    // Model averaging: this worker's own update, then, every period-th step, the mean of the
+    // models. The gradient-noise-scale monitor needs an averaged gradient and gets none.
+    run_optimizer();
+    if (plan().average_parameters) average_model();
+    return;
+  }
   // Gradients backward did not produce (an unused parameter, or gradients set by hand).
   const float w = static_cast<float>(weight_ > 0 ? weight_ : 1.0 / session_.size());
   for (auto& bp : buckets_) {
@@ -353,6 +370,10 @@ void DistributedOptimizer::step() {
     session_.report_gradients(local_sq_, global_sq, static_cast<double>(local_samples_), 1,
                               finite_);
   }
+  run_optimizer();
+}
+
+void DistributedOptimizer::run_optimizer() {
   if (adam_step_ != nullptr) {
     for (auto& group : optimizer_.param_groups()) {
       for (auto& p : group.params()) {
@@ -365,6 +386,33 @@ void DistributedOptimizer::step() {
     ++*adam_step_;
   }
   optimizer_.step();
+}
+
+void DistributedOptimizer::average_model() {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> flat;
+  flat.reserve(slots_.size());
+  for (auto& s : slots_) flat.push_back(s.param.reshape({-1}));
+  torch::Tensor all = torch::cat(flat);
+  const auto t0 = SteadyClock::now();
+  CollOptions o;
+  o.op = ReduceOp::avg;
+  Buffer buf = buffer(all.data_ptr<float>(), static_cast<std::size_t>(all.numel()));
+  if (on_device_) {
+    buf.device = Device::cuda;
+    o.stream = torch_stream(device_);
+  }
+  Handle h = session_.peer().allreduce("kf.torch/model", buf, buf, o);
+  if (on_device_) h.order_on(o.stream);
+  h.wait();
+  std::int64_t offset = 0;
+  for (auto& s : slots_) {
+    const auto n = static_cast<std::int64_t>(s.numel);
+    s.param.view({-1}).copy_(all.narrow(0, offset, n));
+    offset += n;
+  }
+  span_ = exposed_ = SteadyClock::now() - t0;
+  session_.report_comm(span_.count(), static_cast<double>(all.numel()) * sizeof(float));
 }
 
 void DistributedOptimizer::set_learning_rate(double lr) {

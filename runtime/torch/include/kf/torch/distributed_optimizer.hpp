@@ -18,6 +18,12 @@
 //     opt.step();                                          // averaged gradients, then sgd.step()
 //   });
 //
+// Training modes (docs/training-modes.md) follow the session's settings "mode", read at each
+// step: sync-sgd averages the gradients as above; sma averages them during the job's first
+// post_local steps, then lets each worker step on its own gradients and averages the models
+// (one allreduce of every parameter) after every period-th step. Each worker keeps its own
+// optimizer state (momentum, Adam's moments) in sma; only the parameters are averaged.
+//
 // Requirements: parameters are dense float32 tensors, all on the CPU or all on one CUDA device;
 // one backward per step (no gradient accumulation); every worker builds the same model and
 // optimizer (the same parameters in the same order). Thread-safety: use from the training
@@ -42,6 +48,7 @@
 
 #include "kf/runtime/session.hpp"
 #include "kf/runtime/state.hpp"
+#include "kf/runtime/training_mode.hpp"
 
 namespace kf {
 
@@ -105,6 +112,9 @@ class DistributedOptimizer {
   void fill(Slot& s, Bucket& b, const torch::Tensor& grad, float weight);
   void start(Bucket& bucket);
   void reset_step();
+  const ModePlan& plan();  // this step's, from the session's mode and step count
+  void run_optimizer();
+  void average_model();
 
   Session& session_;
   torch::optim::Optimizer& optimizer_;
@@ -121,6 +131,8 @@ class DistributedOptimizer {
   bool finite_ = true;
   std::chrono::steady_clock::time_point first_start_{};
   bool started_any_ = false;
+  ModePlan plan_;
+  bool planned_ = false;
   std::chrono::duration<double> exposed_{0}, span_{0};
 };
 
