@@ -198,6 +198,29 @@ TEST(TorchAdapterModes, SmaWithPeriodOneMatchesSynchronousSgdWithMomentum) {
   EXPECT_EQ(sma.metrics[0].count("gns.step_sqr"), 0u) << "no averaged gradient, no noise scale";
 }
 
+TEST(TorchAdapterModes, CompressedGradientsKeepWorkersIdenticalAndLosslessOnesExact) {
+  torch::set_num_threads(1);
+  const Data d = make_data(32);
+  const Trained plain = train_kf(2, Opt::sgd, 10, d);
+  const Trained all = train_kf(2, Opt::sgd, 10, d, {}, torch::kCPU, {{"compression", "topk:1"}});
+  const Trained half = train_kf(2, Opt::sgd, 10, d, {}, torch::kCPU, {{"compression", "fp16"}});
+  const Trained some =
+      train_kf(2, Opt::sgd, 10, d, {}, torch::kCPU, {{"compression", "topk:0.25"}});
+  bool sparse_differs = false;
+  for (std::size_t i = 0; i < plain.params[0].size(); ++i) {
+    for (const Trained* t : {&all, &half, &some}) {
+      EXPECT_TRUE(torch::equal(t->params[0][i], t->params[1][i])) << "workers differ at " << i;
+    }
+    EXPECT_TRUE(torch::allclose(all.params[0][i], plain.params[0][i], 1e-5, 1e-6))
+        << "topk:1 sends every value";
+    EXPECT_TRUE(torch::allclose(half.params[0][i], plain.params[0][i], 1e-2, 1e-3))
+        << "fp16 is close";
+    sparse_differs = sparse_differs || !torch::equal(some.params[0][i], plain.params[0][i]);
+  }
+  EXPECT_TRUE(sparse_differs) << "topk:0.25 leaves values in the residual";
+  EXPECT_LT(some.metrics[0].at("comm_bytes"), plain.metrics[0].at("comm_bytes"));
+}
+
 TEST(TorchAdapterModes, SmaWithALongerPeriodAveragesEveryPeriodthStep) {
   torch::set_num_threads(1);
   const Data d = make_data(32);

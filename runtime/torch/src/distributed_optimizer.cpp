@@ -39,6 +39,7 @@ struct DistributedOptimizer::Bucket {
   std::size_t ready = 0;
   bool started = false;
   Handle handle;
+  std::unique_ptr<GradientCompressor> compressor;  // while the job's compression is on
 };
 
 namespace {
@@ -272,6 +273,7 @@ void DistributedOptimizer::fill(Slot& s, Bucket& b, const torch::Tensor& grad, f
 const ModePlan& DistributedOptimizer::plan() {
   if (!planned_) {
     plan_ = plan_step(session_.mode(), session_.steps());
+    compression_ = session_.compression();
     planned_ = true;
   }
   return plan_;
@@ -285,7 +287,10 @@ void DistributedOptimizer::on_gradient(std::size_t index, const torch::Tensor& g
   const float w = static_cast<float>(weight_ > 0 ? weight_ : 1.0 / session_.size());
   fill(s, b, grad, w);
   s.ready = true;
-  if (++b.ready == b.slots.size() && options_.overlap) start(b);
+  // Compressed exchanges run in step(), bucket after bucket.
+  if (++b.ready == b.slots.size() && options_.overlap && compression_.kind == Compression::none) {
+    start(b);
+  }
 }
 
 void DistributedOptimizer::start(Bucket& b) {
@@ -317,6 +322,7 @@ void DistributedOptimizer::step() {
   }
   // Gradients backward did not produce (an unused parameter, or gradients set by hand).
   const float w = static_cast<float>(weight_ > 0 ? weight_ : 1.0 / session_.size());
+  const bool compress = compression_.kind != Compression::none;
   for (auto& bp : buckets_) {
     Bucket& b = *bp;
     if (b.started) continue;
@@ -326,12 +332,17 @@ void DistributedOptimizer::step() {
       fill(s, b, s.param.grad(), w);
       s.ready = true;
     }
-    start(b);
+    if (!compress) start(b);
   }
   const auto wait_from = SteadyClock::now();
+  if (!started_any_) first_start_ = wait_from;
   std::size_t bytes = 0;
   void* const stream = on_device_ ? torch_stream(device_) : nullptr;
   for (auto& b : buckets_) {
+    if (compress) {
+      bytes += exchange_compressed(*b);
+      continue;
+    }
     // On the device, what reads the average below waits for it on LibTorch's stream; the host
     // wait is what reports a failed allreduce.
     if (on_device_) b->handle.order_on(stream);
@@ -371,6 +382,29 @@ void DistributedOptimizer::step() {
                               finite_);
   }
   run_optimizer();
+}
+
+// One bucket through the job's compression, with this worker's residual (docs/training-modes.md).
+// The bucket holds each worker's gradient weighted by its share of the step's samples, whose sum
+// over the workers is the step's mean gradient; the compressor returns the mean over the
+// workers, so the result is scaled by their number. CUDA buckets travel through host memory.
+std::size_t DistributedOptimizer::exchange_compressed(Bucket& b) {
+  if (!b.compressor || b.compressor->spec() != compression_) {
+    b.compressor = std::make_unique<GradientCompressor>(compression_, b.count,
+                                                        /*seed=*/0x6b66 + b.index);
+  }
+  torch::Tensor host;
+  float* data = b.data.data();
+  if (on_device_) {
+    host = b.dev.to(torch::kCPU).contiguous();
+    data = host.data_ptr<float>();
+  }
+  const std::size_t sent = b.compressor->average(
+      session_.peer(), "kf.torch/" + std::to_string(b.index), data, session_.steps());
+  const float size = static_cast<float>(session_.size());
+  for (std::size_t i = 0; i < b.count; ++i) data[i] *= size;
+  if (on_device_) b.dev.copy_(host);
+  return sent;
 }
 
 void DistributedOptimizer::run_optimizer() {

@@ -23,6 +23,9 @@
 // post_local steps, then lets each worker step on its own gradients and averages the models
 // (one allreduce of every parameter) after every period-th step. Each worker keeps its own
 // optimizer state (momentum, Adam's moments) in sma; only the parameters are averaged.
+// The settings "compression" compresses the gradients of sync-sgd (kf/runtime/compression.hpp):
+// the buckets are then exchanged in step(), one after another, through a GradientCompressor
+// each, with this worker's error-feedback residual; overlap with backward is lost.
 //
 // Requirements: parameters are dense float32 tensors, all on the CPU or all on one CUDA device;
 // one backward per step (no gradient accumulation); every worker builds the same model and
@@ -46,6 +49,7 @@
 
 #include <torch/torch.h>
 
+#include "kf/runtime/compression.hpp"
 #include "kf/runtime/session.hpp"
 #include "kf/runtime/state.hpp"
 #include "kf/runtime/training_mode.hpp"
@@ -115,6 +119,7 @@ class DistributedOptimizer {
   const ModePlan& plan();  // this step's, from the session's mode and step count
   void run_optimizer();
   void average_model();
+  std::size_t exchange_compressed(Bucket& b);
 
   Session& session_;
   torch::optim::Optimizer& optimizer_;
@@ -132,6 +137,7 @@ class DistributedOptimizer {
   std::chrono::steady_clock::time_point first_start_{};
   bool started_any_ = false;
   ModePlan plan_;
+  CompressionSpec compression_;  // this step's, read with the plan
   bool planned_ = false;
   std::chrono::duration<double> exposed_{0}, span_{0};
 };
