@@ -142,6 +142,23 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   app.add_option("--stop-at", stop_at, "stop once the test accuracy reaches this (0: never)")
       ->check(CLI::Range(0.0, 1.0));
+  std::string mode_name = "sync-sgd", compression = "none";
+  int period = 1;
+  std::int64_t post_local = 0;
+  app.add_option("--mode", mode_name,
+                 "training mode when the cluster settings have none (docs/training-modes.md)")
+      ->check(CLI::IsMember({"sync-sgd", "sma", "pair-avg", "async-ps"}))
+      ->capture_default_str();
+  app.add_option("--period", period, "sma: steps between model averages")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  app.add_option("--post-local", post_local, "sma: synchronous SGD for the first N steps")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--compression", compression,
+                 "none, fp16, bf16, topk:RATIO, randomk:RATIO or powersgd:RANK, when the cluster "
+                 "settings have none")
+      ->capture_default_str();
   std::string device_name = "cpu";
   bool one_gpu = false;
   app.add_option("--device", device_name, "where the model trains: cpu or cuda (docs/gpu.md)")
@@ -156,6 +173,30 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     app.exit(e);
     return 2;  // a usage error
+  }
+  // The mode and compression as settings text, checked before any worker starts training.
+  nlohmann::json defaults = nlohmann::json::object();
+  try {
+    if (mode_name != "sma" && (period != 1 || post_local != 0)) {
+      std::cerr << "fashion_mnist: --period and --post-local are for --mode sma\n";
+      return 2;
+    }
+    std::string mode_text = mode_name;
+    if (mode_name == "sma" && (period != 1 || post_local != 0)) {
+      mode_text += ":period=" + std::to_string(period);
+      if (post_local != 0) mode_text += ",post_local=" + std::to_string(post_local);
+    }
+    const kf::ModeSpec mode = kf::parse_mode(mode_text);
+    if (mode.mode == kf::TrainingMode::pair_avg || mode.mode == kf::TrainingMode::async_ps) {
+      std::cerr << "fashion_mnist: --mode " << mode_name
+                << " is not built yet (docs/training-modes.md)\n";
+      return 2;
+    }
+    defaults["mode"] = mode.str();
+    defaults["compression"] = kf::parse_compression(compression).str();
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "fashion_mnist: " << e.what() << "\n";
+    return 2;
   }
 
   fmnist::Split train, test;
@@ -211,7 +252,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<kf::DistributedOptimizer> opt;
   int loss_slot = -1, acc_slot = -1;
   try {
-    session = kf::Session::from_environment(state);
+    session = kf::Session::from_environment(state, defaults);
     kf::DistributedOptimizerOptions o;
     o.overlap = !no_overlap;
     o.bucket_bytes = bucket_kb << 10;
@@ -342,6 +383,8 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
+    // In a mode whose models differ between averages, the job's model is their average.
+    if (kf::models_may_diverge(session->mode())) opt->average_parameters();
     // Every worker must hold the same parameters: a consensus collective says whether they do.
     std::vector<float> flat;
     for (const auto& dp : model->parameters()) {
@@ -379,6 +422,9 @@ int main(int argc, char** argv) {
                 static_cast<long long>(session->steps()),
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(),
                 train_seconds() / steps * 1e3, exposed_seconds / steps * 1e3);
+    std::printf("mode %s, compression %s: %.0f bytes sent per step by rank 0\n",
+                session->mode().str().c_str(), session->compression().str().c_str(),
+                static_cast<double>(opt->bytes_sent()) / steps);
     std::printf("final test accuracy: %.3f (workers at end: %d, membership changes: %zu)\n",
                 test_accuracy(), session->size(), changes);
   }

@@ -455,9 +455,9 @@ std::vector<PolicySpec> read_policies(const Reader& r, const Value& v) {
 
 /// Reads the keys of the top-level mapping `root` into `job`.
 void read_root(const Reader& r, const Value& root, JobFile& job) {
-  const Fields f =
-      r.fields(root, {"job", "workers", "algorithm", "batch_size", "learning_rate", "timeouts",
-                      "ports", "commit_every", "checkpoint", "metrics", "policies", "plugins"});
+  const Fields f = r.fields(
+      root, {"job", "workers", "algorithm", "batch_size", "learning_rate", "mode", "compression",
+             "timeouts", "ports", "commit_every", "checkpoint", "metrics", "policies", "plugins"});
   const Value* section = find(f, "job");
   if (!section) {
     r.fail(Value{root.node, "job", root.line}, kMissingJob);
@@ -470,6 +470,22 @@ void read_root(const Reader& r, const Value& root, JobFile& job) {
     const auto a = r.kind(*v) == Kind::string ? parse_algorithm(v->node.Scalar()) : std::nullopt;
     if (!a) r.expected(*v, expectation);
     job.algorithm = *a;
+  }
+  if (const Value* v = find(f, "mode")) {
+    const std::string text = r.string(*v, "a training mode such as sync-sgd or sma:period=4");
+    try {
+      job.mode = parse_mode(text);
+    } catch (const std::invalid_argument& e) {
+      r.fail(*v, e.what());
+    }
+  }
+  if (const Value* v = find(f, "compression")) {
+    const std::string text = r.string(*v, "a compression such as none, fp16 or topk:0.01");
+    try {
+      job.compression = parse_compression(text);
+    } catch (const std::invalid_argument& e) {
+      r.fail(*v, e.what());
+    }
   }
   if (const Value* v = find(f, "batch_size")) job.batch_size = r.integer(*v, 1, 1'048'576);
   if (const Value* v = find(f, "learning_rate")) job.learning_rate = r.positive_number(*v);
@@ -495,11 +511,14 @@ JobFileError::JobFileError(std::string source, int line, std::string key, const 
       key_(std::move(key)) {}
 
 nlohmann::json JobFile::to_settings() const {
-  return {{"algorithm", std::string(to_string(algorithm))},
-          {"batch_size", batch_size},
-          {"lr", learning_rate},
-          {"min_workers", workers.min},
-          {"max_workers", workers.max}};
+  nlohmann::json s = {{"algorithm", std::string(to_string(algorithm))},
+                      {"batch_size", batch_size},
+                      {"lr", learning_rate},
+                      {"min_workers", workers.min},
+                      {"max_workers", workers.max}};
+  if (mode) s["mode"] = mode->str();
+  if (compression) s["compression"] = compression->str();
+  return s;
 }
 
 namespace {

@@ -106,11 +106,13 @@ Session::Session(std::unique_ptr<Peer> peer, Cluster initial, State& state, Sess
   }
 }
 
-std::unique_ptr<Session> Session::from_environment(State& state) {
+std::unique_ptr<Session> Session::from_environment(State& state,
+                                                   const nlohmann::json& default_settings) {
   const Env e = Env::from_environment();
   std::optional<JobFile> job;
   if (e.job_file) job = load_job_file(*e.job_file);
   detail::WorkerConfig config = detail::resolve_worker_config(e, job);
+  config.session.default_settings = default_settings;
   for (const auto& error : config.settings_errors) {
     KF_LOG(err, "session", "{} (v{}): {}; ignoring it", e.self.str(), e.cluster.version, error);
   }

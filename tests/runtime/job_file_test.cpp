@@ -267,6 +267,27 @@ TEST(JobFile, ToSettingsGivesTheClusterSettings) {
   EXPECT_EQ(d.at("max_workers"), 64);
 }
 
+TEST(JobFile, ModeAndCompressionBecomeSettingsInCanonicalForm) {
+  const JobFile j =
+      parse_job_file("job: {}\nmode: \"sma:period=1\"\ncompression: topk:0.010\n", "j");
+  ASSERT_TRUE(j.mode);
+  EXPECT_EQ(j.mode->mode, TrainingMode::sma);
+  EXPECT_EQ(j.to_settings().at("mode"), "sma");
+  EXPECT_EQ(j.to_settings().at("compression"), "topk:0.01");
+  EXPECT_FALSE(parse_job_file("job: {}\n", "d").to_settings().contains("mode"));
+  EXPECT_EQ(std::string(error_of("job: {}\nmode: sma:period=0\n").what()),
+            "job.yaml:2: mode: mode 'sma:period=0': period must be an integer from 1 to "
+            "1000000, not '0'");
+  EXPECT_EQ(std::string(error_of("job: {}\ncompression: 5\n").what())
+                .rfind("job.yaml:2: "
+                       "compression: ",
+                       0),
+            0u);
+  EXPECT_EQ(std::string(error_of("job: {}\ncompression: topk\n").what()),
+            "job.yaml:2: compression: compression 'topk': topk needs a ratio in (0, 1] after "
+            "':', e.g. topk:0.01");
+}
+
 TEST(JobFile, UnknownKeyIsNamedWithItsLineAndTheKnownKeys) {
   const JobFileError e = error_of("job: {}\nworkers:\n  min: 1\n  maximum: 8\n");
   EXPECT_EQ(std::string(e.what()),

@@ -186,5 +186,25 @@ TEST(TrainingMode, LeavingADivergingModeGivesEveryWorkerRankZerosModel) {
   }
 }
 
+TEST(TrainingMode, DefaultSettingsGiveTheModeWhereTheClusterHasNone) {
+  for (const bool cluster_has_one : {false, true}) {
+    constexpr int n = 2;
+    auto job = test::make_unstarted_job(n, "mode-test");
+    if (cluster_has_one) job.cluster.settings = {{"mode", "sync-sgd"}};
+    std::vector<std::string> modes(n);
+    test::run_all(n, [&](int r) {
+      State state;
+      SessionOptions o;
+      o.default_settings = {{"mode", "sma:period=8"}, {"compression", "fp16"}};
+      Session s(std::move(job.peers[static_cast<std::size_t>(r)]), job.cluster, state, o);
+      ASSERT_TRUE(s.join());
+      modes[r] = s.mode().str() + " " + s.compression().str();
+    });
+    for (const auto& m : modes) {
+      EXPECT_EQ(m, cluster_has_one ? "sync-sgd fp16" : "sma:period=8 fp16");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kf

@@ -47,8 +47,8 @@ bool Session::form(const Cluster& target, const Cluster* previous, bool fresh, C
   // In a mode whose models may differ between workers (before or after this change), the
   // workers at the newest commit need not hold the same model: every worker takes the root's,
   // so that the job goes on with one model (docs/training-modes.md, "Switching").
-  const bool diverged =
-      peer_->size() > 1 && (modes_diverge(settings_) || modes_diverge(target.settings));
+  const bool diverged = peer_->size() > 1 &&
+                        (modes_diverge(settings_) || modes_diverge(with_defaults(target.settings)));
   if (behind || diverged) {
     state_.sync(*peer_, root);
     rec.sync_bytes = state_.bytes();
@@ -154,7 +154,8 @@ Session::Outcome Session::switch_to(const Cluster& target, ChangeRecord rec) {
       rec.connected_us = now_us();
       // A shrink or a mode switch in a mode whose models may differ: one model again, rank 0's
       // (every worker takes this branch at this boundary).
-      if (peer_->size() > 1 && (modes_diverge(settings_) || modes_diverge(target.settings))) {
+      if (peer_->size() > 1 &&
+          (modes_diverge(settings_) || modes_diverge(with_defaults(target.settings)))) {
         state_.sync(*peer_, 0);
         rec.sync_bytes = state_.bytes();
       }

@@ -34,6 +34,17 @@ Proposal Session::run_hook(PolicyHook hook, std::int64_t epoch) {
   return p;
 }
 
+nlohmann::json Session::with_defaults(const nlohmann::json& settings) const {
+  if (!settings.is_object() && !settings.is_null()) return settings;  // an error to report
+  nlohmann::json out = settings.is_object() ? settings : nlohmann::json::object();
+  if (options_.default_settings.is_object()) {
+    for (const auto& [key, value] : options_.default_settings.items()) {
+      if (!out.contains(key)) out[key] = value;
+    }
+  }
+  return out;
+}
+
 ModeSpec Session::mode() const {
   const auto it = settings_.find("mode");
   if (it == settings_.end() || !it->is_string()) return {};
@@ -59,7 +70,7 @@ CompressionSpec Session::compression() const {
 void Session::adopt_settings(const nlohmann::json& settings) {
   // Settings a static job changed locally stay until a cluster version says otherwise.
   if (!link_ && !settings_.empty()) return;
-  ParsedSettings parsed = parse_cluster_settings(settings);
+  ParsedSettings parsed = parse_cluster_settings(with_defaults(settings));
   for (const auto& error : parsed.errors) {
     KF_LOG(err, "session", "{} (v{}): {}; ignoring it", peer_->endpoint().str(), peer_->version(),
            error);

@@ -377,6 +377,7 @@ void DistributedOptimizer::step() {
     finite_ = std::isfinite(local_sq_);
   }
   session_.report_comm(span_.count(), static_cast<double>(bytes));
+  bytes_sent_ += bytes;
   if (local_samples_ > 0) {
     session_.report_gradients(local_sq_, global_sq, static_cast<double>(local_samples_), 1,
                               finite_);
@@ -446,7 +447,9 @@ void DistributedOptimizer::average_model() {
     offset += n;
   }
   span_ = exposed_ = SteadyClock::now() - t0;
-  session_.report_comm(span_.count(), static_cast<double>(all.numel()) * sizeof(float));
+  const auto bytes = static_cast<std::uint64_t>(all.numel()) * sizeof(float);
+  session_.report_comm(span_.count(), static_cast<double>(bytes));
+  bytes_sent_ += bytes;
 }
 
 void DistributedOptimizer::set_learning_rate(double lr) {

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kf/coll/types.hpp"
+#include "kf/policies/training_spec.hpp"
 
 namespace kf {
 
@@ -75,7 +76,9 @@ struct JobFile {
   std::string name = "kf";
   Workers workers;
   Algorithm algorithm = Algorithm::auto_select;
-  std::int64_t batch_size = 32;  ///< global batch (sum over the workers)
+  std::optional<ModeSpec> mode;                ///< "mode" (docs/training-modes.md)
+  std::optional<CompressionSpec> compression;  ///< "compression"
+  std::int64_t batch_size = 32;                ///< global batch (sum over the workers)
   double learning_rate = 0.01;
   Timeouts timeouts;
   Ports ports;
@@ -88,7 +91,7 @@ struct JobFile {
   std::vector<std::string> plugins;
 
   /// The cluster settings kf-config-server holds for the job: {"algorithm", "batch_size", "lr",
-  /// "min_workers", "max_workers"}.
+  /// "min_workers", "max_workers"}, and "mode" and "compression" when the file has them.
   nlohmann::json to_settings() const;
 };
 

@@ -57,6 +57,10 @@ struct SessionOptions {
   /// changes membership, and a lost worker ends the job with an error on every survivor.
   std::optional<std::string> config_server;
   std::string job_token;  ///< presented on the config service's compare-and-swap writes
+  /// Settings the job runs with where the cluster's settings lack the key, e.g. a program's
+  /// {"mode": "sma:period=4"} from its command line (every worker must give the same ones).
+  /// The cluster's settings, and so the config service and the policies, win over them.
+  nlohmann::json default_settings = nlohmann::json::object();
   /// How long a worker waits for the running job to invite it (and a new job's rank 0 waits
   /// for the others to arrive) before join() fails.
   std::chrono::milliseconds join_timeout{std::chrono::minutes(10)};
@@ -145,9 +149,12 @@ class Session {
   /// the checkpoint, the metrics JSON-lines file, and the policies (built-ins and plugins),
   /// which the session then runs itself (set_policies replaces them). Then KF_CHECKPOINT,
   /// KF_CHECKPOINT_EVERY, KF_MONITORS, KF_METRICS_PORT, KF_METRICS_HOST, KF_METRICS_JSONL and
-  /// KF_METRICS_EVERY override. Throws: std::invalid_argument naming a bad variable;
-  /// kf::JobFileError naming the file, line and key; std::runtime_error from a plugin; kf::Error.
-  static std::unique_ptr<Session> from_environment(State& state);
+  /// KF_METRICS_EVERY override. `default_settings` becomes SessionOptions::default_settings
+  /// (a program's own defaults, e.g. its --mode). Throws: std::invalid_argument naming a bad
+  /// variable; kf::JobFileError naming the file, line and key; std::runtime_error from a
+  /// plugin; kf::Error.
+  static std::unique_ptr<Session> from_environment(
+      State& state, const nlohmann::json& default_settings = nlohmann::json::object());
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -263,6 +270,8 @@ class Session {
   void finish_change(ChangeRecord rec);
   void after_commit();
   void adopt_settings(const nlohmann::json& settings);
+  /// `settings` with SessionOptions::default_settings for the keys it lacks.
+  nlohmann::json with_defaults(const nlohmann::json& settings) const;
   void apply(const Proposal& proposal, const char* hook);
   void export_metrics();
   // The step boundary (step_boundary.cpp): pack, commit the step, take a newer cluster.

@@ -98,6 +98,14 @@ class DistributedOptimizer {
   /// failures).
   void step();
 
+  /// Replaces the parameters with their mean over the workers now (one allreduce): the model of
+  /// a model-averaging run at its end, or whenever the program wants one model.
+  /// Throws: kf::Error from the allreduce.
+  void average_parameters() { average_model(); }
+  /// Bytes this worker has sent for gradients and models so far (payload: what the
+  /// compression left, or every value).
+  std::uint64_t bytes_sent() const noexcept { return bytes_sent_; }
+
   /// Sets the learning rate of every parameter group.
   void set_learning_rate(double lr);
   double learning_rate() const;
@@ -138,6 +146,7 @@ class DistributedOptimizer {
   bool started_any_ = false;
   ModePlan plan_;
   CompressionSpec compression_;  // this step's, read with the plan
+  std::uint64_t bytes_sent_ = 0;
   bool planned_ = false;
   std::chrono::duration<double> exposed_{0}, span_{0};
 };
