@@ -274,6 +274,8 @@ int main(int argc, char** argv) {
   // that a joiner's state can be checked against the survivors' ("membership v4 step 120 params
   // <hash>"): had the joiner started from another state, its model would differ after the step.
   // (A change is recorded once its first step has committed; a joiner's join once it joined.)
+  // In a mode whose models differ between averages (sma with a period), the hash is the one
+  // the worker held when that first step began: the model the change gave every worker.
   // Every worker evaluates its shard of the test set; one allreduce adds them up. The time it
   // takes is kept out of train_seconds().
   double eval_seconds = 0;
@@ -301,12 +303,15 @@ int main(int argc, char** argv) {
            eval_seconds;
   };
   std::size_t changes_seen = 0;
+  std::uint64_t hash_at_step_start = 0;
   const auto print_changes = [&] {
     for (; changes_seen < session->changes().size(); ++changes_seen) {
+      const bool diverging = kf::models_may_diverge(session->mode());
       std::printf("membership v%llu step %lld workers %d params %016llx\n",
                   static_cast<unsigned long long>(session->changes()[changes_seen].to_version),
                   static_cast<long long>(session->steps()), session->size(),
-                  static_cast<unsigned long long>(parameters_hash(*model)));
+                  static_cast<unsigned long long>(diverging ? hash_at_step_start
+                                                            : parameters_hash(*model)));
       std::fflush(stdout);
     }
   };
@@ -325,6 +330,7 @@ int main(int argc, char** argv) {
           sampler.batch(session->rank(), session->size(), static_cast<std::size_t>(gbatch));
       const auto total = sampler.step_samples(static_cast<std::size_t>(gbatch));
       const auto outcome = session->step([&] {
+        if (kf::models_may_diverge(session->mode())) hash_at_step_start = parameters_hash(*model);
         opt->zero_grad();
         opt->begin_step(static_cast<std::int64_t>(mine.size()), static_cast<std::int64_t>(total));
         if (!mine.empty()) {

@@ -100,6 +100,18 @@ TEST(ElasticTorch, ResizedTwoThreeTwoEveryWorkerHoldsTheSameModel) {
   two_three_two("torch", "", /*kill=*/false);
 }
 
+// Model averaging lets the workers' models differ between averages: every change of the
+// cluster gives all of them one model again (the per-version check above), a kill -9 too. The
+// period is longer than the run, so that no average happens to make them one instead.
+TEST(ElasticTorch, ModelAveragingGrowsAndSurvivesKillNine) {
+  two_three_two("torch-sma", " --mode sma --period 100000", /*kill=*/true);
+}
+
+// Compressed gradients, with each worker's residual, through a grow and a kill -9.
+TEST(ElasticTorch, CompressedGradientsGrowAndSurviveKillNine) {
+  two_three_two("torch-topk", " --compression topk:0.05", /*kill=*/true);
+}
+
 TEST(ElasticTorch, OnTheGpuGrowsAndSurvivesKillNine) {
   if (env_or_empty("KF_TEST_DEVICE") != "cuda") {
     GTEST_SKIP() << "a GPU run (KF_TEST_DEVICE=cuda with a CUDA LibTorch: tools/gpu-check)";
