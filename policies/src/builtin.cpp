@@ -11,6 +11,8 @@ void register_builtin_policies(PolicyRegistry& registry) {
   registry.add("algorithm-selection", detail::make_algorithm_selection_policy);
   registry.add("optimus", detail::make_optimus_policy);
   registry.add("hemingway", detail::make_hemingway_policy);
+  registry.add("adaptive-sync", detail::make_adaptive_sync_policy);
+  registry.add("compression-by-bandwidth", detail::make_compression_by_bandwidth_policy);
 }
 
 }  // namespace kf

@@ -18,5 +18,7 @@ std::unique_ptr<Policy> make_throughput_scaling_policy(const nlohmann::json& par
 std::unique_ptr<Policy> make_algorithm_selection_policy(const nlohmann::json& params);
 std::unique_ptr<Policy> make_optimus_policy(const nlohmann::json& params);
 std::unique_ptr<Policy> make_hemingway_policy(const nlohmann::json& params);
+std::unique_ptr<Policy> make_adaptive_sync_policy(const nlohmann::json& params);
+std::unique_ptr<Policy> make_compression_by_bandwidth_policy(const nlohmann::json& params);
 
 }  // namespace kf::detail

@@ -116,6 +116,13 @@ std::string ParamReader::choice(const char* name, std::string fallback,
   return v->get<std::string>();
 }
 
+std::string ParamReader::string(const char* name, std::string fallback) {
+  const nlohmann::json* v = find(name);
+  if (v == nullptr) return fallback;
+  if (!v->is_string()) fail(name, "must be a string (got " + describe(*v) + ")");
+  return v->get<std::string>();
+}
+
 std::vector<std::string> ParamReader::choice_list(const char* name,
                                                   std::vector<std::string> fallback,
                                                   std::initializer_list<std::string_view> choices) {

@@ -48,6 +48,8 @@ class ParamReader {
   /// Throws: std::invalid_argument naming the parameter and the choices.
   std::string choice(const char* name, std::string fallback,
                      std::initializer_list<std::string_view> choices);
+  /// A string; `fallback` when absent. Throws: std::invalid_argument naming the parameter.
+  std::string string(const char* name, std::string fallback);
   /// A non-empty array of distinct strings, each one of `choices`; `fallback` when absent.
   /// Throws: std::invalid_argument naming the parameter.
   std::vector<std::string> choice_list(const char* name, std::vector<std::string> fallback,

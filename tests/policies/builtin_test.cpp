@@ -64,6 +64,8 @@ class Driver {
     if (p.batch_size) in_.settings["batch_size"] = *p.batch_size;
     if (p.learning_rate) in_.settings["lr"] = *p.learning_rate;
     if (p.algorithm) in_.settings["algorithm"] = *p.algorithm;
+    if (p.mode) in_.settings["mode"] = *p.mode;
+    if (p.compression) in_.settings["compression"] = *p.compression;
     if (p.workers && *p.workers != in_.workers) {
       in_.workers = *p.workers;
       ++in_.version;
@@ -103,7 +105,8 @@ bool mentions(const Proposal& p, const std::string& text) {
 TEST(BuiltinPolicies, RegistersEachNameAndMakesItFromEmptyParams) {
   PolicyRegistry r;
   register_builtin_policies(r);
-  for (const char* name : {"gns-batch-size", "throughput-scaling", "algorithm-selection"}) {
+  for (const char* name : {"gns-batch-size", "throughput-scaling", "algorithm-selection",
+                           "adaptive-sync", "compression-by-bandwidth"}) {
     ASSERT_TRUE(r.contains(name)) << name;
     auto p = r.make(name, nlohmann::json::object());
     ASSERT_NE(p, nullptr);
@@ -114,7 +117,8 @@ TEST(BuiltinPolicies, RegistersEachNameAndMakesItFromEmptyParams) {
 }
 
 TEST(BuiltinPolicies, RejectParamsThatAreNotAMapping) {
-  for (const std::string name : {"gns-batch-size", "throughput-scaling", "algorithm-selection"}) {
+  for (const std::string name : {"gns-batch-size", "throughput-scaling", "algorithm-selection",
+                                 "adaptive-sync", "compression-by-bandwidth"}) {
     EXPECT_EQ(make_error(name, nlohmann::json::array({1})),
               name + ": params must be a mapping of parameters (got [1])");
     EXPECT_EQ(
@@ -609,6 +613,115 @@ TEST(AlgorithmSelection, RejectsEveryBadParameterByName) {
   EXPECT_EQ(make_error("algorithm-selection", {{"windows", 5}}),
             "algorithm-selection: unknown parameter 'windows' (known: algorithms, alpha, beta, "
             "gamma, message_bytes, patience, retry_windows, threshold, warmup_steps, window)");
+}
+
+// ---- adaptive-sync ------------------------------------------------------------------------
+
+std::map<std::string, double> averaged(double divergence) {
+  return {{"sma.averaged", 1.0}, {"sma.divergence", divergence}};
+}
+
+TEST(AdaptiveSync, LeavesSyncSgdForSmaOnceTheBatchExceedsTheNoiseScaleForPatienceSteps) {
+  Driver d("adaptive-sync", {{"patience", 3}, {"period", 8}}, base_settings(), 4);
+  EXPECT_TRUE(d.step(1, gns(200)).empty()) << "batch 128 below the noise scale";
+  EXPECT_TRUE(d.step(2, gns(100)).empty());
+  EXPECT_TRUE(d.step(3, gns(100)).empty());
+  EXPECT_TRUE(d.step(4, gns(100, /*valid=*/false)).empty()) << "an invalid estimate counts not";
+  const Proposal p = d.step(5, gns(100));
+  ASSERT_TRUE(p.mode);
+  EXPECT_EQ(*p.mode, "sma:period=8");
+  EXPECT_TRUE(mentions(p, "noise scale"));
+  // A batch below the noise scale in between starts the count again.
+  Driver e("adaptive-sync", {{"patience", 2}}, base_settings(), 4);
+  EXPECT_TRUE(e.step(1, gns(100)).empty());
+  EXPECT_TRUE(e.step(2, gns(500)).empty());
+  EXPECT_TRUE(e.step(3, gns(100)).empty());
+  EXPECT_EQ(*e.step(4, gns(100)).mode, "sma:period=4");
+}
+
+TEST(AdaptiveSync, ChangesThePeriodByTheModelsDivergenceAndReturnsToSyncSgd) {
+  nlohmann::json s = base_settings();
+  s["mode"] = "sma:period=8";
+  Driver d("adaptive-sync", {{"cooldown", 0}, {"max_period", 16}}, s, 4);
+  EXPECT_TRUE(d.step(1, {{"sma.divergence", 1.0}}).empty()) << "no average at this step";
+  EXPECT_TRUE(d.step(2, averaged(1e-4)).empty()) << "between low and high";
+  EXPECT_EQ(*d.step(3, averaged(1e-6)).mode, "sma:period=16");
+  EXPECT_TRUE(d.step(4, averaged(1e-6)).empty()) << "at max_period";
+  EXPECT_EQ(*d.step(5, averaged(0.1)).mode, "sma:period=8");
+  EXPECT_EQ(*d.step(6, averaged(0.1)).mode, "sma:period=4");
+  EXPECT_EQ(*d.step(7, averaged(0.1)).mode, "sma:period=2");
+  const Proposal back = d.step(8, averaged(0.1));
+  EXPECT_EQ(*back.mode, "sync-sgd");
+  EXPECT_TRUE(mentions(back, "divergence"));
+}
+
+TEST(AdaptiveSync, CoolsDownAfterAProposal) {
+  nlohmann::json s = base_settings();
+  s["mode"] = "sma:period=8";
+  Driver d("adaptive-sync", {{"cooldown", 10}}, s, 4);
+  EXPECT_TRUE(d.step(1, averaged(0.1)).mode);
+  EXPECT_TRUE(d.step(5, averaged(0.1)).empty());
+  EXPECT_TRUE(d.step(11, averaged(0.1)).mode);
+}
+
+TEST(AdaptiveSync, RejectsEveryBadParameterByName) {
+  EXPECT_EQ(make_error("adaptive-sync", {{"period", 1}}),
+            "adaptive-sync: parameter 'period' must be an integer in [2, 1000000] (got 1)");
+  EXPECT_EQ(make_error("adaptive-sync", {{"period", 64}}),
+            "adaptive-sync: parameter 'period' must not exceed max_period");
+  EXPECT_EQ(make_error("adaptive-sync", {{"low", 0.1}, {"high", 0.01}}),
+            "adaptive-sync: parameter 'low' must be below high");
+  EXPECT_EQ(make_error("adaptive-sync", {{"noise_ratio", 0}})
+                .rfind("adaptive-sync: parameter 'noise_ratio' must be", 0),
+            0u);
+}
+
+// ---- compression-by-bandwidth -----------------------------------------------------------
+
+std::map<std::string, double> comm(double bytes, double seconds) {
+  return {{"comm_bytes", bytes}, {"comm_time", seconds}};
+}
+
+TEST(CompressionByBandwidth, TurnsCompressionOnBelowOnBelowAndOffAboveOffAbove) {
+  Driver d("compression-by-bandwidth",
+           {{"patience", 2}, {"cooldown", 0}, {"on_below", 1e8}, {"off_above", 1e9}},
+           base_settings(), 4);
+  EXPECT_TRUE(d.step(1, comm(4e6, 0.01)).empty()) << "400 MB/s: fast enough";
+  EXPECT_TRUE(d.step(2, comm(4e6, 0.1)).empty()) << "40 MB/s, once";
+  const Proposal on = d.step(3, comm(4e6, 0.1));
+  ASSERT_TRUE(on.compression);
+  EXPECT_EQ(*on.compression, "topk:0.01");
+  // Compressed: 80 kB in 5 ms. 4 MB would take 5 ms at 800 MB/s: below off_above, stays on.
+  EXPECT_TRUE(d.step(4, comm(8e4, 0.005)).empty());
+  EXPECT_TRUE(d.step(5, comm(8e4, 0.005)).empty());
+  // The network got fast: 4 MB in 2 ms would be 2 GB/s.
+  EXPECT_TRUE(d.step(6, comm(8e4, 0.002)).empty());
+  EXPECT_EQ(*d.step(7, comm(8e4, 0.002)).compression, "none");
+}
+
+TEST(CompressionByBandwidth, LeavesOtherModesAndUnmeasuredStepsAlone) {
+  nlohmann::json s = base_settings();
+  s["mode"] = "sma:period=4";
+  Driver d("compression-by-bandwidth", {{"patience", 1}}, s, 4);
+  EXPECT_TRUE(d.step(1, comm(4e6, 1.0)).empty());
+  Driver e("compression-by-bandwidth", {{"patience", 1}}, base_settings(), 4);
+  EXPECT_TRUE(e.step(1, {}).empty()) << "no communication measured";
+  s["mode"] = "sync-sgd";
+  s["compression"] = "fp16";
+  Driver f("compression-by-bandwidth", {{"patience", 1}}, s, 4);
+  EXPECT_TRUE(f.step(1, comm(8e4, 1e-6)).empty()) << "started compressed: no full size known";
+}
+
+TEST(CompressionByBandwidth, RejectsEveryBadParameterByName) {
+  EXPECT_EQ(make_error("compression-by-bandwidth", {{"compression", "none"}}),
+            "compression-by-bandwidth: parameter 'compression' must compress (not none)");
+  EXPECT_EQ(make_error("compression-by-bandwidth", {{"compression", "topk"}}),
+            "compression-by-bandwidth: parameter 'compression' compression 'topk': topk needs a "
+            "ratio in (0, 1] after ':', e.g. topk:0.01");
+  EXPECT_EQ(make_error("compression-by-bandwidth", {{"compression", 3}}),
+            "compression-by-bandwidth: parameter 'compression' must be a string (got 3)");
+  EXPECT_EQ(make_error("compression-by-bandwidth", {{"on_below", 5e9}}),
+            "compression-by-bandwidth: parameter 'on_below' must be below off_above");
 }
 
 }  // namespace

@@ -93,6 +93,13 @@ torch::Tensor sum_of_squares(const torch::Tensor& t) { return t.square().sum(tor
 DistributedOptimizer::DistributedOptimizer(Session& session, torch::optim::Optimizer& optimizer,
                                            DistributedOptimizerOptions options)
     : session_(session), optimizer_(optimizer), options_(options) {
+  try {
+    divergence_slot_ = session_.add_metric("sma.divergence");
+    averaged_slot_ = session_.add_metric("sma.averaged");
+  } catch (const std::logic_error&) {
+    // Made after join(): metrics are fixed by then, and these are left out.
+    divergence_slot_ = averaged_slot_ = -1;
+  }
   for (auto& group : optimizer_.param_groups()) {
     for (auto& p : group.params()) {
       if (p.scalar_type() != torch::kFloat || p.is_sparse() ||
@@ -429,6 +436,7 @@ void DistributedOptimizer::average_model() {
   flat.reserve(slots_.size());
   for (auto& s : slots_) flat.push_back(s.param.reshape({-1}));
   torch::Tensor all = torch::cat(flat);
+  const double own_sq = sum_of_squares(all).item<double>();
   const auto t0 = SteadyClock::now();
   CollOptions o;
   o.op = ReduceOp::avg;
@@ -447,6 +455,14 @@ void DistributedOptimizer::average_model() {
     offset += n;
   }
   span_ = exposed_ = SteadyClock::now() - t0;
+  // The models' divergence, mean_r |w_r - w|^2 / |w|^2 with w their mean, is
+  // (mean_r |w_r|^2 - |w|^2) / |w|^2: each worker reports its |w_r|^2 / |w|^2 - 1, and the
+  // boundary's average of those is the divergence (policies read it: adaptive-sync).
+  if (divergence_slot_ >= 0) {
+    const double mean_sq = sum_of_squares(all).item<double>();
+    session_.set_metric(divergence_slot_, mean_sq > 0 ? own_sq / mean_sq - 1.0 : 0.0);
+    session_.set_metric(averaged_slot_, 1.0);
+  }
   const auto bytes = static_cast<std::uint64_t>(all.numel()) * sizeof(float);
   session_.report_comm(span_.count(), static_cast<double>(bytes));
   bytes_sent_ += bytes;

@@ -22,7 +22,10 @@
 // step: sync-sgd averages the gradients as above; sma averages them during the job's first
 // post_local steps, then lets each worker step on its own gradients and averages the models
 // (one allreduce of every parameter) after every period-th step. Each worker keeps its own
-// optimizer state (momentum, Adam's moments) in sma; only the parameters are averaged.
+// optimizer state (momentum, Adam's moments) in sma; only the parameters are averaged. At each
+// average the session's metrics get "sma.averaged" = 1 and "sma.divergence", the models'
+// mean squared distance from their mean relative to the mean's squared norm (when the
+// optimizer was made before Session::join, which fixes the metrics).
 // The settings "compression" compresses the gradients of sync-sgd (kf/runtime/compression.hpp):
 // the buckets are then exchanged in step(), one after another, through a GradientCompressor
 // each, with this worker's error-feedback residual; overlap with backward is lost.
@@ -147,6 +150,7 @@ class DistributedOptimizer {
   ModePlan plan_;
   CompressionSpec compression_;  // this step's, read with the plan
   std::uint64_t bytes_sent_ = 0;
+  int divergence_slot_ = -1, averaged_slot_ = -1;  // session metrics of model averaging
   bool planned_ = false;
   std::chrono::duration<double> exposed_{0}, span_{0};
 };
