@@ -9,10 +9,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
+#include "kf/policies/builtin.hpp"
 #include "kf/runtime/policy_runner.hpp"
 
 namespace kf {
@@ -236,6 +238,57 @@ TEST(PolicyPlugin, ExamplePluginLoadsRegistersAndDecides) {
   }
   EXPECT_EQ(halved_at, std::vector<std::int64_t>{4}) << "3 steps without improvement after step 1";
   EXPECT_THROW(r.load_plugin(path), std::runtime_error) << "registering a name twice";
+}
+
+}  // namespace
+}  // namespace kf
+
+namespace kf {
+namespace {
+
+// The training-mode policies are replayable: a recording of adaptive-sync's runs (inputs as a
+// live job gives them) replayed by kf-policy-replay makes the same decisions.
+TEST(PolicyReplay, AdaptiveSyncDecisionsReplayFromARecording) {
+  const char* replay = std::getenv("KF_POLICY_REPLAY");
+  ASSERT_NE(replay, nullptr) << "KF_POLICY_REPLAY names kf-policy-replay";
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("kf-replay-modes-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "job.yaml") << "job: {name: modes}\n"
+                                  << "policies:\n"
+                                  << "  - name: adaptive-sync\n"
+                                  << "    params: {patience: 2, cooldown: 0}\n";
+  PolicyRegistry registry;
+  register_builtin_policies(registry);
+  PolicyRunner runner;
+  runner.add(registry.make("adaptive-sync", {{"patience", 2}, {"cooldown", 0}}));
+  runner.record_to((dir / "runs.jsonl").string());
+  PolicyInputs in;
+  in.workers = 4;
+  in.settings = {{"batch_size", 256}};
+  int proposals = 0;
+  for (std::int64_t s = 1; s <= 6; ++s) {
+    in.step = s;
+    in.metrics = {{"gns.valid", 1.0}, {"gns.b_simple", 100.0}};
+    if (in.settings.contains("mode")) in.metrics = {{"sma.averaged", 1.0}, {"sma.divergence", 1.0}};
+    const Proposal p = runner.run(PolicyHook::after_step, in);
+    if (p.mode) {
+      in.settings["mode"] = *p.mode;
+      ++proposals;
+    }
+  }
+  EXPECT_GE(proposals, 2) << "into sma, then back towards sync-sgd";
+  std::string out;
+  const std::string cmd = std::string(replay) + " --check --job " + (dir / "job.yaml").string() +
+                          " " + (dir / "runs.jsonl").string() + " 2>&1";
+  FILE* f = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  char chunk[4096];
+  for (std::size_t got; (got = std::fread(chunk, 1, sizeof chunk, f)) > 0;) out.append(chunk, got);
+  EXPECT_EQ(::pclose(f), 0) << out;
+  EXPECT_NE(out.find(", 0 differences from the recording"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"mode\":\"sma:period=4\""), std::string::npos) << out;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
