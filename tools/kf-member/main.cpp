@@ -5,7 +5,7 @@
 //   COMMAND: list | add [--host H] [--count N] [--port-range A-B] | revoke
 //   WORKER [--notice S]
 //            | kill WORKER | resize N [--host H] [--port-range A-B] | watch
-//            [--count K]
+//            [--count K] | set KEY=VALUE...
 // Mutations compare-and-swap the cluster document (retrying conflicts) and
 // record events. Exit codes: 0 on success; 2 for a usage error; 1 for other
 // errors (server down, 401, unknown worker, CAS attempts exhausted).
@@ -90,6 +90,12 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::Range(1, 4096));
   add_placement(resize, add_options, port_range);
+  std::vector<std::string> assignments;
+  auto* set = app.add_subcommand(
+      "set",
+      "change cluster settings, e.g. mode=sma:period=4 compression=topk:0.01 lr=0.05 "
+      "(every worker applies them at one step boundary)");
+  set->add_option("KEY=VALUE", assignments, "settings to change")->required();
   auto* watch = app.add_subcommand("watch", "print each new version until interrupted");
   watch->add_option("--count", watch_count, "stop after this many changes (0: never)")
       ->check(CLI::NonNegativeNumber)
@@ -104,9 +110,12 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
 
-  const bool mutates = add->parsed() || revoke->parsed() || kill->parsed() || resize->parsed();
+  const bool mutates =
+      add->parsed() || revoke->parsed() || kill->parsed() || resize->parsed() || set->parsed();
   std::optional<kf::ConfigClient> client;
+  nlohmann::json settings;
   try {
+    if (set->parsed()) settings = kf::member::parse_assignments(assignments);
     add_options.ports = kf::tools::PortRange::parse(port_range);
     kf::ConfigClientOptions options;
     options.deadline = std::chrono::milliseconds(timeout_ms);
@@ -133,6 +142,8 @@ int main(int argc, char** argv) {
       kf::member::kill(ctx, worker);
     } else if (resize->parsed()) {
       kf::member::resize(ctx, resize_to, add_options);
+    } else if (set->parsed()) {
+      kf::member::set_settings(ctx, settings);
     } else if (watch->parsed()) {
       kf::member::watch(ctx, watch_count);
     } else {

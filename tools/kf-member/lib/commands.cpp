@@ -11,6 +11,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "kf/runtime/cluster_settings.hpp"
+
 namespace kf::member {
 namespace {
 
@@ -34,6 +36,54 @@ void post_events(CommandContext& ctx, const std::vector<PendingEvent>& events,
 }
 
 }  // namespace
+
+nlohmann::json parse_assignments(const std::vector<std::string>& assignments) {
+  static const std::set<std::string> kKeys = {"algorithm",   "batch_size",  "lr",
+                                              "min_workers", "max_workers", "mode",
+                                              "compression", "epochs",      "stop"};
+  nlohmann::json values = nlohmann::json::object();
+  for (const std::string& a : assignments) {
+    const std::size_t eq = a.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw std::invalid_argument("'" + a + "' is not KEY=VALUE");
+    }
+    const std::string key = a.substr(0, eq), text = a.substr(eq + 1);
+    if (kKeys.count(key) == 0) {
+      std::string known;
+      for (const auto& k : kKeys) known += (known.empty() ? "" : ", ") + k;
+      throw std::invalid_argument("'" + key + "' is not a setting kf-member sets (" + known + ")");
+    }
+    if (values.contains(key)) throw std::invalid_argument("'" + key + "' is given twice");
+    nlohmann::json v = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (v.is_discarded() || v.is_object() || v.is_array() || v.is_null()) v = text;
+    values[key] = v;
+  }
+  const ParsedSettings parsed = parse_cluster_settings(values);
+  if (!parsed.errors.empty()) throw std::invalid_argument(parsed.errors.front());
+  if (values.contains("epochs") &&
+      (!values["epochs"].is_number_integer() || values["epochs"].get<std::int64_t>() < 1)) {
+    throw std::invalid_argument("settings.epochs: expected an integer >= 1, got " +
+                                values["epochs"].dump());
+  }
+  return values;
+}
+
+void set_settings(CommandContext& ctx, const nlohmann::json& values) {
+  mutate(ctx, [&](Cluster& c) {
+    Edit edit;
+    std::string changed;
+    for (const auto& [key, value] : values.items()) {
+      if (c.settings.contains(key) && c.settings[key] == value) continue;
+      c.settings[key] = value;
+      changed += (changed.empty() ? "" : ", ") + key + "=" +
+                 (value.is_string() ? value.get<std::string>() : value.dump());
+    }
+    if (changed.empty()) return edit;
+    edit.summary = "settings " + changed;
+    edit.events.push_back({"note", "", "kf-member set " + changed});
+    return edit;
+  });
+}
 
 void check_bounds(const Cluster& cluster) {
   const auto bound = [&](const char* key) -> std::optional<std::int64_t> {

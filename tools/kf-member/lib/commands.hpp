@@ -65,6 +65,16 @@ void check_bounds(const Cluster& cluster);
 /// The rank of WORKER, given as a rank ("0") or "host:port". Throws: UnknownWorker.
 int find_worker(const Cluster& cluster, std::string_view spec);
 
+/// Reads KEY=VALUE assignments of cluster settings: VALUE is JSON when it parses as a number,
+/// true, false or a quoted string, and text otherwise ("mode=sma:period=4", "lr=0.05"). Each
+/// key must be one kf reads (docs/configuration.md, "Cluster settings") with a valid value.
+/// Throws: std::invalid_argument naming the assignment and what was wrong.
+nlohmann::json parse_assignments(const std::vector<std::string>& assignments);
+
+/// Sets the settings `values` by compare-and-swap and records a "note" event naming them; a
+/// policy's or another writer's change in between is kept. Prints as mutate() does.
+void set_settings(CommandContext& ctx, const nlohmann::json& values);
+
 /// "version V: N workers" then one line per worker "RANK HOST:PORT slot S".
 std::string format_cluster(const Cluster& cluster);
 
