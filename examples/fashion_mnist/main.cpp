@@ -18,6 +18,7 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -159,6 +160,11 @@ int main(int argc, char** argv) {
                  "none, fp16, bf16, topk:RATIO, randomk:RATIO or powersgd:RANK, when the cluster "
                  "settings have none")
       ->capture_default_str();
+  int slow_rank = -1;
+  app.add_option("--slow-rank", slow_rank,
+                 "the worker of this rank computes 3x slower (it sleeps twice its compute time "
+                 "each step): what a straggler costs each mode")
+      ->check(CLI::Range(0, 1 << 20));
   std::string device_name = "cpu";
   bool one_gpu = false;
   app.add_option("--device", device_name, "where the model trains: cpu or cuda (docs/gpu.md)")
@@ -333,6 +339,7 @@ int main(int argc, char** argv) {
         if (kf::models_may_diverge(session->mode())) hash_at_step_start = parameters_hash(*model);
         opt->zero_grad();
         opt->begin_step(static_cast<std::int64_t>(mine.size()), static_cast<std::int64_t>(total));
+        const auto compute_from = std::chrono::steady_clock::now();
         if (!mine.empty()) {
           const torch::data::Example<> b = kf::elastic_batch(train_set, mine);
           const torch::Tensor x = b.data.to(device);
@@ -343,6 +350,11 @@ int main(int argc, char** argv) {
           session->set_metric(loss_slot, loss.item<double>());
           session->set_metric(acc_slot, out.argmax(1).eq(y).sum().item<double>() /
                                             static_cast<double>(mine.size()));
+        }
+        // --slow-rank: this worker's compute takes 3x as long (a slower machine), by sleeping
+        // twice what forward and backward took.
+        if (session->rank() == slow_rank) {
+          std::this_thread::sleep_for(2 * (std::chrono::steady_clock::now() - compute_from));
         }
         opt->step();
         exposed_seconds += opt->exposed_comm().count();
