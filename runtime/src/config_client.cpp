@@ -185,6 +185,18 @@ ConfigEvent event_from_json(const json& j) {
   return e;
 }
 
+// Runs `read`, which takes an answer apart: a JSON field of the wrong type (nlohmann's exceptions)
+// becomes a protocol error naming the call.
+template <typename Read>
+auto reading(const char* what, Read&& read) -> decltype(read()) {
+  try {
+    return read();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(make_error_code(errc::protocol_error),
+                std::string(what) + ": the service sent a malformed answer: " + e.what());
+  }
+}
+
 Cluster cluster_from(const Answer& a, const std::string& what) {
   try {
     return Cluster::from_json(a.body);
@@ -843,89 +855,106 @@ ConfigClient& ConfigClient::operator=(ConfigClient&&) noexcept = default;
 void ConfigClient::cancel() noexcept { connection_->cancel(); }
 
 Cluster ConfigClient::get_cluster() {
-  if (etcd_) return etcd_->get_cluster();
-  const Answer a = connection_->call(server_, &control_key_, http::verb::get, "/v1/cluster",
-                                     nullptr, options_.deadline);
-  return cluster_from(a, "GET /v1/cluster");
+  return reading("GET cluster", [&] {
+    if (etcd_) return etcd_->get_cluster();
+    const Answer a = connection_->call(server_, &control_key_, http::verb::get, "/v1/cluster",
+                                       nullptr, options_.deadline);
+    return cluster_from(a, "GET /v1/cluster");
+  });
 }
 
 Cluster ConfigClient::put_cluster(const Cluster& next) {
-  if (etcd_) return etcd_->put_cluster(next);
-  const json body = next.to_json();
-  const Answer a = connection_->call(server_, &control_key_, http::verb::put, "/v1/cluster", &body,
-                                     options_.deadline);
-  if (a.status == 409) {
-    json current = a.body.is_object() && a.body.contains("current") ? a.body["current"] : json();
-    throw ConflictError("PUT /v1/cluster: 409 " + reason_of(a),
-                        cluster_from(Answer{200, current}, "PUT /v1/cluster (409)"));
-  }
-  return cluster_from(a, "PUT /v1/cluster");
+  return reading("PUT cluster", [&] {
+    if (etcd_) return etcd_->put_cluster(next);
+    const json body = next.to_json();
+    const Answer a = connection_->call(server_, &control_key_, http::verb::put, "/v1/cluster",
+                                       &body, options_.deadline);
+    if (a.status == 409) {
+      json current = a.body.is_object() && a.body.contains("current") ? a.body["current"] : json();
+      throw ConflictError("PUT /v1/cluster: 409 " + reason_of(a),
+                          cluster_from(Answer{200, current}, "PUT /v1/cluster (409)"));
+    }
+    return cluster_from(a, "PUT /v1/cluster");
+  });
 }
 
 Cluster ConfigClient::watch(std::uint64_t after_version, std::chrono::milliseconds timeout) {
-  if (etcd_) return etcd_->watch(after_version, timeout);
-  using Clock = std::chrono::steady_clock;
-  const auto end = Clock::now() + timeout;
-  const std::string target = "/v1/cluster?watch=1&after=" + std::to_string(after_version);
-  for (;;) {
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(end - Clock::now());
-    if (left <= std::chrono::milliseconds::zero()) return get_cluster();
-    // The server answers a long-poll after its own watch timeout at the latest; we stop waiting at
-    // ours. A poll cut short that way is not a failure: read once more (with the ordinary deadline)
-    // and return what is there.
-    Answer a;
-    try {
-      a = connection_->call(server_, &control_key_, http::verb::get, target, nullptr, left);
-    } catch (const Error& e) {
-      if (e.code() != errc::service_unavailable || Clock::now() < end) throw;
-      return get_cluster();
+  return reading("watch", [&] {
+    if (etcd_) return etcd_->watch(after_version, timeout);
+    using Clock = std::chrono::steady_clock;
+    const auto end = Clock::now() + timeout;
+    const std::string target = "/v1/cluster?watch=1&after=" + std::to_string(after_version);
+    for (;;) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(end - Clock::now());
+      if (left <= std::chrono::milliseconds::zero()) return get_cluster();
+      // The server answers a long-poll after its own watch timeout at the latest; we stop waiting
+      // at ours. A poll cut short that way is not a failure: read once more (with the ordinary
+      // deadline) and return what is there.
+      Answer a;
+      try {
+        a = connection_->call(server_, &control_key_, http::verb::get, target, nullptr, left);
+      } catch (const Error& e) {
+        if (e.code() != errc::service_unavailable || Clock::now() < end) throw;
+        return get_cluster();
+      }
+      Cluster c = cluster_from(a, "GET " + target);
+      if (c.version > after_version) return c;
     }
-    Cluster c = cluster_from(a, "GET " + target);
-    if (c.version > after_version) return c;
-  }
+  });
 }
 
 ConfigEvent ConfigClient::post_event(const std::string& type, const std::string& worker,
                                      const std::string& detail,
                                      std::optional<std::uint64_t> version) {
-  if (etcd_) return etcd_->post_event(type, worker, detail, version);
-  json body = {{"type", type}};
-  if (!worker.empty()) body["worker"] = worker;
-  if (!detail.empty()) body["detail"] = detail;
-  if (version) body["version"] = *version;
-  const Answer a = connection_->call(server_, &control_key_, http::verb::post, "/v1/events", &body,
-                                     options_.deadline);
-  return event_from_json(a.body);
+  return reading("post event", [&] {
+    if (etcd_) return etcd_->post_event(type, worker, detail, version);
+    json body = {{"type", type}};
+    if (!worker.empty()) body["worker"] = worker;
+    if (!detail.empty()) body["detail"] = detail;
+    if (version) body["version"] = *version;
+    const Answer a = connection_->call(server_, &control_key_, http::verb::post, "/v1/events",
+                                       &body, options_.deadline);
+    return event_from_json(a.body);
+  });
 }
 
 bool ConfigClient::announce_agent(const std::string& host, std::chrono::seconds ttl) {
-  return etcd_ ? etcd_->announce_agent(host, ttl) : false;
+  return reading("announce agent",
+                 [&] { return etcd_ ? etcd_->announce_agent(host, ttl) : false; });
 }
 
 void ConfigClient::keep_agent_alive() {
-  if (etcd_) etcd_->keep_agent_alive();
+  return reading("keep agent alive", [&] {
+    if (etcd_) etcd_->keep_agent_alive();
+  });
 }
 
 void ConfigClient::retire_agent() {
-  if (etcd_) etcd_->retire_agent();
+  return reading("retire agent", [&] {
+    if (etcd_) etcd_->retire_agent();
+  });
 }
 
 std::optional<std::vector<std::string>> ConfigClient::live_agents() {
-  if (!etcd_) return std::nullopt;
-  return etcd_->live_agents();
+  return reading("live agents", [&]() -> std::optional<std::vector<std::string>> {
+    if (!etcd_) return std::nullopt;
+    return etcd_->live_agents();
+  });
 }
 
 std::vector<ConfigEvent> ConfigClient::get_events(std::uint64_t after_seq) {
-  if (etcd_) return etcd_->get_events(after_seq);
-  const std::string target = "/v1/events?after=" + std::to_string(after_seq);
-  const Answer a = connection_->call(server_, &control_key_, http::verb::get, target, nullptr,
-                                     options_.deadline);
-  std::vector<ConfigEvent> events;
-  if (!a.body.is_object() || !a.body.contains("events") || !a.body["events"].is_array()) {
-    throw Error(make_error_code(errc::protocol_error), "GET " + target + ": no events array");
-  }
-  for (const auto& j : a.body["events"]) events.push_back(event_from_json(j));
-  return events;
+  return reading("GET events", [&] {
+    if (etcd_) return etcd_->get_events(after_seq);
+    const std::string target = "/v1/events?after=" + std::to_string(after_seq);
+    const Answer a = connection_->call(server_, &control_key_, http::verb::get, target, nullptr,
+                                       options_.deadline);
+    std::vector<ConfigEvent> events;
+    if (!a.body.is_object() || !a.body.contains("events") || !a.body["events"].is_array()) {
+      throw Error(make_error_code(errc::protocol_error), "GET " + target + ": no events array");
+    }
+    for (const auto& j : a.body["events"]) events.push_back(event_from_json(j));
+    return events;
+  });
 }
 
 }  // namespace kf

@@ -13,7 +13,6 @@
 // cluster document, the config service's answer to a compare-and-swap), so every worker takes the
 // same one.
 #include "kf/runtime/session.hpp"
-#include "kf/common/json.hpp"
 
 #include <cstdio>
 #include <filesystem>
@@ -30,6 +29,7 @@
 #include "kf/policies/builtin.hpp"
 #include "kf/runtime/cluster_settings.hpp"
 #include "kf/runtime/job_file.hpp"
+#include "session/invitation.hpp"
 #include "session/service_link.hpp"
 #include "session/support.hpp"
 
@@ -206,9 +206,8 @@ bool Session::join() {
     if (!inv) continue;
     Cluster target;
     try {
-      const auto doc = parse_json(inv->payload);
-      target = Cluster::from_json(doc.at("cluster"));
-    } catch (const std::exception& e) {
+      target = detail::decode_invitation(inv->payload).cluster;
+    } catch (const std::invalid_argument& e) {
       KF_LOG(warn, "session", "{}: ignored a malformed invitation from {}: {}", self.str(),
              inv->from.str(), e.what());
       continue;

@@ -247,6 +247,22 @@ TEST_F(ConfigServerTest, BadHttpIsRefusedWithoutACrash) {
   EXPECT_EQ(http("GET", server.url() + "/healthz").status, 200);
 }
 
+// The answer to HEAD states the length of its body but leaves the body out, so that the next
+// answer on a kept-alive connection starts where the client expects it.
+TEST_F(ConfigServerTest, AnswersToHeadCarryNoBody) {
+  ServerProcess server(dir_);
+  ASSERT_FALSE(server.url().empty());
+  const std::string reply = raw_exchange(server.address(),
+                                         "HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+                                         "GET /healthz HTTP/1.1\r\nHost: x\r\n"
+                                         "Connection: close\r\n\r\n");
+  const auto end_of_first = reply.find("\r\n\r\n");
+  ASSERT_NE(end_of_first, std::string::npos) << reply;
+  EXPECT_TRUE(reply.starts_with("HTTP/1.1 405")) << reply;
+  EXPECT_NE(reply.substr(0, end_of_first).find("Content-Length: "), std::string::npos) << reply;
+  EXPECT_TRUE(reply.substr(end_of_first + 4).starts_with("HTTP/1.1 200")) << reply;
+}
+
 // Connections past a cap get a 503 naming it (kf's clients take it as the service being down
 // for a moment); once the held ones close, connections are served again.
 TEST_F(ConfigServerTest, ConnectionsPastTheCapAreRefusedWith503) {

@@ -12,6 +12,7 @@
 #include "kf/runtime/cluster_settings.hpp"
 #include "kf/runtime/config_client.hpp"
 #include "kf/runtime/session.hpp"
+#include "session/invitation.hpp"
 #include "session/service_link.hpp"
 #include "session/support.hpp"
 
@@ -77,8 +78,7 @@ void Session::invite_joiners(const Cluster& target, const Cluster& previous, boo
   if (invited_version_ == target.version) return;
   invites_.clear();
   invitees_.clear();
-  nlohmann::json doc = {{"cluster", target.to_json()}, {"fresh", fresh}};
-  const std::string payload = doc.dump();
+  const std::string payload = detail::encode_invitation(target, fresh);
   for (const auto& w : target.workers) {
     if (w.endpoint == peer_->endpoint() || contains(previous, w.endpoint)) continue;
     invites_.push_back(peer_->invite(w.endpoint, payload));

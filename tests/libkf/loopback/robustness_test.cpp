@@ -30,6 +30,7 @@
 #include "support/local_cluster.hpp"
 #include "support/log_capture.hpp"
 #include "support/process.hpp"
+#include "support/raw_client.hpp"
 #include "transport/auth.hpp"
 #include "transport/frame.hpp"
 #include "transport/frame_mac.hpp"
@@ -38,7 +39,13 @@
 namespace kf {
 namespace {
 
+using test::authenticate;
+using test::connect_local;
+using test::connect_to;
 using test::LogCapture;
+using test::read_all;
+using test::read_frame;
+using test::send_frame;
 
 // A free TCP port of 127.0.0.1 (free when this returns).
 std::uint16_t free_port() {
@@ -53,19 +60,6 @@ std::uint16_t free_port() {
   return ntohs(a.sin_port);
 }
 
-int connect_to(const Endpoint& ep) {
-  const int s = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(ep.port);
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    close(s);
-    return -1;
-  }
-  return s;
-}
-
 // Reads until the peer closes the connection (the challenge frame comes first). Returns true
 // when the peer closed within the socket's receive timeout.
 bool closed_by_peer(int s) {
@@ -77,70 +71,6 @@ bool closed_by_peer(int s) {
     if (n == 0) return true;
     if (n < 0) return errno == ECONNRESET;
   }
-}
-
-// The worker's same-host socket ("\0kf/HOST:PORT").
-int connect_local(const Endpoint& ep) {
-  const std::string name = std::string(1, '\0') + "kf/" + ep.str();
-  const int s = socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::memcpy(a.sun_path, name.data(), name.size());
-  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size());
-  if (connect(s, reinterpret_cast<sockaddr*>(&a), len) != 0) {
-    close(s);
-    return -1;
-  }
-  return s;
-}
-
-bool read_all(int s, void* p, std::size_t n) {
-  auto* b = static_cast<char*>(p);
-  while (n > 0) {
-    const ssize_t got = recv(s, b, n, 0);
-    if (got <= 0) return false;
-    b += got;
-    n -= static_cast<std::size_t>(got);
-  }
-  return true;
-}
-
-// Reads one frame's header and payload (the handshake's frames).
-bool read_frame(int s, transport::FrameHeader& h, std::vector<std::byte>& payload) {
-  transport::HeaderBytes hb;
-  std::string why;
-  if (!read_all(s, hb.data(), hb.size()) || !transport::decode(hb, 1 << 20, h, why)) return false;
-  payload.resize(h.payload_bytes);
-  return read_all(s, payload.data(), payload.size());
-}
-
-void send_frame(int s, transport::FrameType t, const std::vector<std::byte>& payload) {
-  transport::FrameHeader h;
-  h.type = t;
-  h.payload_bytes = payload.size();
-  const auto hb = transport::encode(h);
-  ASSERT_EQ(send(s, hb.data(), hb.size(), 0), static_cast<ssize_t>(hb.size()));
-  ASSERT_EQ(send(s, payload.data(), payload.size(), 0), static_cast<ssize_t>(payload.size()));
-}
-
-// The dialer's side of the handshake, as `identity`, with the test cluster's job and token
-// (frame MACs on, as the peers have them). Returns the connection's key, whose FrameMac tags
-// what this side sends over TCP; nullopt when the handshake failed.
-std::optional<Key> authenticate(int s, const std::string& identity) {
-  transport::FrameHeader h;
-  std::vector<std::byte> payload;
-  if (!read_frame(s, h, payload) || h.type != transport::FrameType::challenge) return std::nullopt;
-  transport::Nonce theirs;
-  std::memcpy(theirs.data(), payload.data(), theirs.size());
-  const Key peers = derive_key("test-token", KeyUse::peers);
-  transport::Hello hello{"kf", identity, transport::random_nonce(), {}, true};
-  hello.mac = transport::handshake_mac(peers, transport::handshake_purpose(true, true), "kf",
-                                       identity, theirs);
-  send_frame(s, transport::FrameType::hello, transport::encode(hello));
-  if (!read_frame(s, h, payload) || h.type != transport::FrameType::welcome) return std::nullopt;
-  const auto w = transport::decode_welcome(payload);
-  if (!w) return std::nullopt;
-  return transport::connection_key(peers, theirs, hello.nonce, identity, w->identity);
 }
 
 // A data frame that claims its payload waits in the sender's memory at `addr`.
@@ -375,7 +305,7 @@ TEST(Robustness, FramesThatArriveInPiecesOverTcpAreReadWhole) {
 int offer_ring(int s, const std::string& name) {
   std::vector<std::byte> payload(name.size());
   std::memcpy(payload.data(), name.data(), name.size());
-  send_frame(s, transport::FrameType::ring_offer, payload);
+  if (!send_frame(s, transport::FrameType::ring_offer, payload)) return 0;
   std::uint8_t reply = 0;
   return read_all(s, &reply, 1) ? reply : 0;
 }
@@ -395,7 +325,7 @@ TEST(Robustness, BadRingOffersAndRecordsAreRefused) {
   ASSERT_TRUE(authenticate(s, "127.0.0.1:1"));
   const std::vector<std::byte> name{std::byte{'/'}, std::byte{'k'}, std::byte{'f'}, std::byte{'-'},
                                     std::byte{'1'}};
-  send_frame(s, transport::FrameType::ring_offer, name);
+  ASSERT_TRUE(send_frame(s, transport::FrameType::ring_offer, name));
   EXPECT_TRUE(closed_by_peer(s));
   close(s);
 
@@ -587,7 +517,7 @@ TEST(Robustness, RejectedHellosAreLoggedEscapedAndRateLimited) {
                            transport::random_nonce(),
                            {},
                            true};
-    send_frame(s, transport::FrameType::hello, transport::encode(hello));
+    ASSERT_TRUE(send_frame(s, transport::FrameType::hello, transport::encode(hello)));
     EXPECT_TRUE(closed_by_peer(s));
     close(s);
   }
@@ -695,7 +625,7 @@ TEST(Robustness, ARelayedHandshakeGivesTheRelayNothing) {
     transport::Hello hello{"kf", identity, transport::random_nonce(), {}, true};
     hello.mac = transport::handshake_mac(peer_key, transport::handshake_purpose(true, true), "kf",
                                          identity, challenge);
-    send_frame(s, transport::FrameType::hello, transport::encode(hello));
+    ASSERT_TRUE(send_frame(s, transport::FrameType::hello, transport::encode(hello)));
     ASSERT_TRUE(read_frame(s, h, payload));
     ASSERT_EQ(h.type, transport::FrameType::welcome);  // accepted: the handshake was genuine
     const auto w = transport::decode_welcome(payload);

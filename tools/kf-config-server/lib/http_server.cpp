@@ -11,6 +11,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
@@ -68,6 +69,11 @@ class Server {
   Server(Service& service, const ServerOptions& options) : service_(service), options_(options) {}
 
   asio::awaitable<void> async_accept(tcp::acceptor& acceptor);
+  // Serves one accepted connection (what async_accept does with each, caps aside).
+  asio::awaitable<void> async_serve(tcp::socket socket, std::string source) {
+    connections_.add(source);
+    co_await async_session(std::move(socket), std::move(source));
+  }
 
  private:
   // How many of something (connections, long-polls) are open, in all and by address.
@@ -100,8 +106,10 @@ class Server {
   asio::awaitable<void> async_session(tcp::socket socket, std::string source);
   asio::awaitable<void> async_refuse(tcp::socket socket, std::string why);
   asio::awaitable<Response> async_handle(const Request& request, const std::string& source);
+  // `head`: the answer to a HEAD request, which states the length of its body without it.
   asio::awaitable<beast::error_code> async_write(beast::tcp_stream& stream, const Response& r,
-                                                 unsigned version, bool keep_alive);
+                                                 unsigned version, bool keep_alive,
+                                                 bool head = false);
   void on_change() noexcept;
 
   Service& service_;
@@ -199,8 +207,9 @@ asio::awaitable<void> Server::async_session(tcp::socket socket, std::string sour
                           std::string(req[http::field::authorization]), req.body()};
     const bool keep_alive = req.keep_alive();
     const unsigned version = req.version();
+    const bool head = req.method() == http::verb::head;
     const Response response = co_await async_handle(request, source);
-    if (co_await async_write(stream, response, version, keep_alive) || !keep_alive) break;
+    if (co_await async_write(stream, response, version, keep_alive, head) || !keep_alive) break;
   }
   beast::error_code ignored;
   stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
@@ -231,7 +240,8 @@ asio::awaitable<Response> Server::async_handle(const Request& request, const std
 }
 
 asio::awaitable<beast::error_code> Server::async_write(beast::tcp_stream& stream, const Response& r,
-                                                       unsigned version, bool keep_alive) {
+                                                       unsigned version, bool keep_alive,
+                                                       bool head) {
   http::response<http::string_body> res{static_cast<http::status>(r.status), version};
   res.set(http::field::server, "kf-config-server");
   res.set(http::field::content_type, r.content_type);
@@ -240,6 +250,7 @@ asio::awaitable<beast::error_code> Server::async_write(beast::tcp_stream& stream
   res.keep_alive(keep_alive);
   res.body() = r.body + "\n";
   res.prepare_payload();
+  if (head) res.body().clear();  // Content-Length stays that of the body left out
   stream.expires_after(options_.idle_timeout);
   auto [ec, n] = co_await http::async_write(stream, res, kAsTuple);
   co_return ec;
@@ -302,6 +313,38 @@ const std::string& HttpServer::address() const noexcept { return impl_->address;
 void HttpServer::run() { impl_->ioc.run(); }
 
 void HttpServer::stop() noexcept { impl_->ioc.stop(); }
+
+std::string serve_bytes(Service& service, const ServerOptions& options, std::string_view input) {
+  asio::io_context ioc{1};
+  tcp::socket client(ioc);
+  tcp::socket accepted(ioc);
+  try {
+    tcp::acceptor acceptor(ioc, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
+    client.connect(acceptor.local_endpoint());
+    accepted = acceptor.accept();
+  } catch (const boost::system::system_error& e) {  // what Asio throws (not a std one)
+    throw std::system_error(e.code(), "serve_bytes: no loopback connection");
+  }
+  Server server(service, options);
+  asio::co_spawn(ioc, server.async_serve(std::move(accepted), "127.0.0.1"), log_exception);
+  std::string output;
+  auto talk = [&]() -> asio::awaitable<void> {
+    // Written while the server reads and answers: neither side waits for the other to finish.
+    // A write cut short (the server closed first) still leaves its answers to read.
+    (void)co_await asio::async_write(client, asio::buffer(input), kAsTuple);
+    beast::error_code ignored;
+    client.shutdown(tcp::socket::shutdown_send, ignored);
+    char buf[4096];
+    for (;;) {
+      auto [ec, n] = co_await client.async_read_some(asio::buffer(buf), kAsTuple);
+      output.append(buf, n);
+      if (ec) break;
+    }
+  };
+  asio::co_spawn(ioc, talk(), log_exception);  // `talk` outlives the run below
+  ioc.run();
+  return output;
+}
 
 void run_server(Service& service, const ServerOptions& options) {
   HttpServer server(service, options);

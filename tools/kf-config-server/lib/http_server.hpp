@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "kf-config-server/lib/listen_address.hpp"
 #include "kf-config-server/lib/service.hpp"
@@ -65,6 +66,12 @@ class HttpServer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+/// Serves one connection on 127.0.0.1 whose client sends `input` and then closes its side for
+/// sending; returns all the server wrote before it closed the connection. What the fuzz harness
+/// drives (tests/fuzz/http_session.cpp): the session is the one every accepted connection gets.
+/// Throws: std::system_error when the loopback connection cannot be made.
+std::string serve_bytes(Service& service, const ServerOptions& options, std::string_view input);
 
 /// Serves `service` until SIGINT or SIGTERM. Every accepted change is already in the state file
 /// when its answer is written, so stopping needs no flush.
