@@ -47,6 +47,38 @@ TEST(Verdict, AJobThatKeptEveryGuaranteePasses) {
   EXPECT_EQ(v.last_commit, 90);
 }
 
+// The survivors' pauses come from their recovery records (detected -> resumed); a recovery that
+// removed several workers at once counts as overlapping failures too. Records without the times
+// (as above) count for nothing.
+TEST(Verdict, RecoveryPausesAreTheSurvivorsTimesFromDetectionToTheFirstStep) {
+  EXPECT_TRUE(judge(kGood).recovery_pauses_ms.empty());
+  const auto recovery = [](const std::string& worker, int from, int to, long detected,
+                           long resumed) {
+    return "[" + worker + "] change {\"kind\":\"recovery\",\"to_version\":5,\"commit\":9," +
+           "\"from_size\":" + std::to_string(from) + ",\"to_size\":" + std::to_string(to) +
+           ",\"detected_us\":" + std::to_string(detected) +
+           ",\"resumed_us\":" + std::to_string(resumed) + "}\n";
+  };
+  const Verdict v = judge(recovery("a:1", 4, 3, 1'000'000, 1'004'500) +
+                          recovery("b:2", 4, 2, 2'000'000, 2'120'000) +
+                          recovery("c:3", 4, 3, 0, 5) + final_line("a:1", 20, 1, "ab"));
+  ASSERT_EQ(v.recovery_pauses_ms.size(), 2u);
+  EXPECT_DOUBLE_EQ(v.recovery_pauses_ms[0], 4.5);
+  EXPECT_DOUBLE_EQ(v.recovery_pauses_ms[1], 120.0);
+  ASSERT_EQ(v.overlapping_pauses_ms.size(), 1u);
+  EXPECT_DOUBLE_EQ(v.overlapping_pauses_ms[0], 120.0);
+}
+
+TEST(Verdict, PercentilesAreByNearestRank) {
+  std::vector<double> ms;
+  for (int i = 100; i >= 1; --i) ms.push_back(i);
+  EXPECT_DOUBLE_EQ(percentile(ms, 50), 50);
+  EXPECT_DOUBLE_EQ(percentile(ms, 99), 99);
+  EXPECT_DOUBLE_EQ(percentile(ms, 100), 100);
+  EXPECT_DOUBLE_EQ(percentile({7.0}, 99), 7);
+  EXPECT_DOUBLE_EQ(percentile({}, 99), 0);
+}
+
 TEST(Verdict, DifferentParametersOrStepsFail) {
   EXPECT_TRUE(mentions(judge(final_line("a:1", 5, 2, "aa") + final_line("b:2", 5, 2, "bb")),
                        "different parameters"));

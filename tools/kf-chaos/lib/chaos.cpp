@@ -257,6 +257,15 @@ int run(const Options& o, std::ostream& out) {
         << "; " << verdict.changes << " changes, committed steps up to " << verdict.last_commit
         << std::endl;
   }
+  const auto pauses = [&](const char* what, const std::vector<double>& ms) {
+    if (ms.empty()) return;
+    out << "kf-chaos: survivors' pause " << what << ": " << ms.size() << " pauses, p50 "
+        << percentile(ms, 50) << " ms, p95 " << percentile(ms, 95) << " ms, p99 "
+        << percentile(ms, 99) << " ms, max " << percentile(ms, 100) << " ms" << std::endl;
+  };
+  out.precision(1);
+  pauses("after a failure (detected -> first step)", verdict.recovery_pauses_ms);
+  pauses("when failures overlapped (one recovery removed several)", verdict.overlapping_pauses_ms);
   if (problems.empty()) {
     out << "kf-chaos: PASS: identical parameters, nothing committed lost, every sample used "
            "once per epoch (checked by the workers), no hang"

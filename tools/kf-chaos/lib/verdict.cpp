@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf-chaos/lib/verdict.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <regex>
 #include <set>
@@ -26,6 +28,13 @@ std::string_view untagged(std::string_view line, std::string_view& worker) {
 }
 
 }  // namespace
+
+double percentile(std::vector<double> ms, double p) {
+  if (ms.empty()) return 0.0;
+  std::sort(ms.begin(), ms.end());
+  const auto rank = static_cast<std::size_t>(std::ceil(p / 100.0 * static_cast<double>(ms.size())));
+  return ms[std::clamp<std::size_t>(rank, 1, ms.size()) - 1];
+}
 
 Verdict judge(std::string_view output) {
   Verdict v;
@@ -62,6 +71,17 @@ Verdict judge(std::string_view output) {
       // no version it went to.
       const std::string kind = j.value("kind", "");
       if (kind == "join" || kind == "left") continue;
+      if (kind == "recovery") {
+        const auto us = [&](const char* key) -> std::int64_t {
+          return j.contains(key) && j[key].is_number_integer() ? j[key].get<std::int64_t>() : 0;
+        };
+        const std::int64_t detected = us("detected_us"), resumed = us("resumed_us");
+        if (detected > 0 && resumed >= detected) {
+          const double ms = static_cast<double>(resumed - detected) / 1000.0;
+          v.recovery_pauses_ms.push_back(ms);
+          if (us("from_size") - us("to_size") > 1) v.overlapping_pauses_ms.push_back(ms);
+        }
+      }
       commits[j["to_version"].get<std::uint64_t>()].insert(j["commit"].get<std::int64_t>());
     }
   }

@@ -29,7 +29,16 @@ struct Verdict {
   std::string hash;
   int changes = 0;                ///< distinct cluster versions seen in "change" lines
   std::int64_t last_commit = -1;  ///< the commit of the newest of them
+  /// Each survivor's pause in each recovery from a failure: from the moment it saw the failure
+  /// to its first step in the new cluster ("detected_us" to "resumed_us" of its "recovery"
+  /// records), in milliseconds, in the order printed. `overlapping_pauses` are those of
+  /// recoveries that removed more than one worker at once (failures that overlapped).
+  std::vector<double> recovery_pauses_ms;
+  std::vector<double> overlapping_pauses_ms;
 };
+
+/// The p-th percentile (0-100) of `ms` by the nearest rank; 0 for none.
+double percentile(std::vector<double> ms, double p);
 
 /// Checks the workers' report lines in `output`: at least one "final" line; all of them with
 /// the same step and hash, and as many as the workers they state; no "BROKEN" line; the commits
