@@ -485,6 +485,22 @@ TEST_F(Kfrun, WorkersInheritOnlyStdinStdoutAndStderr) {
   EXPECT_FALSE(listed.socket) << r.out;
 }
 
+// A worker that leaves a child running (here one that also holds its stdout) does not keep the
+// job from ending, and the child does not outlive it: kfrun kills the worker's process group once
+// the worker has exited.
+TEST_F(Kfrun, AChildAWorkerLeftBehindDiesWithIt) {
+  const auto start = Clock::now();
+  const auto r = run_kfrun({"-np", "1", "--", "sh", "-c", "sleep 300 & echo child $!"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(60)) << "kfrun waited for the child";
+  const auto at = r.out.find("child ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const pid_t child = std::stoi(r.out.substr(at + 6));
+  EXPECT_TRUE(test::wait_ended(child, Clock::now() + std::chrono::seconds(10)))
+      << "the worker's child outlived it";
+  if (!test::ended(child)) ::kill(child, SIGKILL);
+}
+
 TEST_F(Kfrun, RejectsPortRangeWithoutEnoughFreePorts) {
   // Hold one port and offer only that one.
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

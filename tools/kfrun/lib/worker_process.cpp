@@ -251,13 +251,22 @@ std::optional<int> WorkerProcess::try_reap() noexcept {
     reaped_ = true;
     return kUnknownExit;
   }
-  int wait_status = 0;
-  pid_t r = 0;
+  // Looked at without reaping first: while the worker is a zombie its pid stays its process
+  // group's id, so what it left running in the group can be killed without hitting anyone else.
+  siginfo_t info{};
+  int r = 0;
   do {
-    r = ::waitpid(pid_, &wait_status, WNOHANG);
+    r = ::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT);
   } while (r < 0 && errno == EINTR);
-  KF_CHECK(r >= 0, "waitpid on a worker failed: another part of the process reaped it");
-  if (r == 0) return std::nullopt;
+  KF_CHECK(r >= 0, "waitid on a worker failed: another part of the process reaped it");
+  if (info.si_pid == 0) return std::nullopt;
+  ::kill(-pid_, SIGKILL);  // children it left behind (ESRCH when there are none)
+  int wait_status = 0;
+  pid_t reaped = 0;
+  do {
+    reaped = ::waitpid(pid_, &wait_status, WNOHANG);
+  } while (reaped < 0 && errno == EINTR);
+  KF_CHECK(reaped == pid_, "waitpid on a worker failed after waitid saw it exit");
   reaped_ = true;
   return wait_status;
 }

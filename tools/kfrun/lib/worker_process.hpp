@@ -65,7 +65,10 @@ class WorkerProcess {
   void signal(int sig) noexcept;
 
   /// Reaps the worker if it has exited. Returns its waitpid() status (see exit_code_of), or
-  /// kUnknownExit for an adopted worker; nullopt while it runs (and after it was reaped).
+  /// kUnknownExit for an adopted worker; nullopt while it runs (and after it was reaped). A
+  /// worker started here has, first, whatever it left running in its process group killed
+  /// (SIGKILL): a child that outlives its worker would hold the worker's pipes and resources.
+  /// (An adopted worker's group is left alone: its id may be reused once nobody waits on it.)
   std::optional<int> try_reap() noexcept;
 
  private:
