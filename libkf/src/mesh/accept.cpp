@@ -199,6 +199,7 @@ awaitable<void> Mesh::serve_incoming(std::shared_ptr<Incoming> in, std::string f
   const int peer = in->peer;
   peers_[static_cast<std::size_t>(peer)].in.push_back(in);
   peers_[static_cast<std::size_t>(peer)].last_rx = coarse_now();
+  peers_[static_cast<std::size_t>(peer)].died = false;
   KF_LOG(debug, "transport", "{}: accepted {}", identity_, peers_[peer].key);
 
   std::string why;
@@ -295,6 +296,15 @@ void Mesh::close_incoming(const std::shared_ptr<Incoming>& in, bool said_bye, st
   mark_lost(
       peer, make_error_code(errc::peer_lost),
       "connection from " + peers_[peer].key + " broke: " + (why.empty() ? ec.message() : why));
+  // Our connection to it is most likely dead too, with nothing to read on it to tell: closed
+  // now, so that nothing more is written into it (the first write to a closed peer succeeds).
+  auto& ps = peers_[static_cast<std::size_t>(peer)];
+  ps.died = true;
+  if (ps.out) {
+    ps.out->closed = true;
+    ps.out->sock.close(ignored);
+    ps.out->signal.cancel();
+  }
 }
 
 awaitable<std::error_code> Mesh::check_tag(Incoming& in, std::string& why) {

@@ -105,6 +105,11 @@ struct PeerState {
   std::vector<std::shared_ptr<Incoming>> in;
   bool lost = false;
   bool departed = false;
+  // Its connection to us broke without a goodbye, and it has not connected again since: most
+  // likely its process is gone. Unlike `lost` this outlives a change of cluster version, so
+  // that a version someone else wrote with it still in does not wait on it: a dial it refuses
+  // fails at once instead of being retried until the connect timeout.
+  bool died = false;
   bool no_local = false;  // its same-host socket failed the handshake: use TCP
   // The newest cluster version this peer's frames carried. Frames on a connection arrive in
   // order, so once a peer speaks version W it will never send anything of an older version: a

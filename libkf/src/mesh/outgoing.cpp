@@ -98,6 +98,13 @@ awaitable<std::error_code> Mesh::dial(Outgoing& out) {
     const boost::system::error_code cec = co_await connect(out, ep);
     if (!cec) break;
     if (stopping_ || out.closed) co_return make_error_code(errc::cancelled);
+    if (cec == boost::asio::error::connection_refused &&
+        peers_[static_cast<std::size_t>(out.peer)].died) {
+      // Its connection to us broke and nothing listens at its address now: gone, not late.
+      KF_LOG(info, "transport", "{}: {} refuses connections after its connection broke: gone",
+             identity_, ep.str());
+      co_return make_error_code(errc::peer_lost);
+    }
     if (Clock::now() + backoff >= give_up) {
       KF_LOG(warn, "transport", "{}: cannot connect to {}: {}", identity_, ep.str(), cec.message());
       co_return make_error_code(errc::peer_lost);
