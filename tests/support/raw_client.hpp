@@ -6,10 +6,12 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstring>
 #include <optional>
@@ -24,6 +26,20 @@
 
 namespace kf::test {
 
+/// connect(2) that a signal does not cut short: the connection goes on in the kernel, so an
+/// interrupted call waits for it to finish. True when connected.
+inline bool connect_socket(int s, const sockaddr* a, socklen_t len) {
+  if (::connect(s, a, len) == 0) return true;
+  if (errno != EINTR) return false;
+  pollfd p{s, POLLOUT, 0};
+  while (::poll(&p, 1, 10'000) < 0 && errno == EINTR) {
+  }
+  int error = 0;
+  socklen_t size = sizeof error;
+  return ::getsockopt(s, SOL_SOCKET, SO_ERROR, &error, &size) == 0 && error == 0 &&
+         (p.revents & POLLOUT) != 0;
+}
+
 /// A TCP connection to `ep`'s port on 127.0.0.1, or -1.
 inline int connect_to(const Endpoint& ep) {
   const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -31,7 +47,7 @@ inline int connect_to(const Endpoint& ep) {
   a.sin_family = AF_INET;
   a.sin_port = htons(ep.port);
   inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+  if (!connect_socket(s, reinterpret_cast<sockaddr*>(&a), sizeof a)) {
     ::close(s);
     return -1;
   }
@@ -46,7 +62,7 @@ inline int connect_local(const Endpoint& ep) {
   a.sun_family = AF_UNIX;
   std::memcpy(a.sun_path, name.data(), name.size());
   const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size());
-  if (::connect(s, reinterpret_cast<sockaddr*>(&a), len) != 0) {
+  if (!connect_socket(s, reinterpret_cast<sockaddr*>(&a), len)) {
     ::close(s);
     return -1;
   }
@@ -57,6 +73,7 @@ inline bool read_all(int s, void* p, std::size_t n) {
   auto* b = static_cast<char*>(p);
   while (n > 0) {
     const ssize_t got = ::recv(s, b, n, 0);
+    if (got < 0 && errno == EINTR) continue;  // a signal (a fuzzer's timer), not the peer
     if (got <= 0) return false;
     b += got;
     n -= static_cast<std::size_t>(got);
@@ -82,7 +99,11 @@ inline bool send_frame(int s, transport::FrameType t, const std::vector<std::byt
   std::vector<std::byte> frame(hb.begin(), hb.end());
   frame.insert(frame.end(), payload.begin(), payload.end());
   // One write: a frame in two would wait on TCP's delayed acknowledgement.
-  return ::send(s, frame.data(), frame.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(frame.size());
+  ssize_t n = 0;
+  do {
+    n = ::send(s, frame.data(), frame.size(), MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  return n == static_cast<ssize_t>(frame.size());
 }
 
 /// The dialer's side of the handshake, as `identity`, for job "kf" with `token` (frame MACs on,

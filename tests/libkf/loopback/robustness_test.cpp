@@ -582,6 +582,41 @@ TEST(Robustness, FramesOfAFarFutureVersionAreRefused) {
   allreduce_works(peers, "after");
 }
 
+// A member whose connection broke without a goodbye is most likely dead. When a newer version
+// that someone else wrote still holds it (two workers killed at once: the first removal was
+// written before the second death was seen), a collective there must fail at once, not wait
+// for the connect timeout while re-dialling an address nothing listens on any more.
+TEST(Robustness, AMemberWhoseConnectionBrokeFailsTheNextVersionAtOnce) {
+  LogCapture log;
+  PeerOptions o;
+  o.job_token = "test-token";
+  o.listen = Endpoint{"127.0.0.1", 0};
+  o.connect_timeout = std::chrono::milliseconds(60'000);
+  o.timeout = std::chrono::milliseconds(60'000);
+  o.heartbeat_timeout = std::chrono::milliseconds(60'000);
+  Peer a(o);
+  const Endpoint dead{"127.0.0.1", free_port()};  // nothing listens there
+  Cluster c;
+  c.version = 1;
+  c.workers = {WorkerSpec{a.endpoint(), 0}, WorkerSpec{dead, 1}};
+  a.start(c);
+  // The member connects, proves the token, and its process dies: the connection just closes.
+  const int s = connect_to(a.endpoint());
+  ASSERT_GE(s, 0);
+  ASSERT_TRUE(authenticate(s, dead.str()));
+  close(s);
+  ASSERT_TRUE(test::eventually([&] { return !a.lost_peers().empty(); }, std::chrono::seconds(10)));
+  c.version = 2;
+  a.update(c);
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<int> v(16, 1);
+  EXPECT_THROW(a.allreduce("after", buffer(v.data(), 16), buffer(v.data(), 16)).wait(), Error);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30))
+      << "the collective waited for the connect timeout";
+  EXPECT_NE(log.text().find("refuses connections after its connection broke"), std::string::npos)
+      << log.text();
+}
+
 TEST(Robustness, PeerWithTheWrongTokenIsRejectedOnBothSides) {
   LogCapture log;
   auto peers = test::make_local_cluster(2);
@@ -666,7 +701,9 @@ TEST(Robustness, FrameMacsMustBeSetAlikeOnEveryWorker) {
   off.frame_auth = false;
   auto plain = test::make_local_cluster(2, off);
   allreduce_works(plain, "no-macs");
-  EXPECT_GT(plain[0]->transport_stats().tcp_bytes, 0u);
+  // Counted once the I/O thread's write returns, which may be after the receiver has the data.
+  EXPECT_TRUE(test::eventually([&] { return plain[0]->transport_stats().tcp_bytes > 0; },
+                               std::chrono::seconds(10)));
 
   LogCapture log;
   PeerOptions on = off;
