@@ -28,10 +28,11 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-constexpr std::array<std::pair<Kind, std::string_view>, 6> kKindNames{{
+constexpr std::array<std::pair<Kind, std::string_view>, 7> kKindNames{{
     {Kind::add, "add"},
     {Kind::revoke, "revoke"},
     {Kind::kill, "kill"},
+    {Kind::double_kill, "double-kill"},
     {Kind::stop, "stop"},
     {Kind::server_restart, "server-restart"},
     {Kind::agent_restart, "agent-restart"},
@@ -58,8 +59,9 @@ std::vector<Kind> parse_kinds(std::string_view text) {
     const auto it = std::find_if(kKindNames.begin(), kKindNames.end(),
                                  [&](const auto& kn) { return kn.second == item; });
     if (it == kKindNames.end()) {
-      throw std::invalid_argument("--kinds: unknown event '" + std::string(item) +
-                                  "' (add, revoke, kill, stop, server-restart, agent-restart)");
+      throw std::invalid_argument(
+          "--kinds: unknown event '" + std::string(item) +
+          "' (add, revoke, kill, double-kill, stop, server-restart, agent-restart)");
     }
     if (std::find(kinds.begin(), kinds.end(), it->first) == kinds.end()) {
       kinds.push_back(it->first);
@@ -152,6 +154,7 @@ int run(const Options& o, std::ostream& out) {
         const bool shrinks = k == Kind::revoke || k == Kind::kill || k == Kind::stop;
         if (k == Kind::add && c.size() >= o.max_workers) continue;
         if (shrinks && static_cast<int>(live.size()) <= o.min_workers) continue;
+        if (k == Kind::double_kill && static_cast<int>(live.size()) <= o.min_workers + 1) continue;
         can.push_back(k);
       }
       if (can.empty()) {
@@ -183,6 +186,19 @@ int run(const Options& o, std::ostream& out) {
             ::kill(victim->second, SIGKILL);
             line = "kill -9 " + victim->first + " (pid " + std::to_string(victim->second) + ")";
             break;
+          case Kind::double_kill: {
+            auto other = live.begin();  // another worker than the victim
+            std::advance(other,
+                         static_cast<std::ptrdiff_t>(
+                             (std::distance(live.begin(), victim) + 1 +
+                              std::uniform_int_distribution<std::size_t>(0, live.size() - 2)(gen)) %
+                             live.size()));
+            ::kill(victim->second, SIGKILL);
+            ::kill(other->second, SIGKILL);
+            line = "kill -9 " + victim->first + " and " + other->first + " (pids " +
+                   std::to_string(victim->second) + ", " + std::to_string(other->second) + ")";
+            break;
+          }
           case Kind::stop: {
             const auto ms = draw(gen, o.stop);
             ::kill(victim->second, SIGSTOP);

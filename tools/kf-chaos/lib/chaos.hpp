@@ -18,7 +18,8 @@
 namespace kf::chaos {
 
 /// The kinds of event, as named on the command line.
-enum class Kind { add, revoke, kill, stop, server_restart, agent_restart };
+/// double_kill: `kill -9` of two workers at once (overlapping failures).
+enum class Kind { add, revoke, kill, double_kill, stop, server_restart, agent_restart };
 std::string_view name_of(Kind k) noexcept;
 /// Parses a comma-separated list of kinds ("add,kill"). Throws: std::invalid_argument naming an
 /// unknown one.
@@ -39,7 +40,7 @@ struct Options {
   MsRange interval{500, 2000};  ///< between events
   MsRange stop{200, 2000};      ///< how long a SIGSTOP lasts
   int notice_s = 2;             ///< revoke notice
-  std::vector<Kind> kinds{Kind::add,  Kind::revoke,         Kind::kill,
+  std::vector<Kind> kinds{Kind::add,  Kind::revoke,         Kind::kill,         Kind::double_kill,
                           Kind::stop, Kind::server_restart, Kind::agent_restart};
   /// After the last event: a setting written into the cluster document ("epochs=1") so that
   /// the program ends soon; none: the program ends by itself.

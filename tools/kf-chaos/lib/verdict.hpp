@@ -4,9 +4,10 @@
 // worker prints (docs/chaos.md, "What the program must print"):
 //   final step=<S> workers=<N> hash=<HEX>   once, by every worker that finished the job
 //   change <JSON>                            at every membership change it went through, with
-//                                            "to_version", "kind" and "commit" (the job's
+//                                            "to_version", "kind", "commit" (the job's
 //                                            committed steps; "join" and "left" records are
-//                                            skipped: they count the worker's own)
+//                                            skipped: they count the worker's own) and
+//                                            "sync_bytes"
 //   BROKEN <what>                            a guarantee the worker checks itself broke (every
 //                                            sample of an epoch used once, its own step never
 //                                            behind its last commit)
@@ -42,8 +43,9 @@ double percentile(std::vector<double> ms, double p);
 
 /// Checks the workers' report lines in `output`: at least one "final" line; all of them with
 /// the same step and hash, and as many as the workers they state; no "BROKEN" line; the commits
-/// of the changes, in the order of their versions, never going back, every worker reporting one
-/// version with the same commit, and none past the final step. Lines it does not know are
+/// of the changes (at each version the newest any worker had), in the order of their versions,
+/// never going back, a worker behind that commit receiving the state ("sync_bytes" above 0),
+/// and none past the final step. Lines it does not know are
 /// skipped; a report line it cannot read is a problem.
 Verdict judge(std::string_view output);
 
