@@ -727,6 +727,10 @@ class ConfigClient::Etcd {
     std::vector<std::string> hosts;
     for (const auto& kv : answer.value("kvs", json::array())) {
       const std::string key = unbase64(kv.value("key", std::string()), "etcd agents");
+      if (!key.starts_with(agents_prefix_)) {
+        throw Error(make_error_code(errc::protocol_error),
+                    "etcd agents: the answer holds a key outside " + agents_prefix_);
+      }
       hosts.push_back(key.substr(agents_prefix_.size()));
     }
     return hosts;

@@ -8,114 +8,19 @@
 //   - a cluster document it returned reads back the same through to_json and from_json;
 //   - a successful etcd put_cluster returned the version it was given plus one.
 // Once its answers are used up the server answers 503, so every call ends.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cstring>
 #include <deque>
-#include <mutex>
 #include <openssl/evp.h>
 #include <stdexcept>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "check.hpp"
 #include "kf/runtime/config_client.hpp"
+#include "support/canned_http.hpp"
 
 namespace {
 
 using nlohmann::json;
-
-// Answers one request per connection, each with the next queued answer, on its own thread for
-// the life of the process.
-class FakeServer {
- public:
-  FakeServer() {
-    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (listener_ < 0 || ::bind(listener_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        ::listen(listener_, 64) != 0 ||
-        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      throw std::runtime_error("fake server: cannot listen on 127.0.0.1");
-    }
-    port_ = ntohs(a.sin_port);
-    std::thread([this] { serve(); }).detach();
-  }
-
-  std::uint16_t port() const noexcept { return port_; }
-
-  void set_answers(std::deque<std::string> answers) {
-    std::lock_guard lock(mu_);
-    answers_ = std::move(answers);
-  }
-
- private:
-  void serve() {
-    for (;;) {
-      const int s = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (s < 0) continue;
-      timeval tv{2, 0};
-      ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-      ::setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-      if (read_request(s)) {
-        std::string answer;
-        {
-          std::lock_guard lock(mu_);
-          if (answers_.empty()) {
-            answer = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n";
-          } else {
-            answer = std::move(answers_.front());
-            answers_.pop_front();
-          }
-        }
-        for (std::size_t sent = 0; sent < answer.size();) {
-          const ssize_t n = ::send(s, answer.data() + sent, answer.size() - sent, MSG_NOSIGNAL);
-          if (n <= 0) break;
-          sent += static_cast<std::size_t>(n);
-        }
-      }
-      ::shutdown(s, SHUT_WR);
-      ::close(s);
-    }
-  }
-
-  // Reads the head and the Content-Length bytes of body that follow it. False when the client
-  // went away first.
-  static bool read_request(int s) {
-    std::string in;
-    char buf[4096];
-    std::size_t need = std::string::npos;
-    while (need == std::string::npos || in.size() < need) {
-      const ssize_t n = ::recv(s, buf, sizeof buf, 0);
-      if (n <= 0) return false;
-      in.append(buf, static_cast<std::size_t>(n));
-      if (need != std::string::npos) continue;
-      const auto end = in.find("\r\n\r\n");
-      if (end == std::string::npos) continue;
-      std::string head = in.substr(0, end);
-      std::transform(head.begin(), head.end(), head.begin(),
-                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-      std::size_t body = 0;
-      if (const auto at = head.find("content-length:"); at != std::string::npos) {
-        body = std::strtoull(head.c_str() + at + 15, nullptr, 10);
-      }
-      need = end + 4 + body;
-    }
-    return true;
-  }
-
-  int listener_ = -1;
-  std::uint16_t port_ = 0;
-  std::mutex mu_;
-  std::deque<std::string> answers_;
-};
 
 std::string base64(std::string_view s) {
   std::string out(4 * ((s.size() + 2) / 3) + 1, '\0');
@@ -221,7 +126,7 @@ void reads_back(const kf::Cluster& c, const char* what) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  static FakeServer server;
+  static kf::test::CannedHttpServer server;
   kf::fuzz::Input in(data, size);
   const bool etcd = in.byte() & 1;
   const std::string url =

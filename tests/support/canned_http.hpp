@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: Apache-2.0
+// An HTTP server on 127.0.0.1 that answers each connection's one request with the next of the
+// answers it was given (whole responses, bytes as they are), then closes the connection; once
+// they are used up it answers 503. For testing clients against answers a real service would not
+// give (tests/runtime/config_client_test.cpp, the config_client fuzz harness).
+// Thread-safety: set_answers() from any thread; the server runs on a thread of its own until
+// destruction.
+#pragma once
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdint>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+namespace kf::test {
+
+class CannedHttpServer {
+ public:
+  CannedHttpServer() {
+    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (listener_ < 0 || ::bind(listener_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::listen(listener_, 64) != 0 ||
+        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      throw std::runtime_error("CannedHttpServer: cannot listen on 127.0.0.1");
+    }
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  CannedHttpServer(const CannedHttpServer&) = delete;
+  CannedHttpServer& operator=(const CannedHttpServer&) = delete;
+  ~CannedHttpServer() {
+    ::shutdown(listener_, SHUT_RDWR);  // accept() returns: the thread ends
+    thread_.join();
+    ::close(listener_);
+  }
+
+  std::uint16_t port() const noexcept { return port_; }
+  /// "SCHEME://127.0.0.1:PORT".
+  std::string url(const std::string& scheme) const {
+    return scheme + "://127.0.0.1:" + std::to_string(port_);
+  }
+
+  /// The answers to the next requests, in order (replacing those not used yet).
+  void set_answers(std::deque<std::string> answers) {
+    std::lock_guard lock(mu_);
+    answers_ = std::move(answers);
+  }
+
+  /// A response with `status`, a JSON content type and `body`.
+  static std::string answer(int status, const std::string& body) {
+    return "HTTP/1.1 " + std::to_string(status) + " X\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\nContent-Type: application/json\r\n\r\n" + body;
+  }
+
+ private:
+  void serve() {
+    for (;;) {
+      const int s = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (s < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        return;  // shut down
+      }
+      timeval tv{2, 0};
+      ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      ::setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+      if (read_request(s)) {
+        std::string answer;
+        {
+          std::lock_guard lock(mu_);
+          if (answers_.empty()) {
+            answer = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n";
+          } else {
+            answer = std::move(answers_.front());
+            answers_.pop_front();
+          }
+        }
+        for (std::size_t sent = 0; sent < answer.size();) {
+          const ssize_t n = ::send(s, answer.data() + sent, answer.size() - sent, MSG_NOSIGNAL);
+          if (n <= 0) break;
+          sent += static_cast<std::size_t>(n);
+        }
+      }
+      ::shutdown(s, SHUT_WR);
+      ::close(s);
+    }
+  }
+
+  // Reads the head and the Content-Length bytes of body that follow it. False when the client
+  // went away first.
+  static bool read_request(int s) {
+    std::string in;
+    char buf[4096];
+    std::size_t need = std::string::npos;
+    while (need == std::string::npos || in.size() < need) {
+      const ssize_t n = ::recv(s, buf, sizeof buf, 0);
+      if (n <= 0) return false;
+      in.append(buf, static_cast<std::size_t>(n));
+      if (need != std::string::npos) continue;
+      const auto end = in.find("\r\n\r\n");
+      if (end == std::string::npos) continue;
+      std::string head = in.substr(0, end);
+      std::transform(head.begin(), head.end(), head.begin(),
+                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+      std::size_t body = 0;
+      if (const auto at = head.find("content-length:"); at != std::string::npos) {
+        body = std::strtoull(head.c_str() + at + 15, nullptr, 10);
+      }
+      need = end + 4 + body;
+    }
+    return true;
+  }
+
+  int listener_ = -1;
+  std::uint16_t port_ = 0;
+  std::thread thread_;
+  std::mutex mu_;
+  std::deque<std::string> answers_;
+};
+
+}  // namespace kf::test
