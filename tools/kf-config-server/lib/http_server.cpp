@@ -318,13 +318,29 @@ std::string serve_bytes(Service& service, const ServerOptions& options, std::str
   asio::io_context ioc{1};
   tcp::socket client(ioc);
   tcp::socket accepted(ioc);
-  try {
-    tcp::acceptor acceptor(ioc, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
-    client.connect(acceptor.local_endpoint());
-    accepted = acceptor.accept();
-  } catch (const boost::system::system_error& e) {  // what Asio throws (not a std one)
-    throw std::system_error(e.code(), "serve_bytes: no loopback connection");
+  beast::error_code ec;
+  tcp::acceptor acceptor(ioc);
+  // A signal (a fuzzer's timer) may interrupt the blocking calls: they are tried again.
+  const auto interrupted = [&] { return ec == asio::error::interrupted; };
+  acceptor.open(tcp::v4(), ec);
+  if (!ec) acceptor.bind(tcp::endpoint(asio::ip::address_v4::loopback(), 0), ec);
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (!ec) {
+    const auto to = acceptor.local_endpoint(ec);
+    while (!ec) {
+      beast::error_code ignored;
+      client.close(ignored);  // a connect cut short by a signal goes on in the kernel
+      client.connect(to, ec);
+      if (!interrupted()) break;
+      ec = {};
+    }
   }
+  if (!ec) {
+    do {
+      accepted = acceptor.accept(ec);
+    } while (interrupted());
+  }
+  if (ec) throw std::system_error(ec, "serve_bytes: no loopback connection");
   Server server(service, options);
   asio::co_spawn(ioc, server.async_serve(std::move(accepted), "127.0.0.1"), log_exception);
   std::string output;
@@ -336,9 +352,9 @@ std::string serve_bytes(Service& service, const ServerOptions& options, std::str
     client.shutdown(tcp::socket::shutdown_send, ignored);
     char buf[4096];
     for (;;) {
-      auto [ec, n] = co_await client.async_read_some(asio::buffer(buf), kAsTuple);
+      auto [read_ec, n] = co_await client.async_read_some(asio::buffer(buf), kAsTuple);
       output.append(buf, n);
-      if (ec) break;
+      if (read_ec) break;
     }
   };
   asio::co_spawn(ioc, talk(), log_exception);  // `talk` outlives the run below
