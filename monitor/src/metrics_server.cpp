@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -15,6 +16,7 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 #include <exception>
+#include <list>
 #include <stdexcept>
 #include <string_view>
 #include <system_error>
@@ -95,11 +97,47 @@ asio::awaitable<beast::error_code> async_reply(beast::tcp_stream& stream, Reply 
   co_return ec;
 }
 
+// The open connections, oldest first, and how many of them are not being closed already.
+// Thread-safety: the server's thread only.
+struct Open {
+  struct Entry {
+    beast::tcp_stream* stream;
+    bool closing = false;
+  };
+  std::list<Entry> list;
+  std::size_t active = 0;
+
+  // Closes the oldest connection not closing already; its session ends (and leaves the list)
+  // when its pending read or write completes.
+  void close_oldest() {
+    for (auto& e : list) {
+      if (e.closing) continue;
+      e.closing = true;
+      --active;
+      beast::error_code ignored;
+      e.stream->socket().shutdown(tcp::socket::shutdown_both, ignored);
+      e.stream->socket().close(ignored);
+      return;
+    }
+  }
+};
+
 // One connection: requests in turn (keep-alive) until the client closes, a read times out or a
-// request is malformed. Thread-safety: the server's thread only.
+// request is malformed, or the server closes it for a newer one. Thread-safety: the server's
+// thread only.
 asio::awaitable<void> async_session(tcp::socket socket, const MetricsRegistry& registry,
-                                    std::chrono::milliseconds idle_timeout) {
+                                    std::chrono::milliseconds idle_timeout, Open& open) {
   beast::tcp_stream stream(std::move(socket));
+  const auto entry = open.list.insert(open.list.end(), Open::Entry{&stream});
+  ++open.active;
+  struct Leave {
+    Open& open;
+    std::list<Open::Entry>::iterator entry;
+    ~Leave() {
+      if (!entry->closing) --open.active;
+      open.list.erase(entry);
+    }
+  } leave{open, entry};
   beast::flat_buffer buffer;
   for (;;) {
     http::request_parser<http::string_body> parser;
@@ -135,7 +173,7 @@ asio::awaitable<void> async_session(tcp::socket socket, const MetricsRegistry& r
 }
 
 asio::awaitable<void> async_accept(tcp::acceptor& acceptor, const MetricsRegistry& registry,
-                                   std::chrono::milliseconds idle_timeout) {
+                                   MetricsServerOptions options, Open& open) {
   asio::steady_timer retry(acceptor.get_executor());
   for (;;) {
     auto [ec, socket] = co_await acceptor.async_accept(kAsTuple);
@@ -148,8 +186,10 @@ asio::awaitable<void> async_accept(tcp::acceptor& acceptor, const MetricsRegistr
       continue;
     }
     set_close_on_exec(socket.native_handle());
+    if (open.active >= std::max<std::size_t>(options.max_connections, 1)) open.close_oldest();
     asio::co_spawn(acceptor.get_executor(),
-                   async_session(std::move(socket), registry, idle_timeout), log_exception);
+                   async_session(std::move(socket), registry, options.idle_timeout, open),
+                   log_exception);
   }
 }
 
@@ -174,6 +214,8 @@ struct MetricsServer::Impl {
 
   const MetricsRegistry& registry;
   MetricsServerOptions options;
+  // Before ioc: the sessions that ioc destroys with itself leave this list as they go.
+  Open open;
   asio::io_context ioc{1};
   tcp::acceptor acceptor;
   std::string address;
@@ -197,7 +239,7 @@ MetricsServer::MetricsServer(const MetricsRegistry& registry, MetricsServerOptio
   }
   impl_->port = acceptor.local_endpoint().port();
   impl_->address = format_endpoint(acceptor.local_endpoint());
-  asio::co_spawn(impl_->ioc, async_accept(acceptor, impl_->registry, impl_->options.idle_timeout),
+  asio::co_spawn(impl_->ioc, async_accept(acceptor, impl_->registry, impl_->options, impl_->open),
                  log_exception);
   impl_->thread = std::thread([impl = impl_.get()] {
     ::pthread_setname_np(::pthread_self(), "kf-metrics");

@@ -11,9 +11,11 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "kf/monitor/prometheus_text.hpp"
 #include "support/process.hpp"
@@ -128,6 +130,34 @@ TEST_F(MetricsServerTest, ThrowsNamingTheAddressWhenThePortIsTaken) {
   } catch (const std::system_error& e) {
     EXPECT_NE(std::string(e.what()).find(server_->address()), std::string::npos) << e.what();
   }
+}
+
+int open_descriptors() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// 1,000 clients that connect and say nothing hold at most max_connections of the server's
+// descriptors (the oldest are closed to make room), and a scrape after them is served.
+TEST_F(MetricsServerTest, IdleConnectionsCannotUseUpTheDescriptors) {
+  const int before = open_descriptors();
+  std::vector<int> idle;
+  for (int i = 0; i < 1000; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(server_->port());
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0);
+    idle.push_back(fd);
+  }
+  // Accepted in order: once this is answered, every idle connection was accepted before it.
+  EXPECT_EQ(scrape(url("/healthz")).status, 200);
+  const int server_side = open_descriptors() - before - static_cast<int>(idle.size());
+  EXPECT_LE(server_side, static_cast<int>(MetricsServerOptions{}.max_connections) + 4);
+  for (const int fd : idle) ::close(fd);
 }
 
 TEST_F(MetricsServerTest, DestructorReturnsWithAnIdleConnectionOpenAndClosesThePort) {

@@ -24,6 +24,10 @@ struct MetricsServerOptions {
   std::string host = "127.0.0.1";  ///< a numeric address or a name; "0.0.0.0" for every IPv4
   std::uint16_t port = 0;          ///< 0: the kernel picks a free port (see port())
   std::chrono::milliseconds idle_timeout{30'000};  ///< reading a request, or idle keep-alive
+  /// Open connections, at most. One more closes the oldest, so that clients that connect and
+  /// stay idle can neither use up the worker's descriptors (its peers' connections need them)
+  /// nor keep the next scrape out.
+  std::size_t max_connections = 64;
 };
 
 class MetricsServer {
