@@ -62,8 +62,9 @@ class CannedHttpServer {
 
   /// A response with `status`, a JSON content type and `body`.
   static std::string answer(int status, const std::string& body) {
-    return "HTTP/1.1 " + std::to_string(status) + " X\r\nContent-Length: " +
-           std::to_string(body.size()) + "\r\nContent-Type: application/json\r\n\r\n" + body;
+    return "HTTP/1.1 " + std::to_string(status) +
+           " X\r\nContent-Length: " + std::to_string(body.size()) +
+           "\r\nContent-Type: application/json\r\n\r\n" + body;
   }
 
  private:
