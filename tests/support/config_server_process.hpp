@@ -16,10 +16,16 @@ namespace kf::test {
 
 class ServerProcess {
  public:
-  explicit ServerProcess(const std::filesystem::path& dir, std::vector<std::string> extra = {}) {
+  /// `launcher`: a command that runs the server (e.g. {"prlimit", "--nofile=128"}).
+  explicit ServerProcess(const std::filesystem::path& dir, std::vector<std::string> extra = {},
+                         std::vector<std::string> launcher = {}) {
     const char* exe = std::getenv("CONFIG_SERVER_EXE");
-    std::vector<std::string> argv{exe ? exe : "", "--token-file", (dir / "token").string(),
-                                  "--state", (dir / "state.json").string()};
+    std::vector<std::string> argv = std::move(launcher);
+    for (const std::string& a :
+         {std::string(exe ? exe : ""), std::string("--token-file"), (dir / "token").string(),
+          std::string("--state"), (dir / "state.json").string()}) {
+      argv.push_back(a);
+    }
     argv.insert(argv.end(), extra.begin(), extra.end());
     child_ = spawn(argv, {});
     if (child_.pid <= 0) return;
@@ -41,6 +47,7 @@ class ServerProcess {
   std::string url() const { return address_.empty() ? "" : "http://" + address_; }
   const std::string& address() const { return address_; }
   bool alive() const { return child_.pid > 0 && ::kill(child_.pid, 0) == 0; }
+  pid_t pid() const { return child_.pid; }
 
   /// Sends SIGTERM and returns the exit code (128 + signal when a signal ended it).
   int terminate() {

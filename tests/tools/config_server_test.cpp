@@ -247,6 +247,66 @@ TEST_F(ConfigServerTest, BadHttpIsRefusedWithoutACrash) {
   EXPECT_EQ(http("GET", server.url() + "/healthz").status, 200);
 }
 
+// Clients that connect and stay silent fill the connection cap, which the server lowers below
+// its descriptor limit (here 128): those past it get a 503, the server goes on accepting, and a
+// change still has a descriptor for its state file. Without the lowered cap the server ran out
+// of descriptors first: it stopped accepting, and a change could not open its log.
+TEST_F(ConfigServerTest, RunningOutOfDescriptorsLeavesRoomForTheStateFile) {
+  ServerProcess server(dir_, {}, {"/usr/bin/prlimit", "--nofile=128"});
+  ASSERT_FALSE(server.url().empty());
+  const auto colon = server.address().rfind(':');
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<std::uint16_t>(std::stoi(server.address().substr(colon + 1))));
+  ::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  const auto open_connection = [&] {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+    return fd;
+  };
+  const int kept = open_connection();  // a client that will change the cluster
+  std::vector<int> idle;
+  for (int i = 0; i < 300; ++i) idle.push_back(open_connection());
+  // Accepted in order: the last one's answer says every one before it was taken in.
+  std::string last;
+  char buffer[4096];
+  for (;;) {
+    pollfd p{idle.back(), POLLIN, 0};
+    if (::poll(&p, 1, 10'000) <= 0) break;
+    const ssize_t n = ::recv(idle.back(), buffer, sizeof buffer, 0);
+    if (n <= 0) break;
+    last.append(buffer, static_cast<std::size_t>(n));
+  }
+  EXPECT_TRUE(last.starts_with("HTTP/1.1 503")) << "the server stopped accepting: " << last;
+  const std::string body = cluster(0, 2).dump();
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  const std::string request =
+      "PUT /v1/cluster HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
+      "application/json\r\nAuthorization: " +
+      kf::sign_request(kf::derive_key(kToken, kf::KeyUse::control), "PUT", "/v1/cluster", body,
+                       ms) +
+      "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(::send(kept, request.data(), request.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(request.size()));
+  std::string answer;
+  for (;;) {
+    pollfd p{kept, POLLIN, 0};
+    if (::poll(&p, 1, 10'000) <= 0) break;
+    const ssize_t n = ::recv(kept, buffer, sizeof buffer, 0);
+    if (n <= 0) break;
+    answer.append(buffer, static_cast<std::size_t>(n));
+  }
+  EXPECT_TRUE(answer.starts_with("HTTP/1.1 200")) << answer;
+  ::close(kept);
+  for (const int fd : idle) ::close(fd);
+  EXPECT_TRUE(
+      eventually([&] { return http("GET", server.url() + "/v1/cluster").status == 200; }, 10s));
+  EXPECT_EQ(http("GET", server.url() + "/v1/cluster").body["version"], 1);
+  EXPECT_TRUE(server.alive());
+}
+
 // The answer to HEAD states the length of its body but leaves the body out, so that the next
 // answer on a kept-alive connection starts where the client expects it.
 TEST_F(ConfigServerTest, AnswersToHeadCarryNoBody) {

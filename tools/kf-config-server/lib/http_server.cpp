@@ -15,6 +15,9 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <csignal>
 #include <exception>
 #include <set>
@@ -287,8 +290,34 @@ struct HttpServer::Impl {
   std::string address;
 };
 
+namespace {
+
+// The connection caps, lowered where the process may not open that many descriptors: kReserve
+// stay free for the state file (every change opens its log) and the listener, so that clients
+// that fill the caps get 503s rather than making changes fail to be written.
+ServerOptions within_descriptor_limit(ServerOptions o) {
+  constexpr std::size_t kReserve = 64;
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return o;
+  const auto most = static_cast<std::size_t>(limit.rlim_cur);
+  const std::size_t room = most > 2 * kReserve ? most - kReserve : most / 2;
+  if (o.max_connections > room) {
+    KF_LOG(warn, "config-server",
+           "at most {} connections (not {}): this process may open {} descriptors "
+           "(RLIMIT_NOFILE) and keeps {} for its state file",
+           room, o.max_connections, most, most - room);
+    o.max_connections = room;
+  }
+  o.max_connections_per_source = std::min(o.max_connections_per_source, o.max_connections);
+  o.max_watches = std::min(o.max_watches, o.max_connections);
+  o.max_watches_per_source = std::min(o.max_watches_per_source, o.max_watches);
+  return o;
+}
+
+}  // namespace
+
 HttpServer::HttpServer(Service& service, ServerOptions options)
-    : impl_(std::make_unique<Impl>(service, std::move(options))) {
+    : impl_(std::make_unique<Impl>(service, within_descriptor_limit(std::move(options)))) {
   const tcp::endpoint endpoint = resolve(impl_->ioc, impl_->options.listen);
   auto& acceptor = impl_->acceptor;
   try {
