@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,7 +23,9 @@
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <thread>
 #include <vector>
+#include "kf/runtime/config_client.hpp"
 #include "kf/runtime/request_signature.hpp"
 
 #include "support/config_server_process.hpp"
@@ -245,6 +248,144 @@ TEST_F(ConfigServerTest, BadHttpIsRefusedWithoutACrash) {
                   .starts_with("HTTP/1.1 200"));
   EXPECT_TRUE(server.alive());
   EXPECT_EQ(http("GET", server.url() + "/healthz").status, 200);
+}
+
+// A resize while 1,000 long-polls wait (from four addresses, under the per-source cap) and 100
+// clients hold a request head they never finish: the change is answered, and every long-poll
+// is answered with the new version, none left waiting.
+TEST_F(ConfigServerTest, ThousandLongPollsAndSlowClientsDuringAResize) {
+  rlimit limit{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &limit), 0);
+  if (limit.rlim_max != RLIM_INFINITY && limit.rlim_max < 2000) {
+    GTEST_SKIP() << "needs 2000 descriptors; the hard limit is " << limit.rlim_max;
+  }
+  const rlimit was = limit;
+  limit.rlim_cur = limit.rlim_max == RLIM_INFINITY ? 4096 : std::min<rlim_t>(limit.rlim_max, 4096);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &limit), 0);
+  ServerProcess server(dir_, {"--watch-timeout-ms", "120000"},
+                       {"/usr/bin/prlimit", "--nofile=4096"});
+  ASSERT_FALSE(server.url().empty());
+  ASSERT_EQ(http("PUT", server.url() + "/v1/cluster", cluster(0, 2).dump(), true).status, 200);
+  const auto colon = server.address().rfind(':');
+  const auto port = static_cast<std::uint16_t>(std::stoi(server.address().substr(colon + 1)));
+  const auto connect_from = [&](const std::string& source) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    ::inet_pton(AF_INET, source.c_str(), &from.sin_addr);
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from), 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(port);
+    ::inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to), 0);
+    return fd;
+  };
+  std::vector<int> slow;
+  for (int i = 0; i < 100; ++i) {
+    slow.push_back(connect_from("127.0.0.9"));
+    const std::string part = "GET /v1/cluster HTTP/1.1\r\nHo";
+    ASSERT_EQ(::send(slow.back(), part.data(), part.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(part.size()));
+  }
+  const std::string poll_request =
+      "GET /v1/cluster?watch=1&after=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  std::vector<int> polls;
+  for (int i = 0; i < 1000; ++i) {
+    polls.push_back(connect_from("127.0.0." + std::to_string(2 + i % 4)));
+    ASSERT_EQ(::send(polls.back(), poll_request.data(), poll_request.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(poll_request.size()));
+  }
+  ASSERT_EQ(http("PUT", server.url() + "/v1/cluster", cluster(1, 3).dump(), true).status, 200);
+  // Every long-poll's whole answer, read as it comes.
+  std::vector<std::string> answers(polls.size());
+  std::vector<bool> done(polls.size(), false);
+  std::size_t left = polls.size();
+  const auto until = Clock::now() + 60s;
+  char buffer[4096];
+  while (left > 0 && Clock::now() < until) {
+    std::vector<pollfd> wait;
+    std::vector<std::size_t> which;
+    for (std::size_t i = 0; i < polls.size(); ++i) {
+      if (done[i]) continue;
+      wait.push_back({polls[i], POLLIN, 0});
+      which.push_back(i);
+    }
+    if (::poll(wait.data(), wait.size(), 1000) <= 0) continue;
+    for (std::size_t k = 0; k < wait.size(); ++k) {
+      if (wait[k].revents == 0) continue;
+      const std::size_t i = which[k];
+      const ssize_t n = ::recv(polls[i], buffer, sizeof buffer, 0);
+      if (n > 0) {
+        answers[i].append(buffer, static_cast<std::size_t>(n));
+        continue;
+      }
+      done[i] = true;
+      --left;
+    }
+  }
+  EXPECT_EQ(left, 0u) << left << " long-polls were never answered";
+  int new_version = 0;
+  for (const auto& a : answers) {
+    const auto body = a.find("\r\n\r\n");
+    if (!a.starts_with("HTTP/1.1 200") || body == std::string::npos) continue;
+    const auto doc = json::parse(a.substr(body + 4), nullptr, false);
+    if (!doc.is_discarded() && doc.value("version", 0) == 2) ++new_version;
+  }
+  EXPECT_EQ(new_version, 1000) << (answers.empty() ? "" : answers.front());
+  EXPECT_TRUE(server.alive());
+  for (const int fd : polls) ::close(fd);
+  for (const int fd : slow) ::close(fd);
+  ::setrlimit(RLIMIT_NOFILE, &was);
+}
+
+// kill -9 in the middle of a stream of changes: the restarted server holds every change it had
+// answered, and at most the one it was writing when it died, with its event (a change is in the
+// log before it is answered).
+TEST_F(ConfigServerTest, KilledDuringAStreamOfChangesReloadsACommittedVersion) {
+  auto server = std::make_unique<ServerProcess>(dir_);
+  ASSERT_FALSE(server->url().empty());
+  const std::string url = server->url();
+  std::atomic<std::uint64_t> answered{0};
+  std::thread writer([&] {
+    kf::ConfigClient client(url, kToken, kf::ConfigClientOptions{std::chrono::milliseconds(2000)});
+    try {
+      kf::Cluster c = kf::Cluster::from_json(cluster(0, 2));
+      for (int i = 0;; ++i) {
+        c.workers.resize(static_cast<std::size_t>(1 + i % 3),
+                         kf::WorkerSpec{kf::Endpoint{"127.0.0.1", 10001}, 0});
+        for (std::size_t w = 0; w < c.workers.size(); ++w) {
+          c.workers[w] =
+              kf::WorkerSpec{kf::Endpoint{"127.0.0.1", static_cast<std::uint16_t>(10001 + w)},
+                             static_cast<int>(w)};
+        }
+        c = client.put_cluster(c);
+        answered.store(c.version);
+      }
+    } catch (const kf::Error&) {
+      // the server died under it
+    }
+  });
+  ASSERT_TRUE(eventually([&] { return answered.load() >= 20; }, 30s));
+  server.reset();  // kill -9, while the writer goes on
+  writer.join();
+  const std::uint64_t acknowledged = answered.load();
+  ServerProcess again(dir_);
+  ASSERT_FALSE(again.url().empty()) << "the state did not load after kill -9";
+  const auto got = http("GET", again.url() + "/v1/cluster");
+  ASSERT_EQ(got.status, 200);
+  const std::uint64_t version = got.body.value("version", std::uint64_t{0});
+  EXPECT_GE(version, acknowledged);
+  EXPECT_LE(version, acknowledged + 1);
+  const auto got_events = http("GET", again.url() + "/v1/events");
+  ASSERT_EQ(got_events.status, 200);
+  const auto& events = got_events.body;
+  std::uint64_t changed = 0;
+  for (const auto& e : events.value("events", json::array())) {
+    if (e.value("type", "") == "cluster_changed") changed = e.value("version", std::uint64_t{0});
+  }
+  EXPECT_EQ(changed, version) << "the newest version has no event: "
+                              << events.dump().substr(0, 300);
 }
 
 // Clients that connect and stay silent fill the connection cap, which the server lowers below

@@ -366,6 +366,39 @@ TEST_F(ServiceTest, EventsComeAtMostLimitAtATimeSayingWhetherMoreFollow) {
   EXPECT_FALSE(all.contains("more"));
 }
 
+// A job's long history: 100,000 events load, come in pages, and one more is appended to the
+// log without the snapshot, which holds the history, being written again.
+TEST_F(ServiceTest, AHistoryOf100000EventsLoadsComesInPagesAndGrowsByAnAppend) {
+  State big;
+  big.cluster = Cluster::from_json(two_workers(3));
+  for (std::uint64_t seq = 1; seq <= 100'000; ++seq) {
+    big.events.push_back({{"seq", seq},
+                          {"time", "2023-11-14T22:13:20.789Z"},
+                          {"type", seq % 2 ? "added" : "removed"},
+                          {"worker", "127.0.0.1:" + std::to_string(10000 + seq % 50000)},
+                          {"detail", "history"}});
+  }
+  big.next_seq = 100'001;
+  save_state(state_file_, big);
+  const std::string snapshot = read_file(state_file_);
+  Service s(options());
+  EXPECT_EQ(s.state().events.size(), 100'000u);
+  const auto first = json::parse(get(s, "/v1/events?after=0&limit=1000").body);
+  ASSERT_EQ(first["events"].size(), 1000u);
+  EXPECT_EQ(first["events"][999]["seq"], 1000);
+  EXPECT_EQ(first["more"], true);
+  const auto last = json::parse(get(s, "/v1/events?after=99500&limit=1000").body);
+  ASSERT_EQ(last["events"].size(), 500u);
+  EXPECT_EQ(last["more"], false);
+  ASSERT_EQ(post_event(s, R"({"type":"note"})").status, 201);
+  EXPECT_EQ(read_file(state_file_), snapshot) << "the history was written again";
+  const std::string log = read_file(log_file(state_file_));
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 1) << log;
+  const State again = load_state(state_file_);
+  EXPECT_EQ(again.events.size(), 100'001u);
+  EXPECT_EQ(again.events.back()["seq"], 100'001);
+}
+
 TEST_F(ServiceTest, BadQueriesAre400) {
   Service s(options());
   for (const char* target :

@@ -101,6 +101,8 @@ TEST(Progress, CountsCommittedWorkInSamplesWhereTheBatchIsKnown) {
   EXPECT_EQ(p.points[2].workers, 1);
   const std::int64_t t0 = parse_utc_ms("2026-11-27T00:00:00.000Z");
   EXPECT_EQ(work_between(p, t0, t0 + 1000), 640);
+  EXPECT_EQ(steps_rolled_back(p, t0, t0 + 3000), 5);
+  EXPECT_EQ(steps_rolled_back(p, t0 + 2000, t0 + 3000), 0) << "the rollback came at t0 + 2 s";
   EXPECT_EQ(work_between(p, t0 + 500, t0 + 3000), 640 - 320 + 640);
   EXPECT_EQ(work_between(p, t0 - 10, t0 - 5), 0) << "before the first line";
 }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf-chaos/lib/progress.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <ctime>
 #include <sstream>
@@ -74,6 +75,16 @@ Progress read_progress(std::string_view jsonl) {
   }
   out.points = std::move(points);
   return out;
+}
+
+std::int64_t steps_rolled_back(const Progress& p, std::int64_t t0_ms, std::int64_t t1_ms) {
+  std::int64_t lost = 0;
+  for (std::size_t i = 1; i < p.points.size(); ++i) {
+    const auto& now = p.points[i];
+    if (now.time_ms <= t0_ms || now.time_ms > t1_ms) continue;
+    lost += std::max<std::int64_t>(0, p.points[i - 1].step - now.step);
+  }
+  return lost;
 }
 
 double work_between(const Progress& p, std::int64_t t0_ms, std::int64_t t1_ms) {

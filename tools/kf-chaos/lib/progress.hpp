@@ -35,6 +35,10 @@ Progress read_progress(std::string_view jsonl);
 /// last at or before t0 (0 before the first point).
 double work_between(const Progress& p, std::int64_t t0_ms, std::int64_t t1_ms);
 
+/// Steps taken back by rollbacks (a line whose step is below the line before it) at Unix times
+/// in (t0, t1] (ms): the work a failure lost, in steps.
+std::int64_t steps_rolled_back(const Progress& p, std::int64_t t0_ms, std::int64_t t1_ms);
+
 /// Parses "YYYY-MM-DDTHH:MM:SS.mmmZ" (what the metrics writer writes) into Unix milliseconds;
 /// -1 for anything else.
 std::int64_t parse_utc_ms(std::string_view text);

@@ -158,6 +158,13 @@ class Replayer {
     s << "kf-replay: throughput retained " << (expected > 0 ? actual / expected : 0.0) << ": "
       << format_rate(actual) << " " << done.unit() << " committed of " << format_rate(expected)
       << " the sizes would have given at their measured rates\n";
+    const std::int64_t lost = steps_rolled_back(done, t0_ms, t1_ms);
+    s << "kf-replay: steps lost to rollbacks: " << lost;
+    if (removals_ > 0) {
+      s << " (" << static_cast<double>(lost) / removals_ << " per removal, over " << removals_
+        << ")";
+    }
+    s << "\n";
     out_ << s.str();
     if (problems.empty()) {
       out_ << "kf-replay: guarantees held: identical parameters (" << v.finals
