@@ -2,6 +2,7 @@
 #include "kf/runtime/config_client.hpp"
 #include "kf/common/fd.hpp"
 #include "kf/common/json.hpp"
+#include "kf/common/log.hpp"
 
 #include <openssl/evp.h>
 #include <openssl/sha.h>
@@ -9,6 +10,7 @@
 #include <array>
 #include <atomic>
 #include <charconv>
+#include <cstdlib>
 #include <ctime>
 #include <functional>
 #include <memory>
@@ -197,6 +199,9 @@ auto reading(const char* what, Read&& read) -> decltype(read()) {
   }
 }
 
+// kf-config-server's clock in every answer (Unix time, ms).
+constexpr std::string_view kServiceTimeHeader = "X-KF-Time";
+
 Cluster cluster_from(const Answer& a, const std::string& what) {
   try {
     return Cluster::from_json(a.body);
@@ -250,6 +255,9 @@ Endpoint ConfigClient::parse_url(std::string_view url) {
 // The client's io_context, driven by the calling thread during each request.
 class ConfigClient::Connection {
  public:
+  explicit Connection(std::function<std::chrono::system_clock::time_point()> now)
+      : now_(std::move(now)) {}
+
   // Sends one request and maps transport failures and error statuses to kf::Error. Returns the
   // answer for 2xx and 409 (the caller handles the conflict).
   // A mutation (not GET) is signed with `control` when given (request_signature.hpp).
@@ -273,8 +281,16 @@ class ConfigClient::Connection {
   template <typename X>
   beast::error_code run(const std::shared_ptr<X>& x, std::chrono::milliseconds deadline);
 
+  std::int64_t local_ms() const {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(now_().time_since_epoch()).count();
+  }
+
   asio::io_context ioc_;
   std::atomic<bool> cancelled_{false};
+  std::function<std::chrono::system_clock::time_point()> now_;
+  // The service's clock less this one's, as its last answer said (0 before any): mutations are
+  // signed in the service's time.
+  std::int64_t offset_ms_ = 0;
 };
 
 template <typename X>
@@ -303,35 +319,56 @@ Answer ConfigClient::Connection::call(const Endpoint& server, const Key* control
                                       const std::string& target, const json* body,
                                       std::chrono::milliseconds deadline) {
   const std::string what = std::string(http::to_string(verb)) + " http://" + server.str() + target;
-  if (cancelled_.load()) throw Error(make_error_code(errc::cancelled), what + ": cancelled");
-  auto x = std::make_shared<Exchange>(ioc_);
-  auto& req = x->request;
-  req = http::request<http::string_body>{verb, target, 11};
-  req.set(http::field::host, server.str());
-  req.set(http::field::user_agent, "kf-config-client");
-  if (body != nullptr) {
-    req.set(http::field::content_type, "application/json");
-    req.body() = body->dump();
-  }
-  if (control != nullptr && verb != http::verb::get) {
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        std::chrono::system_clock::now().time_since_epoch())
-                        .count();
-    req.set(http::field::authorization,
-            sign_request(*control, std::string(http::to_string(verb)), target, req.body(), ms));
-  }
-  req.prepare_payload();
-  start(x, server);
-  const beast::error_code ec = run(x, deadline);
-  if (cancelled_.load()) throw Error(make_error_code(errc::cancelled), what + ": cancelled");
-  if (ec == beast::error::timeout) {
-    throw Error(make_error_code(errc::service_unavailable),
-                what + ": cannot reach the config service: no answer within " +
-                    std::to_string(deadline.count()) + " ms");
-  }
-  if (ec) {
-    throw Error(make_error_code(errc::service_unavailable),
-                what + ": cannot reach the config service: " + ec.message());
+  std::shared_ptr<Exchange> x;
+  for (int attempt = 0;; ++attempt) {
+    if (cancelled_.load()) throw Error(make_error_code(errc::cancelled), what + ": cancelled");
+    x = std::make_shared<Exchange>(ioc_);
+    auto& req = x->request;
+    req = http::request<http::string_body>{verb, target, 11};
+    req.set(http::field::host, server.str());
+    req.set(http::field::user_agent, "kf-config-client");
+    if (body != nullptr) {
+      req.set(http::field::content_type, "application/json");
+      req.body() = body->dump();
+    }
+    const std::int64_t offset = offset_ms_;
+    if (control != nullptr && verb != http::verb::get) {
+      req.set(http::field::authorization, sign_request(*control, std::string(http::to_string(verb)),
+                                                       target, req.body(), local_ms() + offset));
+    }
+    req.prepare_payload();
+    start(x, server);
+    const beast::error_code ec = run(x, deadline);
+    if (cancelled_.load()) throw Error(make_error_code(errc::cancelled), what + ": cancelled");
+    if (ec == beast::error::timeout) {
+      throw Error(make_error_code(errc::service_unavailable),
+                  what + ": cannot reach the config service: no answer within " +
+                      std::to_string(deadline.count()) + " ms");
+    }
+    if (ec) {
+      throw Error(make_error_code(errc::service_unavailable),
+                  what + ": cannot reach the config service: " + ec.message());
+    }
+    // The service's clock, sent with every answer: later requests are signed in its time.
+    const auto told = x->response.find(kServiceTimeHeader);
+    if (told != x->response.end()) {
+      std::int64_t service_ms = 0;
+      const std::string_view v = told->value();
+      const auto [ptr, perr] = std::from_chars(v.data(), v.data() + v.size(), service_ms);
+      if (perr == std::errc{} && ptr == v.data() + v.size()) offset_ms_ = service_ms - local_ms();
+    }
+    // Refused for a signature made in another time than the service's (this clock is off, or
+    // jumped): once more, in the service's time.
+    constexpr std::int64_t kNoticeableMs = 1000;
+    if (x->response.result_int() == 401 && attempt == 0 && control != nullptr &&
+        std::abs(offset_ms_ - offset) > kNoticeableMs) {
+      KF_LOG(warn, "config-client",
+             "{}: this process's clock is {} ms off the service's (this one less the service's): "
+             "signed again in the service's time, and so from now on",
+             what, -offset_ms_);
+      continue;
+    }
+    break;
   }
   Answer a;
   a.status = x->response.result_int();
@@ -844,7 +881,8 @@ ConfigClient::ConfigClient(std::string_view url, std::string token, ConfigClient
     : token_(std::move(token)),
       control_key_(derive_key(token_, KeyUse::control)),
       options_(options),
-      connection_(std::make_unique<Connection>()) {
+      connection_(std::make_unique<Connection>(
+          options_.now ? options_.now : [] { return std::chrono::system_clock::now(); })) {
   ServiceUrl parsed = parse_service_url(url);
   server_ = parsed.endpoints.front();
   if (parsed.kind == ServiceUrl::Kind::etcd) {

@@ -339,6 +339,38 @@ TEST_F(ConfigServerTest, ThousandLongPollsAndSlowClientsDuringAResize) {
   ::setrlimit(RLIMIT_NOFILE, &was);
 }
 
+// A worker whose wall clock is an hour off (or jumps): its signed changes would be refused as
+// outside the service's time window. The service tells its clock in every answer; the client
+// signs once more in the service's time and goes on in it.
+TEST_F(ConfigServerTest, AClientWhoseClockIsAnHourOffStillChangesTheCluster) {
+  ServerProcess server(dir_);
+  ASSERT_FALSE(server.url().empty());
+  for (const auto shift : {std::chrono::hours(1), -std::chrono::hours(1)}) {
+    kf::ConfigClientOptions o;
+    o.now = [shift] { return std::chrono::system_clock::now() + shift; };
+    kf::ConfigClient client(server.url(), kToken, o);
+    // The first request is a change: nothing was heard from the service before it.
+    const auto before = http("GET", server.url() + "/v1/cluster").body.value("version", 0);
+    const auto stored = client.put_cluster(kf::Cluster::from_json(cluster(before, 2)));
+    EXPECT_EQ(stored.version, static_cast<std::uint64_t>(before + 1));
+    EXPECT_NO_THROW(client.post_event("note", "", "clock off", std::nullopt));
+  }
+  // Without the service's clock (a plain signature an hour off) the same change is refused.
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      (std::chrono::system_clock::now() + std::chrono::hours(1)).time_since_epoch())
+                      .count();
+  const std::string body = cluster(2, 1).dump();
+  const std::string request =
+      "PUT /v1/cluster HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
+      "application/json\r\nAuthorization: " +
+      kf::sign_request(kf::derive_key(kToken, kf::KeyUse::control), "PUT", "/v1/cluster", body,
+                       ms) +
+      "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string answer = raw_exchange(server.address(), request);
+  EXPECT_TRUE(answer.starts_with("HTTP/1.1 401")) << answer;
+  EXPECT_NE(answer.find("X-KF-Time: "), std::string::npos) << answer;
+}
+
 // kill -9 in the middle of a stream of changes: the restarted server holds every change it had
 // answered, and at most the one it was writing when it died, with its event (a change is in the
 // log before it is answered).

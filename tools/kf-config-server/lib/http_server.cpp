@@ -39,6 +39,7 @@ using tcp = asio::ip::tcp;
 
 constexpr auto kAsTuple = asio::as_tuple(asio::use_awaitable);
 constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
+constexpr std::string_view kTimeHeader = "X-KF-Time";  // the service's Unix time, ms
 
 std::string format_endpoint(const tcp::endpoint& e) {
   const auto a = e.address();
@@ -249,6 +250,11 @@ asio::awaitable<beast::error_code> Server::async_write(beast::tcp_stream& stream
   res.set(http::field::server, "kf-config-server");
   res.set(http::field::content_type, r.content_type);
   res.set(http::field::cache_control, "no-store");
+  // The clock signatures are checked against, so that a client whose own clock is off can sign
+  // in the service's time (docs/config-server.md, "Authentication").
+  res.set(kTimeHeader, std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          service_.now().time_since_epoch())
+                                          .count()));
   if (!r.allow.empty()) res.set(http::field::allow, r.allow);
   res.keep_alive(keep_alive);
   res.body() = r.body + "\n";

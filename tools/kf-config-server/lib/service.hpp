@@ -82,6 +82,8 @@ class Service {
   std::string unauthorized_before_body(const std::string& authorization) const;
 
   std::uint64_t version() const noexcept { return state_.cluster.version; }
+  /// The service's clock (ServiceOptions::now), which signatures are checked against.
+  std::chrono::system_clock::time_point now() const { return options_.now(); }
   const State& state() const noexcept { return state_; }
 
  private:

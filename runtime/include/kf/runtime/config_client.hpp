@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,6 +63,12 @@ struct ConfigClientOptions {
   /// Deadline of each request: connect, send and read the answer. A long-poll waits up to the
   /// timeout given to watch() instead.
   std::chrono::milliseconds deadline{5000};
+  /// This process's clock (a shifted one in tests; empty: the system clock). kf-config-server
+  /// checks that a mutation was signed within a minute of its own clock, and tells its clock in
+  /// every answer: the client signs in the service's time once it has heard from it, and a
+  /// mutation refused because this clock is off (or jumped) is signed again in the service's
+  /// time and sent once more.
+  std::function<std::chrono::system_clock::time_point()> now;
 };
 
 class ConfigClient {
