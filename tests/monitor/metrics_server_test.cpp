@@ -58,6 +58,20 @@ class MetricsServerTest : public ::testing::Test {
     server_.emplace(registry_, MetricsServerOptions{.host = "127.0.0.1", .port = 0});
   }
 
+  // A connection to the server that sends nothing; -1 when it cannot be made.
+  int connect_to_server() const {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(server_->port());
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0) {
+      return fd;
+    }
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+
   std::string url(const std::string& path) const {
     return "http://127.0.0.1:" + std::to_string(server_->port()) + path;
   }
@@ -144,14 +158,8 @@ TEST_F(MetricsServerTest, IdleConnectionsCannotUseUpTheDescriptors) {
   const int before = open_descriptors();
   std::vector<int> idle;
   for (int i = 0; i < 1000; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ASSERT_GE(fd, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(server_->port());
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0);
-    idle.push_back(fd);
+    idle.push_back(connect_to_server());
+    ASSERT_GE(idle.back(), 0);
   }
   // Accepted in order: once this is answered, every idle connection was accepted before it.
   EXPECT_EQ(scrape(url("/healthz")).status, 200);
@@ -161,13 +169,8 @@ TEST_F(MetricsServerTest, IdleConnectionsCannotUseUpTheDescriptors) {
 }
 
 TEST_F(MetricsServerTest, DestructorReturnsWithAnIdleConnectionOpenAndClosesThePort) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = connect_to_server();
   ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(server_->port());
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0);
   const std::string before = url("/healthz");
   server_.reset();  // must not wait for the idle connection's 30 s read deadline
   // The server closed its end: the idle connection reads EOF (or a reset).

@@ -233,6 +233,17 @@ std::string raw_exchange(const std::string& address, const std::string& bytes) {
   return reply;
 }
 
+// A whole "PUT /v1/cluster" request with `body`, signed at `at`, closing the connection after.
+std::string signed_put(const std::string& body, std::chrono::system_clock::time_point at) {
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(at.time_since_epoch()).count();
+  return "PUT /v1/cluster HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
+         "application/json\r\nAuthorization: " +
+         kf::sign_request(kf::derive_key(kToken, kf::KeyUse::control), "PUT", "/v1/cluster", body,
+                          ms) +
+         "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
 TEST_F(ConfigServerTest, BadHttpIsRefusedWithoutACrash) {
   ServerProcess server(dir_);
   ASSERT_FALSE(server.url().empty());
@@ -356,17 +367,9 @@ TEST_F(ConfigServerTest, AClientWhoseClockIsAnHourOffStillChangesTheCluster) {
     EXPECT_NO_THROW(client.post_event("note", "", "clock off", std::nullopt));
   }
   // Without the service's clock (a plain signature an hour off) the same change is refused.
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                      (std::chrono::system_clock::now() + std::chrono::hours(1)).time_since_epoch())
-                      .count();
-  const std::string body = cluster(2, 1).dump();
-  const std::string request =
-      "PUT /v1/cluster HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
-      "application/json\r\nAuthorization: " +
-      kf::sign_request(kf::derive_key(kToken, kf::KeyUse::control), "PUT", "/v1/cluster", body,
-                       ms) +
-      "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-  const std::string answer = raw_exchange(server.address(), request);
+  const std::string answer = raw_exchange(
+      server.address(),
+      signed_put(cluster(2, 1).dump(), std::chrono::system_clock::now() + std::chrono::hours(1)));
   EXPECT_TRUE(answer.starts_with("HTTP/1.1 401")) << answer;
   EXPECT_NE(answer.find("X-KF-Time: "), std::string::npos) << answer;
 }
@@ -451,16 +454,7 @@ TEST_F(ConfigServerTest, RunningOutOfDescriptorsLeavesRoomForTheStateFile) {
     last.append(buffer, static_cast<std::size_t>(n));
   }
   EXPECT_TRUE(last.starts_with("HTTP/1.1 503")) << "the server stopped accepting: " << last;
-  const std::string body = cluster(0, 2).dump();
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                      std::chrono::system_clock::now().time_since_epoch())
-                      .count();
-  const std::string request =
-      "PUT /v1/cluster HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
-      "application/json\r\nAuthorization: " +
-      kf::sign_request(kf::derive_key(kToken, kf::KeyUse::control), "PUT", "/v1/cluster", body,
-                       ms) +
-      "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string request = signed_put(cluster(0, 2).dump(), std::chrono::system_clock::now());
   ASSERT_EQ(::send(kept, request.data(), request.size(), MSG_NOSIGNAL),
             static_cast<ssize_t>(request.size()));
   std::string answer;
