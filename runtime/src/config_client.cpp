@@ -199,9 +199,6 @@ auto reading(const char* what, Read&& read) -> decltype(read()) {
   }
 }
 
-// kf-config-server's clock in every answer (Unix time, ms).
-constexpr std::string_view kServiceTimeHeader = "X-KF-Time";
-
 Cluster cluster_from(const Answer& a, const std::string& what) {
   try {
     return Cluster::from_json(a.body);
@@ -332,9 +329,13 @@ Answer ConfigClient::Connection::call(const Endpoint& server, const Key* control
       req.body() = body->dump();
     }
     const std::int64_t offset = offset_ms_;
+    std::string nonce;  // of a signed request: the service's clock comes back bound to it
     if (control != nullptr && verb != http::verb::get) {
-      req.set(http::field::authorization, sign_request(*control, std::string(http::to_string(verb)),
-                                                       target, req.body(), local_ms() + offset));
+      const std::string auth = sign_request(*control, std::string(http::to_string(verb)), target,
+                                            req.body(), local_ms() + offset);
+      std::string why;
+      if (const auto sig = parse_request_signature(auth, why)) nonce = sig->nonce;
+      req.set(http::field::authorization, auth);
     }
     req.prepare_payload();
     start(x, server);
@@ -349,13 +350,13 @@ Answer ConfigClient::Connection::call(const Endpoint& server, const Key* control
       throw Error(make_error_code(errc::service_unavailable),
                   what + ": cannot reach the config service: " + ec.message());
     }
-    // The service's clock, sent with every answer: later requests are signed in its time.
+    // The service's clock, told in the answer to a signed request and bound to its nonce:
+    // later requests are signed in the service's time.
     const auto told = x->response.find(kServiceTimeHeader);
-    if (told != x->response.end()) {
-      std::int64_t service_ms = 0;
-      const std::string_view v = told->value();
-      const auto [ptr, perr] = std::from_chars(v.data(), v.data() + v.size(), service_ms);
-      if (perr == std::errc{} && ptr == v.data() + v.size()) offset_ms_ = service_ms - local_ms();
+    if (!nonce.empty() && told != x->response.end()) {
+      if (const auto service_ms = read_service_time(*control, told->value(), nonce)) {
+        offset_ms_ = *service_ms - local_ms();
+      }
     }
     // Refused for a signature made in another time than the service's (this clock is off, or
     // jumped): once more, in the service's time.

@@ -80,6 +80,34 @@ std::optional<RequestSignature> parse_request_signature(std::string_view authori
   return s;
 }
 
+namespace {
+
+std::string time_message(std::int64_t unix_ms, std::string_view nonce) {
+  std::string m = "kf service time\n";
+  m.append(std::to_string(unix_ms)).append("\n").append(nonce);
+  return m;
+}
+
+}  // namespace
+
+std::string service_time_proof(const Key& control, std::int64_t unix_ms, std::string_view nonce) {
+  return std::to_string(unix_ms) + ",mac=" + hmac_sha256_hex(control, time_message(unix_ms, nonce));
+}
+
+std::optional<std::int64_t> read_service_time(const Key& control, std::string_view header,
+                                              std::string_view nonce) {
+  const auto comma = header.find(",mac=");
+  if (comma == std::string_view::npos) return std::nullopt;
+  std::int64_t ms = 0;
+  const auto [ptr, ec] = std::from_chars(header.data(), header.data() + comma, ms);
+  if (ec != std::errc{} || ptr != header.data() + comma || ms < 0) return std::nullopt;
+  if (!equal_in_constant_time(header.substr(comma + 5),
+                              hmac_sha256_hex(control, time_message(ms, nonce)))) {
+    return std::nullopt;
+  }
+  return ms;
+}
+
 bool signature_matches(const Key& control, const RequestSignature& s, std::string_view method,
                        std::string_view target, std::string_view body) {
   return equal_in_constant_time(

@@ -185,6 +185,30 @@ TEST_F(ServiceTest, MutationsWithoutTheTokenAre401) {
 
 // A signature proves the token without sending it; it covers the method, target, time, nonce and
 // body; it is accepted once, and only near the server's time.
+// The service's clock in an answer (X-KF-Time) is bound to the request's nonce by a MAC under the
+// control key: a client takes it only for its own request, and nobody without the token can
+// make it sign in another time.
+TEST_F(ServiceTest, TheServiceTimeIsToldOnlyToSignedRequestsAndBoundToTheirNonce) {
+  Service s(options());
+  const Key control = derive_key(kToken, KeyUse::control);
+  const std::string auth = signed_for("PUT", "/v1/cluster", "{}", kNowMs - 3'600'000);
+  std::string why;
+  const auto sig = parse_request_signature(auth, why);
+  ASSERT_TRUE(sig) << why;
+  const std::string proof = s.time_proof(auth);
+  EXPECT_EQ(read_service_time(control, proof, sig->nonce), kNowMs);
+  EXPECT_FALSE(read_service_time(control, proof, std::string(32, '0'))) << "another nonce";
+  EXPECT_FALSE(read_service_time(derive_key("other", KeyUse::control), proof, sig->nonce));
+  std::string later = proof;
+  later[0] = later[0] == '9' ? '8' : '9';  // another time, the same MAC
+  EXPECT_FALSE(read_service_time(control, later, sig->nonce));
+  for (const char* bad : {"", "123", "x,mac=00", "-5,mac=00", "123,mac="}) {
+    EXPECT_FALSE(read_service_time(control, bad, sig->nonce)) << bad;
+  }
+  EXPECT_TRUE(s.time_proof("").empty());
+  EXPECT_TRUE(s.time_proof("Bearer " + std::string(kToken)).empty());
+}
+
 TEST_F(ServiceTest, SignedMutationsAreCheckedAndNotReplayable) {
   Service s(options());
   const std::string body = two_workers(0).dump();

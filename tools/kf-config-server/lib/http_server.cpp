@@ -27,6 +27,7 @@
 
 #include "kf/common/fd.hpp"
 #include "kf/common/log.hpp"
+#include "kf/runtime/request_signature.hpp"
 
 namespace kf::config_server {
 
@@ -39,7 +40,6 @@ using tcp = asio::ip::tcp;
 
 constexpr auto kAsTuple = asio::as_tuple(asio::use_awaitable);
 constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
-constexpr std::string_view kTimeHeader = "X-KF-Time";  // the service's Unix time, ms
 
 std::string format_endpoint(const tcp::endpoint& e) {
   const auto a = e.address();
@@ -111,9 +111,10 @@ class Server {
   asio::awaitable<void> async_refuse(tcp::socket socket, std::string why);
   asio::awaitable<Response> async_handle(const Request& request, const std::string& source);
   // `head`: the answer to a HEAD request, which states the length of its body without it.
+  // `time_proof`: the X-KF-Time value (Service::time_proof), if any.
   asio::awaitable<beast::error_code> async_write(beast::tcp_stream& stream, const Response& r,
                                                  unsigned version, bool keep_alive,
-                                                 bool head = false);
+                                                 bool head = false, std::string time_proof = {});
   void on_change() noexcept;
 
   Service& service_;
@@ -184,7 +185,9 @@ asio::awaitable<void> Server::async_session(tcp::socket socket, std::string sour
       const std::string why =
           service_.unauthorized_before_body(std::string(parser.get()[http::field::authorization]));
       if (!why.empty()) {
-        co_await async_write(stream, error_response(401, why), parser.get().version(), false);
+        co_await async_write(
+            stream, error_response(401, why), parser.get().version(), false, false,
+            service_.time_proof(std::string(parser.get()[http::field::authorization])));
         break;
       }
     }
@@ -213,7 +216,11 @@ asio::awaitable<void> Server::async_session(tcp::socket socket, std::string sour
     const unsigned version = req.version();
     const bool head = req.method() == http::verb::head;
     const Response response = co_await async_handle(request, source);
-    if (co_await async_write(stream, response, version, keep_alive, head) || !keep_alive) break;
+    if (co_await async_write(stream, response, version, keep_alive, head,
+                             service_.time_proof(request.authorization)) ||
+        !keep_alive) {
+      break;
+    }
   }
   beast::error_code ignored;
   stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
@@ -244,17 +251,15 @@ asio::awaitable<Response> Server::async_handle(const Request& request, const std
 }
 
 asio::awaitable<beast::error_code> Server::async_write(beast::tcp_stream& stream, const Response& r,
-                                                       unsigned version, bool keep_alive,
-                                                       bool head) {
+                                                       unsigned version, bool keep_alive, bool head,
+                                                       std::string time_proof) {
   http::response<http::string_body> res{static_cast<http::status>(r.status), version};
   res.set(http::field::server, "kf-config-server");
   res.set(http::field::content_type, r.content_type);
   res.set(http::field::cache_control, "no-store");
-  // The clock signatures are checked against, so that a client whose own clock is off can sign
-  // in the service's time (docs/config-server.md, "Authentication").
-  res.set(kTimeHeader, std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                          service_.now().time_since_epoch())
-                                          .count()));
+  // The clock signatures are checked against, for the client of a signed request to sign in
+  // the service's time should its own clock be off (docs/config-server.md).
+  if (!time_proof.empty()) res.set(kServiceTimeHeader, time_proof);
   if (!r.allow.empty()) res.set(http::field::allow, r.allow);
   res.keep_alive(keep_alive);
   res.body() = r.body + "\n";

@@ -314,6 +314,16 @@ std::string Service::unauthorized_before_body(const std::string& auth) const {
   return {};
 }
 
+std::string Service::time_proof(std::string_view authorization) const {
+  std::string why;
+  const auto sig = parse_request_signature(authorization, why);
+  if (!sig) return {};
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(options_.now().time_since_epoch())
+          .count();
+  return service_time_proof(control_key_, ms, sig->nonce);
+}
+
 std::string Service::unauthorized(const Request& request) {
   if (auto why = unauthorized_before_body(request.authorization); !why.empty()) return why;
   if (request.authorization.starts_with("Bearer ")) return {};

@@ -82,8 +82,10 @@ class Service {
   std::string unauthorized_before_body(const std::string& authorization) const;
 
   std::uint64_t version() const noexcept { return state_.cluster.version; }
-  /// The service's clock (ServiceOptions::now), which signatures are checked against.
-  std::chrono::system_clock::time_point now() const { return options_.now(); }
+  /// The X-KF-Time value for the answer to a request whose Authorization is `authorization`: the
+  /// service's clock, under a MAC bound to the request's nonce (request_signature.hpp); empty
+  /// when the request is not signed in kf's scheme.
+  std::string time_proof(std::string_view authorization) const;
   const State& state() const noexcept { return state_; }
 
  private:

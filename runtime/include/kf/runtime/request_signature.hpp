@@ -42,4 +42,17 @@ std::optional<RequestSignature> parse_request_signature(std::string_view authori
 bool signature_matches(const Key& control, const RequestSignature& s, std::string_view method,
                        std::string_view target, std::string_view body);
 
+/// The service's clock, told in the answer to a signed request so that a client whose own clock
+/// is off can sign in the service's time:
+///   X-KF-Time: UNIX_MS,mac=HEX64   (HMAC under the control key of the time and the request's
+///                                   nonce)
+/// Only the service holds the key besides the job's processes, and the nonce binds the time to
+/// this answer, so nobody on the way can make a client sign in another time.
+inline constexpr std::string_view kServiceTimeHeader = "X-KF-Time";
+std::string service_time_proof(const Key& control, std::int64_t unix_ms, std::string_view nonce);
+/// The time in a header made by service_time_proof for `nonce`; nullopt when it is malformed or
+/// its MAC does not match.
+std::optional<std::int64_t> read_service_time(const Key& control, std::string_view header,
+                                              std::string_view nonce);
+
 }  // namespace kf
