@@ -4,7 +4,9 @@
 // as text it accepts again as the same value:
 //   config-service URLs (ConfigClient::parse_service_url), listen addresses
 //   (kf-config-server --listen), port ranges (kfrun --ports), config-service queries
-//   (parse_query), signed requests' Authorization values (parse_request_signature), and the
+//   (parse_query), signed requests' Authorization values (parse_request_signature), the
+//   service's time in an answer (read_service_time: taken only as service_time_proof makes it),
+//   and the
 //   worker's environment (Env::from_environment, every KF_* variable at once).
 #include <cstdlib>
 #include <stdexcept>
@@ -81,6 +83,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       std::string why;
       const auto s = kf::parse_request_signature(text, why);
       KF_FUZZ_CHECK(s.has_value() != !why.empty(), "a refusal says why, an acceptance nothing");
+      // The service's time in an answer (X-KF-Time): taken only as the service made it.
+      static const kf::Key key = kf::derive_key("fuzz-token", kf::KeyUse::control);
+      const std::string nonce(32, 'a');
+      if (const auto ms = kf::read_service_time(key, text, nonce)) {
+        KF_FUZZ_CHECK(
+            *ms >= 0 &&
+                text.ends_with(kf::service_time_proof(key, *ms, nonce)
+                                   .substr(kf::service_time_proof(key, *ms, nonce).find(','))),
+            "a service time was taken without its MAC");
+      }
       break;
     }
     default: {
