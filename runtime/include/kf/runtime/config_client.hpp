@@ -65,9 +65,10 @@ struct ConfigClientOptions {
   std::chrono::milliseconds deadline{5000};
   /// This process's clock (a shifted one in tests; empty: the system clock). kf-config-server
   /// checks that a mutation was signed within a minute of its own clock, and tells its clock in
-  /// every answer: the client signs in the service's time once it has heard from it, and a
-  /// mutation refused because this clock is off (or jumped) is signed again in the service's
-  /// time and sent once more.
+  /// the answer to each signed request, under a MAC bound to its nonce (request_signature.hpp):
+  /// the client signs in the service's time once it has heard it, and a mutation refused
+  /// because this clock is off (or jumped) is signed again in the service's time and sent once
+  /// more.
   std::function<std::chrono::system_clock::time_point()> now;
 };
 
