@@ -298,13 +298,8 @@ void Mesh::close_incoming(const std::shared_ptr<Incoming>& in, bool said_bye, st
       "connection from " + peers_[peer].key + " broke: " + (why.empty() ? ec.message() : why));
   // Our connection to it is most likely dead too, with nothing to read on it to tell: closed
   // now, so that nothing more is written into it (the first write to a closed peer succeeds).
-  auto& ps = peers_[static_cast<std::size_t>(peer)];
-  ps.died = true;
-  if (ps.out) {
-    ps.out->closed = true;
-    ps.out->sock.close(ignored);
-    ps.out->signal.cancel();
-  }
+  peers_[static_cast<std::size_t>(peer)].died = true;
+  close_outgoing(peer);
 }
 
 awaitable<std::error_code> Mesh::check_tag(Incoming& in, std::string& why) {

@@ -32,11 +32,17 @@ void Mesh::force_close(int peer) {
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   boost::system::error_code ignored;
   for (auto& in : ps.in) in->sock.close(ignored);
-  if (ps.out) {
-    ps.out->closed = true;
-    ps.out->sock.close(ignored);
-    ps.out->signal.cancel();
-  }
+  close_outgoing(peer);
+}
+
+void Mesh::close_outgoing(int peer) {
+  KF_DCHECK_IO(driver_);
+  auto& ps = peers_[static_cast<std::size_t>(peer)];
+  if (!ps.out) return;
+  boost::system::error_code ignored;
+  ps.out->closed = true;
+  ps.out->sock.close(ignored);
+  ps.out->signal.cancel();
 }
 
 // ---- failure bookkeeping ------------------------------------------------------------------

@@ -103,6 +103,8 @@ class Mesh {
   awaitable<std::error_code> wait_progress(Event& ev, int peer, std::chrono::milliseconds timeout);
   /// Closes every connection with `peer`.
   void force_close(int peer);
+  /// Closes the connection to `peer`, if any: its writer ends without writing more.
+  void close_outgoing(int peer);
   /// `peer` is lost (no goodbye): a member's loss breaks the current version.
   void mark_lost(int peer, std::error_code ec, const std::string& why);
 
