@@ -2,7 +2,8 @@
 // Training modes: the plan of each step, model averaging against synchronous SGD and against
 // gradient descent computed in one process, on a quadratic (ranks as threads), and a mode
 // switch by a policy making the models of a static job one again at the boundary where it
-// takes effect.
+// takes effect, and a switch decided from the workers' averaged metrics taking effect at the
+// same step on every worker.
 #include "kf/runtime/training_mode.hpp"
 
 #include <gtest/gtest.h>
@@ -184,6 +185,52 @@ TEST(TrainingMode, LeavingADivergingModeGivesEveryWorkerRankZerosModel) {
     EXPECT_EQ(modes[r], "sync-sgd");
     EXPECT_EQ(at_switch[r], std::vector<double>(4, 3.0)) << "rank " << r << ": rank 0's model";
   }
+}
+
+TEST(TrainingMode, APolicysModeSwitchTakesEffectAtTheSameStepOnEveryWorker) {
+  // Each worker reports a metric of its own (rank × step); the policy sees their mean, which
+  // only the boundary makes common, and switches sync-sgd -> sma:period=4 once it passes 10,
+  // then -> sync-sgd once it passes 20. The mean is step (ranks 0, 1, 2), so the switches are
+  // proposed at the boundaries of steps 11 and 21 and take effect in steps 12 and 22. Every
+  // worker's mode is recorded at every step: the records must be identical.
+  class ByMetric : public Policy {
+   public:
+    std::string name() const override { return "by-metric"; }
+    void after_step(PolicyContext& c) override {
+      const double mean = c.metric("local");
+      const auto& s = c.settings();
+      const bool averaging = s.contains("mode") && s["mode"] != "sync-sgd";
+      if (mean > 20 && averaging) {
+        c.set_mode("sync-sgd", "past 20");
+      } else if (mean > 10 && mean <= 20 && !s.contains("mode")) {
+        c.set_mode("sma:period=4", "past 10");
+      }
+    }
+  };
+  constexpr int n = 3;
+  constexpr int steps = 30;
+  auto job = test::make_unstarted_job(n, "mode-switch-test");
+  std::vector<std::vector<std::string>> modes(n);
+  test::run_all(n, [&](int r) {
+    State state;
+    std::vector<double> w(2, 0.0);
+    state.add("w", buffer(w.data(), w.size()));
+    PolicyRunner runner;
+    runner.add(std::make_unique<ByMetric>());
+    Session s(std::move(job.peers[static_cast<std::size_t>(r)]), job.cluster, state,
+              SessionOptions{});
+    const int local = s.add_metric("local");
+    s.set_policies(&runner);
+    ASSERT_TRUE(s.join());
+    for (int i = 0; i < steps; ++i) {
+      modes[r].push_back(s.mode().str());
+      s.step([&] { s.set_metric(local, r * static_cast<double>(s.steps())); });
+    }
+  });
+  for (int r = 1; r < n; ++r) EXPECT_EQ(modes[r], modes[0]) << "rank " << r;
+  std::vector<std::string> want(steps, "sync-sgd");
+  for (int i = 12; i < 22; ++i) want[i] = "sma:period=4";
+  EXPECT_EQ(modes[0], want);
 }
 
 TEST(TrainingMode, DefaultSettingsGiveTheModeWhereTheClusterHasNone) {
