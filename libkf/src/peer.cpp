@@ -107,6 +107,12 @@ void Peer::set_default_algorithm(Algorithm a) noexcept {
   impl_->default_algorithm_.store(a, std::memory_order_relaxed);
 }
 
+Handle Peer::send(int to, std::string_view name, Buffer buf) { return impl_->send(to, name, buf); }
+
+bool Peer::try_receive(int from, std::string_view name, Buffer buf) {
+  return impl_->try_receive(from, name, buf);
+}
+
 Handle Peer::invite(const Endpoint& to, std::string payload) {
   return impl_->invite(to, std::move(payload));
 }

@@ -43,6 +43,9 @@ class PeerImpl {
   std::optional<Invitation> wait_invitation(std::chrono::milliseconds timeout) {
     return mesh_.wait_invitation(timeout);
   }
+  /// Point-to-point messages (messages.cpp).
+  Handle send(int to, std::string_view name, Buffer buf);
+  bool try_receive(int from, std::string_view name, Buffer buf);
   Algorithm resolve(CollOp op, Algorithm a, std::size_t bytes) const noexcept;
   /// The device backends in use: "nccl", "staging", "none" or "unavailable: REASON"
   /// (backend/device.cpp).
@@ -68,6 +71,10 @@ class PeerImpl {
   Handle fail_request(CollCtx& c, const std::string& why);
   /// What is wrong with a collective's arguments, or nothing.
   std::string check_arguments(const CollCtx& c) const;
+  /// What is wrong with a message's arguments (`what`: "send to", "receive from"; `role`: the
+  /// rank's name in the reason), or nothing.
+  std::string check_message(const char* what, int rank, std::string_view name, const Buffer& buf,
+                            const char* role) const;
   /// A collective on device buffers, to NCCL or the staging backend (backend/device.cpp).
   Handle submit_device(std::shared_ptr<CollCtx> ctx);
   struct DeviceBackends;

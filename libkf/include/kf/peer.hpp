@@ -220,6 +220,26 @@ class Peer {
   std::uint64_t version() const noexcept;
   const Cluster& cluster() const noexcept;
 
+  // ---- point-to-point messages: two workers only, no collective ----
+
+  /// Sends `buf` (host memory) to the worker of rank `to` as the message `name`, in frames of
+  /// at most max_frame_bytes. Only the two workers take part: the receiver takes the message
+  /// with try_receive() whenever it looks; until then its worker keeps it, counted against
+  /// max_unexpected_bytes and max_unexpected_bytes_per_peer (a sender that goes past them has
+  /// its connection closed and is lost, so bound what is outstanding, e.g. by an answer).
+  /// Messages of one name from one sender are received in the order sent. A message belongs to
+  /// the cluster version it was sent in: a receiver that has moved to another version never
+  /// takes it. Names share the mailbox with collectives: give messages names of their own.
+  /// The handle completes when the frames are written (then `buf` may change), and fails when
+  /// `to` cannot be reached; it fails at once with invalid_argument for a bad rank (self
+  /// included), name or device buffer.
+  Handle send(int to, std::string_view name, Buffer buf);
+  /// Takes the message `name` from rank `from` of the current version if the whole of it has
+  /// arrived: copies it into `buf` and returns true. Returns false at once when it has not (yet).
+  /// Throws: kf::Error(invalid_argument) for a bad rank, name or buffer;
+  /// kf::Error(protocol_error) when the message that came is not buf's size (it is dropped).
+  bool try_receive(int from, std::string_view name, Buffer buf);
+
   /// recv = OP over all workers of send (send and recv may be the same buffer).
   Handle allreduce(std::string_view name, Buffer send, Buffer recv, const CollOptions& o = {});
   /// buf on every worker = buf on opts.root.

@@ -188,6 +188,18 @@ std::optional<EarlyFrame> Mailbox::take_early(const MailKeyView& key) {
   return early;
 }
 
+bool Mailbox::has_early(const MailKeyView& key) const {
+  KF_DCHECK_IO(driver_);
+  if (key.tag == 0) {
+    for (const auto& q : quick_early_) {
+      if (q.peer == key.peer && q.version == key.version && q.name() == key.name) return true;
+    }
+  }
+  if (slots_.empty()) return false;
+  const auto it = slots_.find(key);
+  return it != slots_.end() && !it->second.unexpected.empty();
+}
+
 void Mailbox::cancel(const std::shared_ptr<RecvReq>& r, std::error_code ec) {
   KF_DCHECK_IO(driver_);
   if (r->ev.done || r->in_progress) return;

@@ -164,6 +164,8 @@ class Mailbox {
                                 const ReduceOnArrival* reduce, std::error_code refusal);
   /// The frame for `key` that came before its receive, taken from quick_early_ or the slots.
   std::optional<EarlyFrame> take_early(const MailKeyView& key);
+  /// Whether a frame for `key` came before its receive and is kept (take_early would take one).
+  bool has_early(const MailKeyView& key) const;
   /// Takes a receive that is not being filled off the mailbox and completes it with `ec`.
   void cancel(const std::shared_ptr<RecvReq>& r, std::error_code ec);
   /// Fails with `ec` every posted receive whose key `match` covers and that is not being filled
