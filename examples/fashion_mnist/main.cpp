@@ -193,7 +193,7 @@ int main(int argc, char** argv) {
       if (post_local != 0) mode_text += ",post_local=" + std::to_string(post_local);
     }
     const kf::ModeSpec mode = kf::parse_mode(mode_text);
-    if (mode.mode == kf::TrainingMode::pair_avg || mode.mode == kf::TrainingMode::async_ps) {
+    if (mode.mode == kf::TrainingMode::async_ps) {
       std::cerr << "fashion_mnist: --mode " << mode_name
                 << " is not built yet (docs/training-modes.md)\n";
       return 2;

@@ -15,7 +15,12 @@ ModePlan plan_step(const ModeSpec& mode, std::int64_t steps_done) {
       plan.average_parameters = (steps_done + 1) % mode.period == 0;
       return plan;
     }
-    case TrainingMode::pair_avg:
+    case TrainingMode::pair_avg: {
+      ModePlan plan;
+      plan.average_gradients = false;
+      plan.average_with_pair = true;
+      return plan;
+    }
     case TrainingMode::async_ps: break;
   }
   throw std::invalid_argument("training mode " + std::string(to_string(mode.mode)) +

@@ -8,8 +8,13 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <numeric>
+#include <set>
 #include <vector>
+
+#include "kf/runtime/pair_averaging.hpp"
 
 #include "kf/runtime/session.hpp"
 #include "support/local_cluster.hpp"
@@ -40,15 +45,128 @@ TEST(TrainingMode, SmaIsSynchronousUntilPostLocalThenAveragesEveryPeriod) {
   for (int s = 0; s < 5; ++s) EXPECT_TRUE(plan_step(parse_mode("sma"), s).average_parameters);
 }
 
+TEST(TrainingMode, PairAveragingStepsLocallyThenAveragesWithAPair) {
+  for (std::int64_t s : {0, 1, 7}) {
+    const ModePlan p = plan_step(parse_mode("pair-avg:seed=3"), s);
+    EXPECT_FALSE(p.average_gradients);
+    EXPECT_FALSE(p.average_parameters);
+    EXPECT_TRUE(p.average_with_pair);
+  }
+}
+
 TEST(TrainingMode, ModesNotBuiltYetSaySo) {
   try {
-    plan_step(parse_mode("pair-avg"), 0);
-    ADD_FAILURE() << "pair-avg planned";
+    plan_step(parse_mode("async-ps"), 0);
+    ADD_FAILURE() << "async-ps planned";
   } catch (const std::invalid_argument& e) {
     EXPECT_EQ(std::string(e.what()),
-              "training mode pair-avg is not built yet (docs/training-modes.md)");
+              "training mode async-ps is not built yet (docs/training-modes.md)");
   }
-  EXPECT_THROW(plan_step(parse_mode("async-ps"), 0), std::invalid_argument);
+}
+
+TEST(PairAveraging, TheScheduleNeverPicksItselfAndReachesEveryPeer) {
+  constexpr int n = 5;
+  for (int r = 0; r < n; ++r) {
+    std::set<int> seen;
+    for (std::int64_t s = 0; s < 200; ++s) {
+      const int p = PairAverager::partner(7, s, r, n);
+      ASSERT_NE(p, r);
+      ASSERT_TRUE(p >= 0 && p < n) << p;
+      EXPECT_EQ(p, PairAverager::partner(7, s, r, n)) << "deterministic";
+      seen.insert(p);
+    }
+    EXPECT_EQ(seen.size(), std::size_t{n - 1}) << "rank " << r;
+  }
+  int same = 0;
+  for (std::int64_t s = 0; s < 100; ++s) {
+    same += PairAverager::partner(7, s, 0, n) == PairAverager::partner(8, s, 0, n) ? 1 : 0;
+  }
+  EXPECT_LT(same, 60) << "another seed, another schedule";
+  EXPECT_EQ(PairAverager::partner(7, 0, 0, 1), -1) << "alone: nobody to push to";
+}
+
+TEST(PairAveraging, AWorkerNeverWaitsForItsPeer) {
+  // Two workers driven from this one thread: worker 0 exchanges 50 times while worker 1 does
+  // nothing, then worker 1 once, then worker 0 again until the answer is in.
+  auto peers = test::make_local_cluster(2);
+  PairAverager a(*peers[0], "m", 1), b(*peers[1], "m", 1);
+  std::vector<float> w0{1, 2, 3, 4}, w1{5, 6, 7, 8};
+  int pushes = 0;
+  for (int s = 0; s < 50; ++s) {
+    const auto rep = a.exchange(w0, s);
+    pushes += rep.pushed_to >= 0 ? 1 : 0;
+    EXPECT_EQ(rep.corrections, 0);
+  }
+  EXPECT_EQ(pushes, 1) << "one push, then none while it is unanswered";
+  EXPECT_TRUE(a.waiting());
+  EXPECT_EQ(w0, (std::vector<float>{1, 2, 3, 4})) << "nothing came, nothing changed";
+  PairAverager::Report got;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (got.models_averaged == 0 && std::chrono::steady_clock::now() < give_up) {
+    got = b.exchange(w1, 3, /*push=*/false);
+  }
+  ASSERT_EQ(got.models_averaged, 1);
+  EXPECT_EQ(got.max_staleness, 3) << "pushed at step 0, averaged at 3";
+  EXPECT_EQ(w1, (std::vector<float>{3, 4, 5, 6}));
+  got = {};
+  while (got.corrections == 0 && std::chrono::steady_clock::now() < give_up) {
+    got = a.exchange(w0, 60, /*push=*/false);
+  }
+  ASSERT_EQ(got.corrections, 1);
+  EXPECT_EQ(w0, (std::vector<float>{3, 4, 5, 6})) << "both at the pair's average";
+  EXPECT_FALSE(a.waiting());
+}
+
+TEST(PairAveraging, ConservesTheSumOfTheModelsAndBringsThemTogether) {
+  // Four workers as threads exchange 300 times with no update of their own, each at its own
+  // pace between allreduces every 5 exchanges (without them a worker's 300 exchanges are over
+  // before its first push is answered); then they stop pushing and let what is in flight
+  // settle. The sum of the models is what it was, and the models are close to their mean.
+  constexpr int n = 4;
+  constexpr std::size_t count = 16;
+  auto peers = test::make_local_cluster(n);
+  std::vector<std::vector<float>> w(n);
+  std::vector<int> pushes(n), averaged(n), corrected(n);
+  std::vector<double> before(count, 0.0);
+  for (int r = 0; r < n; ++r) {
+    for (std::size_t i = 0; i < count; ++i) {
+      w[r].push_back(static_cast<float>((r + 1) * 8 + static_cast<int>(i)));
+      before[i] += w[r][i];
+    }
+  }
+  test::run_all(n, [&](int r) {
+    PairAverager avg(*peers[r], "model", 42);
+    const auto count_in = [&](const PairAverager::Report& rep) {
+      pushes[r] += rep.pushed_to >= 0 ? 1 : 0;
+      averaged[r] += rep.models_averaged;
+      corrected[r] += rep.corrections;
+    };
+    for (int s = 0; s < 300; ++s) {
+      count_in(avg.exchange(w[r], s));
+      std::int32_t tick = 1;
+      if (s % 5 == 4) peers[r]->allreduce("tick", buffer(&tick, 1), buffer(&tick, 1)).wait();
+    }
+    for (int round = 0;; ++round) {
+      ASSERT_LT(round, 100000) << "the exchanges in flight never settled";
+      count_in(avg.exchange(w[r], 300, /*push=*/false));
+      std::int32_t waiting = avg.waiting() ? 1 : 0;
+      peers[r]->allreduce("settled", buffer(&waiting, 1), buffer(&waiting, 1)).wait();
+      if (waiting == 0) break;
+    }
+  });
+  EXPECT_EQ(std::accumulate(pushes.begin(), pushes.end(), 0),
+            std::accumulate(averaged.begin(), averaged.end(), 0));
+  EXPECT_EQ(std::accumulate(pushes.begin(), pushes.end(), 0),
+            std::accumulate(corrected.begin(), corrected.end(), 0));
+  EXPECT_GT(std::accumulate(pushes.begin(), pushes.end(), 0), 100);
+  for (std::size_t i = 0; i < count; ++i) {
+    double after = 0;
+    for (int r = 0; r < n; ++r) after += w[r][i];
+    EXPECT_NEAR(after, before[i], 1e-3) << "value " << i;
+    for (int r = 0; r < n; ++r) {
+      EXPECT_NEAR(w[r][i], before[i] / n, 1e-2) << "rank " << r << " value " << i;
+    }
+  }
 }
 
 TEST(TrainingMode, WhichModesLetModelsDiverge) {

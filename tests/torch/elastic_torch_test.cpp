@@ -107,6 +107,12 @@ TEST(ElasticTorch, ModelAveragingGrowsAndSurvivesKillNine) {
   two_three_two("torch-sma", " --mode sma --period 100000", /*kill=*/true);
 }
 
+// Pair averaging: the models differ after every step, and exchanges are in flight at every
+// change of the cluster; each change gives every worker one model again, a kill -9 too.
+TEST(ElasticTorch, PairAveragingGrowsAndSurvivesKillNine) {
+  two_three_two("torch-pair", " --mode pair-avg", /*kill=*/true);
+}
+
 // Compressed gradients, with each worker's residual, through a grow and a kill -9.
 TEST(ElasticTorch, CompressedGradientsGrowAndSurviveKillNine) {
   two_three_two("torch-topk", " --compression topk:0.05", /*kill=*/true);

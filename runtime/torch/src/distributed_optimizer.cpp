@@ -96,9 +96,10 @@ DistributedOptimizer::DistributedOptimizer(Session& session, torch::optim::Optim
   try {
     divergence_slot_ = session_.add_metric("sma.divergence");
     averaged_slot_ = session_.add_metric("sma.averaged");
+    staleness_slot_ = session_.add_metric("pair_avg.staleness");
   } catch (const std::logic_error&) {
     // Made after join(): metrics are fixed by then, and these are left out.
-    divergence_slot_ = averaged_slot_ = -1;
+    divergence_slot_ = averaged_slot_ = staleness_slot_ = -1;
   }
   for (auto& group : optimizer_.param_groups()) {
     for (auto& p : group.params()) {
@@ -325,6 +326,7 @@ void DistributedOptimizer::step() {
     // models. The gradient-noise-scale monitor needs an averaged gradient and gets none.
     run_optimizer();
     if (plan().average_parameters) average_model();
+    if (plan().average_with_pair) average_with_pair();
     return;
   }
   // Gradients backward did not produce (an unused parameter, or gradients set by hand).
@@ -466,6 +468,41 @@ void DistributedOptimizer::average_model() {
   const auto bytes = static_cast<std::uint64_t>(all.numel()) * sizeof(float);
   session_.report_comm(span_.count(), static_cast<double>(bytes));
   bytes_sent_ += bytes;
+}
+
+// Pair averaging (kf::PairAverager): the parameters as one host vector, exchanged with this
+// step's partner without waiting for it, and put back where something came.
+void DistributedOptimizer::average_with_pair() {
+  torch::NoGradGuard no_grad;
+  const std::uint64_t seed = session_.mode().seed;
+  if (!pair_ || pair_seed_ != seed) {
+    pair_.reset();
+    pair_ = std::make_unique<PairAverager>(session_.peer(), "kf.torch/pair", seed);
+    pair_seed_ = seed;
+  }
+  std::vector<torch::Tensor> flat;
+  flat.reserve(slots_.size());
+  for (auto& s : slots_) flat.push_back(s.param.reshape({-1}));
+  torch::Tensor all = torch::cat(flat);
+  if (on_device_) all = all.cpu();
+  const auto t0 = SteadyClock::now();
+  const PairAverager::Report rep = pair_->exchange(
+      std::span<float>(all.data_ptr<float>(), static_cast<std::size_t>(all.numel())),
+      session_.steps());
+  if (rep.models_averaged + rep.corrections > 0) {
+    std::int64_t offset = 0;
+    for (auto& s : slots_) {
+      const auto n = static_cast<std::int64_t>(s.numel);
+      s.param.view({-1}).copy_(all.narrow(0, offset, n));
+      offset += n;
+    }
+  }
+  span_ = exposed_ = SteadyClock::now() - t0;
+  if (staleness_slot_ >= 0) {
+    session_.set_metric(staleness_slot_, static_cast<double>(rep.max_staleness));
+  }
+  session_.report_comm(span_.count(), static_cast<double>(rep.bytes_sent));
+  bytes_sent_ += rep.bytes_sent;
 }
 
 void DistributedOptimizer::set_learning_rate(double lr) {

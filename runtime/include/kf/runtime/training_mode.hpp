@@ -25,6 +25,7 @@ namespace kf {
 struct ModePlan {
   bool average_gradients = true;    ///< before the update: synchronous SGD
   bool average_parameters = false;  ///< after the update: model averaging
+  bool average_with_pair = false;   ///< after the update: pair averaging (kf::PairAverager)
 };
 
 /// The plan of the step that follows `steps_done` steps of the job.
@@ -32,7 +33,8 @@ struct ModePlan {
 ///   sma: gradients for the job's first post_local steps (synchronous SGD), then local updates
 ///        with the parameters averaged after every period-th step (step number steps_done + 1
 ///        divisible by period), so that period 1 averages after every step.
-/// Throws: std::invalid_argument for pair-avg and async-ps, which are not built yet.
+///   pair-avg: local updates, each followed by an exchange with one peer (PairAverager).
+/// Throws: std::invalid_argument for async-ps, which is not built yet.
 ModePlan plan_step(const ModeSpec& mode, std::int64_t steps_done);
 
 /// Whether, in `mode`, the workers' models may differ at a step boundary (sma with a period

@@ -53,6 +53,7 @@
 #include <torch/torch.h>
 
 #include "kf/runtime/compression.hpp"
+#include "kf/runtime/pair_averaging.hpp"
 #include "kf/runtime/session.hpp"
 #include "kf/runtime/state.hpp"
 #include "kf/runtime/training_mode.hpp"
@@ -130,6 +131,7 @@ class DistributedOptimizer {
   const ModePlan& plan();  // this step's, from the session's mode and step count
   void run_optimizer();
   void average_model();
+  void average_with_pair();
   std::size_t exchange_compressed(Bucket& b);
 
   Session& session_;
@@ -151,6 +153,9 @@ class DistributedOptimizer {
   CompressionSpec compression_;  // this step's, read with the plan
   std::uint64_t bytes_sent_ = 0;
   int divergence_slot_ = -1, averaged_slot_ = -1;  // session metrics of model averaging
+  int staleness_slot_ = -1;                        // and of pair averaging
+  std::unique_ptr<PairAverager> pair_;             // while the mode is pair-avg
+  std::uint64_t pair_seed_ = 0;
   bool planned_ = false;
   std::chrono::duration<double> exposed_{0}, span_{0};
 };
