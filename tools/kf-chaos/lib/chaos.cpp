@@ -232,6 +232,12 @@ int run(const Options& o, std::ostream& out) {
     }
     const auto last_event = Clock::now();
     if (!ended_early && o.finish_with) {
+      // An agent restarted just now may not read its workers' output yet, and the final
+      // lines the finish makes them write would be lost: it first takes them over.
+      if (!job.wait_agent_attached(Clock::now() + o.finish_timeout)) {
+        out << stamp() << "the agent has not taken over every worker; finishing anyway"
+            << std::endl;
+      }
       auto client = job.client();
       write_setting(client, *o.finish_with);
       out << stamp() << "finish: settings " << *o.finish_with << std::endl;

@@ -200,6 +200,13 @@ void Job::kill_server() { stop(server_, SIGKILL); }
 void Job::stop_server() { stop(server_, SIGTERM); }
 
 void Job::start_agent() {
+  try {
+    refresh_pids();
+  } catch (const std::exception&) {
+    // The service is down: what came before the agent is what was seen so far.
+  }
+  agent_seq_ = last_seq_;
+  attached_.clear();
   std::vector<std::string> argv{spec_.kfrun,
                                 "--watch",
                                 "--config-server",
@@ -234,6 +241,7 @@ void Job::refresh_pids() {
     std::smatch m;
     if ((e.type == "started" || e.type == "adopted") && std::regex_search(e.detail, m, pid_re)) {
       pids_[e.worker] = std::stoi(m[1]);
+      if (e.seq > agent_seq_) attached_.insert(e.worker);
     }
   }
 }
@@ -246,6 +254,22 @@ std::map<std::string, pid_t> Job::live_members(const Cluster& c) {
     if (it != pids_.end() && running(it->second)) live.emplace(it->first, it->second);
   }
   return live;
+}
+
+bool Job::wait_agent_attached(Clock::time_point until) {
+  for (;;) {
+    try {
+      const auto live = live_members(client().get_cluster());
+      if (std::all_of(live.begin(), live.end(),
+                      [&](const auto& m) { return attached_.count(m.first) > 0; })) {
+        return true;
+      }
+    } catch (const std::exception&) {
+      // The service is restarting: ask again.
+    }
+    if (Clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the agent's next event
+  }
 }
 
 void Job::kill_workers() {

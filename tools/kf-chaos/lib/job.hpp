@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,10 @@ class Job {
   std::map<std::string, pid_t> live_members(const Cluster& c);
   /// kill -9 of every worker ever started that still runs.
   void kill_workers();
+  /// Waits until the agent started last has started or adopted every member of the current
+  /// cluster whose process runs (what a worker writes before that is lost: nobody reads it),
+  /// until `until` at most. Returns whether it has.
+  bool wait_agent_attached(Clock::time_point until);
 
   std::string agent_output() const;
   std::string agent_errors() const;
@@ -99,6 +104,8 @@ class Job {
   std::optional<int> agent_code_;
   std::uint64_t last_seq_ = 0;
   std::map<std::string, pid_t> pids_;  // every worker ever started, by endpoint
+  std::uint64_t agent_seq_ = 0;        // the last event before the agent started last
+  std::set<std::string> attached_;     // workers it started or adopted since
 };
 
 /// Writes settings[KEY] = VALUE into the cluster document by compare-and-swap, for
