@@ -48,6 +48,20 @@ TEST(KfChaos, EveryGuaranteeHoldsThroughRandomChurn) {
   EXPECT_NE(r.output.find("kf-chaos: PASS: "), std::string::npos) << r.output;
 }
 
+// The same churn while the workers train by pair averaging, with exchanges in flight at every
+// change: no hang, nothing committed lost, every sample once. (The workers average their
+// models at the end, so the final parameter check says nothing about the changes: the
+// LibTorch elastic test checks that each change leaves one model.)
+TEST(KfChaos, EveryGuaranteeHoldsThroughRandomChurnInPairAveraging) {
+  const auto r = chaos(
+      "--seed 12 --events 12 --interval-ms 300-800 --stop-ms 100-1200 --max-workers 4 "
+      "--finish-with epochs=1 --finish-timeout-s 120 -- " +
+      env_or_empty("KF_ELASTIC_WORKER") +
+      " --samples 20000 --dim 32 --batch 64 --epochs 1000 --mode pair-avg");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("kf-chaos: PASS"), std::string::npos) << r.output;
+}
+
 TEST(KfChaos, NoticesWorkersThatFinishWithDifferentParameters) {
   // Each "worker" reports its own address as its parameters' hash, and exits 0.
   const auto r = chaos(

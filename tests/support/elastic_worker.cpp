@@ -7,6 +7,10 @@
 //     exactly as the model does; at each epoch end every counter must equal the epoch count;
 //   - the step counter never goes back past the last commit this worker saw;
 //   - at the end, all workers hold bitwise-identical parameters (a consensus collective).
+// With --mode (sync-sgd, sma:period=P, pair-avg) the worker trains in that mode when the cluster
+// settings have none: in the averaging modes it steps on its own gradient (the counters still
+// travel in the allreduce) and averages the models as the mode says; at the end it averages
+// them once more, so that the final check can ask for identical parameters.
 // With --device cuda the gradient is allreduced on the GPU (NCCL, or staging by
 // KF_DEVICE_BACKEND); with --device standin, through the staging backend with host memory
 // standing in for the device.
@@ -35,9 +39,11 @@
 #include "kf/policies/policy.hpp"
 #include "kf/runtime/elastic_sampler.hpp"
 #include "kf/runtime/job_file.hpp"
+#include "kf/runtime/pair_averaging.hpp"
 #include "kf/runtime/policy_runner.hpp"
 #include "kf/runtime/session.hpp"
 #include "kf/runtime/state.hpp"
+#include "kf/runtime/training_mode.hpp"
 
 namespace {
 
@@ -110,6 +116,7 @@ int main(int argc, char** argv) {
   int samples = 2048, dim = 16, batch = 64, epochs = 3;
   std::size_t extra_floats = 0;
   double lr = 0.05;
+  std::string mode_text;
   std::string fail_start_once, progress_file;
   app.add_option("--samples", samples)->check(CLI::Range(1, 1 << 22));
   app.add_option("--dim", dim)->check(CLI::Range(1, 4096));
@@ -117,6 +124,9 @@ int main(int argc, char** argv) {
   app.add_option("--epochs", epochs, "unless the cluster settings say \"epochs\"")
       ->check(CLI::Range(1, 100000));
   app.add_option("--lr", lr);
+  app.add_option("--mode", mode_text,
+                 "training mode when the cluster settings have none: sync-sgd, sma:period=P, "
+                 "pair-avg");
   app.add_option("--extra-floats", extra_floats, "extra float32 state (synced to joiners)");
   app.add_option("--fail-start-once", fail_start_once,
                  "if this file exists: remove it and exit 1 before joining (a failed start)");
@@ -211,7 +221,9 @@ int main(int argc, char** argv) {
           self ? std::string(self).substr(std::string(self).rfind(':') + 1) : "0";
       policies.record_to(policy_record + "-" + who + ".jsonl");
     }
-    session = kf::Session::from_environment(state);
+    nlohmann::json defaults = nlohmann::json::object();
+    if (!mode_text.empty()) defaults["mode"] = kf::parse_mode(mode_text).str();
+    session = kf::Session::from_environment(state, defaults);
     // Without test policies or --job, the session keeps those of KF_JOB_FILE (kfrun --job).
     if (!policies.empty()) session->set_policies(&policies);
     loss_slot = session->add_metric("loss");
@@ -288,6 +300,17 @@ int main(int argc, char** argv) {
     dev->synchronize(dev_stream);
     h.wait();
   };
+  // The averaging modes: each worker's own gradient, the mean of the models, a pair exchange.
+  std::vector<double> local_grad;
+  std::unique_ptr<kf::PairAverager> pair;
+  std::uint64_t pair_seed = 0;
+  auto average_w = [&] {
+    kf::CollOptions o;
+    o.op = kf::ReduceOp::avg;
+    session->peer()
+        .allreduce("model", kf::buffer(w.data(), w.size()), kf::buffer(w.data(), w.size()), o)
+        .wait();
+  };
   try {
     // The job's length may be changed while it runs (settings "epochs" on the config service):
     // every worker reads it from the same cluster version at the same step.
@@ -324,6 +347,8 @@ int main(int argc, char** argv) {
         for (int d = 0; d < dim && !mine.empty(); ++d) {
           local_sq += (buf[d] / local_n) * (buf[d] / local_n);
         }
+        const kf::ModePlan plan = kf::plan_step(session->mode(), session->steps());
+        if (!plan.average_gradients) local_grad.assign(buf.begin(), buf.begin() + dim);
         allreduce_gradient();
         const double n =
             static_cast<double>(sampler.step_samples(static_cast<std::size_t>(gbatch)));
@@ -333,7 +358,24 @@ int main(int argc, char** argv) {
           session->report_gradients(local_sq, global_sq, local_n);
         }
         const double rate = session->settings().value("lr", lr);  // policies may change it
-        for (int d = 0; d < dim; ++d) w[d] -= rate * buf[d] / n;
+        if (plan.average_gradients) {
+          for (int d = 0; d < dim; ++d) w[d] -= rate * buf[d] / n;
+        } else if (!mine.empty()) {  // this worker's own step, then the mode's averaging
+          for (int d = 0; d < dim; ++d) w[d] -= rate * local_grad[d] / local_n;
+        }
+        if (plan.average_parameters) average_w();
+        if (plan.average_with_pair) {
+          const std::uint64_t seed = session->mode().seed;
+          if (!pair || pair_seed != seed) {
+            pair.reset();
+            pair = std::make_unique<kf::PairAverager>(session->peer(), "pair", seed);
+            pair_seed = seed;
+          }
+          // The averager takes float32: the change it makes is carried over to the doubles.
+          std::vector<float> wf(w.begin(), w.end()), before(wf);
+          pair->exchange(wf, session->steps());
+          for (int d = 0; d < dim; ++d) w[d] += double(wf[d]) - double(before[d]);
+        }
         for (int i = 0; i < samples; ++i) uses[i] += buf[dim + 1 + i];
         ++step;
         sampler.advance(static_cast<std::size_t>(gbatch));
@@ -379,6 +421,7 @@ int main(int argc, char** argv) {
         }
       }
     }
+    if (kf::models_may_diverge(session->mode())) average_w();
     bool same = false;
     session->peer().consensus("final/w", kf::buffer(w.data(), w.size()), &same).wait();
     if (!same) broken("workers hold different parameters at the end");
