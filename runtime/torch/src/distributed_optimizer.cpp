@@ -432,12 +432,28 @@ void DistributedOptimizer::run_optimizer() {
   optimizer_.step();
 }
 
-void DistributedOptimizer::average_model() {
-  torch::NoGradGuard no_grad;
+// Every parameter, one after another in the optimizer's order, as one vector (on the parameters'
+// device).
+torch::Tensor DistributedOptimizer::flat_parameters() const {
   std::vector<torch::Tensor> flat;
   flat.reserve(slots_.size());
-  for (auto& s : slots_) flat.push_back(s.param.reshape({-1}));
-  torch::Tensor all = torch::cat(flat);
+  for (const auto& s : slots_) flat.push_back(s.param.reshape({-1}));
+  return torch::cat(flat);
+}
+
+// The parameters from such a vector.
+void DistributedOptimizer::set_parameters(const torch::Tensor& all) {
+  std::int64_t offset = 0;
+  for (auto& s : slots_) {
+    const auto n = static_cast<std::int64_t>(s.numel);
+    s.param.view({-1}).copy_(all.narrow(0, offset, n));
+    offset += n;
+  }
+}
+
+void DistributedOptimizer::average_model() {
+  torch::NoGradGuard no_grad;
+  torch::Tensor all = flat_parameters();
   const double own_sq = sum_of_squares(all).item<double>();
   const auto t0 = SteadyClock::now();
   CollOptions o;
@@ -450,12 +466,7 @@ void DistributedOptimizer::average_model() {
   Handle h = session_.peer().allreduce("kf.torch/model", buf, buf, o);
   if (on_device_) h.order_on(o.stream);
   h.wait();
-  std::int64_t offset = 0;
-  for (auto& s : slots_) {
-    const auto n = static_cast<std::int64_t>(s.numel);
-    s.param.view({-1}).copy_(all.narrow(0, offset, n));
-    offset += n;
-  }
+  set_parameters(all);
   span_ = exposed_ = SteadyClock::now() - t0;
   // The models' divergence, mean_r |w_r - w|^2 / |w|^2 with w their mean, is
   // (mean_r |w_r|^2 - |w|^2) / |w|^2: each worker reports its |w_r|^2 / |w|^2 - 1, and the
@@ -480,23 +491,13 @@ void DistributedOptimizer::average_with_pair() {
     pair_ = std::make_unique<PairAverager>(session_.peer(), "kf.torch/pair", seed);
     pair_seed_ = seed;
   }
-  std::vector<torch::Tensor> flat;
-  flat.reserve(slots_.size());
-  for (auto& s : slots_) flat.push_back(s.param.reshape({-1}));
-  torch::Tensor all = torch::cat(flat);
+  torch::Tensor all = flat_parameters();
   if (on_device_) all = all.cpu();
   const auto t0 = SteadyClock::now();
   const PairAverager::Report rep = pair_->exchange(
       std::span<float>(all.data_ptr<float>(), static_cast<std::size_t>(all.numel())),
       session_.steps());
-  if (rep.models_averaged + rep.corrections > 0) {
-    std::int64_t offset = 0;
-    for (auto& s : slots_) {
-      const auto n = static_cast<std::int64_t>(s.numel);
-      s.param.view({-1}).copy_(all.narrow(0, offset, n));
-      offset += n;
-    }
-  }
+  if (rep.models_averaged + rep.corrections > 0) set_parameters(all);
   span_ = exposed_ = SteadyClock::now() - t0;
   if (staleness_slot_ >= 0) {
     session_.set_metric(staleness_slot_, static_cast<double>(rep.max_staleness));

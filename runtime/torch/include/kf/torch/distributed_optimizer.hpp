@@ -130,6 +130,8 @@ class DistributedOptimizer {
   void reset_step();
   const ModePlan& plan();  // this step's, from the session's mode and step count
   void run_optimizer();
+  torch::Tensor flat_parameters() const;
+  void set_parameters(const torch::Tensor& all);
   void average_model();
   void average_with_pair();
   std::size_t exchange_compressed(Bucket& b);
