@@ -212,8 +212,16 @@ class Replayer {
   // Grows or shrinks the running job to `n` workers, as the trace says; returns what it did.
   std::string change_to(int n) {
     auto c = job_.client();
-    const Cluster cur = c.get_cluster();
+    Cluster cur = c.get_cluster();
     auto live = job_.live_members(cur);
+    // A worker the last change added may not run yet (its agent starts it): the change lands
+    // first, 10 s at most, so that this one starts from the size the trace gave.
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    while (live.size() < cur.workers.size() && Clock::now() < until) {
+      std::this_thread::sleep_for(milliseconds(20));  // the agent's next event
+      cur = c.get_cluster();
+      live = job_.live_members(cur);
+    }
     const int have = static_cast<int>(live.size());
     std::ostringstream said;
     member::CommandContext ctx{c, said};
