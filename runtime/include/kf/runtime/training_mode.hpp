@@ -8,6 +8,7 @@
 //   if (plan.average_gradients) allreduce-average the gradients;
 //   apply this worker's update;
 //   if (plan.average_parameters) kf::average_parameters(session.peer(), "model", params, n);
+//   if (plan.average_with_pair) pair_averager.exchange(params, session.steps());  // PairAverager
 //
 // Thread-safety: free functions over value types; average_parameters as Peer's collectives.
 #pragma once
