@@ -123,4 +123,46 @@ bool PeerImpl::try_receive(int from, std::string_view name, Buffer buf) {
   return taken;
 }
 
+Handle PeerImpl::receive(int from, std::string_view name, Buffer buf) {
+  auto state = std::make_shared<OpState>();
+  state->driver = driver_;
+  Handle h(state);
+  if (const std::string why = check_message("receive from", from, name, buf, "from");
+      !why.empty()) {
+    state->complete(make_error_code(errc::invalid_argument),
+                    "receive '" + std::string(name) + "': " + why);
+    return h;
+  }
+  const int peer = (*rank_to_peer_)[static_cast<std::size_t>(from)];
+  const std::uint64_t version = cluster_.version;
+  const std::string source = cluster_.workers[static_cast<std::size_t>(from)].endpoint.str();
+  asio::co_spawn(
+      ioc_,
+      [this, state, peer, version, source, name = std::string(name), buf]() -> awaitable<void> {
+        const std::size_t bytes = buf.bytes();
+        const std::size_t frame = std::max<std::size_t>(1, opts_.max_frame_bytes);
+        const std::size_t n = frames_of(bytes, frame);
+        auto* dst = static_cast<std::byte*>(buf.data);
+        // Every frame's receive is posted before any is waited for: frames that came early are
+        // taken now, the others land straight in `buf` as they come.
+        std::vector<std::shared_ptr<RecvReq>> reqs;
+        reqs.reserve(n);
+        for (std::size_t i = 0; i < n; ++i) {
+          reqs.push_back(mesh_.post_recv({peer, version, static_cast<std::uint32_t>(i), name},
+                                         bytes == 0 ? nullptr : dst + i * frame,
+                                         bytes == 0 ? 0 : frame_bytes(bytes, frame, i)));
+        }
+        std::error_code ec;
+        for (auto& r : reqs) {
+          if (!r->ev.done) co_await r->ev.timer().async_wait(asio::as_tuple(asio::use_awaitable));
+          if (r->ev.ec && !ec) ec = r->ev.ec;
+        }
+        state->complete(
+            ec, ec ? "receive '" + name + "' from " + source + ": " + ec.message() : std::string());
+      },
+      asio::detached);
+  driver_->run_ready();
+  return h;
+}
+
 }  // namespace kf::detail

@@ -113,6 +113,10 @@ bool Peer::try_receive(int from, std::string_view name, Buffer buf) {
   return impl_->try_receive(from, name, buf);
 }
 
+Handle Peer::receive(int from, std::string_view name, Buffer buf) {
+  return impl_->receive(from, name, buf);
+}
+
 Handle Peer::invite(const Endpoint& to, std::string payload) {
   return impl_->invite(to, std::move(payload));
 }

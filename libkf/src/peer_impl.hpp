@@ -46,6 +46,7 @@ class PeerImpl {
   /// Point-to-point messages (messages.cpp).
   Handle send(int to, std::string_view name, Buffer buf);
   bool try_receive(int from, std::string_view name, Buffer buf);
+  Handle receive(int from, std::string_view name, Buffer buf);
   Algorithm resolve(CollOp op, Algorithm a, std::size_t bytes) const noexcept;
   /// The device backends in use: "nccl", "staging", "none" or "unavailable: REASON"
   /// (backend/device.cpp).

@@ -239,6 +239,14 @@ class Peer {
   /// Throws: kf::Error(invalid_argument) for a bad rank, name or buffer;
   /// kf::Error(protocol_error) when the message that came is not buf's size (it is dropped).
   bool try_receive(int from, std::string_view name, Buffer buf);
+  /// Receives the message `name` from rank `from` of the current version into `buf`: the
+  /// handle completes once the whole of it is there (at once when it came before). It fails
+  /// when `from` is lost or the version breaks, like a collective's receive, and at once with
+  /// invalid_argument for a bad rank, name or buffer; a frame of another size than `buf`
+  /// expects fails it and closes that connection (as a collective's frame would). `buf` is
+  /// written until the handle completes: wait for it before `buf` goes. Use either receive or
+  /// try_receive for one name, not both: a message is taken by whichever asked first.
+  Handle receive(int from, std::string_view name, Buffer buf);
 
   /// recv = OP over all workers of send (send and recv may be the same buffer).
   Handle allreduce(std::string_view name, Buffer send, Buffer recv, const CollOptions& o = {});

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// Point-to-point messages (Peer::send, Peer::try_receive): taken whole or not at all, split
-// into frames and put together again over every transport, in order per name, refused with
-// a reason for bad arguments or a size that does not match, and bound to their cluster version.
+// Point-to-point messages (Peer::send, Peer::try_receive, Peer::receive): taken whole or not at
+// all, split into frames and put together again over every transport, in order per name,
+// refused with a reason for bad arguments or a size that does not match, bound to their cluster
+// version; a blocking receive completes whether its message came before or after it, and fails
+// when the sender goes.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -147,6 +149,44 @@ TEST(Messages, AMessageBelongsToTheVersionItWasSentIn) {
   ASSERT_TRUE(receive_within(*peers[1], 0, "v", buffer(&got, 1)));
   EXPECT_EQ(got, 2.0f) << "the message of the old version was taken";
   EXPECT_FALSE(peers[1]->try_receive(0, "v", buffer(&got, 1)));
+}
+
+TEST(Messages, AReceiveCompletesWhenTheMessageComesBeforeOrAfterIt) {
+  for (const Transport t : {Transport::tcp, Transport::unix_socket}) {
+    auto peers = two_workers(t, 1000);
+    std::vector<float> first(10001), second(10001), in(10001, -1.0f);
+    std::iota(first.begin(), first.end(), 0.25f);
+    std::iota(second.begin(), second.end(), -7.0f);
+    // Posted first: the frames land in `in` as they come.
+    Handle r = peers[1]->receive(0, "blocking", buffer(in.data(), in.size()));
+    EXPECT_FALSE(r.ready());
+    peers[0]->send(1, "blocking", buffer(first.data(), first.size())).wait();
+    r.wait();
+    EXPECT_EQ(in, first);
+    // Sent first: the receive takes the early frames.
+    peers[0]->send(1, "blocking", buffer(second.data(), second.size())).wait();
+    peers[1]->receive(0, "blocking", buffer(in.data(), in.size())).wait();
+    EXPECT_EQ(in, second);
+    EXPECT_FALSE(peers[1]->try_receive(0, "blocking", buffer(in.data(), in.size())));
+    // An empty message.
+    peers[1]->send(0, "none", buffer(static_cast<std::int64_t*>(nullptr), 0));
+    peers[0]->receive(1, "none", buffer(static_cast<std::int64_t*>(nullptr), 0)).wait();
+  }
+}
+
+TEST(Messages, AReceiveFailsWhenItsSenderGoesAndRefusesBadArguments) {
+  auto peers = two_workers(Transport::automatic, PeerOptions{}.max_frame_bytes);
+  float x = 0;
+  Handle bad = peers[1]->receive(1, "x", buffer(&x, 1));
+  EXPECT_EQ(bad.wait_status(), make_error_code(errc::invalid_argument));
+  EXPECT_EQ(bad.message(), "receive 'x': a worker cannot receive from itself");
+  // The sender talks once (so there is a connection to close), then leaves.
+  peers[0]->send(1, "hello", buffer(&x, 1)).wait();
+  peers[1]->receive(0, "hello", buffer(&x, 1)).wait();
+  Handle r = peers[1]->receive(0, "never", buffer(&x, 1));
+  peers[0].reset();
+  EXPECT_EQ(r.wait_status(), make_error_code(errc::peer_lost)) << r.message();
+  EXPECT_NE(r.message().find("receive 'never' from "), std::string::npos) << r.message();
 }
 
 }  // namespace
