@@ -56,7 +56,7 @@ ModeSpec parse_mode(std::string_view text) {
     case TrainingMode::sync_sgd: break;
     case TrainingMode::sma: allowed = {"period", "post_local"}; break;
     case TrainingMode::pair_avg: allowed = {"seed"}; break;
-    case TrainingMode::async_ps: allowed = {"max_staleness", "soft_sync"}; break;
+    case TrainingMode::async_ps: allowed = {"max_staleness", "soft_sync", "scale_lr"}; break;
   }
   if (colon == std::string_view::npos) return spec;
   std::string_view rest = text.substr(colon + 1);
@@ -101,6 +101,9 @@ ModeSpec parse_mode(std::string_view text) {
     } else if (key == "soft_sync") {
       need(parse_number(value, spec.soft_sync) && spec.soft_sync >= 1 && spec.soft_sync <= 1000000,
            "an integer from 1 to 1000000");
+    } else if (key == "scale_lr") {
+      need(value == "0" || value == "1", "0 or 1");
+      spec.scale_lr = value == "1";
     }
   }
   return spec;
@@ -124,6 +127,8 @@ std::string ModeSpec::str() const {
         params.push_back("max_staleness=" + std::to_string(max_staleness));
       }
       if (soft_sync != d.soft_sync) params.push_back("soft_sync=" + std::to_string(soft_sync));
+      if (scale_lr != d.scale_lr)
+        params.push_back(std::string("scale_lr=") + (scale_lr ? "1" : "0"));
       break;
   }
   for (std::size_t i = 0; i < params.size(); ++i) s += (i == 0 ? ":" : ",") + params[i];

@@ -21,10 +21,15 @@ ModePlan plan_step(const ModeSpec& mode, std::int64_t steps_done) {
       plan.average_with_pair = true;
       return plan;
     }
-    case TrainingMode::async_ps: break;
+    case TrainingMode::async_ps: {
+      ModePlan plan;
+      plan.average_gradients = false;
+      plan.exchange_with_server = true;
+      return plan;
+    }
   }
-  throw std::invalid_argument("training mode " + std::string(to_string(mode.mode)) +
-                              " is not built yet (docs/training-modes.md)");
+  throw std::invalid_argument("training mode " + std::to_string(static_cast<int>(mode.mode)) +
+                              " is not one kf knows");
 }
 
 bool models_may_diverge(const ModeSpec& mode) noexcept {

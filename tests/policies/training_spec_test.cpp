@@ -34,12 +34,14 @@ TEST(ModeSpec, ParsesEveryModeWithItsParameters) {
   EXPECT_EQ(ps.mode, TrainingMode::async_ps);
   EXPECT_EQ(ps.max_staleness, 0);
   EXPECT_EQ(ps.soft_sync, 2);
+  EXPECT_TRUE(ps.scale_lr);
+  EXPECT_FALSE(parse_mode("async-ps:scale_lr=0").scale_lr);
 }
 
 TEST(ModeSpec, TheCanonicalTextReadsBackTheSame) {
-  for (const char* text :
-       {"sync-sgd", "sma", "sma:period=4", "sma:period=8,post_local=1000", "pair-avg",
-        "pair-avg:seed=7", "async-ps", "async-ps:max_staleness=2,soft_sync=3"}) {
+  for (const char* text : {"sync-sgd", "sma", "sma:period=4", "sma:period=8,post_local=1000",
+                           "pair-avg", "pair-avg:seed=7", "async-ps",
+                           "async-ps:max_staleness=2,soft_sync=3", "async-ps:scale_lr=0"}) {
     const ModeSpec spec = parse_mode(text);
     EXPECT_EQ(spec.str(), text);
     EXPECT_EQ(parse_mode(spec.str()), spec);
@@ -69,6 +71,8 @@ TEST(ModeSpec, ErrorsNameTheTextAndWhatWasWrong) {
   EXPECT_EQ(error_of(parse_mode, "async-ps:max_staleness=-1"),
             "mode 'async-ps:max_staleness=-1': max_staleness must be an integer from 0 to "
             "1000000, not '-1'");
+  EXPECT_EQ(error_of(parse_mode, "async-ps:scale_lr=yes"),
+            "mode 'async-ps:scale_lr=yes': scale_lr must be 0 or 1, not 'yes'");
   EXPECT_EQ(error_of(parse_mode, ""), "mode '': not one of sync-sgd, sma, pair-avg, async-ps");
 }
 

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <numeric>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "kf/runtime/pair_averaging.hpp"
+#include "kf/runtime/parameter_server.hpp"
 
 #include "kf/runtime/session.hpp"
 #include "support/local_cluster.hpp"
@@ -54,13 +56,13 @@ TEST(TrainingMode, PairAveragingStepsLocallyThenAveragesWithAPair) {
   }
 }
 
-TEST(TrainingMode, ModesNotBuiltYetSaySo) {
-  try {
-    plan_step(parse_mode("async-ps"), 0);
-    ADD_FAILURE() << "async-ps planned";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "training mode async-ps is not built yet (docs/training-modes.md)");
+TEST(TrainingMode, AsyncPsStepsLocallyThenPushesToTheServer) {
+  for (std::int64_t s : {0, 1, 7}) {
+    const ModePlan p = plan_step(parse_mode("async-ps:max_staleness=2"), s);
+    EXPECT_FALSE(p.average_gradients);
+    EXPECT_FALSE(p.average_parameters);
+    EXPECT_FALSE(p.average_with_pair);
+    EXPECT_TRUE(p.exchange_with_server);
   }
 }
 
@@ -224,6 +226,42 @@ std::vector<std::vector<float>> train(const ModeSpec& mode, int steps, float lr)
   return w;
 }
 
+// async-ps on the quadratic: `steps` steps with 3 workers from w = 0, each a plain SGD step on
+// the worker's own part, pushed to the server. With `boundary`, the workers pass an allreduce
+// after each step, as a session's boundary makes them; without, each runs at its own pace.
+// Returns every worker's model; `most_stale` gets each worker's largest staleness, `pushed`
+// the sum of every update each worker made.
+std::vector<std::vector<float>> train_async(const ParameterServer::Options& o, int steps, float lr,
+                                            bool boundary,
+                                            std::vector<std::int64_t>* most_stale = nullptr,
+                                            std::vector<std::vector<double>>* pushed = nullptr) {
+  constexpr int n = 3;
+  auto peers = test::make_local_cluster(n);
+  std::vector<std::vector<float>> w(n, std::vector<float>(Quadratic::kDim, 0.0f));
+  if (most_stale) most_stale->assign(n, 0);
+  if (pushed) pushed->assign(n, std::vector<double>(Quadratic::kDim, 0.0));
+  test::run_all(n, [&](int r) {
+    const Quadratic q(r);
+    Peer& peer = *peers[static_cast<std::size_t>(r)];
+    ParameterServer ps(peer, "ps", o);
+    for (int s = 0; s < steps; ++s) {
+      const std::vector<float> start = w[r];
+      const std::vector<float> g = q.gradient(w[r]);
+      for (int d = 0; d < Quadratic::kDim; ++d) w[r][d] -= lr * g[d];
+      if (pushed) {
+        for (int d = 0; d < Quadratic::kDim; ++d) (*pushed)[r][d] += w[r][d] - start[d];
+      }
+      const auto rep = ps.step(w[r], start, s);
+      if (most_stale) (*most_stale)[r] = std::max((*most_stale)[r], rep.staleness);
+      if (boundary) {
+        std::int32_t tick = 1;
+        peer.allreduce("tick", buffer(&tick, 1), buffer(&tick, 1)).wait();
+      }
+    }
+  });
+  return w;
+}
+
 TEST(TrainingMode, SmaWithPeriodOneEqualsSynchronousSgdOnTheSameData) {
   // Averaging the models after one local step from a common model is a step with the averaged
   // gradient: w - lr * mean(g_r) = mean(w - lr * g_r), up to the rounding of the two orders.
@@ -252,6 +290,114 @@ TEST(TrainingMode, SmaWithPeriodOneEqualsSynchronousSgdOnTheSameData) {
   for (int d = 0; d < Quadratic::kDim; ++d) {
     EXPECT_NEAR(sgd[0][d], ref[d], 1e-4f * (1.0f + std::fabs(ref[d])));
     EXPECT_NE(ref[d], 0.0f);
+  }
+}
+
+TEST(AsyncPs, WithNoStalenessAndAGroupOfEveryWorkerItIsSynchronousSgd) {
+  // soft_sync 3 of 3 workers: the server applies the mean of the step's updates, each worker
+  // then holds the server's parameters (max_staleness 0): w - lr * mean(g_r).
+  constexpr int steps = 100;
+  constexpr float lr = 0.05f;
+  const auto sgd = train(parse_mode("sync-sgd"), steps, lr);
+  const auto ps = train_async({.max_staleness = 0, .soft_sync = 3, .scale_lr = true}, steps, lr,
+                              /*boundary=*/true);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(ps[r], ps[0]) << "every worker holds the server's parameters";
+    for (int d = 0; d < Quadratic::kDim; ++d) {
+      EXPECT_NEAR(ps[r][d], sgd[r][d], 1e-5f * (1.0f + std::fabs(sgd[r][d])))
+          << "rank " << r << ", coordinate " << d;
+    }
+  }
+}
+
+TEST(AsyncPs, EachUpdateIsScaledByItsStalenessAndGroupsAreAveraged) {
+  // Two workers whose every update adds 1 (rank 0) and 2 (rank 1) to each value, in lockstep
+  // (a boundary after each step) with max_staleness 0: both hold the server's view of the
+  // step before, so in soft_sync 1 rank 0's push is the version after it (τ = 1) and rank 1's
+  // the one after that (τ = 2).
+  struct Case {
+    ParameterServer::Options o;
+    float per_step;
+    std::int64_t tau;
+  };
+  for (const Case c :
+       {Case{{.max_staleness = 0, .soft_sync = 1, .scale_lr = true}, 1 + 2 / 2.0f, 2},
+        Case{{.max_staleness = 0, .soft_sync = 1, .scale_lr = false}, 1 + 2, 2},
+        Case{{.max_staleness = 0, .soft_sync = 2, .scale_lr = true}, (1 + 2) / 2.0f, 1}}) {
+    auto peers = test::make_local_cluster(2);
+    std::vector<std::vector<float>> w(2, std::vector<float>(4, 0.0f));
+    std::vector<std::int64_t> tau(2, 0);
+    test::run_all(2, [&](int r) {
+      ParameterServer ps(*peers[r], "ps", c.o);
+      for (int s = 0; s < 10; ++s) {
+        const std::vector<float> start = w[r];
+        for (float& v : w[r]) v += static_cast<float>(r + 1);
+        const auto rep = ps.step(w[r], start, s);
+        EXPECT_EQ(rep.staleness, 0);
+        if (r == 0) tau[0] = std::max(tau[0], rep.max_tau);
+        std::int32_t tick = 1;
+        peers[r]->allreduce("tick", buffer(&tick, 1), buffer(&tick, 1)).wait();
+      }
+    });
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(w[r], std::vector<float>(4, 10 * c.per_step))
+          << "soft_sync " << c.o.soft_sync << " scale_lr " << c.o.scale_lr << ", rank " << r;
+    }
+    EXPECT_EQ(tau[0], c.tau);
+  }
+}
+
+TEST(AsyncPs, NoWorkerExceedsTheStalenessBoundAndNoUpdateIsLost) {
+  // Three workers at their own pace (no boundary): after every step each holds parameters at
+  // most max_staleness steps old. Without scaling, rank 0's model at the end is the start plus
+  // every update every worker made, once each; and the job descends about as far as
+  // synchronous SGD with the same step (lr times the sum of the gradients) does.
+  constexpr float lr = 0.002f;
+  const auto objective = [](const std::vector<float>& w) {
+    double f = 0;
+    for (int r = 0; r < 3; ++r) {
+      const Quadratic q(r);
+      for (int i = 0; i < Quadratic::kRows; ++i) {
+        double e = -q.b[static_cast<std::size_t>(i)];
+        for (int d = 0; d < Quadratic::kDim; ++d) {
+          e += q.a[static_cast<std::size_t>(i * Quadratic::kDim + d)] * w[d];
+        }
+        f += 0.5 * e * e;
+      }
+    }
+    return f;
+  };
+  const double sgd = objective(train(parse_mode("sync-sgd"), 600, 3 * lr)[0]);
+  const double start = objective(std::vector<float>(Quadratic::kDim, 0.0f));
+  ASSERT_LT(sgd, 0.9 * start);
+  for (const int bound : {0, 2}) {
+    std::vector<std::int64_t> most_stale;
+    std::vector<std::vector<double>> pushed;
+    const auto w = train_async({.max_staleness = bound, .soft_sync = 1, .scale_lr = false}, 600, lr,
+                               /*boundary=*/false, &most_stale, &pushed);
+    for (int r = 0; r < 3; ++r) EXPECT_LE(most_stale[r], bound) << "rank " << r;
+    for (int d = 0; d < Quadratic::kDim; ++d) {
+      const double sum = pushed[0][d] + pushed[1][d] + pushed[2][d];
+      EXPECT_NEAR(w[0][d], sum, 1e-4 * (1.0 + std::fabs(sum))) << "coordinate " << d;
+    }
+    EXPECT_GT(start - objective(w[0]), 0.95 * (start - sgd))
+        << "max_staleness " << bound << ": from " << start << " to " << objective(w[0])
+        << ", synchronous SGD to " << sgd;
+  }
+}
+
+TEST(AsyncPs, BadOptionsAndSizesAreRefused) {
+  auto peers = test::make_local_cluster(2);
+  EXPECT_THROW(ParameterServer(*peers[0], "ps", {.max_staleness = -1}), std::invalid_argument);
+  EXPECT_THROW(ParameterServer(*peers[0], "ps", {.soft_sync = 0}), std::invalid_argument);
+  ParameterServer ps(*peers[1], "ps", {});
+  std::vector<float> w(3), start(4);
+  try {
+    ps.step(w, start, 0);
+    ADD_FAILURE() << "stepped with a start of another size";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "ParameterServer::step: the model has 3 values and its start 4");
   }
 }
 

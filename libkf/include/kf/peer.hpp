@@ -244,8 +244,8 @@ class Peer {
   /// when `from` is lost or the version breaks, like a collective's receive, and at once with
   /// invalid_argument for a bad rank, name or buffer; a frame of another size than `buf`
   /// expects fails it and closes that connection (as a collective's frame would). `buf` is
-  /// written until the handle completes: wait for it before `buf` goes. Use either receive or
-  /// try_receive for one name, not both: a message is taken by whichever asked first.
+  /// written until the handle completes: wait for it before `buf` goes. A receive takes the next
+  /// message of its name; while one is pending, do not try_receive that name from that sender.
   Handle receive(int from, std::string_view name, Buffer buf);
 
   /// recv = OP over all workers of send (send and recv may be the same buffer).

@@ -25,8 +25,9 @@ struct ModeSpec {
   int period = 1;               ///< sma: steps between model averages (1: every step)
   std::int64_t post_local = 0;  ///< sma: synchronous SGD for the job's first post_local steps
   std::uint64_t seed = 0;       ///< pair-avg: seed of the schedule that picks each step's peer
-  int max_staleness = 4;        ///< async-ps: how many versions a worker may run ahead
-  int soft_sync = 1;            ///< async-ps: the server applies an update per c gradients
+  int max_staleness = 4;        ///< async-ps: steps the server's view in a worker's model may lag
+  int soft_sync = 1;            ///< async-ps: the server applies the mean of each c updates as one
+  bool scale_lr = true;         ///< async-ps: each update divided by its staleness τ (λ/τ)
 
   /// The canonical text: parse_mode(str()) == *this. Parameters at their defaults are left out.
   std::string str() const;
@@ -34,8 +35,8 @@ struct ModeSpec {
 };
 
 /// "sync-sgd", "sma", "sma:period=4", "sma:period=8,post_local=1000", "pair-avg:seed=7",
-/// "async-ps:max_staleness=4,soft_sync=2". Throws: std::invalid_argument naming the text and
-/// the unknown mode, the unknown or repeated parameter, or the value out of range.
+/// "async-ps:max_staleness=4,soft_sync=2,scale_lr=0". Throws: std::invalid_argument naming the text
+/// and the unknown mode, the unknown or repeated parameter, or the value out of range.
 ModeSpec parse_mode(std::string_view text);
 
 /// The names of the modes, as parse_mode takes them.

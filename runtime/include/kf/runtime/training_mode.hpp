@@ -9,6 +9,7 @@
 //   apply this worker's update;
 //   if (plan.average_parameters) kf::average_parameters(session.peer(), "model", params, n);
 //   if (plan.average_with_pair) pair_averager.exchange(params, session.steps());  // PairAverager
+//   if (plan.exchange_with_server) server.step(params, params_before_update, session.steps());
 //
 // Thread-safety: free functions over value types; average_parameters as Peer's collectives.
 #pragma once
@@ -24,9 +25,10 @@ namespace kf {
 
 /// One step's collectives.
 struct ModePlan {
-  bool average_gradients = true;    ///< before the update: synchronous SGD
-  bool average_parameters = false;  ///< after the update: model averaging
-  bool average_with_pair = false;   ///< after the update: pair averaging (kf::PairAverager)
+  bool average_gradients = true;      ///< before the update: synchronous SGD
+  bool average_parameters = false;    ///< after the update: model averaging
+  bool average_with_pair = false;     ///< after the update: pair averaging (kf::PairAverager)
+  bool exchange_with_server = false;  ///< after the update: async-ps (kf::ParameterServer)
 };
 
 /// The plan of the step that follows `steps_done` steps of the job.
@@ -35,7 +37,7 @@ struct ModePlan {
 ///        with the parameters averaged after every period-th step (step number steps_done + 1
 ///        divisible by period), so that period 1 averages after every step.
 ///   pair-avg: local updates, each followed by an exchange with one peer (PairAverager).
-/// Throws: std::invalid_argument for async-ps, which is not built yet.
+///   async-ps: local updates, each pushed to the parameter server (ParameterServer).
 ModePlan plan_step(const ModeSpec& mode, std::int64_t steps_done);
 
 /// Whether, in `mode`, the workers' models may differ at a step boundary (sma with a period

@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: Apache-2.0
+// Parameter-server training (the async-ps mode, docs/training-modes.md) over the star shape:
+// rank 0 hosts the server's parameters beside its own worker, every worker (rank 0 too) pushes
+// its own update of each step to the server and keeps training on its own model, into which
+// the server's parameters come as they arrive. Every worker holds one ParameterServer; rank 0's
+// also serves.
+//
+//   worker r, step t:  trains on its model, then pushes δ_r(t) (what its own optimizer changed
+//                      this step) with the server version v_r of the view it holds;
+//   server, step t:    takes the pushes of step t in rank order; every c of them (soft_sync)
+//                      make one update  w_s += (1/c) Σ δ_i · (1/τ_i with scale_lr, else 1),
+//                      with τ_i = (the version this update makes) − v_i its staleness;
+//                      then sends its parameters w_s to every worker;
+//   worker r, later:   its model becomes  w_s + Σ its pushes the server has not applied yet.
+//
+// A worker never waits for another worker's step, only for the server's parameters when the
+// view it holds is more than max_staleness steps old: after step t it holds the parameters the
+// server sent at step t − max_staleness or later (0: at step t, every step waits for the
+// server). The session's step boundary, which every worker passes together, makes the waits
+// safe: the server, at its step t, waits only for pushes of step t, each sent before its worker
+// reached the boundary of step t; a worker waits only for parameters sent at step t or before.
+// With soft_sync = the workers' number, max_staleness 0 and plain SGD, this is synchronous SGD.
+//
+// Memory: the server keeps its parameters (rank 0); each worker keeps its pushes until the
+// server's answer shows them applied (at most max_staleness + 1 of them, more with soft_sync
+// groups that span steps), and the parameters it has not taken yet wait in its mailbox, so a
+// job needs max_unexpected_bytes of at least (max_staleness + 1) model sizes on workers and
+// (size − 1) on rank 0.
+//
+// Thread-safety: one thread per ParameterServer (the training thread), like Peer's collectives.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kf/peer.hpp"
+
+namespace kf {
+
+class ParameterServer {
+ public:
+  struct Options {
+    int max_staleness = 4;  ///< steps the server's view in a worker's model may lag, >= 0
+    int soft_sync = 1;      ///< pushes per server update, >= 1
+    bool scale_lr = true;   ///< each push divided by its staleness τ
+  };
+
+  /// One step's exchange.
+  struct Report {
+    std::uint64_t bytes_sent = 0;  ///< payload bytes this step sent (pushes, and parameters)
+    /// Steps between this step and the one whose server parameters this worker now holds.
+    std::int64_t staleness = 0;
+    bool waited = false;  ///< whether it waited for the server's parameters
+    /// On rank 0: updates the server applied this step, and the largest τ among their pushes.
+    int updates = 0;
+    std::int64_t max_tau = 0;
+  };
+
+  /// `name` prefixes the messages' names (distinct per model). Throws: std::invalid_argument
+  /// for max_staleness < 0 or soft_sync < 1.
+  ParameterServer(Peer& peer, std::string name, Options options);
+  /// Waits for its own sends to be written (their buffers are its own).
+  ~ParameterServer();
+  ParameterServer(const ParameterServer&) = delete;
+  ParameterServer& operator=(const ParameterServer&) = delete;
+
+  /// Step `step` of this worker's model: `w` after its own update, `w_start` before it (float32,
+  /// host memory, one size throughout). Pushes w − w_start; on rank 0 serves the step's pushes;
+  /// takes the server's parameters that came (waiting as the staleness bound requires) and puts
+  /// them into `w`. Called at every step of the mode, by every worker, with the job's step
+  /// count. A new cluster version, or a step that does not follow the last one (the mode was
+  /// left and taken again, a rollback), starts afresh from `w_start`, which every worker then
+  /// holds alike (docs/training-modes.md, "Switching").
+  /// Throws: std::invalid_argument when the sizes differ or change; kf::Error from Peer's
+  /// messages (a lost worker: Session::step recovers).
+  Report step(std::span<float> w, std::span<const float> w_start, std::int64_t step);
+
+  /// The server's update count in this version (rank 0), and the server version of the
+  /// parameters this worker holds.
+  std::uint64_t server_version() const noexcept { return version_; }
+  std::uint64_t view_version() const noexcept { return view_version_; }
+
+ private:
+  struct Push {  // one of this worker's pushes: [step, view version] then δ
+    std::int64_t step = 0;
+    std::vector<std::byte> bytes;
+    Handle sent;
+    bool in_flight = false;
+  };
+
+  void restart(std::span<const float> w_start, std::int64_t step);
+  void wait_sends();
+  void serve(std::int64_t step, Report& rep);
+  void accumulate(int rank, std::int64_t step, std::uint64_t view, const float* delta, Report& rep);
+  void take_parameters(const std::vector<std::byte>& message, std::span<float> w);
+
+  Peer& peer_;
+  std::string push_name_, params_name_;
+  Options options_;
+  std::size_t count_ = 0;
+  std::uint64_t cluster_version_ = 0;
+  std::int64_t last_step_ = -2;
+  std::int64_t first_step_ = 0;  // of this run of the mode: parameters sent before it are old
+  int size_ = 0, rank_ = 0;
+
+  // Worker side.
+  std::deque<Push> pushes_;         // not yet applied by the server, as far as this worker knows
+  std::int64_t view_step_ = 0;      // the step whose server parameters this worker holds
+  std::uint64_t view_version_ = 0;  // and their server version
+  std::vector<std::byte> incoming_;
+
+  // Server side (rank 0). Its parameters message: [step, version, applied step per rank (size
+  // values)] then w_s, one buffer sent to every worker.
+  std::vector<std::byte> params_;
+  std::vector<Handle> params_sent_;
+  std::vector<float> group_sum_;                     // Σ of the pending group's scaled pushes
+  std::vector<std::pair<int, std::int64_t>> group_;  // their (rank, step)
+  std::vector<std::int64_t> applied_;  // per rank: the last step whose push is applied
+  std::uint64_t version_ = 0;
+  std::vector<std::byte> push_in_;
+};
+
+}  // namespace kf
