@@ -156,6 +156,16 @@ int main(int argc, char** argv) {
   app.add_option("--post-local", post_local, "sma: synchronous SGD for the first N steps")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40))
       ->capture_default_str();
+  int max_staleness = -1, soft_sync = -1, scale_lr = -1;
+  app.add_option("--max-staleness", max_staleness,
+                 "async-ps: steps the server's parameters in a worker's model may lag (default 4)")
+      ->check(CLI::Range(0, 1000000));
+  app.add_option("--soft-sync", soft_sync,
+                 "async-ps: the server applies the mean of each N updates as one (default 1)")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--scale-lr", scale_lr,
+                 "async-ps: 1 divides each update by its staleness, 0 does not (default 1)")
+      ->check(CLI::Range(0, 1));
   app.add_option("--compression", compression,
                  "none, fp16, bf16, topk:RATIO, randomk:RATIO or powersgd:RANK, when the cluster "
                  "settings have none")
@@ -187,17 +197,24 @@ int main(int argc, char** argv) {
       std::cerr << "fashion_mnist: --period and --post-local are for --mode sma\n";
       return 2;
     }
+    if (mode_name != "async-ps" && (max_staleness >= 0 || soft_sync >= 0 || scale_lr >= 0)) {
+      std::cerr << "fashion_mnist: --max-staleness, --soft-sync and --scale-lr are for --mode "
+                   "async-ps\n";
+      return 2;
+    }
     std::string mode_text = mode_name;
     if (mode_name == "sma" && (period != 1 || post_local != 0)) {
       mode_text += ":period=" + std::to_string(period);
       if (post_local != 0) mode_text += ",post_local=" + std::to_string(post_local);
     }
-    const kf::ModeSpec mode = kf::parse_mode(mode_text);
-    if (mode.mode == kf::TrainingMode::async_ps) {
-      std::cerr << "fashion_mnist: --mode " << mode_name
-                << " is not built yet (docs/training-modes.md)\n";
-      return 2;
+    std::vector<std::string> ps_params;
+    if (max_staleness >= 0) ps_params.push_back("max_staleness=" + std::to_string(max_staleness));
+    if (soft_sync >= 0) ps_params.push_back("soft_sync=" + std::to_string(soft_sync));
+    if (scale_lr >= 0) ps_params.push_back("scale_lr=" + std::to_string(scale_lr));
+    for (std::size_t i = 0; i < ps_params.size(); ++i) {
+      mode_text += (i == 0 ? ":" : ",") + ps_params[i];
     }
+    const kf::ModeSpec mode = kf::parse_mode(mode_text);
     defaults["mode"] = mode.str();
     defaults["compression"] = kf::parse_compression(compression).str();
   } catch (const std::invalid_argument& e) {

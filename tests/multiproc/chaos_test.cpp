@@ -62,6 +62,16 @@ TEST(KfChaos, EveryGuaranteeHoldsThroughRandomChurnInPairAveraging) {
   EXPECT_NE(r.output.find("kf-chaos: PASS"), std::string::npos) << r.output;
 }
 
+TEST(KfChaos, EveryGuaranteeHoldsThroughRandomChurnInParameterServerTraining) {
+  const auto r = chaos(
+      "--seed 13 --events 12 --interval-ms 300-800 --stop-ms 100-1200 --max-workers 4 "
+      "--finish-with epochs=1 --finish-timeout-s 120 -- " +
+      env_or_empty("KF_ELASTIC_WORKER") +
+      " --samples 20000 --dim 32 --batch 64 --epochs 1000 --mode async-ps:max_staleness=2");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("kf-chaos: PASS"), std::string::npos) << r.output;
+}
+
 TEST(KfChaos, NoticesWorkersThatFinishWithDifferentParameters) {
   // Each "worker" reports its own address as its parameters' hash, and exits 0.
   const auto r = chaos(

@@ -7,9 +7,10 @@
 //     exactly as the model does; at each epoch end every counter must equal the epoch count;
 //   - the step counter never goes back past the last commit this worker saw;
 //   - at the end, all workers hold bitwise-identical parameters (a consensus collective).
-// With --mode (sync-sgd, sma:period=P, pair-avg) the worker trains in that mode when the cluster
-// settings have none: in the averaging modes it steps on its own gradient (the counters still
-// travel in the allreduce) and averages the models as the mode says; at the end it averages
+// With --mode (sync-sgd, sma:period=P, pair-avg, async-ps) the worker trains in that mode when the
+// cluster settings have none: in the averaging modes it steps on its own gradient (the counters
+// still travel in the allreduce) and averages the models as the mode says (or, in async-ps, pushes
+// its update to the parameter server and takes the server's parameters); at the end it averages
 // them once more, so that the final check can ask for identical parameters.
 // With --device cuda the gradient is allreduced on the GPU (NCCL, or staging by
 // KF_DEVICE_BACKEND); with --device standin, through the staging backend with host memory
@@ -40,6 +41,7 @@
 #include "kf/runtime/elastic_sampler.hpp"
 #include "kf/runtime/job_file.hpp"
 #include "kf/runtime/pair_averaging.hpp"
+#include "kf/runtime/parameter_server.hpp"
 #include "kf/runtime/policy_runner.hpp"
 #include "kf/runtime/session.hpp"
 #include "kf/runtime/state.hpp"
@@ -126,7 +128,7 @@ int main(int argc, char** argv) {
   app.add_option("--lr", lr);
   app.add_option("--mode", mode_text,
                  "training mode when the cluster settings have none: sync-sgd, sma:period=P, "
-                 "pair-avg");
+                 "pair-avg, async-ps[:max_staleness=S,soft_sync=C]");
   app.add_option("--extra-floats", extra_floats, "extra float32 state (synced to joiners)");
   app.add_option("--fail-start-once", fail_start_once,
                  "if this file exists: remove it and exit 1 before joining (a failed start)");
@@ -304,6 +306,9 @@ int main(int argc, char** argv) {
   std::vector<double> local_grad;
   std::unique_ptr<kf::PairAverager> pair;
   std::uint64_t pair_seed = 0;
+  std::unique_ptr<kf::ParameterServer> server;
+  kf::ParameterServer::Options server_options;
+  std::vector<double> w_start;
   auto average_w = [&] {
     kf::CollOptions o;
     o.op = kf::ReduceOp::avg;
@@ -358,6 +363,7 @@ int main(int argc, char** argv) {
           session->report_gradients(local_sq, global_sq, local_n);
         }
         const double rate = session->settings().value("lr", lr);  // policies may change it
+        w_start = w;
         if (plan.average_gradients) {
           for (int d = 0; d < dim; ++d) w[d] -= rate * buf[d] / n;
         } else if (!mine.empty()) {  // this worker's own step, then the mode's averaging
@@ -374,6 +380,20 @@ int main(int argc, char** argv) {
           // The averager takes float32: the change it makes is carried over to the doubles.
           std::vector<float> wf(w.begin(), w.end()), before(wf);
           pair->exchange(wf, session->steps());
+          for (int d = 0; d < dim; ++d) w[d] += double(wf[d]) - double(before[d]);
+        }
+        if (plan.exchange_with_server) {
+          const kf::ModeSpec& m = session->mode();
+          const kf::ParameterServer::Options o{m.max_staleness, m.soft_sync, m.scale_lr};
+          if (!server || o.max_staleness != server_options.max_staleness ||
+              o.soft_sync != server_options.soft_sync || o.scale_lr != server_options.scale_lr) {
+            server.reset();
+            server = std::make_unique<kf::ParameterServer>(session->peer(), "ps", o);
+            server_options = o;
+          }
+          std::vector<float> wf(w.begin(), w.end()), before(wf);
+          const std::vector<float> start(w_start.begin(), w_start.end());
+          server->step(wf, start, session->steps());
           for (int d = 0; d < dim; ++d) w[d] += double(wf[d]) - double(before[d]);
         }
         for (int i = 0; i < samples; ++i) uses[i] += buf[dim + 1 + i];

@@ -113,6 +113,13 @@ TEST(ElasticTorch, PairAveragingGrowsAndSurvivesKillNine) {
   two_three_two("torch-pair", " --mode pair-avg", /*kill=*/true);
 }
 
+// Parameter-server training: rank 0 serves, every worker's pushes and the server's parameters
+// are in flight at every change (max_staleness 2 lets them lag); each change gives every
+// worker one model again and the server starts from it, a kill -9 too.
+TEST(ElasticTorch, ParameterServerTrainingGrowsAndSurvivesKillNine) {
+  two_three_two("torch-ps", " --mode async-ps --max-staleness 2", /*kill=*/true);
+}
+
 // Compressed gradients, with each worker's residual, through a grow and a kill -9.
 TEST(ElasticTorch, CompressedGradientsGrowAndSurviveKillNine) {
   two_three_two("torch-topk", " --compression topk:0.05", /*kill=*/true);

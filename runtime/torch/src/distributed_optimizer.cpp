@@ -97,9 +97,10 @@ DistributedOptimizer::DistributedOptimizer(Session& session, torch::optim::Optim
     divergence_slot_ = session_.add_metric("sma.divergence");
     averaged_slot_ = session_.add_metric("sma.averaged");
     staleness_slot_ = session_.add_metric("pair_avg.staleness");
+    ps_staleness_slot_ = session_.add_metric("async_ps.staleness");
   } catch (const std::logic_error&) {
     // Made after join(): metrics are fixed by then, and these are left out.
-    divergence_slot_ = averaged_slot_ = staleness_slot_ = -1;
+    divergence_slot_ = averaged_slot_ = staleness_slot_ = ps_staleness_slot_ = -1;
   }
   for (auto& group : optimizer_.param_groups()) {
     for (auto& p : group.params()) {
@@ -324,6 +325,10 @@ void DistributedOptimizer::step() {
   if (!plan().average_gradients) {
     // Model averaging: this worker's own update, then, every period-th step, the mean of the
     // models. The gradient-noise-scale monitor needs an averaged gradient and gets none.
+    if (plan().exchange_with_server) {
+      exchange_with_server();
+      return;
+    }
     run_optimizer();
     if (plan().average_parameters) average_model();
     if (plan().average_with_pair) average_with_pair();
@@ -501,6 +506,41 @@ void DistributedOptimizer::average_with_pair() {
   span_ = exposed_ = SteadyClock::now() - t0;
   if (staleness_slot_ >= 0) {
     session_.set_metric(staleness_slot_, static_cast<double>(rep.max_staleness));
+  }
+  session_.report_comm(span_.count(), static_cast<double>(rep.bytes_sent));
+  bytes_sent_ += rep.bytes_sent;
+}
+
+// async-ps (kf::ParameterServer): this worker's own update, pushed as the change it made to
+// the parameters, and the server's parameters put back where they came.
+void DistributedOptimizer::exchange_with_server() {
+  const ModeSpec& mode = session_.mode();
+  const ParameterServer::Options o{mode.max_staleness, mode.soft_sync, mode.scale_lr};
+  if (!server_ || server_options_.max_staleness != o.max_staleness ||
+      server_options_.soft_sync != o.soft_sync || server_options_.scale_lr != o.scale_lr) {
+    server_.reset();
+    server_ = std::make_unique<ParameterServer>(session_.peer(), "kf.torch/ps", o);
+    server_options_ = o;
+  }
+  torch::Tensor before;
+  {
+    torch::NoGradGuard no_grad;
+    before = flat_parameters();
+    if (on_device_) before = before.cpu();
+  }
+  run_optimizer();
+  torch::NoGradGuard no_grad;
+  torch::Tensor after = flat_parameters();
+  if (on_device_) after = after.cpu();
+  const auto t0 = SteadyClock::now();
+  const auto n = static_cast<std::size_t>(after.numel());
+  const ParameterServer::Report rep =
+      server_->step(std::span<float>(after.data_ptr<float>(), n),
+                    std::span<const float>(before.data_ptr<float>(), n), session_.steps());
+  set_parameters(after);
+  span_ = exposed_ = SteadyClock::now() - t0;
+  if (ps_staleness_slot_ >= 0) {
+    session_.set_metric(ps_staleness_slot_, static_cast<double>(rep.staleness));
   }
   session_.report_comm(span_.count(), static_cast<double>(rep.bytes_sent));
   bytes_sent_ += rep.bytes_sent;

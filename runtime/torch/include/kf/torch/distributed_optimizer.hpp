@@ -25,7 +25,10 @@
 // optimizer state (momentum, Adam's moments) in sma; only the parameters are averaged. At each
 // average the session's metrics get "sma.averaged" = 1 and "sma.divergence", the models'
 // mean squared distance from their mean relative to the mean's squared norm (when the
-// optimizer was made before Session::join, which fixes the metrics).
+// optimizer was made before Session::join, which fixes the metrics). pair-avg exchanges the
+// model with one peer after each step (kf::PairAverager, metric "pair_avg.staleness"); async-ps
+// pushes what each step's own update changed to the parameter server on rank 0 and takes the
+// server's parameters as they come (kf::ParameterServer, metric "async_ps.staleness").
 // The settings "compression" compresses the gradients of sync-sgd (kf/runtime/compression.hpp):
 // the buckets are then exchanged in step(), one after another, through a GradientCompressor
 // each, with this worker's error-feedback residual; overlap with backward is lost.
@@ -54,6 +57,7 @@
 
 #include "kf/runtime/compression.hpp"
 #include "kf/runtime/pair_averaging.hpp"
+#include "kf/runtime/parameter_server.hpp"
 #include "kf/runtime/session.hpp"
 #include "kf/runtime/state.hpp"
 #include "kf/runtime/training_mode.hpp"
@@ -134,6 +138,7 @@ class DistributedOptimizer {
   void set_parameters(const torch::Tensor& all);
   void average_model();
   void average_with_pair();
+  void exchange_with_server();
   std::size_t exchange_compressed(Bucket& b);
 
   Session& session_;
@@ -158,6 +163,9 @@ class DistributedOptimizer {
   int staleness_slot_ = -1;                        // and of pair averaging
   std::unique_ptr<PairAverager> pair_;             // while the mode is pair-avg
   std::uint64_t pair_seed_ = 0;
+  std::unique_ptr<ParameterServer> server_;  // while the mode is async-ps
+  ParameterServer::Options server_options_;
+  int ps_staleness_slot_ = -1;
   bool planned_ = false;
   std::chrono::duration<double> exposed_{0}, span_{0};
 };
