@@ -170,6 +170,10 @@ int main(int argc, char** argv) {
                  "none, fp16, bf16, topk:RATIO, randomk:RATIO or powersgd:RANK, when the cluster "
                  "settings have none")
       ->capture_default_str();
+  bool balance = false;
+  app.add_flag("--balance", balance,
+               "batch parts by each worker's measured speed, when the cluster settings do not "
+               "say (settings \"balance\"; docs/training-modes.md, \"Stragglers\")");
   int slow_rank = -1;
   app.add_option("--slow-rank", slow_rank,
                  "the worker of this rank computes 3x slower (it sleeps twice its compute time "
@@ -217,6 +221,7 @@ int main(int argc, char** argv) {
     const kf::ModeSpec mode = kf::parse_mode(mode_text);
     defaults["mode"] = mode.str();
     defaults["compression"] = kf::parse_compression(compression).str();
+    if (balance) defaults["balance"] = true;
   } catch (const std::invalid_argument& e) {
     std::cerr << "fashion_mnist: " << e.what() << "\n";
     return 2;
@@ -349,9 +354,10 @@ int main(int argc, char** argv) {
         batches.emplace_back(session->steps(), gbatch);
       }
       sampler.start_epoch(epoch, static_cast<std::size_t>(position));
-      const auto mine =
-          sampler.batch(session->rank(), session->size(), static_cast<std::size_t>(gbatch));
       const auto total = sampler.step_samples(static_cast<std::size_t>(gbatch));
+      // This worker's part of the step: equal, or by measured speed with settings "balance".
+      const auto [first, count] = session->batch_part(total);
+      const auto mine = sampler.range(first, count);
       const auto outcome = session->step([&] {
         if (kf::models_may_diverge(session->mode())) hash_at_step_start = parameters_hash(*model);
         opt->zero_grad();

@@ -84,6 +84,12 @@ const std::vector<Rule>& rules() {
          }
          return true;
        }},
+      {"balance", "true or false",
+       [](const json& v, ClusterSettings& s) {
+         if (!v.is_boolean()) return false;
+         s.balance = v.get<bool>();
+         return true;
+       }},
       {"finished", "true or false",
        [](const json& v, ClusterSettings& s) {
          if (!v.is_boolean()) return false;

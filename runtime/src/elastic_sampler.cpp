@@ -2,6 +2,7 @@
 #include "kf/runtime/elastic_sampler.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -51,6 +52,65 @@ std::vector<std::size_t> ElasticSampler::batch(int rank, int size, std::size_t g
   const std::size_t count = base + (r < extra ? 1 : 0);
   return std::vector<std::size_t>(order_.begin() + static_cast<std::ptrdiff_t>(begin),
                                   order_.begin() + static_cast<std::ptrdiff_t>(begin + count));
+}
+
+std::vector<std::size_t> ElasticSampler::range(std::size_t first, std::size_t count) const {
+  const std::size_t left = order_.size() - std::min(position_, order_.size());
+  if (first > left || count > left - first) {
+    throw std::invalid_argument("ElasticSampler: samples " + std::to_string(first) + " to " +
+                                std::to_string(first + count) + " of the step pass the " +
+                                std::to_string(left) + " left in the epoch");
+  }
+  const std::size_t begin = position_ + first;
+  return std::vector<std::size_t>(order_.begin() + static_cast<std::ptrdiff_t>(begin),
+                                  order_.begin() + static_cast<std::ptrdiff_t>(begin + count));
+}
+
+std::vector<std::size_t> ElasticSampler::split(std::size_t samples, std::span<const double> weights,
+                                               int size) {
+  if (size < 1) {
+    throw std::invalid_argument("ElasticSampler::split: " + std::to_string(size) + " parts");
+  }
+  const auto n = static_cast<std::size_t>(size);
+  if (!weights.empty() && weights.size() != n) {
+    throw std::invalid_argument("ElasticSampler::split: " + std::to_string(weights.size()) +
+                                " weights for " + std::to_string(n) + " parts");
+  }
+  std::vector<std::size_t> parts(n);
+  bool weighted = !weights.empty() && samples >= n;
+  double total = 0;
+  for (double w : weights) {
+    weighted = weighted && std::isfinite(w) && w > 0;
+    total += w;
+  }
+  weighted = weighted && std::isfinite(total);
+  if (!weighted) {
+    for (std::size_t r = 0; r < n; ++r) parts[r] = samples / n + (r < samples % n ? 1 : 0);
+    return parts;
+  }
+  // One sample each, then the rest by weight: floors first, the remainder by largest fraction.
+  const std::size_t rest = samples - n;
+  std::vector<double> fraction(n);
+  std::size_t given = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    const double share = static_cast<double>(rest) * weights[r] / total;
+    const auto whole = std::min(rest, static_cast<std::size_t>(share));
+    parts[r] = 1 + whole;
+    fraction[r] = share - static_cast<double>(whole);
+    given += whole;
+  }
+  std::vector<std::size_t> order(n);
+  for (std::size_t r = 0; r < n; ++r) order[r] = r;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return fraction[a] > fraction[b]; });
+  for (std::size_t i = 0; given < rest; i = (i + 1) % n, ++given) ++parts[order[i]];
+  // Rounding could, in principle, floor a share above its exact value: take any excess back
+  // from the largest parts.
+  while (given > rest) {
+    --*std::max_element(parts.begin(), parts.end());
+    --given;
+  }
+  return parts;
 }
 
 void ElasticSampler::advance(std::size_t global_batch) noexcept {

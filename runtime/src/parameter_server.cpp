@@ -2,6 +2,7 @@
 #include "kf/runtime/parameter_server.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 
@@ -11,7 +12,7 @@ namespace kf {
 namespace {
 
 constexpr std::size_t kWord = sizeof(std::int64_t);
-constexpr std::size_t kPushHeader = 2 * kWord;  // step, view version
+constexpr std::size_t kPushHeader = 3 * kWord;  // step, view version, weight
 
 template <typename T>
 T word(const std::vector<std::byte>& m, std::size_t i) {
@@ -77,12 +78,18 @@ void ParameterServer::restart(std::span<const float> w_start, std::int64_t step)
   std::memcpy(params_.data() + header, w_start.data(), count_ * sizeof(float));
   applied_.assign(static_cast<std::size_t>(size_), step - 1);
   group_.clear();
+  group_weight_ = 0;
   group_sum_.assign(count_, 0.0f);
   push_in_.assign(kPushHeader + count_ * sizeof(float), std::byte{0});
 }
 
 ParameterServer::Report ParameterServer::step(std::span<float> w, std::span<const float> w_start,
-                                              std::int64_t step) {
+                                              std::int64_t step, double weight) {
+  if (!(weight > 0) || !std::isfinite(weight)) {
+    throw std::invalid_argument(
+        "ParameterServer::step: the weight must be positive and finite, not " +
+        std::to_string(weight));
+  }
   if (w.size() != w_start.size()) {
     throw std::invalid_argument("ParameterServer::step: the model has " + std::to_string(w.size()) +
                                 " values and its start " + std::to_string(w_start.size()));
@@ -105,6 +112,7 @@ ParameterServer::Report ParameterServer::step(std::span<float> w, std::span<cons
   p.bytes.resize(kPushHeader + count_ * sizeof(float));
   set_word(p.bytes, 0, step);
   set_word(p.bytes, 1, view_version_);
+  set_word(p.bytes, 2, weight);
   auto* delta = reinterpret_cast<float*>(p.bytes.data() + kPushHeader);
   for (std::size_t i = 0; i < count_; ++i) delta[i] = w[i] - w_start[i];
   pushes_.push_back(std::move(p));
@@ -145,7 +153,7 @@ void ParameterServer::serve(std::int64_t step, Report& rep) {
   const Push& own = pushes_.back();
   for (int r = 0; r < size_; ++r) {
     if (r == 0) {
-      accumulate(0, step, word<std::uint64_t>(own.bytes, 1),
+      accumulate(0, step, word<std::uint64_t>(own.bytes, 1), word<double>(own.bytes, 2),
                  reinterpret_cast<const float*>(own.bytes.data() + kPushHeader), rep);
       continue;
     }
@@ -157,7 +165,13 @@ void ParameterServer::serve(std::int64_t step, Report& rep) {
                       " pushed step " + std::to_string(pushed_at) + " at step " +
                       std::to_string(step) + " (the workers do not run one step count)");
     }
-    accumulate(r, step, word<std::uint64_t>(push_in_, 1),
+    const auto weight = word<double>(push_in_, 2);
+    if (!(weight > 0) || !std::isfinite(weight)) {
+      throw Error(make_error_code(errc::protocol_error),
+                  "parameter server '" + push_name_ + "': rank " + std::to_string(r) +
+                      " pushed a weight of " + std::to_string(weight));
+    }
+    accumulate(r, step, word<std::uint64_t>(push_in_, 1), weight,
                reinterpret_cast<const float*>(push_in_.data() + kPushHeader), rep);
   }
   set_word(params_, 0, step);
@@ -171,19 +185,22 @@ void ParameterServer::serve(std::int64_t step, Report& rep) {
   }
 }
 
-void ParameterServer::accumulate(int rank, std::int64_t step, std::uint64_t view,
+void ParameterServer::accumulate(int rank, std::int64_t step, std::uint64_t view, double weight,
                                  const float* delta, Report& rep) {
   // The version this group's update makes, minus the one the push was computed from.
   const std::uint64_t makes = version_ + 1;
   const auto tau = static_cast<std::int64_t>(view < makes ? makes - view : 1);
   rep.max_tau = std::max(rep.max_tau, tau);
-  const float scale = options_.scale_lr ? 1.0f / static_cast<float>(tau) : 1.0f;
+  const auto scale =
+      static_cast<float>(weight / (options_.scale_lr ? static_cast<double>(tau) : 1.0));
   for (std::size_t i = 0; i < count_; ++i) group_sum_[i] += scale * delta[i];
+  group_weight_ += weight;
   group_.emplace_back(rank, step);
   if (static_cast<int>(group_.size()) < options_.soft_sync) return;
   const std::size_t header = (2 + static_cast<std::size_t>(size_)) * kWord;
   auto* ws = reinterpret_cast<float*>(params_.data() + header);
-  const float mean = 1.0f / static_cast<float>(options_.soft_sync);
+  const auto mean = static_cast<float>(1.0 / group_weight_);
+  group_weight_ = 0;
   for (std::size_t i = 0; i < count_; ++i) {
     ws[i] += group_sum_[i] * mean;
     group_sum_[i] = 0.0f;

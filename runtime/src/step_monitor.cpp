@@ -25,8 +25,9 @@ enum Word : std::size_t {
   kNonfinite,
   kCommTime,
   kCommBytes,
+  kComputeTime,
 };
-static_assert(kCommBytes + 1 == StepMonitor::kWords);
+static_assert(kComputeTime + 1 == StepMonitor::kWords);
 
 // The metrics the monitor owns.
 enum Owned : std::size_t {
@@ -138,15 +139,22 @@ StepMonitor::StepMonitor(StepMonitorOptions options)
 StepMonitor::~StepMonitor() = default;
 
 void StepMonitor::pack(const StepReport& r, std::span<std::int64_t> words) noexcept {
-  const double v[kWords] = {r.step_time,     r.samples,     r.local_sqnorm,
-                            r.global_sqnorm, r.local_batch, r.micro_batches,
-                            r.nonfinite,     r.comm_time,   r.comm_bytes};
+  const double v[kWords] = {r.step_time,   r.samples,       r.local_sqnorm, r.global_sqnorm,
+                            r.local_batch, r.micro_batches, r.nonfinite,    r.comm_time,
+                            r.comm_bytes,  r.compute_time};
   for (std::size_t i = 0; i < kWords && i < words.size(); ++i) {
     words[i] = std::bit_cast<std::int64_t>(v[i]);
   }
 }
 
 void StepMonitor::membership_changed() noexcept { window_->restart(); }
+
+std::pair<double, double> StepMonitor::samples_and_compute(std::span<const std::int64_t> all,
+                                                           std::size_t stride, std::size_t offset,
+                                                           int rank) noexcept {
+  const std::size_t at = static_cast<std::size_t>(rank) * stride + offset;
+  return {std::bit_cast<double>(all[at + kSamples]), std::bit_cast<double>(all[at + kComputeTime])};
+}
 
 std::optional<std::string> StepMonitor::update(std::span<const std::int64_t> all,
                                                std::size_t stride, std::size_t offset, int workers,

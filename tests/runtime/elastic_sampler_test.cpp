@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -67,6 +68,53 @@ TEST(ElasticSampler, LastStepOfTheEpochIsShort) {
   EXPECT_EQ(s.batch(1, 2, 4), (std::vector<std::size_t>{9}));
   s.advance(4);
   EXPECT_TRUE(s.epoch_done());
+}
+
+TEST(ElasticSampler, WeightedPartsFollowTheWeightsAndCoverTheStepOnce) {
+  // Equal parts without weights: exactly batch()'s.
+  ElasticSampler s(1000, 3);
+  s.start_epoch(0, 10);
+  for (int size : {1, 3, 7}) {
+    const auto parts = ElasticSampler::split(s.step_samples(50), {}, size);
+    std::size_t first = 0;
+    for (int r = 0; r < size; ++r) {
+      EXPECT_EQ(s.range(first, parts[static_cast<std::size_t>(r)]), s.batch(r, size, 50));
+      first += parts[static_cast<std::size_t>(r)];
+    }
+  }
+  // Weights 3 : 3 : 1 on 70 samples: one each, then 67 by weight (28.71, 28.71, 9.57), the
+  // remainder by largest fraction (ties to the lower rank).
+  const std::vector<double> w{3.0, 3.0, 1.0};
+  EXPECT_EQ(ElasticSampler::split(70, w, 3), (std::vector<std::size_t>{30, 30, 10}));
+  // Every worker gets at least one sample while there are enough; a step of fewer is equal.
+  EXPECT_EQ(ElasticSampler::split(5, std::vector<double>{1e9, 1e9, 1.0}, 3),
+            (std::vector<std::size_t>{2, 2, 1}));
+  EXPECT_EQ(ElasticSampler::split(2, w, 3), (std::vector<std::size_t>{1, 1, 0}));
+  // A weight that is not positive and finite: equal parts.
+  EXPECT_EQ(ElasticSampler::split(9, std::vector<double>{1.0, 0.0, 2.0}, 3),
+            (std::vector<std::size_t>{3, 3, 3}));
+  EXPECT_EQ(ElasticSampler::split(9, std::vector<double>{1.0, NAN, 2.0}, 3),
+            (std::vector<std::size_t>{3, 3, 3}));
+  // Random weights and sizes: the parts cover the step exactly.
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int size = 1 + static_cast<int>(rng() % 9);
+    const std::size_t samples = rng() % 600;
+    std::vector<double> weights;
+    for (int r = 0; r < size; ++r) weights.push_back(1e-3 + (rng() % 100000) / 7.0);
+    const auto parts = ElasticSampler::split(samples, weights, size);
+    std::size_t sum = 0;
+    for (std::size_t p : parts) {
+      sum += p;
+      if (samples >= static_cast<std::size_t>(size)) EXPECT_GE(p, 1u);
+    }
+    ASSERT_EQ(sum, samples) << "trial " << trial;
+  }
+  EXPECT_THROW(ElasticSampler::split(10, w, 2), std::invalid_argument);
+  EXPECT_THROW(ElasticSampler::split(10, {}, 0), std::invalid_argument);
+  s.start_epoch(0, 990);
+  EXPECT_EQ(s.range(4, 6).size(), 6u);
+  EXPECT_THROW(s.range(4, 7), std::invalid_argument);
 }
 
 }  // namespace

@@ -289,6 +289,57 @@ TEST(Session, MonitorsGiveEveryWorkerTheSameEstimatesAndServeThem) {
   std::filesystem::remove(jsonl);
 }
 
+TEST(Session, BalancedBatchesFollowEachWorkersSpeedTheSameOnEveryWorker) {
+  // Three workers report their samples and a compute time of 1 ms per sample, rank 2 of 3 ms
+  // (a worker 3x slower). Without "balance" every step splits equally; with it, from the
+  // second step (the first boundary measures), the parts approach 3 : 3 : 1, and every worker
+  // computes the same split: the parts cover the step once, in rank order.
+  constexpr int n = 3, steps = 12;
+  constexpr std::size_t samples = 70;
+  for (const bool balance : {false, true}) {
+    Job job = make_job(n);
+    if (balance) job.cluster.settings = {{"balance", true}};
+    std::vector<std::vector<std::pair<std::size_t, std::size_t>>> parts(n);
+    std::vector<std::vector<double>> speeds(n);
+    test::run_all(n, [&](int r) {
+      State state;
+      Session s(std::move(job.peers[r]), job.cluster, state, SessionOptions{});
+      ASSERT_TRUE(s.join());
+      for (int i = 0; i < steps; ++i) {
+        const auto part = s.batch_part(samples);
+        parts[r].push_back(part);
+        ASSERT_EQ(s.step([&] {
+          s.report_samples(static_cast<double>(part.second));
+          s.report_compute(static_cast<double>(part.second) * (r == 2 ? 3e-3 : 1e-3));
+        }),
+                  Session::Outcome::committed);
+      }
+      speeds[r] = s.speeds();
+    });
+    for (int i = 0; i < steps; ++i) {
+      std::size_t next = 0;
+      for (int r = 0; r < n; ++r) {
+        EXPECT_EQ(parts[r][i].first, next) << "step " << i << " rank " << r;
+        next += parts[r][i].second;
+      }
+      EXPECT_EQ(next, samples) << "step " << i;
+    }
+    const auto equal = std::make_pair(std::size_t{0}, std::size_t{24});
+    EXPECT_EQ(parts[0][0], equal) << "the first step: nothing measured yet";
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(speeds[r], speeds[0]) << "rank " << r;
+      ASSERT_EQ(speeds[r].size(), 3u);
+    }
+    EXPECT_NEAR(speeds[0][0], 1000.0, 1e-6);
+    EXPECT_NEAR(speeds[0][2], 1000.0 / 3, 1e-6);
+    if (balance) {
+      EXPECT_EQ(parts[2][steps - 1], std::make_pair(std::size_t{60}, std::size_t{10}));
+    } else {
+      EXPECT_EQ(parts[2][steps - 1], std::make_pair(std::size_t{47}, std::size_t{23}));
+    }
+  }
+}
+
 TEST(Session, OneWorkerHasNoNoiseScaleAndMonitorsCanBeOff) {
   Job job = make_job(1);
   State state;

@@ -315,15 +315,18 @@ TEST(AsyncPs, EachUpdateIsScaledByItsStalenessAndGroupsAreAveraged) {
   // (a boundary after each step) with max_staleness 0: both hold the server's view of the
   // step before, so in soft_sync 1 rank 0's push is the version after it (τ = 1) and rank 1's
   // the one after that (τ = 2).
+  // A group's mean is weighted by the pushes' weights (rank 1's 3 in the last case).
   struct Case {
     ParameterServer::Options o;
     float per_step;
     std::int64_t tau;
+    double weight1 = 1.0;
   };
   for (const Case c :
        {Case{{.max_staleness = 0, .soft_sync = 1, .scale_lr = true}, 1 + 2 / 2.0f, 2},
         Case{{.max_staleness = 0, .soft_sync = 1, .scale_lr = false}, 1 + 2, 2},
-        Case{{.max_staleness = 0, .soft_sync = 2, .scale_lr = true}, (1 + 2) / 2.0f, 1}}) {
+        Case{{.max_staleness = 0, .soft_sync = 2, .scale_lr = true}, (1 + 2) / 2.0f, 1},
+        Case{{.max_staleness = 0, .soft_sync = 2, .scale_lr = true}, (1 + 3 * 2) / 4.0f, 1, 3.0}}) {
     auto peers = test::make_local_cluster(2);
     std::vector<std::vector<float>> w(2, std::vector<float>(4, 0.0f));
     std::vector<std::int64_t> tau(2, 0);
@@ -332,7 +335,7 @@ TEST(AsyncPs, EachUpdateIsScaledByItsStalenessAndGroupsAreAveraged) {
       for (int s = 0; s < 10; ++s) {
         const std::vector<float> start = w[r];
         for (float& v : w[r]) v += static_cast<float>(r + 1);
-        const auto rep = ps.step(w[r], start, s);
+        const auto rep = ps.step(w[r], start, s, r == 1 ? c.weight1 : 1.0);
         EXPECT_EQ(rep.staleness, 0);
         if (r == 0) tau[0] = std::max(tau[0], rep.max_tau);
         std::int32_t tick = 1;
@@ -341,7 +344,8 @@ TEST(AsyncPs, EachUpdateIsScaledByItsStalenessAndGroupsAreAveraged) {
     });
     for (int r = 0; r < 2; ++r) {
       EXPECT_EQ(w[r], std::vector<float>(4, 10 * c.per_step))
-          << "soft_sync " << c.o.soft_sync << " scale_lr " << c.o.scale_lr << ", rank " << r;
+          << "soft_sync " << c.o.soft_sync << " scale_lr " << c.o.scale_lr << " weight "
+          << c.weight1 << ", rank " << r;
     }
     EXPECT_EQ(tau[0], c.tau);
   }
@@ -399,6 +403,9 @@ TEST(AsyncPs, BadOptionsAndSizesAreRefused) {
     EXPECT_EQ(std::string(e.what()),
               "ParameterServer::step: the model has 3 values and its start 4");
   }
+  std::vector<float> start3(3);
+  EXPECT_THROW(ps.step(w, start3, 0, 0.0), std::invalid_argument);
+  EXPECT_THROW(ps.step(w, start3, 0, NAN), std::invalid_argument);
 }
 
 TEST(TrainingMode, SmaWithALongerPeriodDivergesBetweenAveragesAndAgreesAfterThem) {

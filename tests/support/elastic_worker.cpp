@@ -146,6 +146,10 @@ int main(int argc, char** argv) {
   app.add_option("--bench-check", bench_check,
                  "measure the boundary's cost: N steps of one 4-byte allreduce without and N "
                  "with Session::step, alternating in blocks; prints 'bench_check ...' and exits");
+  bool balance = false;
+  app.add_flag("--balance", balance,
+               "settings \"balance\" when the cluster has none: batch parts by measured speed "
+               "(each step reports its samples and compute time)");
   bool print_gns = false;
   app.add_flag("--gns", print_gns,
                "report the gradient norms to the session's monitors and print, per step, "
@@ -225,6 +229,7 @@ int main(int argc, char** argv) {
     }
     nlohmann::json defaults = nlohmann::json::object();
     if (!mode_text.empty()) defaults["mode"] = kf::parse_mode(mode_text).str();
+    if (balance) defaults["balance"] = true;
     session = kf::Session::from_environment(state, defaults);
     // Without test policies or --job, the session keeps those of KF_JOB_FILE (kfrun --job).
     if (!policies.empty()) session->set_policies(&policies);
@@ -332,9 +337,11 @@ int main(int argc, char** argv) {
         last_setting = setting;
       }
       sampler.start_epoch(epoch, static_cast<std::size_t>(position));
-      const auto mine =
-          sampler.batch(session->rank(), session->size(), static_cast<std::size_t>(gbatch));
+      const auto [first, count] =
+          session->batch_part(sampler.step_samples(static_cast<std::size_t>(gbatch)));
+      const auto mine = sampler.range(first, count);
       const auto outcome = session->step([&] {
+        const auto compute_from = std::chrono::steady_clock::now();
         std::fill(buf.begin(), buf.end(), 0.0);
         double loss = 0;
         for (std::size_t i : mine) {
@@ -346,6 +353,12 @@ int main(int argc, char** argv) {
         }
         buf[dim] = loss;
         session->set_metric(loss_slot, loss);
+        if (balance) {
+          session->report_samples(static_cast<double>(mine.size()));
+          session->report_compute(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - compute_from)
+                  .count());
+        }
         // |g|² of this worker's mean gradient, before the allreduce.
         double local_sq = 0;
         const double local_n = static_cast<double>(mine.size());
@@ -393,7 +406,8 @@ int main(int argc, char** argv) {
           }
           std::vector<float> wf(w.begin(), w.end()), before(wf);
           const std::vector<float> start(w_start.begin(), w_start.end());
-          server->step(wf, start, session->steps());
+          server->step(wf, start, session->steps(),
+                       std::max(1.0, static_cast<double>(mine.size())));
           for (int d = 0; d < dim; ++d) w[d] += double(wf[d]) - double(before[d]);
         }
         for (int i = 0; i < samples; ++i) uses[i] += buf[dim + 1 + i];

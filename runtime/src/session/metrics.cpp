@@ -3,11 +3,13 @@
 // step, and their export (Prometheus gauges, rank 0's JSON lines).
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <stdexcept>
 
 #include "kf/common/log.hpp"
 #include "kf/monitor/jsonl_writer.hpp"
 #include "kf/monitor/metrics.hpp"
+#include "kf/runtime/elastic_sampler.hpp"
 #include "kf/runtime/session.hpp"
 
 namespace kf {
@@ -53,6 +55,47 @@ void Session::report_samples(double samples) {
 void Session::report_comm(double seconds, double bytes) {
   report_.comm_time += seconds;
   report_.comm_bytes += bytes;
+}
+
+void Session::report_compute(double seconds) {
+  if (seconds > 0) report_.compute_time += seconds;
+}
+
+// Each worker's samples per computed second, a moving average over the boundaries of one
+// cluster version; every worker computes it from the same allgathered words, so all hold the
+// same bits.
+void Session::update_speeds(std::span<const std::int64_t> all, std::size_t stride,
+                            std::size_t offset) {
+  const int n = peer_->size();
+  if (speeds_version_ != peer_->version() || speeds_.size() != static_cast<std::size_t>(n)) {
+    speeds_.assign(static_cast<std::size_t>(n), 0.0);
+    speeds_version_ = peer_->version();
+  }
+  for (int r = 0; r < n; ++r) {
+    const auto [samples, compute] = StepMonitor::samples_and_compute(all, stride, offset, r);
+    if (!(samples > 0) || !(compute > 0) || !std::isfinite(samples / compute)) continue;
+    double& s = speeds_[static_cast<std::size_t>(r)];
+    s = s > 0 ? 0.7 * s + 0.3 * (samples / compute) : samples / compute;
+  }
+}
+
+std::vector<double> Session::speeds() const {
+  const bool current = speeds_version_ == peer_->version() &&
+                       speeds_.size() == static_cast<std::size_t>(peer_->size());
+  if (!current) return {};
+  for (double s : speeds_) {
+    if (!(s > 0)) return {};
+  }
+  return speeds_;
+}
+
+std::pair<std::size_t, std::size_t> Session::batch_part(std::size_t samples) const {
+  const std::vector<double> weights =
+      settings_.value("balance", false) ? speeds() : std::vector<double>{};
+  const std::vector<std::size_t> parts = ElasticSampler::split(samples, weights, peer_->size());
+  std::size_t first = 0;
+  for (int r = 0; r < peer_->rank(); ++r) first += parts[static_cast<std::size_t>(r)];
+  return {first, parts[static_cast<std::size_t>(peer_->rank())]};
 }
 
 // Every metric as a gauge "kf_<name>" (dots become underscores), plus the job's shape; rank 0

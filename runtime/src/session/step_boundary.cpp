@@ -74,6 +74,7 @@ void Session::commit_step(std::span<const std::int64_t> all, const RecordLayout&
   for (std::size_t i = 0; i < metric_names_.size(); ++i) metrics_[metric_names_[i]] = means[i];
   std::fill(metric_values_.begin(), metric_values_.end(), 0.0);
   if (monitor_) {
+    update_speeds(all, layout.words(), layout.monitor_at());
     if (auto said =
             monitor_->update(all, layout.words(), layout.monitor_at(), peer_->size(), metrics_)) {
       KF_LOG(info, "monitor", "{} (rank {}): {}", peer_->endpoint().str(), peer_->rank(), *said);

@@ -234,6 +234,8 @@ void DistributedOptimizer::begin_step(std::int64_t local_samples, std::int64_t g
   }
   weight_ = static_cast<double>(local_samples) / static_cast<double>(global_samples);
   local_samples_ = local_samples;
+  began_ = SteadyClock::now();
+  begun_ = true;
 }
 
 void DistributedOptimizer::reset_step() {
@@ -322,7 +324,13 @@ void DistributedOptimizer::step() {
     DistributedOptimizer* self;
     ~Reset() { self->reset_step(); }
   } reset{this};
+  // This worker's compute: from begin_step to here (forward and backward; the buckets'
+  // allreduces run beside them, and what step() waits for is not counted).
+  const bool begun = std::exchange(begun_, false);
+  if (begun)
+    session_.report_compute(std::chrono::duration<double>(SteadyClock::now() - began_).count());
   if (!plan().average_gradients) {
+    if (begun) session_.report_samples(static_cast<double>(local_samples_));
     // Model averaging: this worker's own update, then, every period-th step, the mean of the
     // models. The gradient-noise-scale monitor needs an averaged gradient and gets none.
     if (plan().exchange_with_server) {
@@ -522,6 +530,9 @@ void DistributedOptimizer::exchange_with_server() {
     server_ = std::make_unique<ParameterServer>(session_.peer(), "kf.torch/ps", o);
     server_options_ = o;
   }
+  // The push weighs this worker's samples (begin_step's share), so that a group of every
+  // worker's pushes is the step's mean however the batch was split.
+  const double weight = weight_ > 0 ? weight_ : 1.0 / session_.size();
   torch::Tensor before;
   {
     torch::NoGradGuard no_grad;
@@ -536,7 +547,7 @@ void DistributedOptimizer::exchange_with_server() {
   const auto n = static_cast<std::size_t>(after.numel());
   const ParameterServer::Report rep =
       server_->step(std::span<float>(after.data_ptr<float>(), n),
-                    std::span<const float>(before.data_ptr<float>(), n), session_.steps());
+                    std::span<const float>(before.data_ptr<float>(), n), session_.steps(), weight);
   set_parameters(after);
   span_ = exposed_ = SteadyClock::now() - t0;
   if (ps_staleness_slot_ >= 0) {

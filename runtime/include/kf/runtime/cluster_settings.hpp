@@ -31,6 +31,7 @@ struct ClusterSettings {
   std::optional<std::int64_t> max_workers;     ///< "max_workers": an integer >= 0 (0: no bound)
   std::optional<ModeSpec> mode;                ///< "mode": e.g. "sma:period=4" (training_spec.hpp)
   std::optional<CompressionSpec> compression;  ///< "compression": e.g. "topk:0.01"
+  bool balance = false;   ///< "balance": batch parts by measured speed (Session::batch_part)
   bool finished = false;  ///< "finished": true once Session::finish() ended the job
   bool stop = false;      ///< "stop": true once a policy (or anyone) asked the job to stop
 };

@@ -6,9 +6,11 @@
 // also serves.
 //
 //   worker r, step t:  trains on its model, then pushes δ_r(t) (what its own optimizer changed
-//                      this step) with the server version v_r of the view it holds;
+//                      this step) with the server version v_r of the view it holds and a weight;
 //   server, step t:    takes the pushes of step t in rank order; every c of them (soft_sync)
-//                      make one update  w_s += (1/c) Σ δ_i · (1/τ_i with scale_lr, else 1),
+//                      make one update, their mean weighted by each push's weight a_i (its
+//                      samples, say; 1 by default):
+//                        w_s += Σ a_i δ_i (1/τ_i with scale_lr, else 1) / Σ a_i,
 //                      with τ_i = (the version this update makes) − v_i its staleness;
 //                      then sends its parameters w_s to every worker;
 //   worker r, later:   its model becomes  w_s + Σ its pushes the server has not applied yet.
@@ -19,7 +21,8 @@
 // server). The session's step boundary, which every worker passes together, makes the waits
 // safe: the server, at its step t, waits only for pushes of step t, each sent before its worker
 // reached the boundary of step t; a worker waits only for parameters sent at step t or before.
-// With soft_sync = the workers' number, max_staleness 0 and plain SGD, this is synchronous SGD.
+// With soft_sync = the workers' number, max_staleness 0, plain SGD and each push weighted by its
+// samples, this is synchronous SGD (with any split of the batch).
 //
 // Memory: the server keeps its parameters (rank 0); each worker keeps its pushes until the
 // server's answer shows them applied (at most max_staleness + 1 of them, more with soft_sync
@@ -69,15 +72,17 @@ class ParameterServer {
   ParameterServer& operator=(const ParameterServer&) = delete;
 
   /// Step `step` of this worker's model: `w` after its own update, `w_start` before it (float32,
-  /// host memory, one size throughout). Pushes w − w_start; on rank 0 serves the step's pushes;
+  /// host memory, one size throughout), `weight` the push's weight in its group (its samples).
+  /// Pushes w − w_start; on rank 0 serves the step's pushes;
   /// takes the server's parameters that came (waiting as the staleness bound requires) and puts
   /// them into `w`. Called at every step of the mode, by every worker, with the job's step
   /// count. A new cluster version, or a step that does not follow the last one (the mode was
   /// left and taken again, a rollback), starts afresh from `w_start`, which every worker then
   /// holds alike (docs/training-modes.md, "Switching").
-  /// Throws: std::invalid_argument when the sizes differ or change; kf::Error from Peer's
-  /// messages (a lost worker: Session::step recovers).
-  Report step(std::span<float> w, std::span<const float> w_start, std::int64_t step);
+  /// Throws: std::invalid_argument when the sizes differ or change or the weight is not positive
+  /// and finite; kf::Error from Peer's messages (a lost worker: Session::step recovers).
+  Report step(std::span<float> w, std::span<const float> w_start, std::int64_t step,
+              double weight = 1.0);
 
   /// The server's update count in this version (rank 0), and the server version of the
   /// parameters this worker holds.
@@ -95,7 +100,8 @@ class ParameterServer {
   void restart(std::span<const float> w_start, std::int64_t step);
   void wait_sends();
   void serve(std::int64_t step, Report& rep);
-  void accumulate(int rank, std::int64_t step, std::uint64_t view, const float* delta, Report& rep);
+  void accumulate(int rank, std::int64_t step, std::uint64_t view, double weight,
+                  const float* delta, Report& rep);
   void take_parameters(const std::vector<std::byte>& message, std::span<float> w);
 
   Peer& peer_;
@@ -117,6 +123,7 @@ class ParameterServer {
   // values)] then w_s, one buffer sent to every worker.
   std::vector<std::byte> params_;
   std::vector<Handle> params_sent_;
+  double group_weight_ = 0;                          // Σ of the pending group's weights
   std::vector<float> group_sum_;                     // Σ of the pending group's scaled pushes
   std::vector<std::pair<int, std::int64_t>> group_;  // their (rank, step)
   std::vector<std::int64_t> applied_;  // per rank: the last step whose push is applied

@@ -218,6 +218,19 @@ class Session {
   void report_samples(double samples);
   /// Communication of the current step (adds up within a step).
   void report_comm(double seconds, double bytes);
+  /// Time this worker spent computing in the current step, waits for others left out (adds up
+  /// within a step; the LibTorch adapter reports the span from begin_step to step). With it and
+  /// the samples, each boundary measures every worker's speed (samples per computed second, a
+  /// moving average that restarts with each cluster version) for balanced batches.
+  void report_compute(double seconds);
+  /// This worker's part [first, first + count) of a step of `samples` samples, the same split
+  /// on every worker: equal parts in rank order (as ElasticSampler::batch splits), or, with the
+  /// settings' "balance" true and every worker's speed measured in this cluster version, parts
+  /// proportional to the speeds (ElasticSampler::split), so that a slower worker takes fewer
+  /// samples and nobody waits for it (docs/training-modes.md, "Stragglers").
+  std::pair<std::size_t, std::size_t> batch_part(std::size_t samples) const;
+  /// The speeds batch_part weighs by (samples/s per rank); empty while not every worker has one.
+  std::vector<double> speeds() const;
   /// The port of this worker's Prometheus endpoint; 0 when it serves none.
   std::uint16_t metrics_port() const noexcept;
   /// Policies to run: after_step at every boundary once the step is committed,
@@ -319,6 +332,10 @@ class Session {
   std::unique_ptr<StepMonitor> monitor_;
   StepReport report_;
   bool samples_reported_ = false;
+  // Every worker's speed, from the allgathered reports, in cluster version speeds_version_.
+  std::vector<double> speeds_;
+  std::uint64_t speeds_version_ = 0;
+  void update_speeds(std::span<const std::int64_t> all, std::size_t stride, std::size_t offset);
   std::chrono::steady_clock::time_point step_began_{};
   std::unique_ptr<monitor::MetricsRegistry> registry_;
   std::unique_ptr<monitor::MetricsServer> metrics_server_;

@@ -25,6 +25,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 
 namespace kf {
 
@@ -45,6 +46,7 @@ struct StepReport {
   double nonfinite = 0;      ///< 1 when this worker's gradient held a NaN or Inf
   double comm_time = 0;      ///< s spent in gradient allreduce
   double comm_bytes = 0;     ///< bytes allreduced
+  double compute_time = 0;   ///< s this worker computed (Session::report_compute; 0: unknown)
 };
 
 struct StepMonitorOptions {
@@ -63,7 +65,13 @@ struct StepMonitorOptions {
 class StepMonitor {
  public:
   /// Words (doubles) of a report in the control record.
-  static constexpr std::size_t kWords = 9;
+  static constexpr std::size_t kWords = 10;
+
+  /// The samples and compute time of rank `rank`'s report in allgathered records (as update()
+  /// takes them): what balanced batches weigh each worker by (Session::batch_part).
+  static std::pair<double, double> samples_and_compute(std::span<const std::int64_t> all,
+                                                       std::size_t stride, std::size_t offset,
+                                                       int rank) noexcept;
 
   explicit StepMonitor(StepMonitorOptions options = {});
   ~StepMonitor();

@@ -97,6 +97,8 @@ class DistributedOptimizer {
   /// workers. Each worker's gradient (the mean over its samples) is weighted by
   /// local/global, so the allreduced sum is the mean over every sample of the step even when
   /// workers hold different numbers of samples. Without a call, each worker weighs 1/size.
+  /// The span from here to step() is this worker's compute time (Session::report_compute),
+  /// which balanced batches weigh workers by.
   /// Throws: std::invalid_argument unless 0 <= local <= global and global > 0.
   void begin_step(std::int64_t local_samples, std::int64_t global_samples);
   /// Waits for every bucket (starting those whose gradients were not produced: unused
@@ -149,6 +151,8 @@ class DistributedOptimizer {
   std::int64_t* adam_step_ = nullptr;  // State counter of Adam's step count
   double weight_ = 0;                  // local/global of this step; 0: 1/size
   std::int64_t local_samples_ = -1;
+  std::chrono::steady_clock::time_point began_{};  // begin_step's time, while begun_
+  bool begun_ = false;
   double local_sq_ = 0;
   torch::Device device_{torch::kCPU};
   bool on_device_ = false;
