@@ -166,20 +166,21 @@ TEST_F(KfMemberTest, KillRemovesTheWorkerAndRecordsAnEvent) {
 
 TEST_F(KfMemberTest, SetChangesSettingsByCompareAndSwapAndRecordsANote) {
   ASSERT_EQ(member("add --count 2").exit_code, 0);
-  Ran r = member("set mode=sma:period=4 compression=topk:0.01 lr=0.05");
+  Ran r = member("set mode=sma:period=4 compression=topk:0.01 lr=0.05 balance=true");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("v1 -> v2: settings "), std::string::npos) << r.output;
   const kf::Cluster c = client().get_cluster();
   EXPECT_EQ(c.settings.at("mode"), "sma:period=4");
   EXPECT_EQ(c.settings.at("compression"), "topk:0.01");
   EXPECT_EQ(c.settings.at("lr"), 0.05) << "a number stays a number";
+  EXPECT_EQ(c.settings.at("balance"), true) << "a boolean stays a boolean";
   EXPECT_EQ(c.size(), 2) << "the workers are left as they are";
   EXPECT_EQ(count_type(client().get_events(), "note"), 1);
   r = member("set lr=0.05");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("no change"), std::string::npos) << r.output;
   for (const std::string bad : {"set mode=sma:period=0", "set compression=zip", "set lr",
-                                "set color=blue", "set lr=1 lr=2", "set"}) {
+                                "set color=blue", "set lr=1 lr=2", "set balance=yes", "set"}) {
     r = member(bad);
     EXPECT_EQ(r.exit_code, 2) << "'" << bad << "': " << r.output;
   }

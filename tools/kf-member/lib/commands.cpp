@@ -38,9 +38,9 @@ void post_events(CommandContext& ctx, const std::vector<PendingEvent>& events,
 }  // namespace
 
 nlohmann::json parse_assignments(const std::vector<std::string>& assignments) {
-  static const std::set<std::string> kKeys = {"algorithm",   "batch_size",  "lr",
-                                              "min_workers", "max_workers", "mode",
-                                              "compression", "epochs",      "stop"};
+  static const std::set<std::string> kKeys = {
+      "algorithm", "batch_size",  "lr",      "min_workers", "max_workers",
+      "mode",      "compression", "balance", "epochs",      "stop"};
   nlohmann::json values = nlohmann::json::object();
   for (const std::string& a : assignments) {
     const std::size_t eq = a.find('=');
