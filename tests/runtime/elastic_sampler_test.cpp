@@ -106,7 +106,9 @@ TEST(ElasticSampler, WeightedPartsFollowTheWeightsAndCoverTheStepOnce) {
     std::size_t sum = 0;
     for (std::size_t p : parts) {
       sum += p;
-      if (samples >= static_cast<std::size_t>(size)) EXPECT_GE(p, 1u);
+      if (samples >= static_cast<std::size_t>(size)) {
+        EXPECT_GE(p, 1u);
+      }
     }
     ASSERT_EQ(sum, samples) << "trial " << trial;
   }
