@@ -117,7 +117,12 @@ PairAverager::Report PairAverager::exchange(std::span<float> w, std::int64_t ste
   // This step's push, unless the last one is unanswered.
   const int to = partner(seed_, step, rank, size);
   if (push && to >= 0 && waiting_on_ < 0) {
-    if (push_in_flight_) reap_sends(/*wait=*/true);  // answered, so long written: a formality
+    if (push_in_flight_) {
+      // The last push was answered, so it was written long ago; its buffer is reused below.
+      // Only it is waited for, not the answers still being written to others.
+      push_in_flight_ = false;
+      push_handle_.wait_status();
+    }
     std::memcpy(push_.data(), &step, kStepBytes);
     std::memcpy(floats_of(push_), w.data(), count_ * sizeof(float));
     push_handle_ = peer_.send(to, model_name_,

@@ -398,8 +398,7 @@ int main(int argc, char** argv) {
         if (plan.exchange_with_server) {
           const kf::ModeSpec& m = session->mode();
           const kf::ParameterServer::Options o{m.max_staleness, m.soft_sync, m.scale_lr};
-          if (!server || o.max_staleness != server_options.max_staleness ||
-              o.soft_sync != server_options.soft_sync || o.scale_lr != server_options.scale_lr) {
+          if (!server || o != server_options) {
             server.reset();
             server = std::make_unique<kf::ParameterServer>(session->peer(), "ps", o);
             server_options = o;

@@ -50,6 +50,7 @@ class ParameterServer {
     int max_staleness = 4;  ///< steps the server's view in a worker's model may lag, >= 0
     int soft_sync = 1;      ///< pushes per server update, >= 1
     bool scale_lr = true;   ///< each push divided by its staleness τ
+    bool operator==(const Options&) const = default;
   };
 
   /// One step's exchange.
