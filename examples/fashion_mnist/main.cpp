@@ -170,6 +170,18 @@ int main(int argc, char** argv) {
                  "none, fp16, bf16, topk:RATIO, randomk:RATIO or powersgd:RANK, when the cluster "
                  "settings have none")
       ->capture_default_str();
+  int momentum_correction = 1;
+  app.add_option("--momentum-correction", momentum_correction,
+                 "topk and randomk: 1 lets the compressors carry the momentum (momentum "
+                 "correction), 0 leaves it to SGD")
+      ->check(CLI::Range(0, 1))
+      ->capture_default_str();
+  int momentum_masking = 1;
+  app.add_option("--momentum-masking", momentum_masking,
+                 "with momentum correction: 1 restarts the velocity of each value sent at zero, "
+                 "0 does not")
+      ->check(CLI::Range(0, 1))
+      ->capture_default_str();
   bool balance = false;
   app.add_flag("--balance", balance,
                "batch parts by each worker's measured speed, when the cluster settings do not "
@@ -284,6 +296,8 @@ int main(int argc, char** argv) {
     kf::DistributedOptimizerOptions o;
     o.overlap = !no_overlap;
     o.bucket_bytes = bucket_kb << 10;
+    o.momentum_correction = momentum_correction == 1;
+    o.momentum_masking = momentum_masking == 1;
     opt = std::make_unique<kf::DistributedOptimizer>(*session, sgd, o);
     opt->register_state(state, *model);
     loss_slot = session->add_metric("loss");

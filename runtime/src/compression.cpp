@@ -281,6 +281,52 @@ GradientCompressor::GradientCompressor(CompressionSpec spec, std::size_t n, std:
   if (spec.kind != Compression::none) acc_.resize(n);
 }
 
+void GradientCompressor::set_momentum(double m, std::span<const float> start, bool masking) {
+  const std::string what = "GradientCompressor(" + spec_.str() + ")::set_momentum";
+  if (!(m >= 0 && m < 1)) {
+    throw std::invalid_argument(what + ": the momentum must be in [0, 1), got " +
+                                std::to_string(m));
+  }
+  if (m > 0 && spec_.kind != Compression::topk && spec_.kind != Compression::randomk) {
+    throw std::invalid_argument(what + ": momentum correction applies to topk and randomk only");
+  }
+  if (!start.empty() && start.size() != n_) {
+    throw std::invalid_argument(what + ": the starting velocity has " +
+                                std::to_string(start.size()) +
+                                " values, not n = " + std::to_string(n_));
+  }
+  momentum_ = static_cast<float>(m);
+  masking_ = m > 0 && masking;
+  if (m == 0) {
+    velocity_ = {};
+    next_velocity_ = {};
+    return;
+  }
+  velocity_.assign(n_, 0.f);
+  if (!start.empty()) std::copy(start.begin(), start.end(), velocity_.begin());
+  next_velocity_.resize(n_);
+}
+
+void GradientCompressor::accumulate(const float* grad) {
+  if (momentum_ == 0) {
+    add(grad, residual_.data(), acc_.data(), n_);
+    return;
+  }
+  for (std::size_t i = 0; i < n_; ++i) {
+    next_velocity_[i] = momentum_ * velocity_[i] + grad[i];
+    acc_[i] = next_velocity_[i] + residual_[i];
+  }
+}
+
+void GradientCompressor::commit(std::span<const std::uint32_t> sent) {
+  std::copy(acc_.begin(), acc_.end(), residual_.begin());
+  if (momentum_ == 0) return;
+  velocity_.swap(next_velocity_);
+  if (masking_) {
+    for (std::uint32_t i : sent) velocity_[i] = 0.f;
+  }
+}
+
 std::size_t GradientCompressor::average(Peer& peer, const std::string& name, float* grad,
                                         std::int64_t step) {
   if (!grad)
@@ -318,7 +364,7 @@ std::size_t GradientCompressor::average_cast(Peer& peer, const std::string& name
 }
 
 std::size_t GradientCompressor::average_topk(Peer& peer, const std::string& name, float* grad) {
-  add(grad, residual_.data(), acc_.data(), n_);
+  accumulate(grad);
   const std::vector<std::uint32_t> idx = compression::top_k(acc_, k_);
   // One record per worker, in the worker's byte order (a job's workers share one): k uint32
   // indices, then the k float values.
@@ -350,13 +396,13 @@ std::size_t GradientCompressor::average_topk(Peer& peer, const std::string& name
     }
   }
   divide(grad, n_, peer.size());
-  std::copy(acc_.begin(), acc_.end(), residual_.begin());
+  commit(idx);
   return record_bytes;
 }
 
 std::size_t GradientCompressor::average_randomk(Peer& peer, const std::string& name, float* grad,
                                                 std::int64_t step) {
-  add(grad, residual_.data(), acc_.data(), n_);
+  accumulate(grad);
   const std::vector<std::uint32_t> idx = compression::random_k(n_, k_, seed_, step);
   std::vector<float> values(k_);
   for (std::size_t j = 0; j < k_; ++j) {
@@ -367,7 +413,7 @@ std::size_t GradientCompressor::average_randomk(Peer& peer, const std::string& n
   divide(values.data(), k_, peer.size());
   std::fill(grad, grad + n_, 0.f);
   for (std::size_t j = 0; j < k_; ++j) grad[idx[j]] = values[j];
-  std::copy(acc_.begin(), acc_.end(), residual_.begin());
+  commit(idx);
   return k_ * sizeof(float);
 }
 

@@ -362,5 +362,147 @@ TEST(PowerSgd, RecoversItsRankAfterAZeroGradient) {
   for (std::size_t i = 0; i < 15; ++i) EXPECT_NEAR(out[i], g[i], 1e-4f * max_abs(g)) << i;
 }
 
+// Momentum correction: the compressor's velocity u = m u + g is what it compresses.
+
+TEST(MomentumCorrection, WithoutMaskingAtRatioOneEveryStepSendsMomentumSgdsBuffer) {
+  // Every value sent: the result is the momentum buffer v = m v + g, exactly as LibTorch's SGD
+  // (dampening 0) computes it, and nothing is left over.
+  auto peers = test::make_local_cluster(1);
+  for (const char* spec : {"topk:1", "randomk:1"}) {
+    constexpr std::size_t n = 20;
+    GradientCompressor c(parse_compression(spec), n, 3);
+    const float m = 0.9f;
+    c.set_momentum(m, {}, /*masking=*/false);
+    Vec buffer(n, 0.f);
+    for (std::int64_t step = 0; step < 5; ++step) {
+      Vec g = dyadic(n, static_cast<unsigned>(40 + step));
+      for (std::size_t i = 0; i < n; ++i) buffer[i] = m * buffer[i] + g[i];
+      c.average(*peers[0], "g", g.data(), step);
+      EXPECT_EQ(g, buffer) << spec << " step " << step;
+      EXPECT_EQ(Vec(c.velocity().begin(), c.velocity().end()), buffer) << spec;
+      EXPECT_EQ(Vec(c.residual().begin(), c.residual().end()), Vec(n, 0.f)) << spec;
+    }
+  }
+}
+
+TEST(MomentumCorrection, OverWorkersTheResultIsTheMeanOfTheirVelocities) {
+  constexpr int world = 3;
+  constexpr std::size_t n = 16;
+  auto peers = test::make_local_cluster(world);
+  std::vector<Vec> results(world), velocities(world);
+  test::run_all(world, [&](int rank) {
+    GradientCompressor c(parse_compression("topk:1"), n, 1);
+    const Vec start = dyadic(n, static_cast<unsigned>(70 + rank));
+    c.set_momentum(0.5, start, /*masking=*/false);
+    Vec g = dyadic(n, static_cast<unsigned>(80 + rank));
+    Vec u(n);
+    for (std::size_t i = 0; i < n; ++i) u[i] = 0.5f * start[i] + g[i];
+    c.average(*peers[rank], "g", g.data(), 0);
+    results[rank] = g;
+    velocities[rank] = u;
+  });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(results[r], mean_of(velocities)) << "rank " << r;
+}
+
+// With values held back, what was sent over the steps plus the residual is the sum of the
+// velocities, exactly (m = 0.5 and dyadic gradients keep every value exact in float).
+class MomentumFeedback : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MomentumFeedback, SentPlusResidualIsTheSumOfTheVelocities) {
+  auto peers = test::make_local_cluster(1);
+  constexpr std::size_t n = 40;
+  GradientCompressor c(parse_compression(GetParam()), n, 5);
+  c.set_momentum(0.5, {}, /*masking=*/false);
+  Vec sent_sum(n, 0.f), velocity_sum(n, 0.f), u(n, 0.f);
+  for (std::int64_t step = 0; step < 6; ++step) {
+    Vec g = dyadic(n, static_cast<unsigned>(200 + step), 16);
+    for (std::size_t i = 0; i < n; ++i) {
+      u[i] = 0.5f * u[i] + g[i];
+      velocity_sum[i] += u[i];
+    }
+    c.average(*peers[0], "g", g.data(), step);
+    for (std::size_t i = 0; i < n; ++i) sent_sum[i] += g[i];
+  }
+  bool residual_used = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(sent_sum[i] + c.residual()[i], velocity_sum[i]) << "index " << i;
+    residual_used = residual_used || c.residual()[i] != 0.f;
+  }
+  EXPECT_TRUE(residual_used) << "the values chosen never exercised the residual";
+  EXPECT_EQ(Vec(c.velocity().begin(), c.velocity().end()), u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, MomentumFeedback, ::testing::Values("topk:0.25", "randomk:0.3"));
+
+TEST(MomentumCorrection, MaskingZeroesTheVelocityOfWhatWasSent) {
+  // randomk's indices are known ahead (random_k of seed and step): the velocity of each value
+  // sent restarts at zero, and what was sent plus the residual is still the sum of the
+  // velocities before masking.
+  auto peers = test::make_local_cluster(1);
+  constexpr std::size_t n = 40;
+  GradientCompressor c(parse_compression("randomk:0.3"), n, 5);
+  c.set_momentum(0.5);
+  EXPECT_TRUE(c.masking());
+  Vec sent_sum(n, 0.f), velocity_sum(n, 0.f), u(n, 0.f);
+  for (std::int64_t step = 0; step < 6; ++step) {
+    Vec g = dyadic(n, static_cast<unsigned>(300 + step), 16);
+    for (std::size_t i = 0; i < n; ++i) {
+      u[i] = 0.5f * u[i] + g[i];
+      velocity_sum[i] += u[i];
+    }
+    c.average(*peers[0], "g", g.data(), step);
+    for (std::uint32_t i : random_k(n, count_for(0.3, n), 5, step)) u[i] = 0.f;
+    EXPECT_EQ(Vec(c.velocity().begin(), c.velocity().end()), u) << "step " << step;
+    for (std::size_t i = 0; i < n; ++i) sent_sum[i] += g[i];
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(sent_sum[i] + c.residual()[i], velocity_sum[i]) << "index " << i;
+  }
+}
+
+TEST(MomentumCorrection, WithMaskingAtRatioOneEveryStepSendsTheGradient) {
+  // Every value sent and every velocity zeroed after: plain SGD, as in Deep Gradient
+  // Compression at no compression.
+  auto peers = test::make_local_cluster(1);
+  GradientCompressor c(parse_compression("topk:1"), 12, 3);
+  c.set_momentum(0.9, dyadic(12, 7));
+  Vec u = dyadic(12, 7);
+  for (std::int64_t step = 0; step < 3; ++step) {
+    const Vec g = dyadic(12, static_cast<unsigned>(50 + step));
+    Vec out = g;
+    c.average(*peers[0], "g", out.data(), step);
+    Vec want(12);
+    for (std::size_t i = 0; i < 12; ++i) want[i] = 0.9f * u[i] + g[i];
+    EXPECT_EQ(out, want) << "step " << step;
+    u.assign(12, 0.f);
+    EXPECT_EQ(Vec(c.velocity().begin(), c.velocity().end()), u);
+  }
+}
+
+TEST(MomentumCorrection, SetMomentumNamesWhatWasWrongAndTurnsOff) {
+  GradientCompressor c(parse_compression("topk:0.5"), 4);
+  for (double bad : {-0.1, 1.0, std::nan("")}) {
+    EXPECT_NE(invalid_argument_of([&] { c.set_momentum(bad); }).find("must be in [0, 1)"),
+              std::string::npos)
+        << "momentum " << bad;
+  }
+  const Vec three(3, 1.f);
+  EXPECT_NE(
+      invalid_argument_of([&] { c.set_momentum(0.9, three); }).find("has 3 values, not n = 4"),
+      std::string::npos);
+  for (const char* dense : {"fp16", "bf16", "powersgd:1", "none"}) {
+    GradientCompressor d(parse_compression(dense), 4);
+    EXPECT_NE(invalid_argument_of([&] { d.set_momentum(0.9); }).find("topk and randomk only"),
+              std::string::npos)
+        << dense;
+    d.set_momentum(0);  // off is always fine
+  }
+  c.set_momentum(0.9);
+  EXPECT_EQ(c.velocity().size(), 4u);
+  c.set_momentum(0);
+  EXPECT_TRUE(c.velocity().empty());
+  EXPECT_EQ(c.momentum(), 0.0);
+}
+
 }  // namespace
 }  // namespace kf

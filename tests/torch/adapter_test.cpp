@@ -99,6 +99,7 @@ struct Trained {
   std::vector<std::vector<torch::Tensor>> params;
   std::vector<std::map<std::string, double>> metrics;
   std::vector<std::size_t> buckets;
+  std::vector<double> momentum_sum;  // SGD: the sum of |momentum buffer| over the parameters
 };
 
 Trained train_kf(int n, Opt which, int steps, const Data& d, DistributedOptimizerOptions o = {},
@@ -110,6 +111,7 @@ Trained train_kf(int n, Opt which, int steps, const Data& d, DistributedOptimize
   t.params.resize(n);
   t.metrics.resize(n);
   t.buckets.resize(n);
+  t.momentum_sum.resize(n);
   std::vector<Net> nets;
   for (int r = 0; r < n; ++r) nets.push_back(make_net(1 + r, device));
   const auto rows = d.x.size(0);
@@ -134,6 +136,11 @@ Trained train_kf(int n, Opt which, int steps, const Data& d, DistributedOptimize
     t.params[r] = params_of(nets[r]);
     t.metrics[r] = s.metrics();
     t.buckets[r] = dist.buckets();
+    for (const auto& [key, entry] : opt->state()) {
+      if (const auto* ps = dynamic_cast<const torch::optim::SGDParamState*>(entry.get())) {
+        t.momentum_sum[r] += ps->momentum_buffer().abs().sum().item<double>();
+      }
+    }
   });
   return t;
 }
@@ -202,7 +209,10 @@ TEST(TorchAdapterModes, CompressedGradientsKeepWorkersIdenticalAndLosslessOnesEx
   torch::set_num_threads(1);
   const Data d = make_data(32);
   const Trained plain = train_kf(2, Opt::sgd, 10, d);
-  const Trained all = train_kf(2, Opt::sgd, 10, d, {}, torch::kCPU, {{"compression", "topk:1"}});
+  DistributedOptimizerOptions unmasked;
+  unmasked.momentum_masking = false;
+  const Trained all =
+      train_kf(2, Opt::sgd, 10, d, unmasked, torch::kCPU, {{"compression", "topk:1"}});
   const Trained half = train_kf(2, Opt::sgd, 10, d, {}, torch::kCPU, {{"compression", "fp16"}});
   const Trained some =
       train_kf(2, Opt::sgd, 10, d, {}, torch::kCPU, {{"compression", "topk:0.25"}});
@@ -211,6 +221,8 @@ TEST(TorchAdapterModes, CompressedGradientsKeepWorkersIdenticalAndLosslessOnesEx
     for (const Trained* t : {&all, &half, &some}) {
       EXPECT_TRUE(torch::equal(t->params[0][i], t->params[1][i])) << "workers differ at " << i;
     }
+    // With momentum correction (unmasked): the compressors carry SGD's momentum, which at ratio
+    // 1 is momentum SGD again.
     EXPECT_TRUE(torch::allclose(all.params[0][i], plain.params[0][i], 1e-5, 1e-6))
         << "topk:1 sends every value";
     EXPECT_TRUE(torch::allclose(half.params[0][i], plain.params[0][i], 1e-2, 1e-3))
@@ -218,6 +230,12 @@ TEST(TorchAdapterModes, CompressedGradientsKeepWorkersIdenticalAndLosslessOnesEx
     sparse_differs = sparse_differs || !torch::equal(some.params[0][i], plain.params[0][i]);
   }
   EXPECT_TRUE(sparse_differs) << "topk:0.25 leaves values in the residual";
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_GT(plain.momentum_sum[r], 0.0);
+    EXPECT_GT(half.momentum_sum[r], 0.0) << "fp16 leaves the momentum to SGD";
+    EXPECT_EQ(all.momentum_sum[r], 0.0) << "the sparse kinds carry the momentum themselves";
+    EXPECT_EQ(some.momentum_sum[r], 0.0);
+  }
   EXPECT_LT(some.metrics[0].at("comm_bytes"), plain.metrics[0].at("comm_bytes"));
 }
 

@@ -58,6 +58,28 @@ Key key_of(const torch::Tensor& p) {
   }
 }
 
+// The momentum that sparse compression carries itself (momentum correction): SGD whose groups
+// share one momentum in (0, 1), with dampening 0 and without Nesterov; else 0.
+double correctable_momentum(torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<torch::optim::SGD*>(&optimizer) == nullptr) return 0;
+  double m = -1;
+  for (auto& group : optimizer.param_groups()) {
+    const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+    if (!(o.momentum() > 0 && o.momentum() < 1) || o.dampening() != 0 || o.nesterov()) return 0;
+    if (m >= 0 && o.momentum() != m) return 0;
+    m = o.momentum();
+  }
+  return m > 0 ? m : 0;
+}
+
+// SGD's momentum buffer of p, or nullptr when it has none yet.
+torch::Tensor* momentum_buffer(torch::optim::Optimizer& optimizer, const torch::Tensor& p) {
+  auto it = optimizer.state().find(key_of(p));
+  if (it == optimizer.state().end()) return nullptr;
+  auto& ps = static_cast<torch::optim::SGDParamState&>(*it->second);
+  return ps.momentum_buffer().defined() ? &ps.momentum_buffer() : nullptr;
+}
+
 Buffer tensor_buffer(const torch::Tensor& t, const std::string& what) {
   if (!t.is_contiguous() || (t.device().type() != torch::kCPU && !t.is_cuda())) {
     throw std::invalid_argument(what + ": must be a contiguous CPU or CUDA tensor");
@@ -360,9 +382,13 @@ void DistributedOptimizer::step() {
   if (!started_any_) first_start_ = wait_from;
   std::size_t bytes = 0;
   void* const stream = on_device_ ? torch_stream(device_) : nullptr;
+  const bool sparse =
+      compression_.kind == Compression::topk || compression_.kind == Compression::randomk;
+  const double momentum =
+      sparse && options_.momentum_correction ? correctable_momentum(optimizer_) : 0;
   for (auto& b : buckets_) {
     if (compress) {
-      bytes += exchange_compressed(*b);
+      bytes += exchange_compressed(*b, momentum);
       continue;
     }
     // On the device, what reads the average below waits for it on LibTorch's stream; the host
@@ -404,17 +430,61 @@ void DistributedOptimizer::step() {
     session_.report_gradients(local_sq_, global_sq, static_cast<double>(local_samples_), 1,
                               finite_);
   }
-  run_optimizer();
+  if (momentum == 0) {
+    run_optimizer();
+    return;
+  }
+  // Momentum correction: the compressors' velocities hold the momentum (their sum over the
+  // workers is the buffer), so SGD steps without its own. Its buffers stay zero meanwhile, on
+  // every worker alike, so that State holds the same on each and a joiner's velocity starts at
+  // zero; the momentum starts afresh when the compression is turned off.
+  for (auto& s : slots_) {
+    if (torch::Tensor* buf = momentum_buffer(optimizer_, s.param)) buf->zero_();
+  }
+  auto& groups = optimizer_.param_groups();
+  for (auto& group : groups) static_cast<torch::optim::SGDOptions&>(group.options()).momentum(0);
+  try {
+    run_optimizer();
+  } catch (...) {
+    for (auto& group : groups)
+      static_cast<torch::optim::SGDOptions&>(group.options()).momentum(momentum);
+    throw;
+  }
+  for (auto& group : groups)
+    static_cast<torch::optim::SGDOptions&>(group.options()).momentum(momentum);
 }
 
 // One bucket through the job's compression, with this worker's residual (docs/training-modes.md).
 // The bucket holds each worker's gradient weighted by its share of the step's samples, whose sum
 // over the workers is the step's mean gradient; the compressor returns the mean over the
 // workers, so the result is scaled by their number. CUDA buckets travel through host memory.
-std::size_t DistributedOptimizer::exchange_compressed(Bucket& b) {
-  if (!b.compressor || b.compressor->spec() != compression_) {
-    b.compressor = std::make_unique<GradientCompressor>(compression_, b.count,
-                                                        /*seed=*/0x6b66 + b.index);
+// With momentum > 0 (topk, randomk) the compressor carries the momentum: a new one takes the
+// previous compressor's velocity, or else each worker's share (1/size) of SGD's buffers.
+std::size_t DistributedOptimizer::exchange_compressed(Bucket& b, double momentum) {
+  if (!b.compressor || b.compressor->spec() != compression_ ||
+      b.compressor->momentum() != static_cast<float>(momentum) ||
+      (momentum > 0 && b.compressor->masking() != options_.momentum_masking)) {
+    auto next = std::make_unique<GradientCompressor>(compression_, b.count,
+                                                     /*seed=*/0x6b66 + b.index);
+    if (momentum > 0) {
+      std::vector<float> start;
+      if (b.compressor && !b.compressor->velocity().empty()) {
+        start.assign(b.compressor->velocity().begin(), b.compressor->velocity().end());
+      } else {
+        start.assign(b.count, 0.f);
+        const float share = 1.f / static_cast<float>(session_.size());
+        for (std::size_t i : b.slots) {
+          const Slot& s = slots_[i];
+          const torch::Tensor* buf = momentum_buffer(optimizer_, s.param);
+          if (buf == nullptr) continue;
+          const torch::Tensor host_buf = buf->to(torch::kCPU).contiguous().view({-1});
+          const float* v = host_buf.data_ptr<float>();
+          for (std::size_t j = 0; j < s.numel; ++j) start[s.offset + j] = v[j] * share;
+        }
+      }
+      next->set_momentum(momentum, start, options_.momentum_masking);
+    }
+    b.compressor = std::move(next);
   }
   torch::Tensor host;
   float* data = b.data.data();
@@ -524,8 +594,7 @@ void DistributedOptimizer::average_with_pair() {
 void DistributedOptimizer::exchange_with_server() {
   const ModeSpec& mode = session_.mode();
   const ParameterServer::Options o{mode.max_staleness, mode.soft_sync, mode.scale_lr};
-  if (!server_ || server_options_.max_staleness != o.max_staleness ||
-      server_options_.soft_sync != o.soft_sync || server_options_.scale_lr != o.scale_lr) {
+  if (!server_ || server_options_ != o) {
     server_.reset();
     server_ = std::make_unique<ParameterServer>(session_.peer(), "kf.torch/ps", o);
     server_options_ = o;

@@ -47,6 +47,16 @@ namespace kf {
 ///      5. Q becomes the next warm start; a column of Q that is all zero (a zero gradient) is
 ///         drawn afresh from (seed, step), so that the rank is never lost for good.
 ///
+/// Momentum correction (topk and randomk, after set_momentum(m) with m > 0; Lin et al. 2018):
+/// the compressor keeps this worker's velocity u and compresses it instead of the gradient:
+/// u = m u + grad, acc = u + residual, and the caller's optimizer then runs without momentum.
+/// Over the workers the velocities add up to momentum SGD's buffer, so without masking and
+/// with every value sent (ratio 1) the updates are exactly momentum SGD's; with fewer, a value
+/// held in the residual is no longer multiplied by the optimizer's momentum again when it is
+/// finally sent. With masking (the default), the velocity of each value sent is then set to
+/// zero, so that a value's momentum does not go on pushing after its accumulated update has
+/// been applied (at ratio 1 that is plain SGD).
+///
 /// A failed collective leaves the residual and the warm start as they were before the call, so
 /// that a step retried after a restore adds its gradient once. The spans that residual() and
 /// warm_start() return stay valid, at the same address, for the compressor's lifetime (they can
@@ -74,6 +84,18 @@ class GradientCompressor {
 
   /// This worker's residual (n floats; zeros for none).
   std::span<float> residual() noexcept { return residual_; }
+
+  /// Turns momentum correction on with momentum m in (0, 1), the velocity starting at `start`
+  /// (n floats; empty: zeros), with or without masking, or off with m = 0 (the velocity is
+  /// dropped). Throws:
+  /// std::invalid_argument for m outside [0, 1), a start of another length, or m > 0 with a
+  /// kind other than topk and randomk (the dense kinds send every value each step, so the
+  /// optimizer's own momentum sees no burst).
+  void set_momentum(double m, std::span<const float> start = {}, bool masking = true);
+  double momentum() const noexcept { return momentum_; }
+  bool masking() const noexcept { return masking_; }
+  /// This worker's velocity (n floats while momentum correction is on; else empty).
+  std::span<const float> velocity() const noexcept { return velocity_; }
   /// PowerSGD's warm-start matrix Q (cols x r, row-major), identical on every worker after each
   /// average(); empty for the other kinds. A joiner must receive it from a survivor (the caller
   /// registers it with kf::State).
@@ -91,6 +113,9 @@ class GradientCompressor {
   std::size_t average_topk(Peer& peer, const std::string& name, float* grad);
   std::size_t average_randomk(Peer& peer, const std::string& name, float* grad, std::int64_t step);
   std::size_t average_powersgd(Peer& peer, const std::string& name, float* grad, std::int64_t step);
+  void accumulate(const float* grad);  // acc_ = grad (or the next velocity) + residual
+  // The step succeeded: acc_ is the residual, the velocity advances (masked where `sent`).
+  void commit(std::span<const std::uint32_t> sent);
 
   CompressionSpec spec_;
   std::size_t n_;
@@ -98,8 +123,12 @@ class GradientCompressor {
   std::size_t k_ = 0;  // topk, randomk: values sent per step
   std::size_t rows_ = 0, cols_ = 0, rank_ = 0;
   std::vector<float> residual_;
-  std::vector<float> q_;    // powersgd: the warm start
-  std::vector<float> acc_;  // grad + residual, then the next residual until the step succeeds
+  std::vector<float> q_;         // powersgd: the warm start
+  std::vector<float> acc_;       // grad + residual, then the next residual until the step succeeds
+  float momentum_ = 0;           // momentum correction's m; 0: off
+  bool masking_ = false;         // the velocity of a value sent is zeroed
+  std::vector<float> velocity_;  // while it is on: this worker's u
+  std::vector<float> next_velocity_;  // u of this step until the step succeeds
 };
 
 namespace compression {

@@ -31,7 +31,10 @@
 // server's parameters as they come (kf::ParameterServer, metric "async_ps.staleness").
 // The settings "compression" compresses the gradients of sync-sgd (kf/runtime/compression.hpp):
 // the buckets are then exchanged in step(), one after another, through a GradientCompressor
-// each, with this worker's error-feedback residual; overlap with backward is lost.
+// each, with this worker's error-feedback residual; overlap with backward is lost. With topk or
+// randomk and SGD with momentum (dampening 0, no Nesterov), the compressors carry the momentum
+// (momentum correction, kf/runtime/compression.hpp) and SGD steps without its own meanwhile
+// (DistributedOptimizerOptions::momentum_correction).
 //
 // Requirements: parameters are dense float32 tensors, all on the CPU or all on one CUDA device;
 // one backward per step (no gradient accumulation); every worker builds the same model and
@@ -70,6 +73,13 @@ struct DistributedOptimizerOptions {
   std::size_t bucket_bytes = std::size_t{4} << 20;
   /// false: one allreduce of all gradients after backward, for measuring what overlap gains.
   bool overlap = true;
+  /// With topk or randomk compression and SGD with momentum (dampening 0, no Nesterov, one
+  /// momentum for every group): the compressors carry the momentum instead of SGD (momentum
+  /// correction). false leaves the momentum to SGD, applied to the sparse averages.
+  bool momentum_correction = true;
+  /// With momentum correction: the velocity of each value sent restarts at zero (momentum
+  /// factor masking, GradientCompressor::set_momentum).
+  bool momentum_masking = true;
 };
 
 class DistributedOptimizer {
@@ -141,7 +151,7 @@ class DistributedOptimizer {
   void average_model();
   void average_with_pair();
   void exchange_with_server();
-  std::size_t exchange_compressed(Bucket& b);
+  std::size_t exchange_compressed(Bucket& b, double momentum);
 
   Session& session_;
   torch::optim::Optimizer& optimizer_;
