@@ -209,8 +209,10 @@ TEST_F(ConfigServerTest, RestartedServerServesTheSameState) {
   EXPECT_EQ(http("PUT", server.url() + "/v1/cluster", cluster(1, 1).dump(), true).status, 409);
 }
 
-// Sends raw bytes and returns what comes back before the server closes (or 5 s pass).
-std::string raw_exchange(const std::string& address, const std::string& bytes) {
+// Sends raw bytes (in pieces of `piece` bytes each, one send each, when piece > 0) and returns
+// what comes back before the server closes (or 5 s pass).
+std::string raw_exchange(const std::string& address, const std::string& bytes,
+                         std::size_t piece = 0) {
   const auto colon = address.rfind(':');
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
@@ -219,7 +221,10 @@ std::string raw_exchange(const std::string& address, const std::string& bytes) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   std::string reply;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) {
-    (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    const std::size_t step = piece == 0 ? bytes.size() : piece;
+    for (std::size_t at = 0; at < bytes.size(); at += step) {
+      (void)::send(fd, bytes.data() + at, std::min(step, bytes.size() - at), MSG_NOSIGNAL);
+    }
     char buffer[4096];
     for (;;) {
       pollfd p{fd, POLLIN, 0};
@@ -259,6 +264,25 @@ TEST_F(ConfigServerTest, BadHttpIsRefusedWithoutACrash) {
                   .starts_with("HTTP/1.1 200"));
   EXPECT_TRUE(server.alive());
   EXPECT_EQ(http("GET", server.url() + "/healthz").status, 200);
+}
+
+// A malformed header is answered with a 400 as soon as its bad line has arrived, however the
+// bytes were split on the way: here one byte per send, so that the server reads them in small
+// pieces. Beast's parser, fed read by read, waits for the end of a header once a read ended
+// without it (and can miss that end), so these went unanswered.
+TEST_F(ConfigServerTest, AMalformedHeaderIsAnsweredHoweverItsBytesArrive) {
+  ServerProcess server(dir_);
+  ASSERT_FALSE(server.url().empty());
+  const std::string long_bad_line = "GET /" + std::string(600, 'a') + " XTTP/1.1\r\n\r\n";
+  const std::string unfinished = "GET /healthz HTTP/1.1\r\nHost: x\r\nno colon here\r\n";
+  for (const std::string& bytes : {long_bad_line, unfinished}) {
+    for (std::size_t piece : {std::size_t{1}, std::size_t{7}, std::size_t{0}}) {
+      const std::string reply = raw_exchange(server.address(), bytes, piece);
+      EXPECT_TRUE(reply.starts_with("HTTP/1.1 400"))
+          << "pieces of " << piece << " bytes of " << bytes.substr(0, 40) << ": " << reply;
+    }
+  }
+  EXPECT_TRUE(server.alive());
 }
 
 // A resize while 1,000 long-polls wait (from four addresses, under the per-source cap) and 100

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <csignal>
 #include <exception>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <system_error>
@@ -64,6 +65,43 @@ void log_exception(std::exception_ptr e) noexcept {
     KF_LOG(err, "config-server", "connection task failed: {}", ex.what());
   } catch (...) {
     KF_LOG(err, "config-server", "connection task failed with an unknown exception");
+  }
+}
+
+using RequestParser = http::request_parser<http::string_body>;
+
+// Reads a request's header into a new `parser`. The bytes of each read are put, with the
+// header's earlier bytes, to a fresh parser, so that what the header is found to be (whole,
+// malformed, or not yet whole) depends on its bytes alone and not on how they were split into
+// reads. Beast's parser, fed read by read, looks at a header's lines before its end only
+// within the read that brought them; after a read that ended without the end it waits for the
+// end, and can miss an end that straddles that read, so a malformed header got its 400 or no
+// answer by chance. A header is at most max_header_bytes, so parsing it again per read costs
+// little. Without an error, `parser` holds the header and `buffer` the bytes after it.
+asio::awaitable<beast::error_code> async_read_head(beast::tcp_stream& stream,
+                                                   beast::flat_buffer& buffer,
+                                                   std::optional<RequestParser>& parser,
+                                                   const ServerOptions& options) {
+  for (;;) {
+    parser.emplace();
+    parser->header_limit(static_cast<std::uint32_t>(options.max_header_bytes));
+    parser->body_limit(options.max_body_bytes);
+    if (buffer.size() > 0) {
+      beast::error_code ec;
+      const std::size_t used = parser->put(buffer.data(), ec);  // stops after the header
+      if (!ec && parser->is_header_done()) {
+        buffer.consume(used);
+        co_return ec;
+      }
+      if (ec && ec != http::error::need_more) co_return ec;
+    }
+    const std::size_t room = std::max<std::size_t>(512, options.max_header_bytes);
+    auto [ec, n] = co_await stream.async_read_some(buffer.prepare(room), kAsTuple);
+    buffer.commit(n);
+    if (ec == asio::error::eof) {
+      co_return buffer.size() == 0 ? http::error::end_of_stream : http::error::partial_message;
+    }
+    if (ec) co_return ec;
   }
 }
 
@@ -172,11 +210,11 @@ asio::awaitable<void> Server::async_session(tcp::socket socket, std::string sour
   beast::tcp_stream stream(std::move(socket));
   beast::flat_buffer buffer;
   for (;;) {
-    http::request_parser<http::string_body> parser;
-    parser.header_limit(static_cast<std::uint32_t>(options_.max_header_bytes));
-    parser.body_limit(options_.max_body_bytes);
+    std::optional<RequestParser> read;
     stream.expires_after(options_.idle_timeout);  // deadline for the whole request
-    auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, kAsTuple);
+    beast::error_code ec = co_await async_read_head(stream, buffer, read, options_);
+    RequestParser& parser = *read;
+    std::size_t n = 0;
     if (!ec && parser.get().method() != http::verb::get &&
         parser.get().method() != http::verb::head) {
       // A mutation: its credentials are looked at before its body is read (the signature itself
