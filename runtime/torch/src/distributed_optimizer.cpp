@@ -441,17 +441,18 @@ void DistributedOptimizer::step() {
   for (auto& s : slots_) {
     if (torch::Tensor* buf = momentum_buffer(optimizer_, s.param)) buf->zero_();
   }
-  auto& groups = optimizer_.param_groups();
-  for (auto& group : groups) static_cast<torch::optim::SGDOptions&>(group.options()).momentum(0);
-  try {
-    run_optimizer();
-  } catch (...) {
-    for (auto& group : groups)
-      static_cast<torch::optim::SGDOptions&>(group.options()).momentum(momentum);
-    throw;
-  }
-  for (auto& group : groups)
-    static_cast<torch::optim::SGDOptions&>(group.options()).momentum(momentum);
+  // SGD steps with momentum 0; its momentum comes back however the step ends.
+  struct WithoutMomentum {
+    torch::optim::Optimizer& sgd;
+    double momentum;
+    void set(double m) {
+      for (auto& group : sgd.param_groups())
+        static_cast<torch::optim::SGDOptions&>(group.options()).momentum(m);
+    }
+    ~WithoutMomentum() { set(momentum); }
+  } without{optimizer_, momentum};
+  without.set(0);
+  run_optimizer();
 }
 
 // One bucket through the job's compression, with this worker's residual (docs/training-modes.md).
