@@ -31,8 +31,11 @@ std::string state_text(const State& s) { return s.to_json().dump(); }
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  // Each input starts from no state at all: a log left by the last input would be loaded by the
+  // new service (and make an input's outcome depend on the ones before it).
   const fs::path file = kf::fuzz::scratch_dir() / "state.json";
   fs::remove(file);
+  fs::remove(log_file(file));
   ServiceOptions options;
   options.state_file = file;
   options.token = kToken;

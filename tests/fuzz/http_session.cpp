@@ -18,6 +18,7 @@
 #include "check.hpp"
 #include "kf-config-server/lib/http_server.hpp"
 #include "kf-config-server/lib/service.hpp"
+#include "kf-config-server/lib/state.hpp"
 #include "kf/common/json.hpp"
 
 namespace fs = std::filesystem;
@@ -102,6 +103,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view input(reinterpret_cast<const char*>(data), size);
   const fs::path file = kf::fuzz::scratch_dir() / "state.json";
   fs::remove(file);
+  fs::remove(kf::config_server::log_file(file));  // each input starts from no state
   ServiceOptions service_options;
   service_options.state_file = file;
   service_options.token = "fuzz-token";
