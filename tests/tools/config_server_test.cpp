@@ -285,6 +285,31 @@ TEST_F(ConfigServerTest, AMalformedHeaderIsAnsweredHoweverItsBytesArrive) {
   EXPECT_TRUE(server.alive());
 }
 
+// The same for a body in chunks (Beast's parser reads a body read by read too): a bad chunk
+// size, a bad chunk extension, a trailer line without a colon, a chunk without its CRLF, and a
+// chunk extension longer than a read, each answered with a 400 however the bytes arrive.
+TEST_F(ConfigServerTest, AMalformedChunkedBodyIsAnsweredHoweverItsBytesArrive) {
+  ServerProcess server(dir_);
+  ASSERT_FALSE(server.url().empty());
+  const std::string head =
+      "GET /v1/cluster HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  const std::string bodies[] = {
+      "4\r\nabcd\r\nzz\r\nxx\r\n0\r\n\r\n",
+      "4;\x01\r\nabcd\r\n0\r\n\r\n",
+      "4\r\nabcd\r\n0\r\nno colon here\r\n\r\n",
+      "4\r\nabcdXY0\r\n\r\n",
+      "4;x=" + std::string(700, 'a') + "\x01\r\nabcd\r\n0\r\n\r\n",
+  };
+  for (const std::string& body : bodies) {
+    for (std::size_t piece : {std::size_t{1}, std::size_t{7}, std::size_t{0}}) {
+      const std::string reply = raw_exchange(server.address(), head + body, piece);
+      EXPECT_TRUE(reply.starts_with("HTTP/1.1 400"))
+          << "pieces of " << piece << " bytes of a body " << body.substr(0, 20) << ": " << reply;
+    }
+  }
+  EXPECT_TRUE(server.alive());
+}
+
 // A resize while 1,000 long-polls wait (from four addresses, under the per-source cap) and 100
 // clients hold a request head they never finish: the change is answered, and every long-poll
 // is answered with the new version, none left waiting.
