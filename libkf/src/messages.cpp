@@ -22,6 +22,17 @@ std::size_t frame_bytes(std::size_t bytes, std::size_t frame, std::size_t i) noe
   return std::min(frame, bytes - i * frame);
 }
 
+// Waits until every frame's request of a message is done; the first error among them, if any.
+template <class Request>
+awaitable<std::error_code> all_done(const std::vector<std::shared_ptr<Request>>& reqs) {
+  std::error_code ec;
+  for (const auto& r : reqs) {
+    if (!r->ev.done) co_await r->ev.timer().async_wait(asio::as_tuple(asio::use_awaitable));
+    if (r->ev.ec && !ec) ec = r->ev.ec;
+  }
+  co_return ec;
+}
+
 }  // namespace
 
 std::string PeerImpl::check_message(const char* what, int rank, std::string_view name,
@@ -70,11 +81,7 @@ Handle PeerImpl::send(int to, std::string_view name, Buffer buf) {
           hd.payload_bytes = bytes == 0 ? 0 : frame_bytes(bytes, frame, i);
           reqs.push_back(mesh_.post_send(peer, hd, name, bytes == 0 ? nullptr : data + i * frame));
         }
-        std::error_code ec;
-        for (auto& r : reqs) {
-          if (!r->ev.done) co_await r->ev.timer().async_wait(asio::as_tuple(asio::use_awaitable));
-          if (r->ev.ec && !ec) ec = r->ev.ec;
-        }
+        const std::error_code ec = co_await all_done(reqs);
         state->complete(
             ec, ec ? "send '" + name + "' to " + target + " was not delivered: " + ec.message()
                    : std::string());
@@ -152,11 +159,7 @@ Handle PeerImpl::receive(int from, std::string_view name, Buffer buf) {
                                          bytes == 0 ? nullptr : dst + i * frame,
                                          bytes == 0 ? 0 : frame_bytes(bytes, frame, i)));
         }
-        std::error_code ec;
-        for (auto& r : reqs) {
-          if (!r->ev.done) co_await r->ev.timer().async_wait(asio::as_tuple(asio::use_awaitable));
-          if (r->ev.ec && !ec) ec = r->ev.ec;
-        }
+        const std::error_code ec = co_await all_done(reqs);
         state->complete(
             ec, ec ? "receive '" + name + "' from " + source + ": " + ec.message() : std::string());
       },
