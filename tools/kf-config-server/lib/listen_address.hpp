@@ -12,8 +12,8 @@ struct ListenAddress {
   std::string host = "127.0.0.1";
   std::uint16_t port = 0;
 
-  /// Parses "HOST:PORT" ("[::1]:PORT" for IPv6). Throws: std::invalid_argument naming what is
-  /// wrong.
+  /// Parses "HOST:PORT" ("[::1]:PORT" for IPv6); HOST is a name or an address, of letters,
+  /// digits and ". - _ : %". Throws: std::invalid_argument naming what is wrong.
   static ListenAddress parse(std::string_view text);
 };
 
