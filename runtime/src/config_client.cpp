@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf/runtime/config_client.hpp"
 #include "kf/common/fd.hpp"
+#include "kf/common/host.hpp"
 #include "kf/common/json.hpp"
 #include "kf/common/log.hpp"
 
@@ -246,6 +247,7 @@ Endpoint ConfigClient::parse_url(std::string_view url) {
       port == 0 || port > 65535) {
     throw bad("has no valid port (1-65535)");
   }
+  if (const std::string why = host_problem(host); !why.empty()) throw bad("has " + why);
   return Endpoint{std::move(host), static_cast<std::uint16_t>(port)};
 }
 

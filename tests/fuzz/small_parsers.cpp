@@ -15,6 +15,7 @@
 #include "kf-config-server/lib/listen_address.hpp"
 #include "kf-config-server/lib/service.hpp"
 #include "kf/common/env.hpp"
+#include "kf/common/host.hpp"
 #include "kf/runtime/config_client.hpp"
 #include "kf/runtime/request_signature.hpp"
 #include "kfrun/lib/ports.hpp"
@@ -52,11 +53,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       only_invalid_argument("parse_service_url", text, [&] {
         const auto u = kf::ConfigClient::parse_service_url(text);
         KF_FUZZ_CHECK(!u.endpoints.empty(), text);
+        for (const auto& e : u.endpoints) {
+          KF_FUZZ_CHECK(kf::host_problem(e.host).empty(), text + ": host " + e.host);
+        }
       });
       break;
     case 1:
       only_invalid_argument("ListenAddress::parse", text, [&] {
         const auto a = kf::config_server::ListenAddress::parse(text);
+        KF_FUZZ_CHECK(kf::host_problem(a.host).empty(), text + ": host " + a.host);
         const std::string again =
             (a.host.find(':') != std::string::npos ? "[" + a.host + "]" : a.host) + ":" +
             std::to_string(a.port);

@@ -27,10 +27,12 @@ TEST(ConfigClientUrl, AcceptsHttpHostPort) {
 }
 
 TEST(ConfigClientUrl, RejectsAnythingElseNamingTheUrl) {
-  for (const char* url : {"", "127.0.0.1:7070", "https://127.0.0.1:7070", "http://127.0.0.1",
-                          "http://:7070", "http://127.0.0.1:0", "http://127.0.0.1:65536",
-                          "http://127.0.0.1:70x", "http://127.0.0.1:7070/v1", "http://u@h:1",
-                          "http://[::1]", "http://::1:7070", "http://h:1?x=1"}) {
+  for (const char* url :
+       {"", "127.0.0.1:7070", "https://127.0.0.1:7070", "http://127.0.0.1", "http://:7070",
+        "http://127.0.0.1:0", "http://127.0.0.1:65536", "http://127.0.0.1:70x",
+        "http://127.0.0.1:7070/v1", "http://u@h:1", "http://[::1]", "http://::1:7070",
+        "http://h:1?x=1", "http://[a\r\nX: y]:1", "http://[[::1]:1", "http://h h:1",
+        "http://h\x01:1", "etcd://h:1,a\nb:2"}) {
     try {
       kf::ConfigClient client(url, "token");
       ADD_FAILURE() << "accepted '" << url << "'";

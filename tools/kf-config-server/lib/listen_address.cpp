@@ -2,8 +2,9 @@
 #include "kf-config-server/lib/listen_address.hpp"
 
 #include <charconv>
-#include <cstdio>
 #include <stdexcept>
+
+#include "kf/common/host.hpp"
 
 namespace kf::config_server {
 
@@ -24,17 +25,9 @@ ListenAddress ListenAddress::parse(std::string_view text) {
                                 "' has no valid port (0-65535, 0 for any free port)");
   }
   if (host.empty()) throw std::invalid_argument("--listen '" + std::string(text) + "' has no host");
-  // A host name or an IP address (IPv6 with a zone after '%'): brackets only around all of it.
-  for (const char c : host) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '-' || c == '_' || c == ':' || c == '%';
-    if (!ok) {
-      char code[8];
-      std::snprintf(code, sizeof code, "0x%02x", static_cast<unsigned char>(c));
-      throw std::invalid_argument("--listen '" + std::string(text) +
-                                  "' has a host with character " + code +
-                                  ", which is in no host name or IP address");
-    }
+  // A host name or an IP address: brackets only around all of it (removed above).
+  if (const std::string why = host_problem(host); !why.empty()) {
+    throw std::invalid_argument("--listen '" + std::string(text) + "' has " + why);
   }
   return ListenAddress{std::string(host), static_cast<std::uint16_t>(port)};
 }
