@@ -316,8 +316,9 @@ TEST_F(KfMemberTest, UnknownWorkerExits1) {
 
 TEST_F(KfMemberTest, BadArgumentsExit2) {
   const std::string exe = env_or_empty("KF_MEMBER");
-  for (const std::string args : {"", "bogus", "resize 0", "resize", "add --count x", "revoke",
-                                 "watch --count -1", "add --port-range 9-1"}) {
+  for (const std::string args :
+       {"", "bogus", "resize 0", "resize", "add --count x", "revoke", "watch --count -1",
+        "add --port-range 9-1", "add --host ''", "add --host 'a b'", "resize 3 --host 'h/1'"}) {
     const Ran r = member(args);
     EXPECT_EQ(r.exit_code, 2) << "'" << args << "': " << r.output;
   }

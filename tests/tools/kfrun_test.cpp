@@ -539,7 +539,9 @@ INSTANTIATE_TEST_SUITE_P(
                       std::vector<std::string>{"-np", "2", "--metrics-port", "70000", "--", "true"},
                       std::vector<std::string>{"-np", "2", "--job-token-file",
                                                "/nonexistent/kf-token", "--", "true"},
-                      std::vector<std::string>{"-np", "2", "--no-such-option", "--", "true"}));
+                      std::vector<std::string>{"-np", "2", "--no-such-option", "--", "true"},
+                      std::vector<std::string>{"-np", "2", "--host", "", "--", "true"},
+                      std::vector<std::string>{"-np", "2", "--host", "a b", "--", "true"}));
 
 }  // namespace
 }  // namespace kf::tools

@@ -17,6 +17,7 @@
 
 #include "kf-member/lib/commands.hpp"
 #include "kf/common/env.hpp"
+#include "kf/common/host.hpp"
 #include "kf/runtime/config_client.hpp"
 
 namespace {
@@ -27,7 +28,11 @@ constexpr int kRuntimeError = 1;
 void add_placement(CLI::App* cmd, kf::member::AddOptions& add, std::string& range) {
   cmd->add_option("--host", add.host,
                   "host of the new workers: this machine, or another where an agent runs")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check([](const std::string& host) {
+        const std::string why = kf::host_problem(host);
+        return why.empty() ? why : "--host '" + host + "' is " + why;
+      });
   cmd->add_option("--port-range", range,
                   "ports to pick from, A-B (test-bound when --host is this machine; otherwise "
                   "unchecked, and the host's agent moves a worker whose port is in use)")

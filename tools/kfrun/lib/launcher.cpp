@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "kf/common/env.hpp"
+#include "kf/common/host.hpp"
 #include "kfrun/lib/line_prefixer.hpp"
 #include "kfrun/lib/output.hpp"
 #include "kfrun/lib/private_dir.hpp"
@@ -182,7 +183,9 @@ void check(const LaunchOptions& options) {
   if (options.command.empty() || options.command.front().empty()) {
     throw std::invalid_argument("no program given: kfrun -np N [options] -- PROG ARGS...");
   }
-  if (options.host.empty()) throw std::invalid_argument("--host must not be empty");
+  if (const std::string why = host_problem(options.host); !why.empty()) {
+    throw std::invalid_argument("--host '" + options.host + "' is " + why);
+  }
   if (options.timeout && options.timeout->count() <= 0) {
     throw std::invalid_argument("--timeout-ms must be positive");
   }
