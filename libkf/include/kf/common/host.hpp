@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The host part of an address given by a user (a config service URL, a --listen address).
+// The host part of an address a user gives: a config service URL, kf-config-server --listen,
+// kfrun and kf-member --host.
 // Thread-safety: pure functions.
 #pragma once
 
