@@ -5,6 +5,8 @@
 #include <set>
 #include <stdexcept>
 
+#include "kf/common/host.hpp"
+
 namespace kf {
 
 Endpoint Endpoint::parse(std::string_view s) {
@@ -33,9 +35,19 @@ std::string Cluster::validate() const {
   for (std::size_t i = 0; i < workers.size(); ++i) {
     const auto& e = workers[i].endpoint;
     if (e.host.empty()) return "workers[" + std::to_string(i) + "].host is empty";
+    if (auto why = host_problem(e.host); !why.empty()) {
+      return "workers[" + std::to_string(i) + "].host is " + why;
+    }
     if (e.port == 0) return "workers[" + std::to_string(i) + "].port must be 1-65535";
     if (!seen.insert(e.str()).second) return "duplicate worker " + e.str();
     if (workers[i].slot < 0) return "workers[" + std::to_string(i) + "].slot is negative";
+  }
+  for (std::size_t i = 0; i < agents.size(); ++i) {
+    const auto& a = agents[i];
+    if (auto why = host_problem(a.host); !why.empty()) {
+      return "agents[" + std::to_string(i) + "].host is " + why;
+    }
+    if (a.port == 0) return "agents[" + std::to_string(i) + "].port must be 1-65535";
   }
   return {};
 }

@@ -171,6 +171,22 @@ TEST(Cluster, ValidateReportsTheFirstProblem) {
   c = three_workers();
   c.workers[2].endpoint = c.workers[0].endpoint;
   EXPECT_NE(c.validate().find("duplicate"), std::string::npos);
+  for (const char* bad : {"h h", "a/b", "[::1]", "h\n", "h\x01"}) {
+    c = three_workers();
+    c.workers[1].endpoint.host = bad;
+    EXPECT_NE(c.validate().find("workers[1].host is a host with character"), std::string::npos)
+        << bad;
+    c = three_workers();
+    c.agents = {Endpoint{"10.0.0.1", 900}, Endpoint{bad, 900}};
+    EXPECT_NE(c.validate().find("agents[1].host is a host with character"), std::string::npos)
+        << bad;
+  }
+  c = three_workers();
+  c.workers[0].endpoint.host = "::1";
+  c.agents = {Endpoint{"fe80::1%eth0", 900}, Endpoint{"node-7.example_net", 901}};
+  EXPECT_EQ(c.validate(), "");
+  c.agents[1].port = 0;
+  EXPECT_NE(c.validate().find("agents[1].port"), std::string::npos);
 }
 
 TEST(Endpoint, ParsesHostAndPort) {

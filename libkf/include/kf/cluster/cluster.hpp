@@ -42,7 +42,8 @@ struct Cluster {
   std::optional<int> rank_of(const Endpoint& self) const noexcept;
 
   /// Checks the invariants every cluster must hold: no duplicate workers, ports in 1..65535,
-  /// non-empty hosts. Returns an empty string when valid, otherwise the reason.
+  /// hosts that are host names or IP addresses without brackets (kf::host_problem), for workers
+  /// and agents alike. Returns an empty string when valid, otherwise the reason.
   std::string validate() const;
 
   nlohmann::json to_json() const;
