@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
       app.add_subcommand("revoke",
                          "remove WORKER and record a 'revoked' event with the notice (the worker "
                          "leaves at its next step; its agent sends SIGTERM after the notice)");
-  revoke->add_option("WORKER", worker, "rank or host:port")->required();
+  revoke->add_option("WORKER", worker, "rank, or host:port ([v6]:port for IPv6)")->required();
   auto* notice =
       revoke->add_option("--notice", notice_seconds, "seconds of notice, recorded in the event")
           ->check(CLI::Range(0, 86'400));
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
       app.add_subcommand("kill",
                          "remove WORKER and record a 'killed' event, for failure drills (its "
                          "agent sends SIGKILL at once)");
-  kill->add_option("WORKER", worker, "rank or host:port")->required();
+  kill->add_option("WORKER", worker, "rank, or host:port ([v6]:port for IPv6)")->required();
   auto* resize = app.add_subcommand("resize", "add or remove workers at the end to reach N");
   resize->add_option("N", resize_to, "the new number of workers (at least 1)")
       ->required()

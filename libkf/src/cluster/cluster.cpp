@@ -20,7 +20,14 @@ Endpoint Endpoint::parse(std::string_view s) {
   if (ec != std::errc{} || ptr != digits.data() + digits.size() || port == 0 || port > 65535) {
     throw std::invalid_argument("endpoint '" + std::string(s) + "' has no valid port (1-65535)");
   }
-  return Endpoint{std::string(s.substr(0, colon)), static_cast<std::uint16_t>(port)};
+  auto host = s.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (auto why = host_problem(host); !why.empty()) {
+    throw std::invalid_argument("endpoint '" + std::string(s) + "' has " + why);
+  }
+  return Endpoint{std::string(host), static_cast<std::uint16_t>(port)};
 }
 
 std::optional<int> Cluster::rank_of(const Endpoint& self) const noexcept {

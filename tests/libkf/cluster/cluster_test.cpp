@@ -191,9 +191,12 @@ TEST(Cluster, ValidateReportsTheFirstProblem) {
 
 TEST(Endpoint, ParsesHostAndPort) {
   EXPECT_EQ(Endpoint::parse("10.0.0.1:4000"), (Endpoint{"10.0.0.1", 4000}));
-  EXPECT_EQ(Endpoint::parse("[::1]:65535"), (Endpoint{"[::1]", 65535}));
+  EXPECT_EQ(Endpoint::parse("[::1]:65535"), (Endpoint{"::1", 65535}));
+  EXPECT_EQ(Endpoint::parse("::1:65535"), (Endpoint{"::1", 65535}));
+  EXPECT_EQ(Endpoint::parse(Endpoint{"fe80::1%eth0", 7}.str()), (Endpoint{"fe80::1%eth0", 7}));
   EXPECT_EQ((Endpoint{"h", 1}).str(), "h:1");
-  for (const char* bad : {"host", ":80", "h:0", "h:70000", "h:", "h:8x", "h:-1"}) {
+  for (const char* bad : {"host", ":80", "h:0", "h:70000", "h:", "h:8x", "h:-1", "[]:80",
+                          "[[h]]:80", "h h:80", "a/b:80", "[a]b:80"}) {
     EXPECT_THROW(Endpoint::parse(bad), std::invalid_argument) << bad;
   }
 }

@@ -49,6 +49,11 @@ TEST(KfMemberFindWorker, TakesARankOrHostPort) {
   EXPECT_EQ(kf::member::find_worker(c, "2"), 2);
   EXPECT_EQ(kf::member::find_worker(c, "127.0.0.1:10002"), 1);
   EXPECT_EQ(kf::member::find_worker(c, "10.0.0.2:10001"), 2);
+  // An IPv6 worker by its address as kf prints it, or in brackets.
+  auto v6 = c;
+  v6.workers[1].endpoint = kf::Endpoint{"fd00::2", 10001};
+  EXPECT_EQ(kf::member::find_worker(v6, "fd00::2:10001"), 1);
+  EXPECT_EQ(kf::member::find_worker(v6, "[fd00::2]:10001"), 1);
 }
 
 TEST(KfMemberFindWorker, RejectsUnknownWorkers) {

@@ -20,7 +20,9 @@ struct Endpoint {
   std::uint16_t port = 0;
 
   std::string str() const { return host + ":" + std::to_string(port); }
-  /// Parses "host:port". Throws: std::invalid_argument naming what is wrong.
+  /// Parses "host:port"; an IPv6 host may be in brackets ("[::1]:4000" is host "::1", as str()
+  /// prints it "::1:4000", which parses back the same). The host must pass kf::host_problem.
+  /// Throws: std::invalid_argument naming what is wrong.
   static Endpoint parse(std::string_view s);
   friend bool operator==(const Endpoint&, const Endpoint&) = default;
 };
