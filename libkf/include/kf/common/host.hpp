@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The host part of an address a user gives: a config service URL, kf-config-server --listen,
-// kfrun and kf-member --host.
+// The host part of an address: a config service URL, kf-config-server --listen, kfrun and
+// kf-member --host, and every host of a cluster document (Cluster::validate) or an endpoint
+// (Endpoint::parse).
 // Thread-safety: pure functions.
 #pragma once
 
