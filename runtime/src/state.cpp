@@ -9,6 +9,8 @@
 
 #include <cstring>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -20,6 +22,20 @@ namespace kf {
 namespace {
 
 constexpr char kMagic[] = "KFSTATE1\n";
+
+// Fields of a buffer's entry in a file's header, read without trusting their types: nullopt
+// when the field is missing or of another type (nlohmann's value() would throw its own error).
+std::optional<std::string> string_field(const nlohmann::json& entry, const char* key) {
+  const auto it = entry.find(key);
+  if (it == entry.end() || !it->is_string()) return std::nullopt;
+  return it->get<std::string>();
+}
+
+std::optional<std::size_t> count_field(const nlohmann::json& entry, const char* key) {
+  const auto it = entry.find(key);
+  if (it == entry.end() || !it->is_number_unsigned()) return std::nullopt;
+  return it->get<std::size_t>();
+}
 
 }  // namespace
 
@@ -166,11 +182,14 @@ void State::load(const std::string& path) {
   std::size_t i = 0;
   for (const auto& [name, e] : buffers_) {
     const auto& b = bs[i++];
-    if (!b.is_object() || b.value("name", "") != name) throw fail("has no buffer '" + name + "'");
-    if (b.value("dtype", "") != to_string(e.live.dtype) ||
-        b.value("count", std::size_t{0}) != e.live.count) {
-      throw fail("buffer '" + name + "' is " + b.value("dtype", "?") + " x " +
-                 std::to_string(b.value("count", std::size_t{0})) + ", this worker has " +
+    if (!b.is_object() || string_field(b, "name") != name) {
+      throw fail("has no buffer '" + name + "'");
+    }
+    const auto dtype = string_field(b, "dtype");
+    const auto count = count_field(b, "count");
+    if (dtype != to_string(e.live.dtype) || count != e.live.count) {
+      throw fail("buffer '" + name + "' is " + dtype.value_or("?") + " x " +
+                 (count ? std::to_string(*count) : std::string("?")) + ", this worker has " +
                  std::string(to_string(e.live.dtype)) + " x " + std::to_string(e.live.count));
     }
   }
@@ -184,7 +203,11 @@ void State::load(const std::string& path) {
   if (in.peek() != std::char_traits<char>::eof()) throw fail("has trailing bytes");
   std::map<std::string, std::int64_t> counters;
   for (const auto& [k, v] : header["counters"].items()) {
-    if (!v.is_number_integer()) throw fail("counter '" + k + "' is not an integer");
+    if (!v.is_number_integer() ||
+        v.is_number_unsigned() &&
+            v.get<std::uint64_t>() > std::uint64_t{std::numeric_limits<std::int64_t>::max()}) {
+      throw fail("counter '" + k + "' is not a 64-bit signed integer");
+    }
     counters[k] = v.get<std::int64_t>();
   }
   i = 0;

@@ -99,6 +99,58 @@ TEST(State, SaveAndLoadRoundTripAndRejectMismatches) {
   EXPECT_THROW(t.load(path), std::runtime_error);
 }
 
+// A header whose fields have the wrong JSON types is refused like any other bad file: a
+// runtime_error naming the file and what is wrong, never the JSON library's own type error.
+TEST(State, LoadRefusesMistypedHeaderFields) {
+  const std::string path = temp_path("kf-state-types");
+  std::vector<std::int32_t> n(3, 7);
+  State s;
+  s.add("n", buffer(n.data(), n.size()));
+  s.counter("step") = 42;
+  const std::string payload(3 * sizeof(std::int32_t), '\0');
+  const struct {
+    const char* header;
+    const char* why;
+  } cases[] = {
+      {R"({"buffers": [{"name": 5555555555555555555, "dtype": "i32", "count": 3}],
+           "counters": {}})",
+       "has no buffer 'n'"},
+      {R"({"buffers": [{"name": "n", "dtype": 7, "count": 3}], "counters": {}})",
+       "buffer 'n' is ? x 3"},
+      {R"({"buffers": [{"name": "n", "dtype": "i32", "count": "3"}], "counters": {}})",
+       "buffer 'n' is i32 x ?"},
+      {R"({"buffers": [{"name": "n", "dtype": "i32", "count": -3}], "counters": {}})",
+       "buffer 'n' is i32 x ?"},
+      {R"({"buffers": [{"name": "n", "dtype": "i32", "count": 3}],
+           "counters": {"step": 9223372036854775808}})",
+       "counter 'step' is not a 64-bit signed integer"},
+  };
+  for (const auto& c : cases) {
+    std::string header = c.header;
+    std::erase(header, '\n');
+    std::ofstream(path, std::ios::binary) << "KFSTATE1\n" << header << '\n' << payload;
+    try {
+      s.load(path);
+      ADD_FAILURE() << "accepted " << c.header;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.why), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(n, std::vector<std::int32_t>(3, 7));
+    EXPECT_EQ(s.counter("step"), 42);
+  }
+  // The same file with every field of its type loads.
+  std::ofstream(path, std::ios::binary)
+      << "KFSTATE1\n"
+      << R"({"buffers": [{"name": "n", "dtype": "i32", "count": 3}], "counters": {"step": 5}})"
+      << '\n'
+      << payload;
+  s.load(path);
+  EXPECT_EQ(n, std::vector<std::int32_t>(3, 0));
+  EXPECT_EQ(s.counter("step"), 5);
+  std::filesystem::remove(path);
+}
+
 TEST(State, SyncGivesEveryWorkerTheRootsStateAndCommitsIt) {
   const int p = 3, root = 1;
   auto peers = test::make_local_cluster(p);
