@@ -55,6 +55,8 @@ TEST(CompareParseRowLine, SkipsOtherRanksAndOtherLines) {
   EXPECT_FALSE(parse_row_line("{\"bytes\": 4, \"median_us\": ").has_value());
   EXPECT_FALSE(parse_row_line("{\"bytes\": 4, \"median_us\": 1.0}").has_value());  // no correct
   EXPECT_FALSE(parse_row_line("{\"bytes\": -4, \"median_us\": 1, \"correct\": true}"));
+  EXPECT_FALSE(
+      parse_row_line("{\"bytes\": 4, \"median_us\": 1, \"p90_us\": \"2\", \"correct\": true}"));
   EXPECT_FALSE(parse_row_line("").has_value());
 }
 

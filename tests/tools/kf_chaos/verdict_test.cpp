@@ -117,6 +117,14 @@ TEST(Verdict, BrokenLinesNoFinalsAndUnreadableReportsFail) {
                        "b:2 reported a broken guarantee: BROKEN sample 7"));
   EXPECT_TRUE(mentions(judge("kfrun: nothing from the workers\n"), "no worker printed a final"));
   EXPECT_TRUE(mentions(judge(kGood + "[a:1] final step=x\n"), "final line kf-chaos cannot read"));
+  EXPECT_TRUE(mentions(judge(kGood + "[a:1] final step=99999999999999999999 workers=2 hash=aa\n"),
+                       "final line kf-chaos cannot read"));
+  EXPECT_TRUE(mentions(judge(kGood + "[a:1] final step=60 workers=99999999999 hash=aa\n"),
+                       "final line kf-chaos cannot read"));
+  // A kind of another type is no kind kf-chaos knows: the line counts as a plain change.
+  const Verdict odd_kind =
+      judge(kGood + "[a:1] change {\"kind\":5,\"to_version\":3,\"commit\":90}\n");
+  EXPECT_TRUE(odd_kind.pass) << odd_kind.problems.front();
   EXPECT_TRUE(mentions(judge(kGood + "[a:1] change {\"kind\":\"resize\"}\n"),
                        "change line kf-chaos cannot read"));
   EXPECT_TRUE(

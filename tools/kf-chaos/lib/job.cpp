@@ -235,7 +235,7 @@ std::optional<int> Job::agent_exit(Clock::time_point until) {
 }
 
 void Job::refresh_pids() {
-  const std::regex pid_re(R"(pid (\d+))");
+  const std::regex pid_re(R"(pid (\d{1,9})\b)");  // a pid fits an int
   for (const auto& e : client().get_events(last_seq_)) {
     last_seq_ = std::max(last_seq_, e.seq);
     std::smatch m;

@@ -38,7 +38,8 @@ double percentile(std::vector<double> ms, double p) {
 
 Verdict judge(std::string_view output) {
   Verdict v;
-  const std::regex final_re(R"(^final step=(\d+) workers=(\d+) hash=([0-9A-Za-z]+)\b)");
+  // Digits bounded so that the numbers convert without overflow; longer ones do not match.
+  const std::regex final_re(R"(^final step=(\d{1,18}) workers=(\d{1,9}) hash=([0-9A-Za-z]+)\b)");
   std::set<std::int64_t> steps;
   std::set<std::string> hashes;
   std::set<int> stated;
@@ -76,7 +77,8 @@ Verdict judge(std::string_view output) {
       }
       // A joiner's record counts its own commits (none yet), not the job's; a leaver's names
       // no version it went to.
-      const std::string kind = j.value("kind", "");
+      const std::string kind =
+          j.contains("kind") && j["kind"].is_string() ? j["kind"].get<std::string>() : "";
       if (kind == "join" || kind == "left") continue;
       if (kind == "recovery") {
         const auto us = [&](const char* key) -> std::int64_t {
