@@ -76,6 +76,10 @@ class Hosts {
   void link(int i, bool up) const {
     run_shell(script_ + " link " + name_ + " " + std::to_string(i) + (up ? " up" : " down"));
   }
+  /// Limits every host's link to `rate` each way ("1gbit"), or lifts the limit ("off").
+  Ran rate(const std::string& rate) const {
+    return run_shell(script_ + " rate " + name_ + " '" + rate + "'");
+  }
 
  private:
   std::string name_, script_, error_, bridge_;

@@ -60,6 +60,38 @@ TEST(ClusterHosts, HierarchicalAllreduceAcrossHosts) {
   EXPECT_NE(r.output.find("auto(hierarchical)      1048576"), std::string::npos) << r.output;
 }
 
+// `hosts rate` puts a token bucket of the rate on both ends of every host's link (what the host
+// sends and what it receives), refuses a rate it cannot read, and "off" takes the buckets away.
+// (What the limit does to collectives is measured by tests/cluster/bench --rate, by hand.)
+TEST(ClusterHosts, RateLimitsEveryHostsLinkBothWays) {
+  const Hosts hosts(unique_name("r"), 2);
+  if (!hosts.error().empty()) GTEST_SKIP() << "no test hosts here: " << hosts.error();
+  const auto qdiscs = [&](int i) {
+    return run_shell("ip netns exec kfc-" + hosts.name() + "-h" + std::to_string(i) +
+                     " tc qdisc show dev eth0; tc qdisc show dev kfv-" + hosts.name() + "-" +
+                     std::to_string(i))
+        .output;
+  };
+  const Ran bad = hosts.rate("fast");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("bad rate 'fast'"), std::string::npos) << bad.output;
+  EXPECT_NE(hosts.rate("0gbit").exit_code, 0);
+  const Ran on = hosts.rate("250mbit");
+  if (on.output.find("cannot limit") != std::string::npos) {
+    GTEST_SKIP() << "this kernel has no token bucket queue (tc tbf): " << on.output;
+  }
+  ASSERT_EQ(on.exit_code, 0) << on.output;
+  for (int i : {1, 2}) {
+    const std::string q = qdiscs(i);
+    std::size_t found = 0;
+    for (std::size_t at = 0; (at = q.find("tbf", at)) != std::string::npos; ++at) ++found;
+    EXPECT_EQ(found, 2u) << "host " << i << ":\n" << q;
+    EXPECT_NE(q.find("rate 250Mbit"), std::string::npos) << q;
+  }
+  ASSERT_EQ(hosts.rate("off").exit_code, 0);
+  for (int i : {1, 2}) EXPECT_EQ(qdiscs(i).find("tbf"), std::string::npos) << qdiscs(i);
+}
+
 // Host 2's agent is killed (SIGKILL) while its two workers train, and a new agent is started
 // there: it adopts the two instead of starting second copies, the job goes on at 4 workers
 // without a change, and it ends with every worker's parameters identical and every agent's exit
