@@ -115,6 +115,17 @@ TEST(Progress, CountsStepsWhereALineLacksTheBatch) {
   EXPECT_EQ(p.points.back().work, 20);
 }
 
+TEST(Progress, SkipsWhatIsNotAProgressLineAndOddWorkerCounts) {
+  const std::string deep(100'000, '[');
+  const Progress p = read_progress(
+      deep + "\n" + line(10, "2026-11-27T00:00:00.000Z", 1, 64) +
+      "{\"step\":20,\"time\":\"2026-11-27T00:00:01.000Z\",\"metrics\":{\"kf_workers\":1e300}}\n" +
+      "{\"step\":30,\"time\":\"2026-11-27T00:00:02.000Z\",\"metrics\":{\"kf_workers\":-4}}\n");
+  ASSERT_EQ(p.points.size(), 3u) << "the nested line is skipped";
+  EXPECT_EQ(p.points[1].workers, 0) << "a count no job has reads as unknown";
+  EXPECT_EQ(p.points[2].workers, 0);
+}
+
 TEST(Progress, ParsesTheWritersTimesOnly) {
   EXPECT_EQ(parse_utc_ms("1970-01-01T00:00:01.250Z"), 1250);
   EXPECT_EQ(parse_utc_ms("2000-03-01T00:00:00.000Z") - parse_utc_ms("2000-02-28T00:00:00.000Z"),

@@ -93,6 +93,21 @@ TEST(KfMemberAddWorkers, PicksFreshPortsAndContinuesSlots) {
 
 namespace {
 
+// A value nested deeper than kf parses JSON (kf::parse_json) is text, and a setting that must
+// be a number refuses it naming the key.
+TEST(MemberAssignments, DeeplyNestedValuesAreText) {
+  const std::string deep(100'000, '[');
+  try {
+    kf::member::parse_assignments({"lr=" + deep});
+    ADD_FAILURE() << "a nested lr was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("lr"), std::string::npos) << e.what();
+  }
+  const nlohmann::json v = kf::member::parse_assignments({"lr=0.05", "mode=sma:period=4"});
+  EXPECT_EQ(v["lr"], 0.05);
+  EXPECT_EQ(v["mode"], "sma:period=4");
+}
+
 TEST(MemberBounds, MinAndMaxWorkersFromTheSettings) {
   kf::Cluster c = three_workers();
   EXPECT_NO_THROW(kf::member::check_bounds(c)) << "no bounds set";

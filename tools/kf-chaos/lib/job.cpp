@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kf/common/env.hpp"
+#include "kf/common/json.hpp"
 #include "kfrun/lib/ports.hpp"
 #include "kfrun/lib/private_dir.hpp"
 #include "kfrun/lib/worker_env.hpp"
@@ -287,7 +288,7 @@ void Job::kill_workers() {
 void write_setting(ConfigClient& c, const std::string& assignment) {
   const auto eq = assignment.find('=');
   const std::string key = assignment.substr(0, eq);
-  auto value = nlohmann::json::parse(assignment.substr(eq + 1), nullptr, false);
+  auto value = parse_json_or_discard(assignment.substr(eq + 1));
   if (value.is_discarded()) value = assignment.substr(eq + 1);
   for (int attempt = 0;; ++attempt) {
     Cluster cur = c.get_cluster();

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf-chaos/lib/progress.hpp"
+#include "kf/common/json.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -46,7 +47,7 @@ Progress read_progress(std::string_view jsonl) {
   bool every_batch = true;
   std::istringstream in{std::string(jsonl)};
   for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
+    const auto j = parse_json_or_discard(line);
     if (j.is_discarded() || !j.is_object() || !j.contains("step") ||
         !j["step"].is_number_integer() || !j.contains("time") || !j["time"].is_string() ||
         !j.contains("metrics") || !j["metrics"].is_object()) {
@@ -57,9 +58,9 @@ Progress read_progress(std::string_view jsonl) {
     p.time_ms = parse_utc_ms(j["time"].get<std::string>());
     if (p.time_ms < 0) continue;
     p.step = j["step"].get<std::int64_t>();
-    p.workers = m.contains("kf_workers") && m["kf_workers"].is_number()
-                    ? static_cast<int>(m["kf_workers"].get<double>())
-                    : 0;
+    const double workers =
+        m.contains("kf_workers") && m["kf_workers"].is_number() ? m["kf_workers"].get<double>() : 0;
+    p.workers = workers >= 0 && workers <= 1e6 ? static_cast<int>(workers) : 0;
     const double batch = m.contains("kf_batch_size") && m["kf_batch_size"].is_number()
                              ? m["kf_batch_size"].get<double>()
                              : 0;

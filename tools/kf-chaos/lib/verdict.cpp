@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf-chaos/lib/verdict.hpp"
+#include "kf/common/json.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -69,7 +70,7 @@ Verdict judge(std::string_view output) {
       stated.insert(std::stoi(m[2]));
       hashes.insert(m[3]);
     } else if (line.starts_with("change {")) {
-      const auto j = nlohmann::json::parse(line.substr(7), nullptr, false);
+      const auto j = parse_json_or_discard(line.substr(7));
       if (j.is_discarded() || !j.contains("to_version") || !j["to_version"].is_number_unsigned() ||
           !j.contains("commit") || !j["commit"].is_number_integer()) {
         v.problems.push_back(who + " printed a change line kf-chaos cannot read: " + line);

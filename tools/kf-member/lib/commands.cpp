@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "kf/common/json.hpp"
 #include "kf/runtime/cluster_settings.hpp"
 
 namespace kf::member {
@@ -54,7 +55,7 @@ nlohmann::json parse_assignments(const std::vector<std::string>& assignments) {
       throw std::invalid_argument("'" + key + "' is not a setting kf-member sets (" + known + ")");
     }
     if (values.contains(key)) throw std::invalid_argument("'" + key + "' is given twice");
-    nlohmann::json v = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    nlohmann::json v = parse_json_or_discard(text);
     if (v.is_discarded() || v.is_object() || v.is_array() || v.is_null()) v = text;
     values[key] = v;
   }
