@@ -204,8 +204,8 @@ void State::load(const std::string& path) {
   std::map<std::string, std::int64_t> counters;
   for (const auto& [k, v] : header["counters"].items()) {
     if (!v.is_number_integer() ||
-        v.is_number_unsigned() &&
-            v.get<std::uint64_t>() > std::uint64_t{std::numeric_limits<std::int64_t>::max()}) {
+        (v.is_number_unsigned() &&
+         v.get<std::uint64_t>() > std::uint64_t{std::numeric_limits<std::int64_t>::max()})) {
       throw fail("counter '" + k + "' is not a 64-bit signed integer");
     }
     counters[k] = v.get<std::int64_t>();

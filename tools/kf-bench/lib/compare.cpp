@@ -216,7 +216,7 @@ std::optional<nlohmann::ordered_json> parse_row_line(std::string_view line) {
       nlohmann::ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (!row.is_object() || !row.contains("bytes") || !row["bytes"].is_number_unsigned() ||
       !row.contains("median_us") || !row["median_us"].is_number() || !row.contains("correct") ||
-      !row["correct"].is_boolean() || row.contains("p90_us") && !row["p90_us"].is_number()) {
+      !row["correct"].is_boolean() || (row.contains("p90_us") && !row["p90_us"].is_number())) {
     return std::nullopt;
   }
   return row;
