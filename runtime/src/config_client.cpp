@@ -76,23 +76,31 @@ void fail(const std::shared_ptr<X>& x, beast::error_code ec) {
 }
 
 // Resolves, connects and writes x's request, then calls `read(x)` to take the answer; a failure
-// on the way ends `x` (either kind of exchange below).
+// on the way ends `x` (either kind of exchange below). An address (what kf writes in URLs it
+// makes) is connected to as it is: asio looks names up on a thread of its own, which would cost
+// a thread per client and a hop to it per request.
 template <typename X, typename Read>
 void connect_and_send(const std::shared_ptr<X>& x, const Endpoint& server, Read read) {
+  auto send = [x, read](beast::error_code connect_ec) {
+    if (connect_ec) return fail(x, connect_ec);
+    set_close_on_exec(x->stream.socket().native_handle());
+    http::async_write(x->stream, x->request, [x, read](beast::error_code write_ec, std::size_t) {
+      if (write_ec) return fail(x, write_ec);
+      read(x);
+    });
+  };
+  beast::error_code not_an_address;
+  const auto address = asio::ip::make_address(server.host, not_an_address);
+  if (!not_an_address) {
+    x->stream.async_connect(tcp::endpoint(address, server.port), std::move(send));
+    return;
+  }
   x->resolver.async_resolve(
       server.host, std::to_string(server.port),
-      [x, read](beast::error_code resolve_ec, tcp::resolver::results_type results) {
+      [x, send](beast::error_code resolve_ec, tcp::resolver::results_type results) {
         if (resolve_ec) return fail(x, resolve_ec);
-        x->stream.async_connect(
-            results, [x, read](beast::error_code connect_ec, const tcp::endpoint&) {
-              if (connect_ec) return fail(x, connect_ec);
-              set_close_on_exec(x->stream.socket().native_handle());
-              http::async_write(x->stream, x->request,
-                                [x, read](beast::error_code write_ec, std::size_t) {
-                                  if (write_ec) return fail(x, write_ec);
-                                  read(x);
-                                });
-            });
+        x->stream.async_connect(results, [send](beast::error_code connect_ec,
+                                                const tcp::endpoint&) { send(connect_ec); });
       });
 }
 

@@ -56,5 +56,15 @@ TEST(ConfigClient, AnEtcdKeyOutsideTheJobsPrefixIsAProtocolError) {
   expect_protocol_error([&] { client.live_agents(); }, "outside");
 }
 
+// An address is connected to as it is; a name is looked up first. Both reach the service.
+TEST(ConfigClient, ReachesAServiceByAddressAndByName) {
+  CannedHttpServer server;
+  for (const std::string host : {"127.0.0.1", "localhost"}) {
+    server.set_answers({CannedHttpServer::answer(200, R"({"events":[]})")});
+    ConfigClient client("http://" + host + ":" + std::to_string(server.port()), "token");
+    EXPECT_TRUE(client.get_events(0).empty()) << host;
+  }
+}
+
 }  // namespace
 }  // namespace kf

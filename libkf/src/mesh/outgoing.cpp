@@ -4,6 +4,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <tuple>
+
 #include <boost/asio/experimental/awaitable_operators.hpp>
 
 #include "kf/common/log.hpp"
@@ -71,13 +73,22 @@ awaitable<boost::system::error_code> Mesh::connect(Outgoing& out, const Endpoint
     KF_LOG(debug, "transport", "{}: no same-host socket for {} ({}), trying TCP", identity_,
            ep.str(), ec.message());
   }
-  tcp::resolver resolver(ex());
-  auto [rec, results] = co_await resolver.async_resolve(ep.host, std::to_string(ep.port), kTuple);
-  if (rec) co_return rec;
   tcp::socket s(ex());
-  auto [ec, connected] = co_await asio::async_connect(s, results, kTuple);
+  boost::system::error_code ec;
+  // An address (what the cluster document holds) is connected to as it is: asio looks a name up
+  // on a thread of its own, a hop each dial would otherwise wait for.
+  boost::system::error_code not_an_address;
+  const auto address = asio::ip::make_address(ep.host, not_an_address);
+  if (!not_an_address) {
+    std::tie(ec) = co_await s.async_connect(tcp::endpoint(address, ep.port), kTuple);
+  } else {
+    tcp::resolver resolver(ex());
+    auto [rec, results] = co_await resolver.async_resolve(ep.host, std::to_string(ep.port), kTuple);
+    if (rec) co_return rec;
+    std::tie(ec, std::ignore) = co_await asio::async_connect(s, results, kTuple);
+  }
   if (ec) co_return ec;
-  // A peer that started between the two attempts (the name lookup takes a while) listens on its
+  // A peer that started between the two attempts (connecting takes a while) listens on its
   // same-host socket by now, if at all: it opens that before its TCP port (PeerImpl's
   // constructor). Without this second look, the connection would stay on TCP for good.
   if (try_local && !peers_[static_cast<std::size_t>(out.peer)].no_local &&

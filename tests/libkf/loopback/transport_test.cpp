@@ -528,6 +528,25 @@ TEST(Transport, AutoPricesMessagesByTheTransport) {
   }
 }
 
+// An address is dialled as it is; a worker the cluster document names by host name is looked up.
+TEST(Transport, PeersNamedByHostNameAreLookedUpAndReached) {
+  std::vector<std::unique_ptr<Peer>> peers;
+  Cluster c;
+  c.version = 1;
+  for (int i = 0; i < 2; ++i) {
+    PeerOptions o;
+    o.job_token = "test-token";
+    o.transport = Transport::tcp;
+    o.listen = Endpoint{"localhost", 0};
+    test::stretch_heartbeat(o);
+    peers.push_back(std::make_unique<Peer>(o));
+    ASSERT_EQ(peers.back()->endpoint().host, "localhost");
+    c.workers.push_back(WorkerSpec{peers.back()->endpoint(), i});
+  }
+  for (auto& p : peers) p->start(c);
+  expect_allreduce_works(peers, Algorithm::ring);
+}
+
 TEST(Transport, LeavingDoesNotWaitForPeersStillBeingDialled) {
   PeerOptions o;
   o.job_token = "test-token";
