@@ -282,6 +282,10 @@ class ConfigClient::Connection {
     ioc_.stop();  // thread-safe: the request's run loop returns at once
   }
 
+  const std::function<std::chrono::system_clock::time_point()>& clock() const noexcept {
+    return now_;
+  }
+
  private:
   // Runs `x` until it is done, the deadline passes or cancel() is called. Returns the error, or
   // none with x's answer filled in.
@@ -547,7 +551,10 @@ class ConfigClient::Etcd {
         events_prefix_(prefix_ + "/events/"),
         agents_prefix_(prefix_ + "/agents/"),
         connection_(connection),
+        beside_(connection.clock()),
         options_(options) {}
+
+  void cancel() noexcept { beside_.cancel(); }
 
   Cluster get_cluster() { return read().cluster; }
 
@@ -643,17 +650,31 @@ class ConfigClient::Etcd {
       if (s.cluster.version > after_version) return s.cluster;
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(end - Clock::now());
       if (left <= std::chrono::milliseconds::zero()) return s.cluster;
-      // Every change of the document after the revision that was read.
-      const json request = {
-          {"create_request",
-           {{"key", base64(cluster_key_)}, {"start_revision", std::to_string(s.revision + 1)}}}};
+      // Every change of the document after the store's revision when the watch begins. Not
+      // from the revision read (start_revision): etcd serves a watch that begins at a revision
+      // already past from a loop that runs every 100 ms, so after any write in between (an
+      // event, an agent's key) the change would come up to 100 ms late. The watch's first
+      // message says where it began; a change between the read and there is read then.
+      const json request = {{"create_request", {{"key", base64(cluster_key_)}}}};
       std::optional<Cluster> seen;
-      bool lost = false;  // the member ended the watch: no leader, or cancelled it
+      bool lost = false;    // the member ended the watch: no leader, or cancelled it
+      bool unread = false;  // the store moved on before the watch began and could not be read
       try {
         connection_.stream(endpoints_[current_], "/v3/watch", request, left, [&](const json& m) {
           if (m.contains("error")) return lost = true;
           const json& result = m.contains("result") ? m["result"] : m;
           if (result.value("canceled", false)) return lost = true;
+          if (result.value("created", false) &&
+              int_field(result.value("header", json::object()), "revision") > s.revision) {
+            try {
+              Cluster now = read_beside().cluster;
+              if (now.version > after_version) seen = std::move(now);
+            } catch (const Error& e) {
+              if (e.code() != errc::service_unavailable) throw;
+              unread = true;
+            }
+            return seen.has_value() || unread;
+          }
           if (!result.contains("events") || !result["events"].is_array()) return false;
           for (const auto& e : result["events"]) {
             if (e.value("type", std::string()) == "DELETE" || !e.contains("kv")) continue;
@@ -668,7 +689,7 @@ class ConfigClient::Etcd {
         continue;  // read again, from another member
       }
       if (seen) return *seen;
-      if (lost) next_endpoint();
+      if (lost || unread) next_endpoint();
       if (Clock::now() >= end) return read().cluster;
     }
   }
@@ -816,6 +837,18 @@ class ConfigClient::Etcd {
     return *last_;
   }
 
+  // read() from the current member on a connection of its own, for a watch whose stream holds
+  // this client's.
+  Stored read_beside() {
+    const json range = {{"key", base64(cluster_key_)}};
+    last_ = from_range(beside_
+                           .call(endpoints_[current_], nullptr, http::verb::post, "/v3/kv/range",
+                                 &range, options_.deadline)
+                           .body,
+                       "etcd");
+    return *last_;
+  }
+
   void next_endpoint() { current_ = (current_ + 1) % endpoints_.size(); }
 
   // POSTs to the current member; a member that cannot be reached (or has no quorum: etcd then
@@ -843,6 +876,7 @@ class ConfigClient::Etcd {
   std::string events_prefix_;
   std::string agents_prefix_;
   Connection& connection_;
+  Connection beside_;  // for a read while a watch's stream holds connection_ (read_beside)
   ConfigClientOptions options_;
   std::optional<Stored> last_;  // the document as this client last read or wrote it
   std::uint64_t lease_ = 0;     // announce_agent's
@@ -905,7 +939,10 @@ ConfigClient::~ConfigClient() = default;
 ConfigClient::ConfigClient(ConfigClient&&) noexcept = default;
 ConfigClient& ConfigClient::operator=(ConfigClient&&) noexcept = default;
 
-void ConfigClient::cancel() noexcept { connection_->cancel(); }
+void ConfigClient::cancel() noexcept {
+  connection_->cancel();
+  if (etcd_) etcd_->cancel();
+}
 
 Cluster ConfigClient::get_cluster() {
   return reading("GET cluster", [&] {

@@ -79,6 +79,9 @@ std::string etcd_body(kf::fuzz::Input& in, int shape) {
         json events = json::array();
         events.push_back(json{{"type", b & 1 ? "DELETE" : "PUT"}, {"kv", kv(in, "/kf/x/cluster")}});
         json m = {{"result", {{"events", events}, {"canceled", (b & 2) != 0}}}};
+        // The watch's first message: created, at a revision (the client reads again when it
+        // is past the revision it read).
+        if (b & 16) m["result"] = {{"created", true}, {"header", {{"revision", revision(in)}}}};
         if (b & 4) m = json{{"error", {{"message", in.piece()}}}};
         lines += (b & 8 ? in.piece() : text(m)) + "\n";
       }

@@ -5,7 +5,9 @@
 #include "kf/runtime/config_client.hpp"
 
 #include <gtest/gtest.h>
+#include <openssl/evp.h>
 
+#include <chrono>
 #include <functional>
 #include <string>
 
@@ -54,6 +56,68 @@ TEST(ConfigClient, AnEtcdKeyOutsideTheJobsPrefixIsAProtocolError) {
   server.set_answers({CannedHttpServer::answer(200, R"({"kvs":[{"key":"L2E=","value":""}]})")});
   ConfigClient client(server.url("etcd"), "token");
   expect_protocol_error([&] { client.live_agents(); }, "outside");
+}
+
+// The cluster key as etcd gives it: the document of `version` (one worker), written at
+// `revision`.
+std::string etcd_kv(std::uint64_t revision, std::uint64_t version) {
+  Cluster c;
+  c.version = version;
+  c.workers.push_back(WorkerSpec{Endpoint{"127.0.0.1", 4000}, 0});
+  const std::string doc = c.to_json().dump();
+  std::string value(4 * ((doc.size() + 2) / 3) + 1, '\0');
+  value.resize(static_cast<std::size_t>(EVP_EncodeBlock(
+      reinterpret_cast<unsigned char*>(value.data()),
+      reinterpret_cast<const unsigned char*>(doc.data()), static_cast<int>(doc.size()))));
+  return R"({"key":"","value":")" + value + R"(","mod_revision":")" + std::to_string(revision) +
+         R"("})";
+}
+
+// etcd's answer to a range of the cluster key at store revision `revision`, where the document
+// of `version` was written.
+std::string etcd_range(std::uint64_t revision, std::uint64_t version) {
+  return R"({"header":{"revision":")" + std::to_string(revision) + R"("},"kvs":[)" +
+         etcd_kv(revision, version) + "]}";
+}
+
+// The first message of an etcd watch: created, at store revision `revision`.
+std::string etcd_created(std::uint64_t revision) {
+  return R"({"result":{"header":{"revision":")" + std::to_string(revision) +
+         R"("},"created":true}})"
+         "\n";
+}
+
+// An etcd watch begins at the store's revision when it is created, which its first message
+// gives. When the store moved on after the document was read, the document is read again: a
+// change in between is not missed (and the watch is not one etcd serves 100 ms late).
+TEST(ConfigClient, AnEtcdWatchReadsWhatChangedBetweenItsReadAndItsStart) {
+  using namespace std::chrono_literals;
+  CannedHttpServer server;
+  server.set_answers({CannedHttpServer::answer(200, etcd_range(5, 1)),
+                      CannedHttpServer::answer(200, etcd_created(7)),
+                      CannedHttpServer::answer(200, etcd_range(7, 2))});
+  ConfigClient client(server.url("etcd"), "token");
+  EXPECT_EQ(client.watch(1, 2s).version, 2u);
+  const auto requests = server.requests();
+  ASSERT_EQ(requests.size(), 3u);
+  EXPECT_NE(requests[1].find("POST /v3/watch"), std::string::npos) << requests[1];
+  EXPECT_EQ(requests[1].find("start_revision"), std::string::npos) << requests[1];
+  EXPECT_NE(requests[2].find("POST /v3/kv/range"), std::string::npos) << requests[2];
+}
+
+// Created at the revision read: nothing happened in between, so the watch's events say what
+// changed (a second read would have said version 3 here).
+TEST(ConfigClient, AnEtcdWatchCreatedAtTheRevisionReadTakesItsEvents) {
+  using namespace std::chrono_literals;
+  CannedHttpServer server;
+  server.set_answers(
+      {CannedHttpServer::answer(200, etcd_range(5, 1)),
+       CannedHttpServer::answer(
+           200, etcd_created(5) + R"({"result":{"events":[{"kv":)" + etcd_kv(6, 2) + "}]}}\n"),
+       CannedHttpServer::answer(200, etcd_range(7, 3))});
+  ConfigClient client(server.url("etcd"), "token");
+  EXPECT_EQ(client.watch(1, 2s).version, 2u);
+  EXPECT_EQ(server.requests().size(), 2u) << "read again after a watch created where it read";
 }
 
 // An address is connected to as it is; a name is looked up first. Both reach the service.

@@ -21,6 +21,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace kf::test {
 
@@ -54,10 +55,18 @@ class CannedHttpServer {
     return scheme + "://127.0.0.1:" + std::to_string(port_);
   }
 
-  /// The answers to the next requests, in order (replacing those not used yet).
+  /// The answers to the next requests, in order (replacing those not used yet); forgets the
+  /// requests answered so far.
   void set_answers(std::deque<std::string> answers) {
     std::lock_guard lock(mu_);
     answers_ = std::move(answers);
+    requests_.clear();
+  }
+
+  /// The requests answered so far (head and body), oldest first.
+  std::vector<std::string> requests() {
+    std::lock_guard lock(mu_);
+    return requests_;
   }
 
   /// A response with `status`, a JSON content type and `body`.
@@ -78,10 +87,12 @@ class CannedHttpServer {
       timeval tv{2, 0};
       ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
       ::setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-      if (read_request(s)) {
+      std::string request;
+      if (read_request(s, request)) {
         std::string answer;
         {
           std::lock_guard lock(mu_);
+          requests_.push_back(std::move(request));
           if (answers_.empty()) {
             answer = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n";
           } else {
@@ -100,10 +111,9 @@ class CannedHttpServer {
     }
   }
 
-  // Reads the head and the Content-Length bytes of body that follow it. False when the client
-  // went away first.
-  static bool read_request(int s) {
-    std::string in;
+  // Reads the head and the Content-Length bytes of body that follow it into `in`. False when
+  // the client went away first.
+  static bool read_request(int s, std::string& in) {
     char buf[4096];
     std::size_t need = std::string::npos;
     while (need == std::string::npos || in.size() < need) {
@@ -130,6 +140,7 @@ class CannedHttpServer {
   std::thread thread_;
   std::mutex mu_;
   std::deque<std::string> answers_;
+  std::vector<std::string> requests_;
 };
 
 }  // namespace kf::test
