@@ -664,8 +664,9 @@ class ConfigClient::Etcd {
           if (m.contains("error")) return lost = true;
           const json& result = m.contains("result") ? m["result"] : m;
           if (result.value("canceled", false)) return lost = true;
-          if (result.value("created", false) &&
-              int_field(result.value("header", json::object()), "revision") > s.revision) {
+          // A created message without its revision cannot say that nothing moved: read too.
+          const auto began = int_field(result.value("header", json::object()), "revision");
+          if (result.value("created", false) && (began == 0 || began > s.revision)) {
             try {
               Cluster now = read_beside().cluster;
               if (now.version > after_version) seen = std::move(now);

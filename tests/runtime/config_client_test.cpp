@@ -105,6 +105,18 @@ TEST(ConfigClient, AnEtcdWatchReadsWhatChangedBetweenItsReadAndItsStart) {
   EXPECT_NE(requests[2].find("POST /v3/kv/range"), std::string::npos) << requests[2];
 }
 
+// A created message that does not say at which revision cannot tell that nothing moved.
+TEST(ConfigClient, AnEtcdWatchCreatedWithoutItsRevisionReadsAgain) {
+  using namespace std::chrono_literals;
+  CannedHttpServer server;
+  server.set_answers({CannedHttpServer::answer(200, etcd_range(5, 1)),
+                      CannedHttpServer::answer(200, R"({"result":{"created":true}})"
+                                                    "\n"),
+                      CannedHttpServer::answer(200, etcd_range(6, 2))});
+  ConfigClient client(server.url("etcd"), "token");
+  EXPECT_EQ(client.watch(1, 2s).version, 2u);
+}
+
 // Created at the revision read: nothing happened in between, so the watch's events say what
 // changed (a second read would have said version 3 here).
 TEST(ConfigClient, AnEtcdWatchCreatedAtTheRevisionReadTakesItsEvents) {
