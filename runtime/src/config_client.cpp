@@ -558,7 +558,7 @@ class ConfigClient::Etcd {
 
   Cluster get_cluster() { return read().cluster; }
 
-  Cluster put_cluster(const Cluster& next) {
+  Cluster put_cluster(const Cluster& next, const Cluster* from) {
     if (next.workers.empty()) {
       throw Error(make_error_code(errc::invalid_argument),
                   "etcd put cluster: workers must not be empty");
@@ -571,22 +571,33 @@ class ConfigClient::Etcd {
       for (const auto& e : parsed.errors) why += (why.empty() ? "" : "; ") + e;
       throw Error(make_error_code(errc::invalid_argument), "etcd put cluster: " + why);
     }
-    // The document this client read last, when the edit was made from it (the usual read, edit,
-    // write): the transaction's compare checks that it is still current, and a failed compare
-    // answers with the current one, so a fresh read first would only add a round trip.
-    const Stored current = last_ && last_->cluster.version == next.version ? *last_ : read();
-    if (next.version != current.cluster.version) {
-      throw ConflictError("etcd put cluster: stale version " + std::to_string(next.version) +
-                              ", current is " + std::to_string(current.cluster.version),
-                          current.cluster);
+    // What the write replaces, checked by the transaction's compare (a failed compare answers
+    // with the current document, so a read first would only add a round trip): the document this
+    // client read last, when the edit was made from it (the usual read, edit, write); else the
+    // document the caller edited (`from`), byte for byte, as kf writes every document
+    // (Cluster::to_json().dump()); else what a read finds.
+    std::optional<Stored> current;
+    const bool by_value = !(last_ && last_->cluster.version == next.version) && from != nullptr &&
+                          from->version == next.version;
+    if (!by_value) {
+      current = last_ && last_->cluster.version == next.version ? *last_ : read();
+      if (next.version != current->cluster.version) {
+        throw ConflictError("etcd put cluster: stale version " + std::to_string(next.version) +
+                                ", current is " + std::to_string(current->cluster.version),
+                            current->cluster);
+      }
     }
     Cluster stored = next;
-    stored.version = current.cluster.version + 1;
+    stored.version = next.version + 1;
     const json event = {{"type", "cluster_changed"},
                         {"version", stored.version},
                         {"detail", workers_text(stored)},
                         {"time", now_rfc3339()}};
-    const json compare = current.mod_revision == 0
+    const json compare = by_value ? json{{"key", base64(cluster_key_)},
+                                         {"target", "VALUE"},
+                                         {"result", "EQUAL"},
+                                         {"value", base64(from->to_json().dump())}}
+                         : current->mod_revision == 0
                              ? json{{"key", base64(cluster_key_)},
                                     {"target", "CREATE"},
                                     {"result", "EQUAL"},
@@ -594,7 +605,7 @@ class ConfigClient::Etcd {
                              : json{{"key", base64(cluster_key_)},
                                     {"target", "MOD"},
                                     {"result", "EQUAL"},
-                                    {"mod_revision", std::to_string(current.mod_revision)}};
+                                    {"mod_revision", std::to_string(current->mod_revision)}};
     const json txn = {
         {"compare", json::array({compare})},
         {"success", json::array({put_op(cluster_key_, stored.to_json().dump()),
@@ -628,18 +639,28 @@ class ConfigClient::Etcd {
       return stored;
     }
     // The compare failed: someone else wrote first.
-    Cluster now = current.cluster;
+    std::optional<Stored> now = current;
     if (answer.contains("responses") && answer["responses"].is_array()) {
       for (const auto& r : answer["responses"]) {
         if (!r.contains("response_range")) continue;
         Stored s = from_range(r["response_range"], "etcd txn");
-        now = s.cluster;
+        now = s;
         if (s.mod_revision > 0) last_ = std::move(s);
       }
     }
+    if (!now) {
+      throw Error(make_error_code(errc::protocol_error),
+                  "etcd put cluster: a failed compare without the current document");
+    }
+    // Compared by value, the document of the same version may still differ in its bytes (written
+    // by another program): compared by its revision, which the answer gave, the write goes on.
+    if (by_value && now->cluster.version == next.version) {
+      return put_cluster(next, nullptr);
+    }
     throw ConflictError("etcd put cluster: version " + std::to_string(next.version) +
-                            " was changed meanwhile, current is " + std::to_string(now.version),
-                        now);
+                            " was changed meanwhile, current is " +
+                            std::to_string(now->cluster.version),
+                        now->cluster);
   }
 
   Cluster watch(std::uint64_t after_version, std::chrono::milliseconds timeout) {
@@ -954,9 +975,9 @@ Cluster ConfigClient::get_cluster() {
   });
 }
 
-Cluster ConfigClient::put_cluster(const Cluster& next) {
+Cluster ConfigClient::put_cluster(const Cluster& next, const Cluster* from) {
   return reading("PUT cluster", [&] {
-    if (etcd_) return etcd_->put_cluster(next);
+    if (etcd_) return etcd_->put_cluster(next, from);
     const json body = next.to_json();
     const Answer a = connection_->call(server_, &control_key_, http::verb::put, "/v1/cluster",
                                        &body, options_.deadline);

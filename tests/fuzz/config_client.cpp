@@ -148,7 +148,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       switch (op % 8) {
         case 0: reads_back(client.get_cluster(), "get_cluster"); break;
         case 1: {
-          const kf::Cluster stored = client.put_cluster(some_cluster(version));
+          // With the document it was edited from when the next bit says so (compared by value).
+          const kf::Cluster base = some_cluster(version);
+          const kf::Cluster stored =
+              client.put_cluster(some_cluster(version), (op & 8) != 0 ? &base : nullptr);
           reads_back(stored, "put_cluster");
           if (etcd) KF_FUZZ_CHECK(stored.version == version + 1, "etcd put_cluster's version");
           break;

@@ -132,6 +132,62 @@ TEST(ConfigClient, AnEtcdWatchCreatedAtTheRevisionReadTakesItsEvents) {
   EXPECT_EQ(server.requests().size(), 2u) << "read again after a watch created where it read";
 }
 
+// A write given the document it was edited from makes one request: a transaction that compares
+// the stored bytes with that document's.
+TEST(ConfigClient, AnEtcdWriteGivenItsBaseComparesByValueWithoutARead) {
+  CannedHttpServer server;
+  server.set_answers(
+      {CannedHttpServer::answer(200, R"({"header":{"revision":"9"},"succeeded":true})")});
+  ConfigClient client(server.url("etcd"), "token");
+  Cluster base;
+  base.version = 4;
+  base.workers.push_back(WorkerSpec{Endpoint{"127.0.0.1", 4000}, 0});
+  base.workers.push_back(WorkerSpec{Endpoint{"127.0.0.1", 4001}, 1});
+  Cluster next = base;
+  next.workers.pop_back();
+  EXPECT_EQ(client.put_cluster(next, &base).version, 5u);
+  const auto requests = server.requests();
+  ASSERT_EQ(requests.size(), 1u);
+  EXPECT_NE(requests[0].find("POST /v3/kv/txn"), std::string::npos) << requests[0];
+  EXPECT_NE(requests[0].find(R"("target":"VALUE")"), std::string::npos) << requests[0];
+}
+
+// The same version in other bytes (written by another program) fails the compare by value; the
+// answer holds its revision, and the write compared by revision goes on. A newer version is a
+// conflict that hands it over.
+TEST(ConfigClient, AnEtcdWriteComparedByValueFallsBackToTheRevisionOfTheSameVersion) {
+  CannedHttpServer server;
+  const auto failed = [](std::uint64_t revision, std::uint64_t version) {
+    return R"({"header":{"revision":"9"},"responses":[{"response_range":)" +
+           etcd_range(revision, version) + "}]}";
+  };
+  Cluster base;
+  base.version = 1;
+  base.workers.push_back(WorkerSpec{Endpoint{"127.0.0.1", 4001}, 0});
+  Cluster next = base;
+  next.settings["batch_size"] = 32;
+  server.set_answers(
+      {CannedHttpServer::answer(200, failed(5, 1)),
+       CannedHttpServer::answer(200, R"({"header":{"revision":"10"},"succeeded":true})")});
+  {
+    ConfigClient client(server.url("etcd"), "token");
+    EXPECT_EQ(client.put_cluster(next, &base).version, 2u);
+  }
+  auto requests = server.requests();
+  ASSERT_EQ(requests.size(), 2u);
+  EXPECT_NE(requests[1].find(R"("mod_revision":"5")"), std::string::npos) << requests[1];
+
+  server.set_answers({CannedHttpServer::answer(200, failed(7, 3))});
+  ConfigClient client(server.url("etcd"), "token");
+  try {
+    client.put_cluster(next, &base);
+    FAIL() << "a write over a newer version was accepted";
+  } catch (const ConflictError& e) {
+    EXPECT_EQ(e.current().version, 3u);
+  }
+  EXPECT_EQ(server.requests().size(), 1u);
+}
+
 // An address is connected to as it is; a name is looked up first. Both reach the service.
 TEST(ConfigClient, ReachesAServiceByAddressAndByName) {
   CannedHttpServer server;

@@ -105,6 +105,28 @@ TEST_F(EtcdClient, AWriteFromADocumentAnotherClientReplacedConflicts) {
   EXPECT_EQ(b.get_cluster().size(), 1);
 }
 
+TEST_F(EtcdClient, AWriteGivenTheDocumentItWasEditedFromNeedsNoRead) {
+  // A survivor's recovery: a client that never read the document writes an edit of the one the
+  // caller holds, compared by value inside the transaction. It goes through while that document
+  // is current, and conflicts, handing over the current one, once another write replaced it.
+  ConfigClient writer = client();
+  const Cluster v1 = writer.put_cluster(cluster_of(0, {7001, 7002, 7003}));
+  Cluster edit = v1;
+  edit.workers.pop_back();
+  const Cluster v2 = client().put_cluster(edit, &v1);
+  EXPECT_EQ(v2.version, 2u);
+  EXPECT_EQ(writer.get_cluster().to_json(), v2.to_json());
+  Cluster late = v1;  // another survivor, edited from version 1 too
+  late.workers.erase(late.workers.begin());
+  try {
+    client().put_cluster(late, &v1);
+    FAIL() << "an edit of a replaced document was accepted";
+  } catch (const ConflictError& e) {
+    EXPECT_EQ(e.current().to_json(), v2.to_json());
+  }
+  EXPECT_EQ(writer.get_cluster().to_json(), v2.to_json());
+}
+
 TEST_F(EtcdClient, RejectsWhatTheServiceRejects) {
   ConfigClient c = client();
   const auto code_of = [&](const Cluster& x) {

@@ -251,9 +251,14 @@ Cluster Session::remove_lost(const std::vector<Endpoint>& lost, bool edit_newer)
   std::chrono::milliseconds backoff{50};
   bool said_down = false;
   SteadyClock::time_point down_since{};
+  // A recovery edits the document this worker runs, without reading it first: when the service
+  // has moved on, the compare-and-swap fails and answers with the current one, so a read would
+  // only add a round trip to every recovery. Joiners to drop are in a newer version: read it.
+  bool read_first = edit_newer;
   for (;;) {
     try {
-      Cluster current = client.get_cluster();
+      Cluster current = read_first ? client.get_cluster() : peer_->cluster();
+      read_first = true;  // a retry after the service was unreachable reads
       for (;;) {
         if (!edit_newer && current.version > peer_->version()) {
           // The others moved past the version this worker failed in: they handled the failure,
@@ -274,7 +279,7 @@ Cluster Session::remove_lost(const std::vector<Endpoint>& lost, bool edit_newer)
         }
         if (next.workers.empty()) return next;  // nobody left (not even this worker)
         try {
-          Cluster stored = client.put_cluster(next);
+          Cluster stored = client.put_cluster(next, &current);
           for (const auto& ep : lost) {
             if (contains(current, ep)) {
               link_->post("failed", ep.str(),

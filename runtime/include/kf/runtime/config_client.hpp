@@ -109,8 +109,11 @@ class ConfigClient {
 
   /// PUT /v1/cluster: stores `next` (whose version must be the current one) as version + 1 and
   /// returns the stored document. Throws: ConflictError (errc::conflict) on 409, carrying the
-  /// current document; see above.
-  Cluster put_cluster(const Cluster& next);
+  /// current document; see above. `from`, if given, is the document `next` was edited from, as
+  /// the caller holds it: with etcd, a client that has not read the document then compares the
+  /// stored one with it inside the write instead of reading first (kf-config-server compares
+  /// versions either way).
+  Cluster put_cluster(const Cluster& next, const Cluster* from = nullptr);
 
   /// Long-polls until the version is greater than `after_version` or `timeout` has passed (then it
   /// reads the document once more, within the ordinary deadline); returns the current document,
