@@ -56,6 +56,21 @@ TEST(Cluster, JsonRoundTripPreservesEverything) {
   EXPECT_EQ(Cluster::from_json(nlohmann::json::parse(c.to_json().dump())).to_json(), c.to_json());
 }
 
+// A document read back from its text writes the same bytes again: the etcd client compares a
+// stored document with the one a worker runs by its bytes (ConfigClient::put_cluster's `from`).
+TEST(Cluster, TextReadBackWritesTheSameBytes) {
+  Cluster c = three_workers();
+  c.settings["lr"] = 0.1;
+  c.settings["momentum"] = 1.0;
+  c.settings["tiny"] = 1e-300;
+  c.settings["count"] = -3;
+  c.settings["big"] = std::uint64_t{18446744073709551615u};
+  c.settings["nested"] = {{"b", {1, 2.5, "x"}}, {"a", nullptr}, {"u", "\u00e9\n\t"}};
+  const std::string text = c.to_json().dump();
+  const Cluster back = Cluster::from_json(nlohmann::json::parse(text));
+  EXPECT_EQ(back.to_json().dump(), text);
+}
+
 TEST(Cluster, ParsesMinimalAndFullDocuments) {
   const Cluster full = Cluster::from_json(valid_json());
   EXPECT_EQ(full.version, 3u);
