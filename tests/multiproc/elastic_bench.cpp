@@ -137,7 +137,8 @@ bool run_kill(int np, std::map<std::string, Series>& out) {
   if (detected == 0) return false;
   out["kill: kill -9 -> detected"].add(ms_between(t0, detected));
   out["kill: detected -> first step at new size"].add(ms_between(detected, resumed));
-  // The config service's share: a survivor's read and compare-and-swap of the document.
+  // The config service's share: a survivor restores its last commit and writes the document
+  // by compare-and-swap.
   out["kill: detected -> document written (slowest)"].add(written);
   out["kill: written -> first step (slowest)"].add(formed);
   out["kill: kill -9 -> first step at new size"].add(ms_between(t0, resumed));
