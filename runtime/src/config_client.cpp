@@ -577,10 +577,10 @@ class ConfigClient::Etcd {
     // document the caller edited (`from`), byte for byte, as kf writes every document
     // (Cluster::to_json().dump()); else what a read finds.
     std::optional<Stored> current;
-    const bool by_value = !(last_ && last_->cluster.version == next.version) && from != nullptr &&
-                          from->version == next.version;
+    const bool read_last = last_ && last_->cluster.version == next.version;
+    const bool by_value = !read_last && from != nullptr && from->version == next.version;
     if (!by_value) {
-      current = last_ && last_->cluster.version == next.version ? *last_ : read();
+      current = read_last ? *last_ : read();
       if (next.version != current->cluster.version) {
         throw ConflictError("etcd put cluster: stale version " + std::to_string(next.version) +
                                 ", current is " + std::to_string(current->cluster.version),
