@@ -35,11 +35,25 @@ void only_invalid_argument(const char* what, const std::string& text, F&& f) {
 }
 
 const char* const kVariables[] = {
-    "KF_SELF",          "KF_CLUSTER",        "KF_JOB_ID",           "KF_CONFIG_SERVER",
-    "KF_ALGORITHM",     "KF_TRANSPORT",      "KF_TIMEOUT_MS",       "KF_SPIN_US",
-    "KF_EXPRESS_BYTES", "KF_HEARTBEAT_MS",   "KF_CHECKPOINT_EVERY", "KF_MONITORS",
-    "KF_GNS_THETA",     "KF_METRICS_PORT",   "KF_METRICS_EVERY",    "KF_SERVICE_TIMEOUT_MS",
-    "KF_FRAME_AUTH",    "KF_DEVICE_BACKEND",
+    "KF_SELF",
+    "KF_CLUSTER",
+    "KF_JOB_ID",
+    "KF_CONFIG_SERVER",
+    "KF_ALGORITHM",
+    "KF_TRANSPORT",
+    "KF_TIMEOUT_MS",
+    "KF_SPIN_US",
+    "KF_EXPRESS_BYTES",
+    "KF_HEARTBEAT_MS",
+    "KF_CHECKPOINT_EVERY",
+    "KF_MONITORS",
+    "KF_GNS_THETA",
+    "KF_METRICS_PORT",
+    "KF_METRICS_EVERY",
+    "KF_SERVICE_TIMEOUT_MS",
+    "KF_FRAME_AUTH",
+    "KF_DEVICE_BACKEND",
+    "KF_RECOVERY_WRITER_WAIT_MS",
 };
 
 }  // namespace

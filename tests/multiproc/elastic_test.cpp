@@ -11,6 +11,8 @@
 #include <map>
 
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -90,6 +92,7 @@ TEST(Elastic, SurvivesKillNineOfARandomWorkerAtARandomStep) {
     ASSERT_TRUE(job.wait_size(np - 1)) << job.err();
     job.finish_soon();
     job.expect_clean_finish(job.wait(), np - 1);
+    job.expect_one_recovery_write(np - 1);
     EXPECT_TRUE(job.has_event(
         [&](const ConfigEvent& e) { return e.type == "failed" && e.worker == victim; }));
     if (::testing::Test::HasFailure()) break;
@@ -112,6 +115,7 @@ TEST(ElasticEtcd, GrowsSurvivesKillNineAndShrinksOnEtcd) {
   const std::string victim = job.kill_random_worker(gen);
   ASSERT_FALSE(victim.empty());
   ASSERT_TRUE(job.wait_size(3)) << job.err();
+  job.expect_one_recovery_write(3);
   r = job.member("resize 2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_TRUE(job.wait_size(2)) << job.err();
@@ -151,6 +155,33 @@ TEST(Elastic, ConfigServerRestartDoesNotStopTrainingAndChangesResume) {
   ASSERT_TRUE(job.wait_size(3)) << job.err();
   job.finish_soon();
   job.expect_clean_finish(job.wait(), 3);
+}
+
+// After rank 0's kill -9 the survivors' writer is rank 1, which is stopped (SIGSTOP) and not yet
+// known to be lost: the other two wait KF_RECOVERY_WRITER_WAIT_MS for its write, then write the
+// successor themselves; the next recovery removes rank 1, which, let go on, finds itself
+// removed and leaves.
+TEST(Elastic, SurvivorsWriteThemselvesWhenTheirWriterIsStopped) {
+  ::setenv("KF_RECOVERY_WRITER_WAIT_MS", "100", 1);  // below the agent's 500 ms
+  ElasticJob job("writer-stopped");
+  job.start(4, kArgs);
+  ::unsetenv("KF_RECOVERY_WRITER_WAIT_MS");
+  ASSERT_TRUE(job.wait_progress(30)) << job.err();
+  const auto c = job.client().get_cluster();
+  ASSERT_EQ(c.size(), 4);
+  const pid_t first = job.worker_pid(c.workers[0].endpoint.str());
+  const pid_t writer = job.worker_pid(c.workers[1].endpoint.str());
+  ASSERT_GT(first, 0);
+  ASSERT_GT(writer, 0);
+  ASSERT_EQ(::kill(writer, SIGSTOP), 0);
+  ASSERT_EQ(::kill(first, SIGKILL), 0);
+  const bool shrank = job.wait_size(2);
+  ::kill(writer, SIGCONT);
+  ASSERT_TRUE(shrank) << job.err();
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 2);
+  // One or both (the second may see the first one's write just before its own wait ends).
+  EXPECT_GE(job.err_lines_with("within 100 ms; writing it"), 1) << job.err();
 }
 
 TEST(Elastic, RacingMemberCommandsBothTakeEffect) {

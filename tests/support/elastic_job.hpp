@@ -175,6 +175,22 @@ class ElasticJob {
   std::string out() const { return slurp(dir_ / "out"); }
   std::string err() const { return slurp(dir_ / "err"); }
 
+  /// Lines of the workers' and kfrun's log (stderr) that contain `needle`.
+  int err_lines_with(const std::string& needle) const {
+    std::istringstream in(err());
+    int n = 0;
+    for (std::string line; std::getline(in, line);) n += line.find(needle) != std::string::npos;
+    return n;
+  }
+
+  /// After one worker's loss: at most one survivor wrote the successor cluster (none when the
+  /// lost worker's agent removed it first) and the other `survivors - 1` took it from the
+  /// config service, so that a failure costs the service one write from the job.
+  void expect_one_recovery_write(int survivors) const {
+    EXPECT_LE(err_lines_with(": wrote v"), 1) << err();
+    EXPECT_EQ(err_lines_with(": took v"), survivors - 1) << err();
+  }
+
   /// The "final" lines: one per worker that finished the job.
   std::vector<std::string> finals() const {
     std::vector<std::string> v;
@@ -268,6 +284,7 @@ inline void grow_then_kill(const std::string& name, const std::string& args, uns
   ASSERT_TRUE(job.wait_size(2)) << job.err();
   job.finish_soon();
   job.expect_clean_finish(job.wait(), 2);
+  job.expect_one_recovery_write(2);
   EXPECT_TRUE(job.has_event(
       [&](const ConfigEvent& e) { return e.type == "failed" && e.worker == victim; }));
 }

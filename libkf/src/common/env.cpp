@@ -78,6 +78,10 @@ void read_session_variables(Env& e) {
           get_integer(env::kServiceTimeoutMs, 1, 86'400'000, "a positive number of milliseconds")) {
     e.service_timeout = std::chrono::milliseconds(*v);
   }
+  if (auto v = get_integer(env::kRecoveryWriterWaitMs, 0, 3'600'000,
+                           "a number of milliseconds in 0-3600000")) {
+    e.recovery_writer_wait = std::chrono::milliseconds(*v);
+  }
 }
 
 }  // namespace

@@ -247,6 +247,29 @@ Session::Outcome Session::form_after_failure(ChangeRecord rec) {
 // past the current one, so that the survivors form a version none of them has used. Waits for the
 // service while it is unreachable, up to SessionOptions::service_timeout.
 Cluster Session::remove_lost(const std::vector<Endpoint>& lost, bool edit_newer) {
+  // One survivor writes, the first worker of the failed version that this worker does not know
+  // to be lost; the others take its document from the watch, so that a failure costs the
+  // service one write, not one per survivor (on etcd, writes that come at once queue for its
+  // disk). Survivors that lost different peers may pick different writers: both write, and the
+  // first write wins, as it does when the writer does not write within recovery_writer_wait.
+  if (!edit_newer && !lost.empty()) {
+    const auto& workers = peer_->cluster().workers;
+    const auto writer = std::find_if(workers.begin(), workers.end(), [&](const WorkerSpec& w) {
+      return std::find(lost.begin(), lost.end(), w.endpoint) == lost.end();
+    });
+    if (writer != workers.end() && writer->endpoint != peer_->endpoint()) {
+      if (link_->wait_newer(peer_->version(), options_.recovery_writer_wait)) {
+        Cluster next = link_->latest().cluster;
+        KF_LOG(info, "session",
+               "{}: took v{} from the config service (the survivors' writer is {})",
+               peer_->endpoint().str(), next.version, writer->endpoint.str());
+        return next;
+      }
+      KF_LOG(warn, "session", "{}: no version after v{} from {} within {} ms; writing it",
+             peer_->endpoint().str(), peer_->version(), writer->endpoint.str(),
+             options_.recovery_writer_wait.count());
+    }
+  }
   ConfigClient client(link_->url(), link_->token());
   std::chrono::milliseconds backoff{50};
   bool said_down = false;
@@ -280,6 +303,8 @@ Cluster Session::remove_lost(const std::vector<Endpoint>& lost, bool edit_newer)
         if (next.workers.empty()) return next;  // nobody left (not even this worker)
         try {
           Cluster stored = client.put_cluster(next, &current);
+          KF_LOG(info, "session", "{}: wrote v{} without {}", peer_->endpoint().str(),
+                 stored.version, join_endpoints(lost));
           for (const auto& ep : lost) {
             if (contains(current, ep)) {
               link_->post("failed", ep.str(),

@@ -65,10 +65,18 @@ ServiceLink::Snapshot ServiceLink::latest() const {
 }
 
 void ServiceLink::offer(const Cluster& c) {
-  std::lock_guard<std::mutex> lk(mu_);
-  if (c.version <= latest_.cluster.version) return;
-  latest_ = Snapshot{c, c.to_json().dump(), now_us()};
-  version_.store(c.version, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (c.version <= latest_.cluster.version) return;
+    latest_ = Snapshot{c, c.to_json().dump(), now_us()};
+    version_.store(c.version, std::memory_order_release);
+  }
+  newer_cv_.notify_all();
+}
+
+bool ServiceLink::wait_newer(std::uint64_t version, std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lk(mu_);
+  return newer_cv_.wait_for(lk, timeout, [&] { return latest_.cluster.version > version; });
 }
 
 void ServiceLink::post(std::string type, std::string worker, std::string detail,

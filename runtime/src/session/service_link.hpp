@@ -45,6 +45,10 @@ class ServiceLink {
   /// Takes a document this worker learnt otherwise (from a compare-and-swap answer).
   void offer(const Cluster& c);
 
+  /// Waits up to `timeout` for a document newer than `version` (from the watch or offer());
+  /// returns whether one came. Returns at once when one is already there.
+  bool wait_newer(std::uint64_t version, std::chrono::milliseconds timeout) const;
+
   /// Queues an audit event; the poster thread sends it (best effort, logged on failure).
   void post(std::string type, std::string worker, std::string detail, std::uint64_t version);
 
@@ -69,8 +73,9 @@ class ServiceLink {
 
   const std::string url_;
   const std::string token_;
-  mutable std::mutex mu_;  // guards latest_, events_, stop_
-  std::condition_variable cv_;
+  mutable std::mutex mu_;                     // guards latest_, events_, stop_
+  std::condition_variable cv_;                // events_ or stop_ changed
+  mutable std::condition_variable newer_cv_;  // latest_ changed
   bool stop_ = false;
   Snapshot latest_;
   std::atomic<std::uint64_t> version_{0};

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Reading the job token from its file (what is taken, what is refused, the warning about a
-// file that others may read) and the cluster document from the environment or its file.
+// file that others may read), the cluster document from the environment or its file, and a
+// variable's range.
 #include "kf/common/env.hpp"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -117,6 +119,32 @@ TEST_F(EnvFile, TheClusterComesInlineOrFromAFile) {
   } catch (const std::invalid_argument& e) {
     EXPECT_STREQ(e.what(), "neither KF_CLUSTER nor KF_CLUSTER_FILE is set");
   }
+  ::unsetenv("KF_SELF");
+  ::unsetenv("KF_JOB_TOKEN");
+}
+
+TEST(Env, RecoveryWriterWaitTakesZeroAndRefusesWhatIsNoDuration) {
+  ::setenv("KF_SELF", "127.0.0.1:9001", 1);
+  ::setenv("KF_JOB_TOKEN", "t", 1);
+  ::setenv("KF_CLUSTER", R"({"version":1,"workers":[{"host":"127.0.0.1","port":9001,"slot":0}]})",
+           1);
+  ::setenv("KF_RECOVERY_WRITER_WAIT_MS", "0", 1);
+  EXPECT_EQ(Env::from_environment().recovery_writer_wait, std::chrono::milliseconds(0));
+  ::setenv("KF_RECOVERY_WRITER_WAIT_MS", "40", 1);
+  EXPECT_EQ(Env::from_environment().recovery_writer_wait, std::chrono::milliseconds(40));
+  for (const char* bad : {"-1", "soon", "3600001"}) {
+    ::setenv("KF_RECOVERY_WRITER_WAIT_MS", bad, 1);
+    try {
+      Env::from_environment();
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("KF_RECOVERY_WRITER_WAIT_MS"), std::string::npos)
+          << e.what();
+    }
+  }
+  ::unsetenv("KF_RECOVERY_WRITER_WAIT_MS");
+  EXPECT_FALSE(Env::from_environment().recovery_writer_wait);
+  ::unsetenv("KF_CLUSTER");
   ::unsetenv("KF_SELF");
   ::unsetenv("KF_JOB_TOKEN");
 }

@@ -76,6 +76,8 @@ TEST(WorkerConfig, EnvironmentOverridesSettingsAndJobFile) {
   e.monitors = false;
   e.gns_theta = 0.5;
   e.metrics_port = 0;
+  e.service_timeout = 3000ms;
+  e.recovery_writer_wait = 0ms;
   const auto c = resolve_worker_config(e, job());
   EXPECT_EQ(c.peer.default_algorithm, Algorithm::star);
   EXPECT_EQ(c.peer.timeout, 700ms);
@@ -90,6 +92,8 @@ TEST(WorkerConfig, EnvironmentOverridesSettingsAndJobFile) {
   EXPECT_FALSE(c.session.monitors);
   EXPECT_EQ(c.session.monitor.gns_theta, 0.5);
   EXPECT_EQ(c.session.metrics_port, std::uint16_t{0});
+  EXPECT_EQ(c.session.service_timeout, 3000ms);
+  EXPECT_EQ(c.session.recovery_writer_wait, 0ms);
 }
 
 // Every peer variable reaches a session's peer, not only Peer::from_environment's.

@@ -37,6 +37,8 @@ constexpr std::chrono::milliseconds kFirstBackoff{50};
 constexpr int kMaxRemoveAttempts = 20;
 // How long the document is watched after an adopted member's exit (judge_adopted_exit).
 constexpr std::chrono::milliseconds kAdoptedExitWindow{5000};
+// How long the agent leaves a failed member's removal to the job's survivors (judge_exit).
+constexpr std::chrono::milliseconds kSurvivorsRemoveWindow{500};
 
 // Thrown inside a link thread that was told to stop while it waits.
 struct Stopped {};
@@ -324,10 +326,22 @@ class Reporter::Runner {
     const bool ok = exit_code_of(wait_status) == 0;
     const std::string detail = ok ? "exit 0" : describe_exit(wait_status);
     post_event(ok ? "exited" : "failed", worker, detail, version);
-    const Cluster current = call([&] { return client_.get_cluster(); });
+    Cluster current = call([&] { return client_.get_cluster(); });
     ExitVerdict verdict = ExitVerdict::left;
-    if (is_member(current, worker)) {
-      verdict = ok ? ExitVerdict::finished : remove_member(current, worker, "failed: " + detail);
+    if (is_member(current, worker) && ok) {
+      verdict = ExitVerdict::finished;
+    } else if (is_member(current, worker)) {
+      // A failed member's connections broke with it, so the job's survivors are recovering and
+      // remove it themselves within milliseconds: the agent writes only when they have not
+      // after a while (they are stuck, or there are none), so that its write does not compete
+      // with theirs on the control plane during the recovery.
+      const auto end = Clock::now() + kSurvivorsRemoveWindow;
+      while (current.size() > 1 && is_member(current, worker) && Clock::now() < end) {
+        pause(*control_, config_.departure_poll);
+        current = call([&] { return client_.get_cluster(); });
+      }
+      // Removed by the survivors, it left as a member lost by the job does.
+      if (is_member(current, worker)) verdict = remove_member(current, worker, "failed: " + detail);
     }
     post(ExitJudged{worker, verdict});
   }

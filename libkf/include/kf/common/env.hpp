@@ -45,6 +45,8 @@ inline constexpr const char* kCheckpoint = "KF_CHECKPOINT";  ///< kf::Session ch
 inline constexpr const char* kCheckpointEvery = "KF_CHECKPOINT_EVERY";  ///< commits between saves
 inline constexpr const char* kServiceTimeoutMs =
     "KF_SERVICE_TIMEOUT_MS";  ///< recovery's longest wait for the config service, ms
+inline constexpr const char* kRecoveryWriterWaitMs =
+    "KF_RECOVERY_WRITER_WAIT_MS";  ///< a survivor's wait for the one that writes, ms
 inline constexpr const char* kJobFile = "KF_JOB_FILE";          ///< the job file (docs/job-file.md)
 inline constexpr const char* kGnsTheta = "KF_GNS_THETA";        ///< θ0 of the GNS averages
 inline constexpr const char* kMonitors = "KF_MONITORS";         ///< 0: no built-in monitors
@@ -84,7 +86,8 @@ struct Env {
   std::optional<std::string> metrics_host;       ///< KF_METRICS_HOST
   std::optional<std::string> metrics_jsonl;      ///< KF_METRICS_JSONL
   std::optional<std::int64_t> metrics_every;     ///< KF_METRICS_EVERY, >= 1
-  std::optional<std::chrono::milliseconds> service_timeout;  ///< KF_SERVICE_TIMEOUT_MS, >= 1
+  std::optional<std::chrono::milliseconds> service_timeout;       ///< KF_SERVICE_TIMEOUT_MS, >= 1
+  std::optional<std::chrono::milliseconds> recovery_writer_wait;  ///< KF_RECOVERY_WRITER_WAIT_MS
 
   /// Reads the KF_* variables. Throws: std::invalid_argument naming the variable that is missing
   /// or malformed (e.g. "KF_CLUSTER: workers[1].port must be an integer in 1-65535").

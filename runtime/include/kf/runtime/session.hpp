@@ -75,6 +75,12 @@ struct SessionOptions {
   /// agree on a successor cluster; the workers that reach the service go on without it, so it
   /// stops instead of waiting for ever (never a second job beside theirs).
   std::chrono::milliseconds service_timeout{std::chrono::seconds(60)};
+  /// After a failure one survivor writes the successor cluster (the first worker of the failed
+  /// version not lost); the others wait this long for its document to reach them through the
+  /// config service's watch, then write it themselves (the first write wins). Only the cost of a
+  /// double fault (the writer lost too, or cut off from the service) depends on it. 0: every
+  /// survivor writes at once. KF_RECOVERY_WRITER_WAIT_MS.
+  std::chrono::milliseconds recovery_writer_wait{250};
   /// Longest wait of one long-poll of the config service; also bounds how long the session's
   /// destructor waits for its watch thread.
   std::chrono::milliseconds watch_poll{500};
