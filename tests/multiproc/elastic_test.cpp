@@ -184,6 +184,30 @@ TEST(Elastic, SurvivorsWriteThemselvesWhenTheirWriterIsStopped) {
   EXPECT_GE(job.err_lines_with("within 100 ms; writing it"), 1) << job.err();
 }
 
+// kill -9 of ranks 0 and 1 at once: a survivor that sees rank 0's loss first waits for rank 1,
+// its writer, until it sees that loss too and passes the task on (rank 2 writes one version
+// without both), long before the wait would end or the agent would remove them.
+TEST(Elastic, AWriterLostTooPassesTheWriteOn) {
+  ::setenv("KF_RECOVERY_WRITER_WAIT_MS", "600000", 1);
+  ElasticJob job("writer-lost");
+  job.start(4, kArgs);
+  ::unsetenv("KF_RECOVERY_WRITER_WAIT_MS");
+  ASSERT_TRUE(job.wait_progress(30)) << job.err();
+  const auto c = job.client().get_cluster();
+  ASSERT_EQ(c.size(), 4);
+  const pid_t first = job.worker_pid(c.workers[0].endpoint.str());
+  const pid_t second = job.worker_pid(c.workers[1].endpoint.str());
+  ASSERT_GT(first, 0);
+  ASSERT_GT(second, 0);
+  ASSERT_EQ(::kill(first, SIGKILL), 0);
+  ASSERT_EQ(::kill(second, SIGKILL), 0);
+  ASSERT_TRUE(job.wait_size(2)) << job.err();
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 2);
+  EXPECT_EQ(job.err_lines_with(": wrote v"), 1) << job.err();
+  EXPECT_EQ(job.err_lines_with("kfrun: removed "), 0) << "the agent removed them" << job.err();
+}
+
 TEST(Elastic, RacingMemberCommandsBothTakeEffect) {
   ElasticJob job("race");
   job.start(2, kArgs);

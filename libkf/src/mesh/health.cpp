@@ -58,7 +58,15 @@ void Mesh::mark_lost(int peer, std::error_code ec, const std::string& why) {
   const bool member = io_cluster_.rank_of(ps.ep).has_value();
   KF_LOG(warn, "transport", "{} (rank {}, v{}): peer {} lost: {}", identity_, io_rank_,
          io_cluster_.version, ps.key, why);
-  if (member) break_version(ec, "peer " + ps.key + " lost: " + why);
+  if (!member) return;
+  // A loss after the version broke is told too: the survivors' recovery waits for one of them
+  // to write the successor, and that one must learn of every loss, also of peers it has no
+  // connection to.
+  if (broken_) {
+    tell_lost({ps.key});
+  } else {
+    break_version(ec, "peer " + ps.key + " lost: " + why);
+  }
 }
 
 void Mesh::mark_departed(int peer) {
@@ -92,6 +100,12 @@ void Mesh::break_version(std::error_code ec, const std::string& why) {
     if (!ps.out) continue;
     for (auto& r : ps.out->queue) cancel(r, ec);
   }
+  tell_lost(lost);
+}
+
+// Sends a notice_lost for each of `lost` to every member not known to be gone.
+void Mesh::tell_lost(const std::vector<std::string>& lost) {
+  KF_DCHECK_IO(driver_);
   for (std::size_t i = 0; i < peers_.size(); ++i) {
     if (peers_[i].lost || peers_[i].departed || !io_cluster_.rank_of(peers_[i].ep)) continue;
     if (peers_[i].key == identity_) continue;  // this worker knows already

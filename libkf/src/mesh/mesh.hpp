@@ -235,6 +235,8 @@ class Mesh {
   /// A member is gone: every collective of this version fails here and on every worker this one
   /// can still tell.
   void break_version(std::error_code ec, const std::string& why);
+  /// Tells every member not known to be gone that the members `lost` are (notice_lost).
+  void tell_lost(const std::vector<std::string>& lost);
   /// Loses members silent past the heartbeat timeout.
   awaitable<void> watchdog();
 

@@ -25,6 +25,9 @@ using detail::modes_diverge;
 using detail::now_us;
 using SteadyClock = std::chrono::steady_clock;
 
+// How often a survivor waiting for the writer's document looks whether the writer is lost too.
+constexpr std::chrono::milliseconds kWriterCheck{5};
+
 // Moves the peer to `target`, invites its joiners, agrees with every member on whose state is
 // newest and syncs it to those behind. Returns true on success; throws kf::Error on a failure.
 bool Session::form(const Cluster& target, const Cluster* previous, bool fresh, ChangeRecord& rec) {
@@ -251,23 +254,36 @@ Cluster Session::remove_lost(const std::vector<Endpoint>& lost, bool edit_newer)
   // to be lost; the others take its document from the watch, so that a failure costs the
   // service one write, not one per survivor (on etcd, writes that come at once queue for its
   // disk). Survivors that lost different peers may pick different writers: both write, and the
-  // first write wins, as it does when the writer does not write within recovery_writer_wait.
-  if (!edit_newer && !lost.empty()) {
-    const auto& workers = peer_->cluster().workers;
-    const auto writer = std::find_if(workers.begin(), workers.end(), [&](const WorkerSpec& w) {
-      return std::find(lost.begin(), lost.end(), w.endpoint) == lost.end();
-    });
-    if (writer != workers.end() && writer->endpoint != peer_->endpoint()) {
-      if (link_->wait_newer(peer_->version(), options_.recovery_writer_wait)) {
+  // first write wins, as it does when the writer does not write within recovery_writer_wait. A
+  // writer found lost meanwhile (failures that overlap) passes the task to the next survivor.
+  std::vector<Endpoint> gone = lost;
+  if (!edit_newer && !gone.empty()) {
+    const auto deadline = SteadyClock::now() + options_.recovery_writer_wait;
+    for (;;) {
+      const auto& workers = peer_->cluster().workers;
+      const auto writer = std::find_if(workers.begin(), workers.end(), [&](const WorkerSpec& w) {
+        return std::find(gone.begin(), gone.end(), w.endpoint) == gone.end();
+      });
+      if (writer == workers.end() || writer->endpoint == peer_->endpoint()) break;
+      const auto now = SteadyClock::now();
+      if (now >= deadline) {
+        KF_LOG(warn, "session", "{}: no version after v{} from {} within {} ms; writing it",
+               peer_->endpoint().str(), peer_->version(), writer->endpoint.str(),
+               options_.recovery_writer_wait.count());
+        break;
+      }
+      const auto slice = std::min<SteadyClock::duration>(deadline - now, kWriterCheck);
+      if (link_->wait_newer(peer_->version(),
+                            std::chrono::ceil<std::chrono::milliseconds>(slice))) {
         Cluster next = link_->latest().cluster;
         KF_LOG(info, "session",
                "{}: took v{} from the config service (the survivors' writer is {})",
                peer_->endpoint().str(), next.version, writer->endpoint.str());
         return next;
       }
-      KF_LOG(warn, "session", "{}: no version after v{} from {} within {} ms; writing it",
-             peer_->endpoint().str(), peer_->version(), writer->endpoint.str(),
-             options_.recovery_writer_wait.count());
+      for (const auto& ep : peer_->lost_peers()) {
+        if (std::find(gone.begin(), gone.end(), ep) == gone.end()) gone.push_back(ep);
+      }
     }
   }
   ConfigClient client(link_->url(), link_->token());
@@ -293,7 +309,7 @@ Cluster Session::remove_lost(const std::vector<Endpoint>& lost, bool edit_newer)
         }
         Cluster next = current;
         std::erase_if(next.workers, [&](const WorkerSpec& w) {
-          return std::find(lost.begin(), lost.end(), w.endpoint) != lost.end();
+          return std::find(gone.begin(), gone.end(), w.endpoint) != gone.end();
         });
         const bool removes = next.workers.size() != current.workers.size();
         if (!removes && current.version > peer_->version()) {
@@ -304,8 +320,8 @@ Cluster Session::remove_lost(const std::vector<Endpoint>& lost, bool edit_newer)
         try {
           Cluster stored = client.put_cluster(next, &current);
           KF_LOG(info, "session", "{}: wrote v{} without {}", peer_->endpoint().str(),
-                 stored.version, join_endpoints(lost));
-          for (const auto& ep : lost) {
+                 stored.version, join_endpoints(gone));
+          for (const auto& ep : gone) {
             if (contains(current, ep)) {
               link_->post("failed", ep.str(),
                           "lost by the job; removed by " + peer_->endpoint().str(), stored.version);
