@@ -10,6 +10,7 @@
 
 #include <map>
 
+#include <array>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -157,20 +158,31 @@ TEST(Elastic, ConfigServerRestartDoesNotStopTrainingAndChangesResume) {
   job.expect_clean_finish(job.wait(), 3);
 }
 
+// Starts 4 workers whose survivors wait `writer_wait_ms` for their writer after a failure, and
+// returns the pids of ranks 0 and 1 once the job trains (-1 and a test failure otherwise).
+std::array<pid_t, 2> start_four_with_writer_wait(ElasticJob& job, const char* writer_wait_ms) {
+  ::setenv("KF_RECOVERY_WRITER_WAIT_MS", writer_wait_ms, 1);
+  job.start(4, kArgs);
+  ::unsetenv("KF_RECOVERY_WRITER_WAIT_MS");
+  if (!job.wait_progress(30)) {
+    ADD_FAILURE() << "the job does not train:\n" << job.err();
+    return {-1, -1};
+  }
+  const auto c = job.client().get_cluster();
+  if (c.size() != 4) {
+    ADD_FAILURE() << "a cluster of " << c.size() << " workers, not 4";
+    return {-1, -1};
+  }
+  return {job.worker_pid(c.workers[0].endpoint.str()), job.worker_pid(c.workers[1].endpoint.str())};
+}
+
 // After rank 0's kill -9 the survivors' writer is rank 1, which is stopped (SIGSTOP) and not yet
 // known to be lost: the other two wait KF_RECOVERY_WRITER_WAIT_MS for its write, then write the
 // successor themselves; the next recovery removes rank 1, which, let go on, finds itself
 // removed and leaves.
 TEST(Elastic, SurvivorsWriteThemselvesWhenTheirWriterIsStopped) {
-  ::setenv("KF_RECOVERY_WRITER_WAIT_MS", "100", 1);  // below the agent's 500 ms
   ElasticJob job("writer-stopped");
-  job.start(4, kArgs);
-  ::unsetenv("KF_RECOVERY_WRITER_WAIT_MS");
-  ASSERT_TRUE(job.wait_progress(30)) << job.err();
-  const auto c = job.client().get_cluster();
-  ASSERT_EQ(c.size(), 4);
-  const pid_t first = job.worker_pid(c.workers[0].endpoint.str());
-  const pid_t writer = job.worker_pid(c.workers[1].endpoint.str());
+  const auto [first, writer] = start_four_with_writer_wait(job, "100");  // below the agent's 500
   ASSERT_GT(first, 0);
   ASSERT_GT(writer, 0);
   ASSERT_EQ(::kill(writer, SIGSTOP), 0);
@@ -188,15 +200,8 @@ TEST(Elastic, SurvivorsWriteThemselvesWhenTheirWriterIsStopped) {
 // its writer, until it sees that loss too and passes the task on (rank 2 writes one version
 // without both), long before the wait would end or the agent would remove them.
 TEST(Elastic, AWriterLostTooPassesTheWriteOn) {
-  ::setenv("KF_RECOVERY_WRITER_WAIT_MS", "600000", 1);
   ElasticJob job("writer-lost");
-  job.start(4, kArgs);
-  ::unsetenv("KF_RECOVERY_WRITER_WAIT_MS");
-  ASSERT_TRUE(job.wait_progress(30)) << job.err();
-  const auto c = job.client().get_cluster();
-  ASSERT_EQ(c.size(), 4);
-  const pid_t first = job.worker_pid(c.workers[0].endpoint.str());
-  const pid_t second = job.worker_pid(c.workers[1].endpoint.str());
+  const auto [first, second] = start_four_with_writer_wait(job, "600000");
   ASSERT_GT(first, 0);
   ASSERT_GT(second, 0);
   ASSERT_EQ(::kill(first, SIGKILL), 0);
