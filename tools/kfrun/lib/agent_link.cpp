@@ -335,11 +335,8 @@ class Reporter::Runner {
       // remove it themselves within milliseconds: the agent writes only when they have not
       // after a while (they are stuck, or there are none), so that its write does not compete
       // with theirs on the control plane during the recovery.
-      const auto end = Clock::now() + kSurvivorsRemoveWindow;
-      while (current.size() > 1 && is_member(current, worker) && Clock::now() < end) {
-        pause(*control_, config_.departure_poll);
-        current = call([&] { return client_.get_cluster(); });
-      }
+      current = watch_while(std::move(current), kSurvivorsRemoveWindow,
+                            [&](const Cluster& c) { return c.size() > 1 && is_member(c, worker); });
       // Removed by the survivors, it left as a member lost by the job does.
       if (is_member(current, worker)) verdict = remove_member(current, worker, "failed: " + detail);
     }
@@ -352,12 +349,9 @@ class Reporter::Runner {
   // moment before the survivors removed it: the document is watched for either for a while.
   // Still a member of a running job after that, it failed and is removed like any failed worker.
   void judge_adopted_exit(const std::string& worker, std::uint64_t version) {
-    Cluster current = call([&] { return client_.get_cluster(); });
-    const auto end = Clock::now() + kAdoptedExitWindow;
-    while (is_member(current, worker) && !marked_finished(current) && Clock::now() < end) {
-      pause(*control_, config_.departure_poll);
-      current = call([&] { return client_.get_cluster(); });
-    }
+    const Cluster current =
+        watch_while(call([&] { return client_.get_cluster(); }), kAdoptedExitWindow,
+                    [&](const Cluster& c) { return is_member(c, worker) && !marked_finished(c); });
     ExitVerdict verdict = ExitVerdict::left;
     if (is_member(current, worker) && marked_finished(current)) {
       post_event("exited", worker, "status unknown (adopted), the job is finished", version);
@@ -417,6 +411,18 @@ class Reporter::Runner {
   }
 
  private:
+  // Reads the document every departure_poll while `waiting` holds for the last one read (from
+  // `current` on), for up to `window`; returns the last one.
+  template <class Waiting>
+  Cluster watch_while(Cluster current, std::chrono::milliseconds window, Waiting waiting) {
+    const auto end = Clock::now() + window;
+    while (waiting(current) && Clock::now() < end) {
+      pause(*control_, config_.departure_poll);
+      current = call([&] { return client_.get_cluster(); });
+    }
+    return current;
+  }
+
   // Removes `worker` by compare-and-swap, starting from `current` and rebasing on each conflict,
   // and posts `removed` with `detail`; returns failed (also when someone else removed it first),
   // or failed_last when it is the last worker: the service accepts no empty cluster.
