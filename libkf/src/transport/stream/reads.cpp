@@ -54,8 +54,8 @@ awaitable<std::error_code> Mesh::read_exact(Incoming& in, std::byte* dst, std::s
     // it peeked leave the socket before anything more is read from it.
     if (auto ec = drop_peeked(in)) co_return ec;
     if (n >= Incoming::kBufBytes / 4 && dst) {
-      auto [ec, got] = co_await in.sock.async_read_some(
-          asio::buffer(dst, std::min(n, absorb ? kMacChunk : kProgressChunk)), kTuple);
+      auto [ec, got] =
+          co_await in.sock.async_read_some(asio::buffer(dst, std::min(n, kProgressChunk)), kTuple);
       if (ec) co_return to_std(ec);
       if (absorb) in.mac->update(dst, got);
       dst += got;

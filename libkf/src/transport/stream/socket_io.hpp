@@ -28,11 +28,12 @@ inline constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
 // was 1 MiB; 4 MiB measured 20-30% faster for 4-16 MiB allreduces of 2 workers over TCP
 // (kf-bench, in turn: 4 MiB 3.7-4.1 -> 2.6-3.4 ms, 16 MiB 15.8-16.1 -> 10.9-14.0 ms) and no
 // slower with 4 workers or over the same-host socket. Even at 100 MB/s a chunk takes 40 ms.
+// With frame MACs each chunk goes through the tag just before it is written (sender) or just
+// after it is read (receiver). Chunks of 256 KiB, which stay in a core's L2 between the two
+// passes, made a 64 MiB allreduce of 2 workers over TCP slower, not faster: 48.7 against
+// 38.3 ms (kf-bench, median of 5 runs in turn), the system calls and wake-ups costing more
+// than the cache misses they saved.
 inline constexpr std::size_t kProgressChunk = std::size_t{4} << 20;
-// With frame MACs, the chunk each tag update takes just before the kernel copies it (sender)
-// or just after (receiver), so that the bytes are still in the core's cache for the second
-// pass: a 4 MiB chunk outgrows a 2 MiB L2.
-inline constexpr std::size_t kMacChunk = std::size_t{256} << 10;
 // Asio's async_write hands the socket at most 64 KiB per system call (transfer_all's default).
 // Over loopback TCP, whose segments carry up to 65483 bytes, every such write went out as one
 // full segment and a 53-byte one: twice the segments, and a system call per 64 KiB. This

@@ -64,8 +64,7 @@ awaitable<std::error_code> Mesh::write_frame(Outgoing& out, SendReq& req) {
     out.single_copy = false;
     Counters::add(counters_.single_copy_refused, 1);
   } else {
-    const std::size_t chunk = out.mac ? kMacChunk : kProgressChunk;
-    done = std::min(req.bytes, chunk);
+    done = std::min(req.bytes, kProgressChunk);
     // Frame MACs: the tag over header, name and payload, taken in as the payload is written,
     // goes after it (write_now computed it already for a frame it started).
     if (out.mac && !req.tag_ready) {
@@ -96,7 +95,7 @@ awaitable<std::error_code> Mesh::write_frame(Outgoing& out, SendReq& req) {
   // The rest of the payload, a chunk at a time, so that a long write shows progress (last_tx).
   const bool tag_after = out.mac && !req.tag_ready;
   while (!ec && done < req.bytes) {
-    const std::size_t len = std::min(req.bytes - done, out.mac ? kMacChunk : kProgressChunk);
+    const std::size_t len = std::min(req.bytes - done, kProgressChunk);
     if (tag_after) out.mac->update(data + done, len);
     auto [wec, n] =
         co_await asio::async_write(out.sock, asio::buffer(data + done, len), AllAtOnce{}, kTuple);
