@@ -12,7 +12,6 @@ namespace kf::monitor {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
 // AdaptDL's variance floor of 1e-6, in tr(Σ) units: ε_S = 1e-6·M0.
 constexpr double kTrSigmaFloorPerSample = 1e-6;
 // Slack for the validity thresholds, so that n_eff = 19.999999999999996 of a plain mean over
@@ -219,7 +218,8 @@ GnsEstimate GnsEstimator::estimate() const {
   }
   e.read.sqr = std::max(e.raw.sqr, 0.0);
   e.read.tr_sigma = std::max(e.raw.tr_sigma, kTrSigmaFloorPerSample * options_.base_batch);
-  e.b_simple = e.read.sqr > 0.0 ? e.read.tr_sigma / e.read.sqr : kInf;
+  e.b_simple =
+      e.read.sqr > 0.0 ? e.read.tr_sigma / e.read.sqr : std::numeric_limits<double>::infinity();
   e.effective_steps = groups_.front().sqr.effective_count();
 
   const double slack = 1.0 - kThresholdSlack;

@@ -19,7 +19,7 @@ namespace {
 using Json = nlohmann::ordered_json;
 namespace fs = std::filesystem;
 
-Json row(std::size_t bytes, double median_us, bool correct = true) {
+Json cell_row(std::size_t bytes, double median_us, bool correct = true) {
   return Json{{"bytes", bytes}, {"median_us", median_us}, {"correct", correct}};
 }
 
@@ -28,7 +28,8 @@ std::vector<RunRows> rounds_of(const std::string& impl, int np, std::size_t byte
                                const std::vector<double>& medians, bool correct = true) {
   std::vector<RunRows> runs;
   for (std::size_t i = 0; i < medians.size(); ++i) {
-    runs.push_back(RunRows{impl, np, static_cast<int>(i) + 1, {row(bytes, medians[i], correct)}});
+    runs.push_back(
+        RunRows{impl, np, static_cast<int>(i) + 1, {cell_row(bytes, medians[i], correct)}});
   }
   return runs;
 }
@@ -211,10 +212,10 @@ TEST(CompareBuildsTable, TimeTableLabelsTheOldBuildsColumns) {
 }
 
 TEST(CompareBuildsRows, AnOldBuildsRowKeepsItsNameAndGetsItsClass) {
-  const Json j = annotated_row(row(4, 1), RunRows{"kf-tcp@old", 2, 2, {}});
+  const Json j = annotated_row(cell_row(4, 1), RunRows{"kf-tcp@old", 2, 2, {}});
   EXPECT_EQ(j.value("impl", ""), "kf-tcp@old");
   EXPECT_EQ(j.value("class", ""), "tcp");
-  EXPECT_EQ(annotated_row(row(4, 1), RunRows{"kf@old", 2, 1, {}}).value("class", ""), "local");
+  EXPECT_EQ(annotated_row(cell_row(4, 1), RunRows{"kf@old", 2, 1, {}}).value("class", ""), "local");
 }
 
 TEST(CompareBuildsLibraryPath, ChangedOnlyWhenSetSinceItOverridesRunpath) {

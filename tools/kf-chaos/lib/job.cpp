@@ -82,13 +82,6 @@ void stop(pid_t& pid, int sig) {
   pid = 0;
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 }  // namespace
 
 WorkDir::WorkDir(const std::optional<fs::path>& given) {
@@ -143,6 +136,13 @@ bool running(pid_t pid) {
   const auto close = text.rfind(')');
   return close != std::string::npos && close + 2 < text.size() && text[close + 2] != 'Z' &&
          text[close + 2] != 'X';
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
 }
 
 std::string last_lines(const std::string& text, int count) {

@@ -117,5 +117,7 @@ void write_setting(ConfigClient& c, const std::string& assignment);
 bool running(pid_t pid);
 /// The last `count` lines of `text`.
 std::string last_lines(const std::string& text, int count);
+/// The whole of file `p`; empty when it cannot be read (a worker that has not written it yet).
+std::string slurp(const std::filesystem::path& p);
 
 }  // namespace kf::chaos

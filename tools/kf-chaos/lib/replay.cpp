@@ -33,13 +33,6 @@ std::int64_t unix_ms() {
       .count();
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 std::string format_rate(double per_s) {
   std::ostringstream s;
   s.setf(std::ios::fixed);
