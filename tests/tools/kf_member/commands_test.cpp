@@ -1,14 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// kf-member's library and kf::ConfigClient's URL parsing. Only add_workers touches the network: it
-// test-binds candidate ports on 127.0.0.1.
+// kf-member's library and kf::ConfigClient's URL parsing. add_workers test-binds candidate ports
+// on 127.0.0.1; a change whose event cannot be recorded talks to a canned service there.
 #include "kf-member/lib/commands.hpp"
 
 #include <gtest/gtest.h>
 
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
 #include "kf/runtime/config_client.hpp"
+#include "support/canned_http.hpp"
 
 namespace {
 
@@ -133,6 +135,34 @@ TEST(MemberBounds, MinAndMaxWorkersFromTheSettings) {
   }
   c.settings["min_workers"] = "two";
   EXPECT_THROW(kf::member::check_bounds(c), std::invalid_argument);
+}
+
+// `kf-member set stop=true` against a job with the builtin service: the job ends at once and takes
+// its service along, so the event after the stored change finds nobody. The change took effect:
+// the command reports it and says the event was not recorded, it does not fail.
+TEST(MemberMutate, AnEventThatCannotBeRecordedAfterTheChangeIsANote) {
+  kf::test::CannedHttpServer server;
+  kf::Cluster stored = three_workers();
+  stored.version = 8;
+  stored.settings["stop"] = true;
+  // GET and PUT are answered; the event's POST then gets 503, as long as the client retries.
+  server.set_answers({kf::test::CannedHttpServer::answer(200, three_workers().to_json().dump()),
+                      kf::test::CannedHttpServer::answer(200, stored.to_json().dump())});
+  kf::ConfigClientOptions options;
+  options.deadline = std::chrono::milliseconds(500);
+  kf::ConfigClient client(server.url("http"), "token", options);
+  std::ostringstream out;
+  kf::member::CommandContext ctx{client, out};
+  kf::Cluster result;
+  ASSERT_NO_THROW(result = kf::member::mutate(ctx, [](kf::Cluster& c) {
+    c.settings["stop"] = true;
+    return kf::member::Edit{"settings stop=true", {{"note", "", "kf-member set stop=true"}}};
+  }));
+  EXPECT_EQ(result.version, 8u);
+  EXPECT_NE(out.str().find("v7 -> v8: settings stop=true"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("v8: the change took effect; its 'note' event was not recorded"),
+            std::string::npos)
+      << out.str();
 }
 
 }  // namespace

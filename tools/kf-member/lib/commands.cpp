@@ -31,9 +31,20 @@ std::string remove_worker(Cluster& c, const std::string& spec) {
   return endpoint;
 }
 
+// Records the events of a change that is stored already. The change took effect whatever happens
+// here (a `set stop=true` ends a job, and with it a builtin service), so a failure is reported as
+// a note on `out`, never thrown.
 void post_events(CommandContext& ctx, const std::vector<PendingEvent>& events,
                  std::uint64_t version) {
-  for (const auto& e : events) ctx.client.post_event(e.type, e.worker, e.detail, version);
+  for (const auto& e : events) {
+    try {
+      ctx.client.post_event(e.type, e.worker, e.detail, version);
+    } catch (const std::exception& error) {
+      ctx.out << "v" << version << ": the change took effect; its '" << e.type
+              << "' event was not recorded: " << error.what() << std::endl;
+      return;
+    }
+  }
 }
 
 }  // namespace

@@ -51,7 +51,9 @@ using Mutator = std::function<Edit(Cluster&)>;
 /// Applies `mutate` by compare-and-swap: read, edit, PUT; on a 409 re-applies the edit to the
 /// current document from the answer, up to ctx.max_attempts times with a short random back-off.
 /// Prints "vA -> vB: SUMMARY" (or "vA: no change", and "vA: conflict, vC is current; re-applying"
-/// for each conflict) and posts the edit's events. Returns the stored cluster. Throws: kf::Error
+/// for each conflict) and posts the edit's events; an event that cannot be posted after the
+/// change was stored (the service is gone with the job the change ended) is a printed note, not an
+/// error. Returns the stored cluster. Throws: kf::Error
 /// (errc::conflict when out of attempts; see ConfigClient), UnknownWorker or std::invalid_argument
 /// from `mutate`.
 Cluster mutate(CommandContext& ctx, const Mutator& mutate);
