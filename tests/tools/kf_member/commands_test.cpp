@@ -154,10 +154,11 @@ TEST(MemberMutate, AnEventThatCannotBeRecordedAfterTheChangeIsANote) {
   std::ostringstream out;
   kf::member::CommandContext ctx{client, out};
   kf::Cluster result;
-  ASSERT_NO_THROW(result = kf::member::mutate(ctx, [](kf::Cluster& c) {
-    c.settings["stop"] = true;
-    return kf::member::Edit{"settings stop=true", {{"note", "", "kf-member set stop=true"}}};
-  }));
+  ASSERT_NO_THROW(
+      result = kf::member::mutate(ctx, [](kf::Cluster& c) {
+        c.settings["stop"] = true;
+        return kf::member::Edit{"settings stop=true", {{"note", "", "kf-member set stop=true"}}};
+      }));
   EXPECT_EQ(result.version, 8u);
   EXPECT_NE(out.str().find("v7 -> v8: settings stop=true"), std::string::npos) << out.str();
   EXPECT_NE(out.str().find("v8: the change took effect; its 'note' event was not recorded"),
