@@ -7,14 +7,11 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <condition_variable>
 #include <csignal>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <system_error>
-#include <thread>
 #include <utility>
 
 #include "kfrun/lib/adopt.hpp"
@@ -22,6 +19,7 @@
 #include "kfrun/lib/agent_rules.hpp"
 #include "kfrun/lib/agent_setup.hpp"
 #include "kfrun/lib/line_prefixer.hpp"
+#include "kfrun/lib/liveness.hpp"
 #include "kfrun/lib/output.hpp"
 #include "kfrun/lib/private_dir.hpp"
 #include "kfrun/lib/signal_pipe.hpp"
@@ -59,62 +57,6 @@ struct LocalWorker {
   std::optional<Clock::time_point> term_at;  // its leave grace ends: SIGTERM
   std::optional<Clock::time_point> kill_at;  // SIGTERM went unheeded: SIGKILL
   bool killed = false;                       // SIGKILL sent
-};
-
-// With etcd, this host's agent is listed as alive under a lease (ConfigClient::announce_agent)
-// that a thread of its own renews every third of its TTL: the listing ends when the agent stops,
-// and runs out when the agent dies. kf-member shows it. A service that is down is retried.
-class Liveness {
- public:
-  static constexpr std::chrono::seconds kTtl{10};
-  Liveness(const std::string& url, const std::string& token, std::string host)
-      : client_(url, token, ConfigClientOptions{milliseconds(2000)}), host_(std::move(host)) {
-    thread_ = std::thread([this] { run(); });
-  }
-  ~Liveness() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    changed_.notify_all();
-    thread_.join();
-  }
-  Liveness(const Liveness&) = delete;
-  Liveness& operator=(const Liveness&) = delete;
-
- private:
-  void run() {
-    bool announced = false;
-    std::unique_lock lock(mutex_);
-    while (!stop_) {
-      lock.unlock();
-      try {
-        if (announced) {
-          client_.keep_agent_alive();
-        } else {
-          announced = client_.announce_agent(host_, kTtl);
-        }
-      } catch (const std::exception&) {
-        // Unreachable for now: the next period tries again (the agent logs outages itself).
-      }
-      lock.lock();
-      changed_.wait_for(lock, kTtl / 3, [this] { return stop_; });
-    }
-    lock.unlock();
-    if (!announced) return;
-    try {
-      client_.retire_agent();
-    } catch (const std::exception&) {
-      // The lease runs out by itself.
-    }
-  }
-
-  ConfigClient client_;
-  std::string host_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  bool stop_ = false;
-  std::thread thread_;
 };
 
 // An exit the reporter is judging (is the worker still a member?).
