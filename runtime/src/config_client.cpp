@@ -32,9 +32,9 @@
 namespace kf {
 
 bool is_client_event_type(std::string_view type) noexcept {
-  static constexpr std::array<std::string_view, 13> kTypes{
-      "added",   "removed", "joined", "left",      "failed",  "revoked", "killed",
-      "resized", "started", "exited", "restarted", "adopted", "note"};
+  static constexpr std::array<std::string_view, 15> kTypes{
+      "added",   "removed", "joined",    "left",    "failed", "revoked",  "killed", "resized",
+      "started", "exited",  "restarted", "adopted", "notice", "draining", "note"};
   for (const auto t : kTypes) {
     if (t == type) return true;
   }

@@ -80,12 +80,19 @@ class ElasticJob {
     if (service_url_.empty()) server_ = std::make_unique<ServerProcess>(dir_);
   }
   ~ElasticJob() {
+    for (Child& other : other_agents_) {
+      if (other.pid <= 0) continue;
+      ::kill(other.pid, SIGKILL);
+      ::waitpid(other.pid, nullptr, 0);
+    }
     if (agent_.pid > 0) {
       ::kill(agent_.pid, SIGKILL);
       ::waitpid(agent_.pid, nullptr, 0);
       // The workers are in process groups of their own; kfrun is gone, so stop them by name.
       run_shell("pkill -KILL -f '" + program_ + "' || true");
     }
+    // Workers of a killed agent that are still running: this job's only (their progress file).
+    if (orphans_) run_shell("pkill -KILL -f '" + (dir_ / "progress").string() + "' || true");
     if (agent_.out_fd >= 0) ::close(agent_.out_fd);
     if (!HasFailure()) std::filesystem::remove_all(dir_);
   }
@@ -96,21 +103,58 @@ class ElasticJob {
   const std::filesystem::path& dir() const { return dir_; }
   ConfigClient client() const { return ConfigClient(url(), "elastic-test-token"); }
 
-  /// Starts `kfrun --watch` with `np` initial workers running elastic-worker `args`.
-  void start(int np, const std::string& args) {
-    start_program(np, env_or_empty("KF_ELASTIC_WORKER"),
-                  "--progress-file " + (dir_ / "progress").string() + " " + args);
+  /// Starts `kfrun --watch` with `np` initial workers running elastic-worker `args`; `env`
+  /// ("NAME=VALUE") is added to the agent's environment, and so to its workers'.
+  void start(int np, const std::string& args, const std::vector<std::string>& env = {}) {
+    start_program(np, env_or_empty("KF_ELASTIC_WORKER"), worker_args(args), env);
   }
 
   /// Starts `kfrun --watch` with `np` initial workers running `program args`.
-  void start_program(int np, const std::string& program, const std::string& args) {
+  void start_program(int np, const std::string& program, const std::string& args,
+                     const std::vector<std::string>& env = {}) {
     program_ = program;
+    args_ = args;
     const std::string cmd = "exec " + env_or_empty("KFRUN") + " --watch --config-server " + url() +
                             " --slots 8 -np " + std::to_string(np) + " --job-token-file " +
                             (dir_ / "token").string() + " --leave-grace-ms 20000 -- " + program +
                             " " + args + " > " + (dir_ / "out").string() + " 2> " +
                             (dir_ / "err").string();
-    agent_ = spawn({"/bin/sh", "-c", cmd}, {"KF_LOG_LEVEL=info"});
+    std::vector<std::string> full{"KF_LOG_LEVEL=info"};
+    full.insert(full.end(), env.begin(), env.end());
+    agent_ = spawn({"/bin/sh", "-c", cmd}, full);
+  }
+
+  /// Starts one more agent of the job, on `host` (another loopback address, such as
+  /// 127.0.0.2, stands for another machine), with `options` and the first agent's program; its
+  /// output goes to out-HOST and err-HOST. Call after start(). Returns its index for
+  /// wait_other_agent().
+  std::size_t start_other_agent(const std::string& host, const std::string& options) {
+    const std::string cmd = "exec " + env_or_empty("KFRUN") + " --watch --config-server " + url() +
+                            " --host " + host + " --slots 8 --job-token-file " +
+                            (dir_ / "token").string() + " " + options + " -- " + program_ + " " +
+                            args_ + " > " + (dir_ / ("out-" + host)).string() + " 2> " +
+                            (dir_ / ("err-" + host)).string();
+    other_agents_.push_back(spawn({"/bin/sh", "-c", cmd}, {"KF_LOG_LEVEL=info"}));
+    return other_agents_.size() - 1;
+  }
+  pid_t other_agent_pid(std::size_t index) const { return other_agents_.at(index).pid; }
+  /// Its exit code (-1 on timeout).
+  int wait_other_agent(std::size_t index, std::chrono::seconds timeout = 60s) {
+    Child& c = other_agents_.at(index);
+    auto st = wait_exit(c, std::chrono::steady_clock::now() + timeout);
+    c.pid = -1;
+    if (!st) return -1;
+    return WIFEXITED(*st) ? WEXITSTATUS(*st) : 128 + WTERMSIG(*st);
+  }
+  std::string other_err(const std::string& host) const { return slurp(dir_ / ("err-" + host)); }
+  std::string other_out(const std::string& host) const { return slurp(dir_ / ("out-" + host)); }
+
+  /// Kills the first agent with SIGKILL (its workers live on: they are orphans).
+  void kill_agent() {
+    ::kill(agent_.pid, SIGKILL);
+    ::waitpid(agent_.pid, nullptr, 0);
+    agent_.pid = -1;
+    orphans_ = true;
   }
 
   /// Committed steps so far (rank 0 writes them after each step), -1 before the first.
@@ -260,8 +304,15 @@ class ElasticJob {
   std::string service_url_;
   std::filesystem::path dir_;
   std::unique_ptr<ServerProcess> server_;
+  std::string worker_args(const std::string& args) const {
+    return "--progress-file " + (dir_ / "progress").string() + " " + args;
+  }
+
   std::string program_;
+  std::string args_;
   Child agent_;
+  std::vector<Child> other_agents_;
+  bool orphans_ = false;  // kill_agent() left workers running
 };
 
 /// 2 -> 3 -> 2 while training: starts 2 workers of elastic-worker `args`, grows to 3 after a

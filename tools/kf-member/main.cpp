@@ -3,7 +3,7 @@
 // config service.
 //   kf-member --server URL [--token-file F] [--timeout-ms MS] COMMAND
 //   COMMAND: list | add [--host H] [--count N] [--port-range A-B] | revoke
-//   WORKER [--notice S]
+//   WORKER [--notice S] | notice HOST|WORKER --in S
 //            | kill WORKER | resize N [--host H] [--port-range A-B] | watch
 //            [--count K] | set KEY=VALUE...
 // Mutations compare-and-swap the cluster document (retrying conflicts) and
@@ -85,6 +85,16 @@ int main(int argc, char** argv) {
   auto* notice =
       revoke->add_option("--notice", notice_seconds, "seconds of notice, recorded in the event")
           ->check(CLI::Range(0, 86'400));
+  auto* notice_cmd = app.add_subcommand(
+      "notice",
+      "TARGET (a host, or a worker) goes away in S seconds: its workers are revoked with that "
+      "notice, and a host's agent starts nothing more and ends once they left");
+  std::string target;
+  int in_seconds = 0;
+  notice_cmd->add_option("TARGET", target, "host, rank, or host:port")->required();
+  notice_cmd->add_option("--in", in_seconds, "seconds until it goes away")
+      ->required()
+      ->check(CLI::Range(0, 86'400));
   auto* kill =
       app.add_subcommand("kill",
                          "remove WORKER and record a 'killed' event, for failure drills (its "
@@ -115,8 +125,8 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
 
-  const bool mutates =
-      add->parsed() || revoke->parsed() || kill->parsed() || resize->parsed() || set->parsed();
+  const bool mutates = add->parsed() || revoke->parsed() || notice_cmd->parsed() ||
+                       kill->parsed() || resize->parsed() || set->parsed();
   std::optional<kf::ConfigClient> client;
   nlohmann::json settings;
   try {
@@ -143,6 +153,8 @@ int main(int argc, char** argv) {
     } else if (revoke->parsed()) {
       kf::member::revoke(ctx, worker,
                          notice->count() > 0 ? std::optional<int>(notice_seconds) : std::nullopt);
+    } else if (notice_cmd->parsed()) {
+      kf::member::notice(ctx, target, in_seconds);
     } else if (kill->parsed()) {
       kf::member::kill(ctx, worker);
     } else if (resize->parsed()) {

@@ -3,11 +3,13 @@
 //   static: kfrun -np N [--host H] [--port-range A-B] [--job-token-file F] [--job-id ID]
 //                 [--algorithm A] [--timeout-ms MS] -- PROG ARGS...
 //   agent:  kfrun --watch --config-server URL|builtin --slots N [-np K] [--state FILE]
-//                 [--leave-grace-ms MS] [the options above] -- PROG ARGS...
+//                 [--leave-grace-ms MS] [--orphans adopt|kill] [--on-sigterm leave|stop]
+//                 [--notice-signal SIG] [--grace S] [--notice-file F] [--notice-command CMD]
+//                 [the options above] -- PROG ARGS...
 // Exit codes, static mode: 0 when every worker succeeded; the first failing worker's code (128 +
 // signal when killed by one); 127 when PROG cannot be executed. Watch mode: 0 when the job
-// finished and every local worker exited 0 or left; 128 + signal when stopped by one; 1 when a
-// local worker failed. Both: 2 for a usage error; 1 for other errors.
+// finished and every local worker exited 0 or left, or they left on a notice; 128 + signal when
+// stopped by one; 1 when a local worker failed. Both: 2 for a usage error; 1 for other errors.
 #include <chrono>
 #include <exception>
 #include <filesystem>
@@ -58,7 +60,8 @@ int main(int argc, char** argv) {
       "Arguments after PROG are passed to it unchanged; \"--\" before PROG is optional.\n"
       "Exit code (static): 0 when every worker succeeds, else the first failing worker's (128 + "
       "signal when killed by one); 127 when PROG cannot be executed. (--watch): 0 when the job "
-      "finished and every local worker exited 0 or left; 128 + signal when stopped; 1 when a "
+      "finished and every local worker exited 0 or left, or the workers left on a notice; 128 + "
+      "signal when stopped; 1 when a "
       "local worker failed. Both: 2 for a usage error. See docs/kfrun.md.");
   kf::tools::LaunchOptions options;
   kf::tools::AgentOptions agent;
@@ -110,11 +113,43 @@ int main(int argc, char** argv) {
                  "how long a worker that left the cluster may run before SIGTERM (default 30000)")
       ->check(CLI::Range(0, std::numeric_limits<int>::max()))
       ->needs(watch);
-  std::string orphans = "adopt";
+  std::optional<std::string> orphans;
   app.add_option("--orphans", orphans,
                  "when the agent dies without stopping its workers (kill -9): adopt, they train "
-                 "on and a restarted agent takes them over; kill, they get SIGKILL at once")
+                 "on and a restarted agent takes them over; kill, they get SIGKILL at once "
+                 "(default: adopt with an external service, kill with builtin)")
       ->check(CLI::IsMember({"adopt", "kill"}))
+      ->needs(watch);
+  std::string on_sigterm = "leave";
+  app.add_option("--on-sigterm", on_sigterm,
+                 "leave: SIGTERM is a notice (the workers leave the job with notice, the agent "
+                 "exits 0 within --grace); stop: stop the workers at once, as failures")
+      ->check(CLI::IsMember({"leave", "stop"}))
+      ->capture_default_str()
+      ->needs(watch);
+  std::vector<std::string> notice_signals;
+  app.add_option("--notice-signal", notice_signals,
+                 "another signal that is a notice, e.g. USR1 for Slurm's --signal=USR1@N "
+                 "(repeatable; the workers start with it ignored)")
+      ->needs(watch);
+  int grace_s = 30;
+  app.add_option("--grace", grace_s,
+                 "seconds from a notice until the agent must be gone: what still runs gets "
+                 "SIGTERM 2 s before, SIGKILL at the end")
+      ->check(CLI::Range(1, 86'400))
+      ->capture_default_str()
+      ->needs(watch);
+  app.add_option("--notice-file", agent.notice.file,
+                 "a notice when this file exists (its first line may give the seconds left)")
+      ->needs(watch);
+  app.add_option("--notice-command", agent.notice.command,
+                 "a notice when this shell command exits 0 (its first line of output may give "
+                 "the seconds left)")
+      ->needs(watch);
+  int notice_poll_ms = 1000;
+  app.add_option("--notice-poll-ms", notice_poll_ms,
+                 "how often --notice-file and --notice-command are looked at")
+      ->check(CLI::Range(10, 3'600'000))
       ->capture_default_str()
       ->needs(watch);
   app.add_option("PROG", options.command, "the worker program and its arguments")->required();
@@ -163,7 +198,16 @@ int main(int argc, char** argv) {
     agent.settings = options.settings;
     agent.job_file = options.job_file;
     if (leave_grace_ms) agent.leave_grace = std::chrono::milliseconds(*leave_grace_ms);
-    agent.orphans = orphans == "kill" ? kf::tools::Orphans::kill : kf::tools::Orphans::adopt;
+    if (orphans) {
+      agent.orphans = *orphans == "kill" ? kf::tools::Orphans::kill : kf::tools::Orphans::adopt;
+    }
+    agent.notice.on_sigterm =
+        on_sigterm == "stop" ? kf::tools::OnSigterm::stop : kf::tools::OnSigterm::leave;
+    for (const auto& sig : notice_signals) {
+      agent.notice.signals.push_back(kf::tools::parse_notice_signal(sig));
+    }
+    agent.notice.grace = std::chrono::seconds(grace_s);
+    agent.notice.poll = std::chrono::milliseconds(notice_poll_ms);
     agent.command = options.command;
     return kf::tools::run_agent(agent);
   } catch (const kf::JobFileError& e) {

@@ -82,6 +82,7 @@ void read_session_variables(Env& e) {
                            "a number of milliseconds in 0-3600000")) {
     e.recovery_writer_wait = std::chrono::milliseconds(*v);
   }
+  e.agent_pid = get_integer(env::kAgentPid, 1, kMax, "a process id >= 1");
 }
 
 }  // namespace

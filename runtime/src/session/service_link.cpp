@@ -26,6 +26,7 @@ ServiceLink::ServiceLink(const std::string& url, const std::string& token, const
   handlers.on_cluster = [this](const Cluster& c) { offer(c); };
   handlers.on_error = [this](const Error& e) { return on_error(e); };
   handlers.on_reached = [this] {
+    down_since_us_.store(0, std::memory_order_relaxed);
     if (std::exchange(down_, false)) KF_LOG(info, "session", "config service {} is back", url_);
   };
   try {
@@ -51,8 +52,19 @@ ServiceLink::~ServiceLink() {
   poster_.join();
 }
 
+std::chrono::milliseconds ServiceLink::down_for() const noexcept {
+  const std::int64_t since = down_since_us_.load(std::memory_order_relaxed);
+  if (since == 0) return std::chrono::milliseconds(0);
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now().time_since_epoch() - std::chrono::microseconds(since));
+}
+
 bool ServiceLink::on_error(const Error& e) {
   if (!std::exchange(down_, true)) {
+    down_since_us_.store(std::chrono::duration_cast<std::chrono::microseconds>(
+                             std::chrono::steady_clock::now().time_since_epoch())
+                             .count(),
+                         std::memory_order_relaxed);
     KF_LOG(warn, "session", "config service {} unreachable ({}); training goes on with cluster v{}",
            url_, e.what(), version());
   }

@@ -58,6 +58,9 @@ class ServiceLink {
   void submit(std::string key, std::function<void(ConfigClient&)> work);
 
   const std::string& url() const noexcept { return url_; }
+
+  /// How long the watch has failed to reach the service, zero while it reaches it.
+  std::chrono::milliseconds down_for() const noexcept;
   const std::string& token() const noexcept { return token_; }
 
  private:
@@ -80,7 +83,8 @@ class ServiceLink {
   Snapshot latest_;
   std::atomic<std::uint64_t> version_{0};
   std::deque<Event> events_;
-  bool down_ = false;  // used by the watch's thread only
+  bool down_ = false;                           // used by the watch's thread only
+  std::atomic<std::int64_t> down_since_us_{0};  // steady clock; 0 while the service answers
   std::thread poster_;
   std::unique_ptr<ClusterWatch> watch_;  // last: its thread uses the members above
 };

@@ -2,6 +2,8 @@
 // kf::Session::end_step(): the step boundary as pack -> exchange -> decide -> apply. The rules
 // are pure (session/boundary_rules.hpp); this file packs this worker's record, runs the control
 // collectives, commits the step and carries the decision out.
+#include <unistd.h>
+
 #include <bit>
 
 #include <nlohmann/json.hpp>
@@ -89,7 +91,23 @@ void Session::commit_step(std::span<const std::int64_t> all, const RecordLayout&
   }
 }
 
+// An orphan (its agent died) whose config service is gone for good: nothing could adopt it or
+// change its job, and on a GPU cluster it would hold its GPU for ever (SessionOptions::agent_pid).
+void Session::check_control_plane() const {
+  if (!link_ || !options_.agent_pid) return;
+  const auto down = link_->down_for();
+  if (down < options_.service_timeout || ::getppid() == *options_.agent_pid) return;
+  throw Error(make_error_code(errc::service_unavailable),
+              "the agent that started this worker (pid " + std::to_string(*options_.agent_pid) +
+                  ") is gone and the config service " + link_->url() +
+                  " has been unreachable for " +
+                  std::to_string(std::chrono::duration_cast<std::chrono::seconds>(down).count()) +
+                  " s (KF_SERVICE_TIMEOUT_MS " + std::to_string(options_.service_timeout.count()) +
+                  "): no agent can adopt this worker; it stops");
+}
+
 Session::Outcome Session::end_step() {
+  check_control_plane();
   const auto t0 = SteadyClock::now();
   const std::int64_t boundary_us = now_us();
   ++boundary_;

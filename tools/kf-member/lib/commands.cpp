@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <iterator>
 #include <optional>
 #include <random>
 #include <set>
@@ -13,6 +14,7 @@
 
 #include "kf/common/json.hpp"
 #include "kf/runtime/cluster_settings.hpp"
+#include "kfrun/lib/notice.hpp"
 
 namespace kf::member {
 namespace {
@@ -249,6 +251,49 @@ void revoke(CommandContext& ctx, const std::string& worker, std::optional<int> n
     const std::string endpoint = remove_worker(c, worker);
     check_bounds(c);
     return Edit{"revoked " + endpoint + " (" + detail + ")", {{"revoked", endpoint, detail}}};
+  });
+}
+
+void notice(CommandContext& ctx, const std::string& target, int in_seconds) {
+  const std::string detail = "kf-member notice, notice " + std::to_string(in_seconds) + "s";
+  // The host's own spelling in a document: "[::1]" for IPv6 is given as "::1" or "[::1]".
+  std::string host = target;
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  mutate(ctx, [&](Cluster& c) {
+    const auto on_host = [&](const WorkerSpec& w) { return w.endpoint.host == host; };
+    if (std::none_of(c.workers.begin(), c.workers.end(), on_host)) {
+      // Not a host of the job: a worker (rank or host:port), revoked with this notice.
+      int rank = -1;
+      try {
+        rank = find_worker(c, target);
+      } catch (const UnknownWorker&) {
+        throw UnknownWorker("notice: '" + target + "' is neither a host with workers of the job " +
+                            "nor a worker of it (version " + std::to_string(c.version) +
+                            "; give a host, a rank or host:port)");
+      }
+      const std::string endpoint = c.workers[static_cast<std::size_t>(rank)].endpoint.str();
+      if (c.workers.size() == 1) {
+        throw std::runtime_error("notice: " + endpoint +
+                                 " is the job's last worker: the job cannot go on without it");
+      }
+      c.workers.erase(c.workers.begin() + rank);
+      return Edit{"revoked " + endpoint + " (" + detail + ")", {{"revoked", endpoint, detail}}};
+    }
+    std::vector<WorkerSpec> leaving;
+    std::copy_if(c.workers.begin(), c.workers.end(), std::back_inserter(leaving), on_host);
+    if (leaving.size() == c.workers.size()) {
+      throw std::runtime_error("notice: every worker of the job is on " + host +
+                               ": the job cannot go on without it (version " +
+                               std::to_string(c.version) + ")");
+    }
+    std::erase_if(c.workers, on_host);
+    // The host's event first: its agent reads it with the workers' and drains.
+    Edit edit{"revoked " + join_workers(leaving) + " on " + host + " (" + detail + ")",
+              {{"notice", "", tools::host_detail(host, detail)}}};
+    for (const auto& w : leaving) edit.events.push_back({"revoked", w.endpoint.str(), detail});
+    return edit;
   });
 }
 

@@ -99,6 +99,13 @@ void list(CommandContext& ctx);
 void add(CommandContext& ctx, const AddOptions& options);
 /// Removes WORKER with a `revoked` event whose detail records the notice.
 void revoke(CommandContext& ctx, const std::string& worker, std::optional<int> notice_seconds);
+/// A notice that `target` goes away in `in_seconds`. A host with workers of the job: all of them
+/// are revoked in one change, with a `notice` event for the host (its agent then starts nothing
+/// more and ends once they left) and a `revoked` event with the notice for each. Otherwise a
+/// worker (rank or host:port), revoked with the notice. The job's bounds are not checked (the
+/// machine goes anyway). Throws: UnknownWorker when `target` is neither; std::runtime_error when
+/// nothing of the job would be left.
+void notice(CommandContext& ctx, const std::string& target, int in_seconds);
 /// Removes WORKER with a `killed` event.
 void kill(CommandContext& ctx, const std::string& worker);
 /// Adds (with `options`) or removes workers at the end until there are `count_workers`.

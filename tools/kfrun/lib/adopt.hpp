@@ -14,10 +14,12 @@
 #include <string_view>
 #include <vector>
 
+#include "kf/common/env.hpp"
+
 namespace kf::tools {
 
 /// The environment variable that names the agent that started a worker.
-inline constexpr const char* kAgentPidVariable = "KF_AGENT_PID";
+inline constexpr const char* kAgentPidVariable = env::kAgentPid;
 
 /// What /proc says of one process.
 struct ProcessFacts {

@@ -15,13 +15,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kfrun/lib/notice.hpp"
 #include "kfrun/lib/ports.hpp"
 
 namespace kf::tools {
 
 /// What becomes of this host's workers when the agent dies without stopping them (kill -9, a
 /// crash): `adopt`, they train on, and an agent restarted on the host takes them over
-/// (adopt.hpp); `kill`, they get SIGKILL at once (the job counts them as lost).
+/// (adopt.hpp); `kill`, they get SIGKILL at once (the job counts them as lost). The default is
+/// `adopt` with an external config service and `kill` with the builtin one, which dies with its
+/// agent (nobody could adopt the workers, and they would train on for ever without a control
+/// plane); `adopt` with the builtin service is a usage error.
 enum class Orphans { adopt, kill };
 
 struct AgentOptions {
@@ -42,7 +46,8 @@ struct AgentOptions {
   std::chrono::milliseconds leave_grace{30'000};
   /// Between SIGTERM and SIGKILL when kfrun itself is stopped (SIGINT, SIGTERM, an error).
   std::chrono::milliseconds stop_grace{2000};
-  Orphans orphans = Orphans::adopt;
+  std::optional<Orphans> orphans;    ///< unset: the default above
+  NoticeOptions notice;              ///< how a notice comes, and its grace
   std::vector<std::string> command;  ///< program and its arguments
   int out_fd = 1;                    ///< where the workers' tagged stdout goes
   int err_fd = 2;                    ///< their tagged stderr and kfrun's own messages

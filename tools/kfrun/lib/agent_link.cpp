@@ -396,6 +396,46 @@ class Reporter::Runner {
                   std::to_string(kMaxRemoveAttempts) + " compare-and-swap conflicts"});
   }
 
+  void leave_on_notice(const std::vector<std::string>& workers, const std::string& source,
+                       std::chrono::seconds notice, std::uint64_t version) {
+    const std::string within = "notice " + std::to_string(notice.count()) + "s";
+    post_event("draining", "",
+               host_detail(config_.host, source + ", its workers leave the job, " + within),
+               version);
+    Cluster current = call([&] { return client_.get_cluster(); });
+    for (int attempt = 1; attempt <= kMaxRemoveAttempts; ++attempt) {
+      Cluster next = current;
+      std::vector<std::string> leaving;
+      for (const auto& w : workers) {
+        if (!is_member(next, w)) continue;
+        next = without_worker(std::move(next), w);
+        leaving.push_back(w);
+      }
+      if (leaving.empty()) return;  // gone already (kf-member notice took them out)
+      if (next.workers.empty()) {
+        post(LeaveRefused{"the job has no workers but this host's: without them it cannot go on"});
+        return;
+      }
+      try {
+        const Cluster stored = call([&] { return client_.put_cluster(next); });
+        std::string names;
+        for (const auto& w : leaving) names.append(names.empty() ? "" : ", ").append(w);
+        post(LinkNote{"revoked " + names + " (" + source + ", " + within + "): v" +
+                      std::to_string(current.version) + " -> v" + std::to_string(stored.version)});
+        // "notice Ns" last: agents read the grace from the last "notice " of a detail.
+        for (const auto& w : leaving) {
+          post_event("revoked", w, "agent of " + config_.host + ", " + source + ", " + within,
+                     stored.version);
+        }
+        return;
+      } catch (const ConflictError& e) {
+        current = e.current();
+      }
+    }
+    post(LinkNote{"error: gave up revoking this host's workers after " +
+                  std::to_string(kMaxRemoveAttempts) + " compare-and-swap conflicts"});
+  }
+
   void judge_departure(const std::string& worker, std::uint64_t after_version) {
     const auto end = Clock::now() + config_.departure_window;
     for (;;) {
@@ -453,6 +493,10 @@ class Reporter::Runner {
     for (const auto& e : events) {
       last_seq_ = std::max(last_seq_, e.seq);
       if (is_departure_event(e.type)) departures_.push_back(e);
+      // kf-member notice HOST: this host goes away; its workers are revoked in the same change.
+      if (e.type == "notice" && is_about_host(e.detail, config_.host)) {
+        post(NoticeSeen{Notice{"kf-member notice", parse_notice(e.detail)}});
+      }
     }
   }
 
@@ -499,6 +543,11 @@ void Reporter::judge_exit(std::string worker, int wait_status, std::uint64_t ver
 
 void Reporter::fail_worker(std::string worker, std::string why, std::uint64_t version) {
   enqueue([=](Runner& r) { r.fail_worker(worker, why, version); });
+}
+
+void Reporter::leave_on_notice(std::vector<std::string> workers, std::string source,
+                               std::chrono::seconds notice, std::uint64_t version) {
+  enqueue([=](Runner& r) { r.leave_on_notice(workers, source, notice, version); });
 }
 
 void Reporter::judge_departure(std::string worker, std::uint64_t after_version) {

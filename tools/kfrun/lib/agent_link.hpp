@@ -8,7 +8,8 @@
 //    version.
 //  - Reporter: runs the agent's requests in order: post an event, judge a worker's exit (re-read
 //    the document; remove a failed member by compare-and-swap), judge a departure (find the
-//    killed/revoked/removed event that explains it).
+//    killed/revoked/removed event that explains it, and a kf-member notice for this host), revoke
+//    this host's workers on a notice.
 // Both retry a call that cannot reach the service with a back-off of at most max_backoff, and
 // say once per outage that the service is down and once that it is back. They answer through a
 // Mailbox the loop polls. Thread-safety: Mailbox::post() from any thread; everything else from
@@ -34,6 +35,7 @@
 #include "kf/runtime/cluster_watch.hpp"
 
 #include "kfrun/lib/agent_rules.hpp"
+#include "kfrun/lib/notice.hpp"
 #include "kfrun/lib/unique_fd.hpp"
 
 namespace kf::tools {
@@ -61,11 +63,20 @@ struct DepartureJudged {
   std::string worker;
   Departure departure;
 };
+/// A notice that came by the service: a `notice` event naming this host (kf-member notice HOST).
+struct NoticeSeen {
+  Notice notice;
+};
+/// The agent's workers cannot leave on its notice: they are all the job has left.
+struct LeaveRefused {
+  std::string why;
+};
 /// An error that ends the agent (the token was rejected, the service answers nonsense).
 struct LinkFailed {
   std::string what;
 };
-using LinkMessage = std::variant<ClusterSeen, LinkNote, ExitJudged, DepartureJudged, LinkFailed>;
+using LinkMessage = std::variant<ClusterSeen, LinkNote, ExitJudged, DepartureJudged, NoticeSeen,
+                                 LeaveRefused, LinkFailed>;
 
 /// Messages from the link threads to the agent's poll loop.
 class Mailbox {
@@ -163,6 +174,12 @@ class Reporter {
   /// it just after its change), for up to departure_window; answers DepartureJudged (unknown
   /// when no event came).
   void judge_departure(std::string worker, std::uint64_t after_version);
+  /// Leaves on a notice from `source`: posts `draining` for this host, removes those of
+  /// `workers` still in the cluster by compare-and-swap and posts `revoked` for each with the
+  /// notice ("agent of HOST, SOURCE, notice Ns"). Answers LeaveRefused instead when that would
+  /// leave the cluster empty.
+  void leave_on_notice(std::vector<std::string> workers, std::string source,
+                       std::chrono::seconds notice, std::uint64_t version);
   /// Gives `worker` (not started: its port is in use on this host) the address `to` in the
   /// document by compare-and-swap, keeping its rank and slot, and posts `removed` and `added`
   /// saying so. Nothing when it is no member any more.

@@ -54,6 +54,24 @@ void check_agent_options(const AgentOptions& options) {
     throw usage("--timeout-ms must be positive");
   }
   if (options.leave_grace.count() < 0) throw usage("--leave-grace-ms must not be negative");
+  if (builtin && options.orphans == Orphans::adopt) {
+    throw usage(
+        "--orphans adopt needs an external config service: the builtin one dies with this agent, "
+        "so no agent could adopt its workers (they would train on without a control plane)");
+  }
+  const NoticeOptions& notice = options.notice;
+  if (notice.grace < std::chrono::seconds(1) || notice.grace > std::chrono::hours(24)) {
+    throw usage("--grace must be from 1 to 86400 seconds (got " +
+                std::to_string(notice.grace.count() / 1000.0) + ")");
+  }
+  if (notice.poll < std::chrono::milliseconds(10) || notice.poll > std::chrono::hours(1)) {
+    throw usage("--notice-poll-ms must be from 10 to 3600000 (got " +
+                std::to_string(notice.poll.count()) + ")");
+  }
+  if (notice.file && notice.file->empty()) throw usage("--notice-file must not be empty");
+  if (notice.command && notice.command->empty()) {
+    throw usage("--notice-command must not be empty");
+  }
   if (!builtin) {
     try {
       ConfigClient::parse_service_url(options.config_server);
@@ -61,6 +79,11 @@ void check_agent_options(const AgentOptions& options) {
       throw usage(std::string("--config-server: ") + e.what());
     }
   }
+}
+
+Orphans orphans_for(const AgentOptions& options) noexcept {
+  if (options.orphans) return *options.orphans;
+  return options.config_server == kBuiltin ? Orphans::kill : Orphans::adopt;
 }
 
 AgentSetup prepare_agent(const AgentOptions& options, FdWriter& err) {

@@ -30,6 +30,9 @@ struct AgentSetup {
 /// Throws: std::invalid_argument naming the option that is missing or wrong.
 void check_agent_options(const AgentOptions& options);
 
+/// --orphans, or its default: kill with the builtin service, adopt with an external one.
+Orphans orphans_for(const AgentOptions& options) noexcept;
+
 /// Starts the builtin service (and prints its URL and token file on `err`), reads the token,
 /// derives the job and picks the ports of -np. Requires: check_agent_options(options) passed.
 /// Throws: std::invalid_argument for an unreadable token file (naming --job-token-file) or too

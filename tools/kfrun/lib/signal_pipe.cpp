@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <csignal>
@@ -15,14 +16,15 @@ namespace kf::tools {
 
 namespace {
 
-constexpr std::array kHandled = {SIGCHLD, SIGINT, SIGTERM, SIGPIPE};
+constexpr std::array kAlwaysHandled = {SIGCHLD, SIGINT, SIGTERM, SIGPIPE};
 
 // Global by necessity: a signal handler has no other way to reach the pipe. Written only while
 // no handler is installed (constructor before sigaction, destructor after restoring).
 volatile sig_atomic_t g_write_fd = -1;
 
-// The previous dispositions of kHandled, restored by ~SignalPipe.
-std::array<struct sigaction, kHandled.size()> g_previous;
+// What block_pipe_signals() blocks: the caught signals. Written by the constructor before any
+// thread that reads it starts.
+sigset_t g_caught;
 
 void on_signal(int sig) {
   const int saved = errno;
@@ -34,8 +36,12 @@ void on_signal(int sig) {
 
 }  // namespace
 
-SignalPipe::SignalPipe() {
+SignalPipe::SignalPipe(const std::vector<int>& extra)
+    : handled_(kAlwaysHandled.begin(), kAlwaysHandled.end()) {
   KF_CHECK(g_write_fd == -1, "only one SignalPipe may exist at a time");
+  for (int sig : extra) {
+    if (std::find(handled_.begin(), handled_.end(), sig) == handled_.end()) handled_.push_back(sig);
+  }
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
     throw std::system_error(errno, std::generic_category(), "kfrun: pipe2");
@@ -43,23 +49,26 @@ SignalPipe::SignalPipe() {
   read_ = UniqueFd(fds[0]);
   write_ = UniqueFd(fds[1]);
   g_write_fd = write_.get();
-  for (std::size_t i = 0; i < kHandled.size(); ++i) {
+  sigemptyset(&g_caught);
+  previous_.resize(handled_.size());
+  for (std::size_t i = 0; i < handled_.size(); ++i) {
     struct sigaction action {};
-    action.sa_handler = kHandled[i] == SIGPIPE ? SIG_IGN : on_signal;
+    action.sa_handler = handled_[i] == SIGPIPE ? SIG_IGN : on_signal;
     sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESTART | (kHandled[i] == SIGCHLD ? SA_NOCLDSTOP : 0);
-    if (::sigaction(kHandled[i], &action, &g_previous[i]) != 0) {
+    action.sa_flags = SA_RESTART | (handled_[i] == SIGCHLD ? SA_NOCLDSTOP : 0);
+    if (::sigaction(handled_[i], &action, &previous_[i]) != 0) {
       const int error = errno;
-      for (std::size_t j = 0; j < i; ++j) ::sigaction(kHandled[j], &g_previous[j], nullptr);
+      for (std::size_t j = 0; j < i; ++j) ::sigaction(handled_[j], &previous_[j], nullptr);
       g_write_fd = -1;
       throw std::system_error(error, std::generic_category(), "kfrun: sigaction");
     }
+    if (handled_[i] != SIGPIPE) sigaddset(&g_caught, handled_[i]);
   }
 }
 
 SignalPipe::~SignalPipe() {
-  for (std::size_t i = 0; i < kHandled.size(); ++i) {
-    ::sigaction(kHandled[i], &g_previous[i], nullptr);
+  for (std::size_t i = 0; i < handled_.size(); ++i) {
+    ::sigaction(handled_[i], &previous_[i], nullptr);
   }
   g_write_fd = -1;
 }
@@ -76,11 +85,6 @@ std::vector<int> SignalPipe::drain() noexcept {
   return signals;
 }
 
-void block_pipe_signals() noexcept {
-  sigset_t set;
-  sigemptyset(&set);
-  for (int sig : {SIGCHLD, SIGINT, SIGTERM}) sigaddset(&set, sig);
-  ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
-}
+void block_pipe_signals() noexcept { ::pthread_sigmask(SIG_BLOCK, &g_caught, nullptr); }
 
 }  // namespace kf::tools

@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// The self-pipe trick: while a SignalPipe lives, SIGCHLD, SIGINT and SIGTERM are caught and each
-// delivery writes its signal number into a non-blocking pipe, so that a poll() loop wakes for
-// child exits and for signals to forward without racing against them. SIGPIPE is ignored (a
-// closed output is reported by write()). The previous dispositions are restored on destruction.
-// Thread-safety: at most one SignalPipe per process at a time (the handler needs the pipe in a
-// global); construct, use and destroy it on one thread.
+// The self-pipe trick: while a SignalPipe lives, SIGCHLD, SIGINT, SIGTERM and the extra signals
+// it is given (an agent's notice signals) are caught and each delivery writes its signal number
+// into a non-blocking pipe, so that a poll() loop wakes for child exits and for signals to forward
+// without racing against them. SIGPIPE is ignored (a closed output is reported by write()). The
+// previous dispositions are restored on destruction. Thread-safety: at most one SignalPipe per
+// process at a time (the handler needs the pipe in a global); construct, use and destroy it on one
+// thread.
 #pragma once
 
+#include <csignal>
 #include <vector>
 
 #include "kfrun/lib/unique_fd.hpp"
@@ -15,8 +17,9 @@ namespace kf::tools {
 
 class SignalPipe {
  public:
-  /// Throws: std::system_error when the pipe cannot be made or a handler not installed.
-  SignalPipe();
+  /// Also catches `extra` (such as SIGUSR1). Throws: std::system_error when the pipe cannot be
+  /// made or a handler not installed.
+  explicit SignalPipe(const std::vector<int>& extra = {});
   SignalPipe(const SignalPipe&) = delete;
   SignalPipe& operator=(const SignalPipe&) = delete;
   ~SignalPipe();
@@ -30,10 +33,13 @@ class SignalPipe {
  private:
   UniqueFd read_;
   UniqueFd write_;
+  std::vector<int> handled_;
+  std::vector<struct sigaction> previous_;  // of handled_, restored by the destructor
 };
 
-/// Blocks SIGCHLD, SIGINT and SIGTERM in the calling thread, so that the process delivers them to
-/// a thread that does not (the one that polls the SignalPipe). For threads kfrun starts.
+/// Blocks the signals the SignalPipe catches (SIGCHLD, SIGINT, SIGTERM and its extra ones) in the
+/// calling thread, so that the process delivers them to a thread that does not (the one that
+/// polls the SignalPipe). For threads kfrun starts while the SignalPipe lives.
 void block_pipe_signals() noexcept;
 
 }  // namespace kf::tools

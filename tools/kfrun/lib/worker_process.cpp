@@ -55,7 +55,7 @@ bool install_fd(int fd, int target) noexcept {
 // blocked on entry; `mask` is the mask to restore once the dispositions are back to default.
 [[noreturn]] void exec_child(char* const* argv, char* const* envp, int stdin_fd, int out_fd,
                              int err_fd, int status_fd, const sigset_t& mask, const cpu_set_t* cpus,
-                             pid_t die_with) {
+                             pid_t die_with, const int* ignored, std::size_t count_ignored) {
   ::setpgid(0, 0);
   // SIGKILL when the thread that forked this child ends (kfrun's main thread: kfrun itself),
   // even by kill -9. Checked once more after: kfrun may have died before this call.
@@ -81,6 +81,7 @@ bool install_fd(int fd, int target) noexcept {
   // it; adopt.hpp): its writes then fail with EPIPE instead of killing it.
   action.sa_handler = SIG_IGN;
   ::sigaction(SIGPIPE, &action, nullptr);
+  for (std::size_t i = 0; i < count_ignored; ++i) ::sigaction(ignored[i], &action, nullptr);
   ::sigprocmask(SIG_SETMASK, &mask, nullptr);
   // Nothing of kfrun's but stdin, stdout and stderr reaches the worker: not the builtin config
   // service's sockets, not another worker's pipes (status_fd has the flag already).
@@ -129,7 +130,7 @@ std::string describe_exit(int wait_status) {
 
 WorkerProcess WorkerProcess::spawn(const std::vector<std::string>& argv,
                                    const std::vector<std::string>& env, std::optional<int> cpu,
-                                   bool die_with_parent) {
+                                   bool die_with_parent, const std::vector<int>& ignored) {
   KF_CHECK(!argv.empty(), "WorkerProcess::spawn: empty argv");
   // Built before the fork: the child makes only async-signal-safe calls.
   cpu_set_t cpus;
@@ -159,7 +160,8 @@ WorkerProcess WorkerProcess::spawn(const std::vector<std::string>& argv,
   const pid_t pid = ::fork();
   if (pid == 0) {
     exec_child(c_argv.data(), c_env.data(), dev_null.get(), out.write.get(), err.write.get(),
-               status.write.get(), previous, cpu ? &cpus : nullptr, die_with_parent ? self : 0);
+               status.write.get(), previous, cpu ? &cpus : nullptr, die_with_parent ? self : 0,
+               ignored.data(), ignored.size());
   }
   const int fork_error = errno;
   ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);

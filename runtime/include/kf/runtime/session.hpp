@@ -75,6 +75,13 @@ struct SessionOptions {
   /// agree on a successor cluster; the workers that reach the service go on without it, so it
   /// stops instead of waiting for ever (never a second job beside theirs).
   std::chrono::milliseconds service_timeout{std::chrono::seconds(60)};
+  /// The kfrun agent that started this worker (KF_AGENT_PID, set by `kfrun --watch`). A worker
+  /// whose agent died trains on, for a restarted agent to adopt; but once that agent is gone
+  /// (the worker's parent is another process) and the config service has been unreachable for
+  /// `service_timeout` too, nothing can adopt it or change its job, and it stops at its next
+  /// step boundary with errc::service_unavailable. While its agent lives, or its service
+  /// answers, an outage of any length leaves training alone.
+  std::optional<std::int64_t> agent_pid;
   /// After a failure one survivor writes the successor cluster (the first worker of the failed
   /// version not lost); the others wait this long for its document to reach them through the
   /// config service's watch, then write it themselves (the first write wins). Only the cost of a
@@ -181,6 +188,7 @@ class Session {
   /// The step boundary alone, for loops that handle their own errors: call after the step's
   /// collectives have completed.
   Outcome end_step();
+  void check_control_plane() const;
   /// Recovers from a failure of the current step (see the header comment); rethrows `error` in
   /// a static job. Returns rolled_back, or left when this worker was removed.
   Outcome recover(const std::exception& error);

@@ -1,0 +1,131 @@
+// SPDX-License-Identifier: Apache-2.0
+// Notices and orphans with real training: elastic-worker processes (deterministic linear
+// regression with kf::Session) under two kfrun agents, on 127.0.0.1 and 127.0.0.2 (another
+// loopback address stands for another machine). The second agent is told its machine goes away;
+// its workers must finish their step and leave, with nothing committed lost and every sample of
+// each epoch used once (the workers check both and print BROKEN otherwise), the survivors must
+// finish with identical parameters, and the told agent must exit 0 within its grace. And workers
+// whose agent died and whose config service is gone for good stop, while an outage with their
+// agent alive leaves them training.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+
+#include "support/elastic_job.hpp"
+
+namespace kf::test {
+namespace {
+
+const std::string kArgs = "--samples 20000 --dim 32 --batch 64 --epochs 1000";
+constexpr const char* kOther = "127.0.0.2";
+
+// Two workers on 127.0.0.1 and `count` on the other host, placed by kf-member add --host, all
+// training; returns the other agent's index.
+std::size_t start_two_hosts(ElasticJob& job, const std::string& other_options, int count) {
+  job.start(2, kArgs);
+  EXPECT_TRUE(job.wait_progress(20)) << job.err();
+  const auto other = job.start_other_agent(kOther, other_options);
+  const auto r = job.member("add --host " + std::string(kOther) + " --count " +
+                            std::to_string(count));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(job.wait_size(2 + count)) << job.err() << job.other_err(kOther);
+  EXPECT_TRUE(job.wait_progress(job.progress() + 20)) << job.err();
+  return other;
+}
+
+std::vector<std::string> workers_on(const Cluster& c, const std::string& host) {
+  std::vector<std::string> found;
+  for (const auto& w : c.workers) {
+    if (w.endpoint.host == host) found.push_back(w.endpoint.str());
+  }
+  return found;
+}
+
+// The leavers left cleanly: revoked with notice, exited 0, never failed; the job shrank by one
+// change to the workers of 127.0.0.1.
+void expect_left_cleanly(const ElasticJob& job, const std::vector<std::string>& leavers) {
+  for (const auto& w : leavers) {
+    EXPECT_TRUE(job.has_event([&](const ConfigEvent& e) {
+      return e.type == "revoked" && e.worker == w && e.detail.find("notice ") != std::string::npos;
+    })) << w;
+    EXPECT_TRUE(job.has_event([&](const ConfigEvent& e) {
+      return e.type == "exited" && e.worker == w && e.detail == "exit 0";
+    })) << w << "\n" << job.other_err(kOther);
+    EXPECT_FALSE(job.has_event([&](const ConfigEvent& e) {
+      return e.type == "failed" && e.worker == w;
+    })) << w << " failed instead of leaving";
+  }
+}
+
+// Slurm's --signal=USR1@N sends the signal to every process of the job step: the agent takes it
+// as the notice, and its workers (which start with it ignored) finish their step and leave.
+TEST(Notice, ASignalledHostsWorkersLeaveAndTheJobFinishesClean) {
+  ElasticJob job("notice-usr1");
+  const auto other = start_two_hosts(job, "--notice-signal USR1 --grace 30", 2);
+  const auto leavers = workers_on(job.client().get_cluster(), kOther);
+  ASSERT_EQ(leavers.size(), 2u);
+  for (const auto& w : leavers) ASSERT_EQ(::kill(job.worker_pid(w), SIGUSR1), 0) << w;
+  const auto noticed = std::chrono::steady_clock::now();
+  ASSERT_EQ(::kill(job.other_agent_pid(other), SIGUSR1), 0);
+  EXPECT_EQ(job.wait_other_agent(other), 0) << job.other_err(kOther);
+  EXPECT_LT(std::chrono::steady_clock::now() - noticed, 30s) << "not within the grace";
+  ASSERT_TRUE(job.wait_size(2)) << job.err();
+  const long after = job.progress();
+  ASSERT_TRUE(job.wait_progress(after + 20)) << job.err();
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 2);
+  expect_left_cleanly(job, leavers);
+  EXPECT_NE(job.other_err(kOther).find("kfrun: left on the notice"), std::string::npos)
+      << job.other_err(kOther);
+}
+
+TEST(Notice, KfMemberNoticeForAHostDrainsItWhileTheJobTrains) {
+  ElasticJob job("notice-member");
+  const auto other = start_two_hosts(job, "", 1);
+  const auto leavers = workers_on(job.client().get_cluster(), kOther);
+  const auto r = job.member("notice " + std::string(kOther) + " --in 20");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(job.wait_other_agent(other), 0) << job.other_err(kOther);
+  ASSERT_TRUE(job.wait_size(2)) << job.err();
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 2);
+  expect_left_cleanly(job, leavers);
+}
+
+// The agent killed and the service stopped: nothing can adopt the workers or change their job,
+// so they stop once the service has been unreachable for KF_SERVICE_TIMEOUT_MS. Before that, the
+// same outage with the agent alive leaves training alone.
+TEST(Orphans, WorkersWhoseAgentAndServiceAreGoneStopButAnOutageAloneDoesNotStopThem) {
+  ElasticJob job("orphans");
+  job.start(2, kArgs, {"KF_SERVICE_TIMEOUT_MS=1000"});
+  ASSERT_TRUE(job.wait_progress(20)) << job.err();
+  std::vector<pid_t> pids;
+  for (const auto& w : job.client().get_cluster().workers) {
+    pids.push_back(job.worker_pid(w.endpoint.str()));
+    ASSERT_GT(pids.back(), 0) << w.endpoint.str() << "\n" << job.err();
+  }
+  job.stop_server();
+  // Three timeouts of outage with the agent alive: training goes on, and nobody stops.
+  const long before = job.progress();
+  const auto outage_end = std::chrono::steady_clock::now() + 3s;
+  EXPECT_TRUE(eventually(
+      [&] {
+        return std::chrono::steady_clock::now() >= outage_end && job.progress() > before + 10;
+      },
+      30s))
+      << job.err();
+  for (const pid_t pid : pids) {
+    EXPECT_FALSE(ended(pid)) << pid << " stopped during an outage with its agent alive";
+  }
+  job.kill_agent();
+  for (const pid_t pid : pids) {
+    EXPECT_TRUE(wait_ended(pid, std::chrono::steady_clock::now() + 30s))
+        << pid << " trains on without an agent or a service";
+  }
+}
+
+}  // namespace
+}  // namespace kf::test
