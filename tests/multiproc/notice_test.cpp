@@ -28,8 +28,8 @@ std::size_t start_two_hosts(ElasticJob& job, const std::string& other_options, i
   job.start(2, kArgs);
   EXPECT_TRUE(job.wait_progress(20)) << job.err();
   const auto other = job.start_other_agent(kOther, other_options);
-  const auto r = job.member("add --host " + std::string(kOther) + " --count " +
-                            std::to_string(count));
+  const auto r =
+      job.member("add --host " + std::string(kOther) + " --count " + std::to_string(count));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(job.wait_size(2 + count)) << job.err() << job.other_err(kOther);
   EXPECT_TRUE(job.wait_progress(job.progress() + 20)) << job.err();
@@ -53,10 +53,13 @@ void expect_left_cleanly(const ElasticJob& job, const std::vector<std::string>& 
     })) << w;
     EXPECT_TRUE(job.has_event([&](const ConfigEvent& e) {
       return e.type == "exited" && e.worker == w && e.detail == "exit 0";
-    })) << w << "\n" << job.other_err(kOther);
+    })) << w
+        << "\n"
+        << job.other_err(kOther);
     EXPECT_FALSE(job.has_event([&](const ConfigEvent& e) {
       return e.type == "failed" && e.worker == w;
-    })) << w << " failed instead of leaving";
+    })) << w
+        << " failed instead of leaving";
   }
 }
 

@@ -37,17 +37,18 @@ class KfrunNotice : public KfrunWatch {
     start({"--watch", "--config-server", url_, "--job-token-file", token_file_, "--slots", "2",
            "-np", "1"});
     ASSERT_TRUE(agent_->wait_for_workers(1)) << agent_->output();
-    std::vector<std::string> args{"--watch", "--config-server", url_, "--job-token-file",
-                                  token_file_, "--slots", "4", "--host", kOther};
+    std::vector<std::string> args{"--watch",   "--config-server", url_, "--job-token-file",
+                                  token_file_, "--slots",         "4",  "--host",
+                                  kOther};
     args.insert(args.end(), options.begin(), options.end());
-    for (const std::string& a : {std::string("--"), std::string("/bin/sh"), std::string("-c"),
-                                 worker_script(dir_)}) {
+    for (const std::string& a :
+         {std::string("--"), std::string("/bin/sh"), std::string("-c"), worker_script(dir_)}) {
       args.push_back(a);
     }
     other_ = std::make_unique<KfrunProcess>(args);
     ASSERT_GT(other_->pid(), 0);
-    const auto r = member("add --host " + std::string(kOther) + " --count " +
-                          std::to_string(count));
+    const auto r =
+        member("add --host " + std::string(kOther) + " --count " + std::to_string(count));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     ASSERT_TRUE(other_->wait_for_workers(static_cast<std::size_t>(count))) << other_->output();
     for (const auto& [self, w] : other_->workers()) leavers_.push_back(self);
@@ -71,7 +72,8 @@ class KfrunNotice : public KfrunWatch {
   void expect_clean_leave() {
     for (const auto& w : leavers_) release(w, 0);
     EXPECT_EQ(other_->wait_exit(Clock::now() + kWait), 0) << other_->output();
-    EXPECT_TRUE(contains(other_->output(), "kfrun: left on the notice: no worker of this host runs"))
+    EXPECT_TRUE(
+        contains(other_->output(), "kfrun: left on the notice: no worker of this host runs"))
         << other_->output();
     for (const auto& w : leavers_) {
       const auto exited = wait_for_event("exited", w);
@@ -108,8 +110,9 @@ class KfrunNotice : public KfrunWatch {
 TEST_F(KfrunNotice, SigtermMakesTheWorkersLeaveWithNoticeAndTheAgentExitZero) {
   start_job({"--grace", "20"}, 2);
   ASSERT_EQ(::kill(other_->pid(), SIGTERM), 0);
-  ASSERT_TRUE(other_->wait_for_text("kfrun: notice from SIGTERM: this host goes away within "
-                                    "20000 ms; its 2 workers leave the job at their next step"))
+  ASSERT_TRUE(
+      other_->wait_for_text("kfrun: notice from SIGTERM: this host goes away within "
+                            "20000 ms; its 2 workers leave the job at their next step"))
       << other_->output();
   // 20 s of grace, less the 2 s between SIGTERM and SIGKILL.
   expect_revoked_with_notice("notice 1[78]s$");
@@ -156,8 +159,9 @@ TEST_F(KfrunNotice, ACommandThatAnswersYesIsANotice) {
       << "a notice before the command said so:\n"
       << other_->output();
   std::ofstream(flag) << "";
-  ASSERT_TRUE(other_->wait_for_text("kfrun: notice from command: this host goes away within "
-                                    "30000 ms"))
+  ASSERT_TRUE(
+      other_->wait_for_text("kfrun: notice from command: this host goes away within "
+                            "30000 ms"))
       << other_->output();
   expect_revoked_with_notice("notice 2[78]s$");
   expect_clean_leave();
@@ -171,8 +175,9 @@ TEST_F(KfrunNotice, KfMemberNoticeForAHostDrainsItsAgent) {
   const auto notice = wait_for_host_event("notice");
   ASSERT_TRUE(notice);
   EXPECT_EQ(notice->detail, "host 127.0.0.2: kf-member notice, notice 12s");
-  ASSERT_TRUE(other_->wait_for_text("kfrun: notice from kf-member notice: this host goes away "
-                                    "within 12000 ms"))
+  ASSERT_TRUE(
+      other_->wait_for_text("kfrun: notice from kf-member notice: this host goes away "
+                            "within 12000 ms"))
       << other_->output();
   for (const auto& w : leavers_) {
     const auto revoked = wait_for_event("revoked", w);
@@ -205,8 +210,9 @@ TEST_F(KfrunNotice, KfMemberNoticeRefusesWhatIsNotInTheJobAndChangesNothing) {
   const auto before = client().get_cluster().version;
   auto r = member("notice 10.9.9.9 --in 5");
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "'10.9.9.9' is neither a host with workers of the job nor a "
-                                 "worker of it"))
+  EXPECT_TRUE(contains(r.output,
+                       "'10.9.9.9' is neither a host with workers of the job nor a "
+                       "worker of it"))
       << r.output;
   r = member("notice 7 --in 5");
   EXPECT_EQ(r.exit_code, 1) << r.output;

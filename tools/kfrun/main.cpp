@@ -25,6 +25,7 @@
 #include "kfrun/lib/agent.hpp"
 #include "kfrun/lib/launcher.hpp"
 #include "kfrun/lib/ports.hpp"
+#include "kfrun/lib/slurm.hpp"
 
 namespace {
 
@@ -120,6 +121,16 @@ int main(int argc, char** argv) {
                  "(default: adopt with an external service, kill with builtin)")
       ->check(CLI::IsMember({"adopt", "kill"}))
       ->needs(watch);
+  bool slurm = false;
+  app.add_flag("--slurm", slurm,
+               "inside a Slurm allocation (one agent per node, started by srun): --slots from "
+               "SLURM_GPUS_ON_NODE or SLURM_CPUS_ON_NODE, --host from the route to the config "
+               "service, -np the slots with --join, and USR1 a notice (docs/slurm.md)")
+      ->needs(watch);
+  app.add_flag("--join", agent.join,
+               "place the -np workers on this host also when the job exists already (unless it "
+               "has workers here)")
+      ->needs(watch);
   std::string on_sigterm = "leave";
   app.add_option("--on-sigterm", on_sigterm,
                  "leave: SIGTERM is a notice (the workers leave the job with notice, the agent "
@@ -209,6 +220,7 @@ int main(int argc, char** argv) {
     agent.notice.grace = std::chrono::seconds(grace_s);
     agent.notice.poll = std::chrono::milliseconds(notice_poll_ms);
     agent.command = options.command;
+    if (slurm) kf::tools::apply_slurm(agent, app.count("--host") > 0, kf::tools::process_env);
     return kf::tools::run_agent(agent);
   } catch (const kf::JobFileError& e) {
     std::cerr << "kfrun: " << e.what() << "\n";

@@ -7,10 +7,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
-#include <condition_variable>
 #include <fstream>
 #include <memory>
 #include <mutex>

@@ -33,10 +33,13 @@ struct AgentOptions {
   std::optional<int> slots;        ///< most workers running at once on this host, >= 1
   std::string host = "127.0.0.1";  ///< the agent owns the workers whose host is this
   std::optional<int> np;           ///< initial workers when the service holds no cluster
-  PortRange ports;                 ///< where the initial workers' ports are picked from
-  std::optional<std::string> job_token_file;           ///< required with an external service
-  std::optional<std::string> job_id;                   ///< else derived from the token
-  std::optional<std::string> algorithm;                ///< initial settings, and KF_ALGORITHM
+  /// With np: place the np workers on this host also when the service holds a cluster, unless
+  /// it has workers here already (--join; --slurm sets it).
+  bool join = false;
+  PortRange ports;                            ///< where the initial workers' ports are picked from
+  std::optional<std::string> job_token_file;  ///< required with an external service
+  std::optional<std::string> job_id;          ///< else derived from the token
+  std::optional<std::string> algorithm;       ///< initial settings, and KF_ALGORITHM
   std::optional<std::chrono::milliseconds> timeout;    ///< collective deadline (KF_TIMEOUT_MS)
   std::optional<std::uint16_t> metrics_port;           ///< see LaunchOptions::metrics_port
   nlohmann::json settings = nlohmann::json::object();  ///< of the initial cluster it writes

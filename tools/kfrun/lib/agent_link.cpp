@@ -132,6 +132,38 @@ class Bootstrapper {
     }
   }
 
+  // Adds this host's workers to the job's cluster by compare-and-swap (rebasing on a conflict),
+  // unless the cluster has workers here already; posts `added` for each.
+  Cluster join_cluster(ConfigClient& client, Cluster current) {
+    const auto& ports = *bootstrap_.initial_ports;
+    for (int attempt = 1; attempt <= kMaxRemoveAttempts; ++attempt) {
+      if (!owned_ranks(current, config_.host).empty()) return current;
+      Cluster next = current;
+      for (std::size_t i = 0; i < ports.size(); ++i) {
+        next.workers.push_back(WorkerSpec{Endpoint{config_.host, ports[i]}, static_cast<int>(i)});
+      }
+      try {
+        Cluster stored = call([&] { return client.put_cluster(next); });
+        post(LinkNote{"joined the job: " + std::to_string(ports.size()) + " workers on " +
+                      config_.host + ", v" + std::to_string(current.version) + " -> v" +
+                      std::to_string(stored.version)});
+        for (const auto port : ports) {
+          const std::string name = Endpoint{config_.host, port}.str();
+          call([&] {
+            return client.post_event("added", name, "kfrun --join on " + config_.host,
+                                     stored.version);
+          });
+        }
+        return stored;
+      } catch (const ConflictError& e) {
+        current = e.current();
+      }
+    }
+    throw Error(make_error_code(errc::conflict), "gave up joining the job after " +
+                                                     std::to_string(kMaxRemoveAttempts) +
+                                                     " compare-and-swap conflicts");
+  }
+
  public:
   // Helpers above: their return types are deduced.
   // Throws: kf::Error (errc::cancelled once told to stop; others end the watch).
@@ -143,6 +175,10 @@ class Bootstrapper {
       call([&] { return client.post_event("note", "", hello, std::nullopt); });
       Cluster current = call([&] { return client.get_cluster(); });
       if (bootstrap_.initial_ports && current.version == 0) current = write_initial(client);
+      if (bootstrap_.initial_ports && bootstrap_.join &&
+          owned_ranks(current, config_.host).empty()) {
+        current = join_cluster(client, std::move(current));
+      }
       return current;
     } catch (const Stopped&) {
       throw Error(make_error_code(errc::cancelled), "kfrun agent: stopping");

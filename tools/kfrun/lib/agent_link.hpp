@@ -132,6 +132,9 @@ struct Bootstrap {
   /// The ports of the initial cluster (-np K): written when the service holds version 0.
   std::optional<std::vector<std::uint16_t>> initial_ports;
   std::optional<std::string> algorithm;
+  /// Join: add those workers to a cluster the service holds, when none of its workers is on this
+  /// host (AgentOptions::join).
+  bool join = false;
   int slots = 0;                                       ///< for the `note` event
   nlohmann::json settings = nlohmann::json::object();  ///< added to the initial cluster's settings
 };

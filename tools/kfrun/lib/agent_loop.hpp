@@ -89,7 +89,8 @@ class Agent {
     link.host = options.host;
     auto outage = std::make_shared<Outage>(mailbox_);
     reporter_ = std::make_unique<Reporter>(link, mailbox_, outage);
-    Bootstrap bootstrap{setup.initial_ports, options.algorithm, *options.slots, options.settings};
+    Bootstrap bootstrap{setup.initial_ports, options.algorithm, options.join, *options.slots,
+                        options.settings};
     watcher_ = std::make_unique<ClusterWatcher>(link, std::move(bootstrap), mailbox_, outage);
     if (ConfigClient::parse_service_url(setup.url).kind == ServiceUrl::Kind::etcd) {
       liveness_ = std::make_unique<Liveness>(setup.url, setup.token, options.host);
@@ -163,9 +164,9 @@ class Agent {
   std::shared_ptr<Mailbox> mailbox_;
   std::unique_ptr<Reporter> reporter_;
   std::unique_ptr<ClusterWatcher> watcher_;
-  std::unique_ptr<Liveness> liveness_;  // with etcd
+  std::unique_ptr<Liveness> liveness_;           // with etcd
   std::unique_ptr<NoticePoller> notice_poller_;  // with --notice-file or --notice-command
-  std::vector<int> ignored_by_workers_;           // the notice signals but SIGTERM
+  std::vector<int> ignored_by_workers_;          // the notice signals but SIGTERM
 
   std::optional<Cluster> cluster_;              // the newest document
   std::map<std::string, LocalWorker> workers_;  // running, by "host:port"

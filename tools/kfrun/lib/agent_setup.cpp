@@ -12,10 +12,6 @@
 
 namespace kf::tools {
 
-namespace {
-constexpr std::string_view kBuiltin = "builtin";
-}  // namespace
-
 void check_agent_options(const AgentOptions& options) {
   const auto usage = [](const std::string& what) { return std::invalid_argument(what); };
   if (options.config_server.empty()) {
@@ -32,6 +28,7 @@ void check_agent_options(const AgentOptions& options) {
   if (options.np && *options.np < 1) {
     throw usage("-np must be at least 1 (got " + std::to_string(*options.np) + ")");
   }
+  if (options.join && !options.np) throw usage("--join needs -np K (the workers to place here)");
   if (options.np && *options.np > *options.slots) {
     throw usage("-np " + std::to_string(*options.np) + " is more than --slots " +
                 std::to_string(*options.slots));

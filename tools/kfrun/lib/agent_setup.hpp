@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kfrun/lib/agent.hpp"
@@ -17,6 +18,9 @@
 #include "kfrun/lib/worker_env.hpp"
 
 namespace kf::tools {
+
+/// --config-server's value that runs the service inside kfrun.
+inline constexpr std::string_view kBuiltin = "builtin";
 
 /// Where the agent talks to and what it gives its workers.
 struct AgentSetup {

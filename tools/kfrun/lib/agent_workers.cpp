@@ -131,18 +131,17 @@ bool Agent::start(int rank) {
       return e.rfind(std::string(kAgentPidVariable) + "=", 0) == 0;
     });
     env.push_back(std::string(kAgentPidVariable) + "=" + std::to_string(::getpid()));
-    auto process = WorkerProcess::spawn(options_.command, env, std::nullopt,
-                                        orphans_for(options_) == Orphans::kill,
-                                        ignored_by_workers_);
+    auto process =
+        WorkerProcess::spawn(options_.command, env, std::nullopt,
+                             orphans_for(options_) == Orphans::kill, ignored_by_workers_);
     const auto pid = std::to_string(process.pid());
     // Appended piecewise: GCC 12 warns falsely (-Wrestrict) on "[" + std::string&&.
     std::string prefix = "[";
     prefix.append(name).append("] ");
     workers_.emplace(
-        name, LocalWorker{std::move(process),
-                          LinePrefixer(prefix, [this](auto line) { out_.write(line); }),
-                          LinePrefixer(prefix, [this](auto line) { err_.write(line); }), true,
-                          c.version});
+        name, LocalWorker{
+                  std::move(process), LinePrefixer(prefix, [this](auto line) { out_.write(line); }),
+                  LinePrefixer(prefix, [this](auto line) { err_.write(line); }), true, c.version});
     say("started " + name + " (pid " + pid + ") as rank " + std::to_string(rank) + " of " +
         v_text(c.version));
     reporter_->post_event("started", name, "pid " + pid, c.version);
@@ -174,8 +173,8 @@ void Agent::reap() {
     const bool unknown = *status == kUnknownExit;
     const bool ok = !unknown && exit_code_of(*status) == 0;
     say(std::string(ok || unknown ? "exited " : "failed ") + name + " (pid " +
-        std::to_string(w.process.pid()) + "): " + (ok ? "exit 0" : describe_exit(*status)) +
-        " (" + v_text(cluster_->version) + (w.member ? "" : ", after it left") + ")");
+        std::to_string(w.process.pid()) + "): " + (ok ? "exit 0" : describe_exit(*status)) + " (" +
+        v_text(cluster_->version) + (w.member ? "" : ", after it left") + ")");
     pending_exits_[name] = PendingExit{*status, w.member};
     reporter_->judge_exit(name, *status, cluster_->version);
     it = workers_.erase(it);

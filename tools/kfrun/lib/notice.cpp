@@ -38,11 +38,11 @@ struct NamedSignal {
   const char* name;
   int number;
 };
-constexpr std::array kNoticeSignals = {
-    NamedSignal{"HUP", SIGHUP},   NamedSignal{"INT", SIGINT},   NamedSignal{"QUIT", SIGQUIT},
-    NamedSignal{"USR1", SIGUSR1}, NamedSignal{"USR2", SIGUSR2}, NamedSignal{"ALRM", SIGALRM},
-    NamedSignal{"TERM", SIGTERM}, NamedSignal{"XCPU", SIGXCPU}, NamedSignal{"URG", SIGURG},
-    NamedSignal{"PWR", SIGPWR}};
+constexpr std::array kNoticeSignals = {NamedSignal{"HUP", SIGHUP},   NamedSignal{"INT", SIGINT},
+                                       NamedSignal{"QUIT", SIGQUIT}, NamedSignal{"USR1", SIGUSR1},
+                                       NamedSignal{"USR2", SIGUSR2}, NamedSignal{"ALRM", SIGALRM},
+                                       NamedSignal{"TERM", SIGTERM}, NamedSignal{"XCPU", SIGXCPU},
+                                       NamedSignal{"URG", SIGURG},   NamedSignal{"PWR", SIGPWR}};
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
@@ -55,7 +55,8 @@ std::string_view trim(std::string_view s) {
 int parse_notice_signal(std::string_view text) {
   const std::string_view given = trim(text);
   std::string upper;
-  for (char c : given) upper.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
+  for (char c : given)
+    upper.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
   if (upper.starts_with("SIG")) upper.erase(0, 3);
   int number = 0;
   const auto [end, ec] = std::from_chars(upper.data(), upper.data() + upper.size(), number);

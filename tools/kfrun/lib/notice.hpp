@@ -30,10 +30,10 @@ struct NoticeOptions {
   /// More signals that mean a notice (--notice-signal), such as SIGUSR1 for Slurm. The agent's
   /// workers start with them ignored, since a scheduler may signal every process of the job.
   std::vector<int> signals;
-  std::optional<std::string> file;            ///< a notice when this file exists
-  std::optional<std::string> command;         ///< a notice when this command exits 0
-  std::chrono::milliseconds poll{1000};       ///< how often the file and command are looked at
-  std::chrono::milliseconds grace{30'000};    ///< from a notice until the agent must be gone
+  std::optional<std::string> file;          ///< a notice when this file exists
+  std::optional<std::string> command;       ///< a notice when this command exits 0
+  std::chrono::milliseconds poll{1000};     ///< how often the file and command are looked at
+  std::chrono::milliseconds grace{30'000};  ///< from a notice until the agent must be gone
 };
 
 /// A notice, from `source` ("SIGTERM", "SIGUSR1", "file PATH", "command", "kf-member notice"),

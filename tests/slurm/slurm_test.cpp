@@ -1,0 +1,277 @@
+// SPDX-License-Identifier: Apache-2.0
+// kf under a real Slurm (tests/slurm/slurm-cluster: slurmctld, and one slurmd on each of 3 test
+// hosts made of network namespaces). Jobs are submitted with sbatch as a user would; each runs
+// `srun kfrun --watch --slurm` (one agent per node) with elastic-worker processes (deterministic
+// linear regression: they check that every sample of each epoch is used once and that no commit
+// is lost, and print BROKEN otherwise). The config service runs on this machine, on the hosts'
+// bridge. Skipped, saying why, where namespaces cannot be made or Slurm is not installed.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "kf/runtime/config_client.hpp"
+#include "support/config_server_process.hpp"
+#include "support/process.hpp"
+
+namespace kf::test {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+constexpr const char* kCluster = "kfslurm";
+
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "";
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class Slurm : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("kf-slurm-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    const std::string script = env_or_empty("KF_SLURM_CLUSTER");
+    if (const auto c = run_shell(script + " check"); c.exit_code != 0) {
+      skip_ = "no Slurm cluster can be made here: " + c.output;
+      return;
+    }
+    const auto up = run_shell(script + " up " + kCluster + " 3 " + dir_.string());
+    std::smatch m;
+    if (up.exit_code != 0 || !std::regex_search(up.output, m, std::regex(R"(bridge (\S+))")) ||
+        up.output.find("ready") == std::string::npos) {
+      failed_ = "slurm-cluster up failed: " + up.output;
+      return;
+    }
+    bridge_ = m[1];
+    ::setenv("SLURM_CONF", (dir_ / "slurm.conf").c_str(), 1);
+  }
+  static void TearDownTestSuite() {
+    if (!bridge_.empty()) {
+      run_shell(env_or_empty("KF_SLURM_CLUSTER") + " down " + kCluster + " " + dir_.string());
+    }
+    if (!::testing::UnitTest::GetInstance()->Failed()) fs::remove_all(dir_);
+  }
+
+  void SetUp() override {
+    if (!skip_.empty()) GTEST_SKIP() << skip_;
+    ASSERT_TRUE(failed_.empty()) << failed_;
+    job_ = dir_ / ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::create_directories(job_);
+    std::ofstream(job_ / "token") << "slurm-test-token\n";
+    fs::permissions(job_ / "token", fs::perms::owner_read | fs::perms::owner_write);
+    server_ = std::make_unique<ServerProcess>(job_, std::vector<std::string>{"--listen", bridge_ + ":0"});
+    ASSERT_FALSE(server_->url().empty()) << "the config service did not start";
+  }
+  void TearDown() override {
+    // Whatever is left of this test's jobs, so that the next test finds every node idle.
+    run_shell("scancel --user=$(id -un) 2>&1");
+    eventually([] { return run_shell("squeue -h 2>&1").output.empty(); }, 60s);
+  }
+
+  ConfigClient client() const { return ConfigClient(server_->url(), "slurm-test-token"); }
+
+  // The command a Slurm job runs: one agent per node, one worker each.
+  std::string agents(const std::string& epochs) const {
+    return "srun --ntasks-per-node=1 " + env_or_empty("KFRUN") +
+           " --watch --slurm -np 1 --config-server " + server_->url() + " --job-token-file " +
+           (job_ / "token").string() + " -- " + env_or_empty("KF_ELASTIC_WORKER") +
+           " --progress-file " + (job_ / "progress").string() +
+           " --samples 20000 --dim 32 --batch 64 --epochs " + epochs;
+  }
+
+  // sbatch OPTIONS --wrap COMMAND; returns the job id ("" and a failure when refused).
+  std::string sbatch(const std::string& options, const std::string& command) {
+    const auto r = run_shell("sbatch --parsable " + options + " --wrap '" + command + "'");
+    std::smatch m;
+    const std::string out = r.output;
+    if (r.exit_code != 0 || !std::regex_search(out, m, std::regex(R"((\d+))"))) {
+      ADD_FAILURE() << "sbatch refused: " << r.output;
+      return "";
+    }
+    return m[1];
+  }
+
+  static bool gone(const std::string& id) {
+    return run_shell("squeue -h -j " + id + " 2>/dev/null").output.empty();
+  }
+  static bool wait_gone(const std::string& id, std::chrono::seconds within) {
+    return eventually([&] { return gone(id); }, within);
+  }
+
+  long progress() const {
+    std::ifstream in(job_ / "progress");
+    long s = -1;
+    in >> s;
+    return in ? s : -1;
+  }
+  int size() const {
+    try {
+      return client().get_cluster().size();
+    } catch (const std::exception&) {
+      return -1;
+    }
+  }
+
+  // The "final" lines of the workers in `outputs`: `workers` of them, every one at that size,
+  // with one parameter hash, and no BROKEN.
+  static void expect_clean_finish(const std::string& outputs, int workers) {
+    EXPECT_EQ(outputs.find("BROKEN"), std::string::npos) << outputs;
+    std::set<std::string> hashes;
+    int finals = 0;
+    const std::regex final_line(R"(final step=\d+ workers=(\d+) hash=([0-9a-f]+))");
+    for (auto it = std::sregex_iterator(outputs.begin(), outputs.end(), final_line);
+         it != std::sregex_iterator(); ++it) {
+      ++finals;
+      EXPECT_EQ(std::stoi((*it)[1]), workers) << it->str();
+      hashes.insert((*it)[2]);
+    }
+    EXPECT_EQ(finals, workers) << outputs;
+    EXPECT_EQ(hashes.size(), 1u) << "the workers differ:\n" << outputs;
+  }
+
+  bool has_event(const std::function<bool(const ConfigEvent&)>& pred) const {
+    for (const auto& e : client().get_events()) {
+      if (pred(e)) return true;
+    }
+    return false;
+  }
+
+  static inline fs::path dir_;
+  static inline std::string bridge_;
+  static inline std::string skip_;
+  static inline std::string failed_;
+  fs::path job_;
+  std::unique_ptr<ServerProcess> server_;
+};
+
+TEST_F(Slurm, AJobOnThreeNodesTrainsToTheEndWithIdenticalParameters) {
+  const std::string id =
+      sbatch("-N3 --exclusive --output=" + (job_ / "job.out").string(), agents("2"));
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(wait_gone(id, 180s)) << slurp(job_ / "job.out");
+  const std::string out = slurp(job_ / "job.out");
+  expect_clean_finish(out, 3);
+  // Each node's agent joined the job with its own address on the test hosts.
+  const auto hosts =
+      std::regex(R"(kfrun: (wrote the initial cluster: v\d+,|joined the job:) 1 workers on )");
+  EXPECT_EQ(std::distance(std::sregex_iterator(out.begin(), out.end(), hosts),
+                          std::sregex_iterator()),
+            3)
+      << out;
+}
+
+// Three one-node allocations in the preemptible partition form one job; a job of the `prio`
+// partition takes the third node. Slurm sends the spot job there USR1 (--signal=USR1@5 with
+// preempt_send_user_signal), and SIGTERM only after its grace: the agent's workers must leave
+// with notice, the agent exit 0 before that, and the job go on with the two others.
+TEST_F(Slurm, APreemptedHostsWorkersLeaveWithinTheGraceAndTheJobGoesOn) {
+  std::vector<std::string> ids;
+  for (int i = 1; i <= 3; ++i) {
+    const auto out = (job_ / ("job-h" + std::to_string(i) + ".out")).string();
+    ids.push_back(sbatch("-N1 -w h" + std::to_string(i) +
+                             " --exclusive --signal=USR1@5 --output=" + out,
+                         agents("1000")));
+    ASSERT_FALSE(ids.back().empty());
+  }
+  ASSERT_TRUE(eventually([&] { return size() == 3; }, 60s)) << slurp(job_ / "job-h3.out");
+  const long before = progress();
+  ASSERT_TRUE(eventually([&] { return progress() > before + 50; }, 60s));
+  const auto before_preemption = client().get_cluster();
+  const std::string h3_address = bridge_.substr(0, bridge_.rfind('.')) + ".3";
+  const auto preempted_at = std::chrono::steady_clock::now();
+  const std::string prio = sbatch("-p prio -N1 -w h3 --exclusive --output=/dev/null", "sleep 120");
+  ASSERT_FALSE(prio.empty());
+  // Slurm's SIGTERM comes GraceTime (10 s) or later after the preemption.
+  ASSERT_TRUE(wait_gone(ids[2], 60s));
+  const std::string h3 = slurp(job_ / "job-h3.out");
+  EXPECT_LT(std::chrono::steady_clock::now() - preempted_at, 10s) << h3;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      h3, m, std::regex(R"(kfrun: left on the notice: no worker of this host runs, (\d+) ms)")))
+      << h3;
+  std::cout << "[ notice -> the host's workers gone: " << m[1] << " ms ]" << std::endl;
+  EXPECT_NE(h3.find("kfrun: notice from SIGUSR1"), std::string::npos) << h3;
+  ASSERT_TRUE(eventually([&] { return size() == 2; }, 30s));
+  for (const auto& w : before_preemption.workers) {
+    if (w.endpoint.host == h3_address) {
+      const std::string name = w.endpoint.str();
+      EXPECT_TRUE(has_event([&](const ConfigEvent& e) {
+        return e.type == "exited" && e.worker == name && e.detail == "exit 0";
+      })) << name << "\n" << h3;
+      EXPECT_FALSE(has_event(
+          [&](const ConfigEvent& e) { return e.type == "failed" && e.worker == name; }))
+          << name << " failed instead of leaving\n" << h3;
+    }
+  }
+  // The two others train on, and finish the job together.
+  const long after = progress();
+  ASSERT_TRUE(eventually([&] { return progress() > after + 50; }, 60s));
+  auto c = client();
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    Cluster cur = c.get_cluster();
+    cur.settings["epochs"] = 1;
+    try {
+      c.put_cluster(cur);
+      break;
+    } catch (const ConflictError&) {
+    }
+  }
+  ASSERT_TRUE(wait_gone(ids[0], 120s));
+  ASSERT_TRUE(wait_gone(ids[1], 120s));
+  expect_clean_finish(slurp(job_ / "job-h1.out") + slurp(job_ / "job-h2.out"), 2);
+}
+
+// A second allocation's agents join the running job (growth without a restart), and
+// `scancel -s KILL` of it (every process of its step gets SIGKILL at once, as when a machine
+// dies) is recovered from: the other allocation's workers go on and finish with one model.
+TEST_F(Slurm, ASecondAllocationGrowsTheJobAndItsKillIsRecoveredFrom) {
+  const std::string first = sbatch(
+      "-N2 -w h1,h2 --exclusive --output=" + (job_ / "first.out").string(), agents("1000"));
+  ASSERT_FALSE(first.empty());
+  ASSERT_TRUE(eventually([&] { return size() == 2; }, 60s)) << slurp(job_ / "first.out");
+  const long before = progress();
+  ASSERT_TRUE(eventually([&] { return progress() > before + 50; }, 60s));
+  const std::string second = sbatch(
+      "-N1 -w h3 --exclusive --output=" + (job_ / "second.out").string(), agents("1000"));
+  ASSERT_FALSE(second.empty());
+  ASSERT_TRUE(eventually([&] { return size() == 3; }, 60s)) << slurp(job_ / "second.out");
+  const long grown = progress();
+  ASSERT_TRUE(eventually([&] { return progress() > grown + 50; }, 60s));
+  ASSERT_EQ(run_shell("scancel -s KILL " + second).exit_code, 0);
+  ASSERT_TRUE(eventually([&] { return size() == 2; }, 60s)) << slurp(job_ / "first.out");
+  const long shrunk = progress();
+  ASSERT_TRUE(eventually([&] { return progress() > shrunk + 50; }, 60s));
+  auto c = client();
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    Cluster cur = c.get_cluster();
+    cur.settings["epochs"] = 1;
+    try {
+      c.put_cluster(cur);
+      break;
+    } catch (const ConflictError&) {
+    }
+  }
+  ASSERT_TRUE(wait_gone(first, 120s));
+  const std::string out = slurp(job_ / "first.out");
+  expect_clean_finish(out, 2);
+  EXPECT_TRUE(has_event([](const ConfigEvent& e) { return e.type == "failed"; }))
+      << "the killed worker was not seen to fail";
+}
+
+}  // namespace
+}  // namespace kf::test
