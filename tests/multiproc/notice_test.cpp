@@ -6,12 +6,13 @@
 // each epoch used once (the workers check both and print BROKEN otherwise), the survivors must
 // finish with identical parameters, and the told agent must exit 0 within its grace. And workers
 // whose agent died and whose config service is gone for good stop, while an outage with their
-// agent alive leaves them training.
+// agent alive leaves them training; and a job that keeps changing without committing stops.
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <chrono>
 #include <fstream>
+#include <random>
 #include <string>
 
 #include "support/elastic_job.hpp"
@@ -128,6 +129,32 @@ TEST(Orphans, WorkersWhoseAgentAndServiceAreGoneStopButAnOutageAloneDoesNotStopT
     EXPECT_TRUE(wait_ended(pid, std::chrono::steady_clock::now() + 30s))
         << pid << " trains on without an agent or a service";
   }
+}
+
+// The no-progress guard: a recovery that finds no step committed for longer than
+// KF_NO_PROGRESS_TIMEOUT_MS stops the job instead of going on. A kill -9 is found within
+// milliseconds of the last commit and recovers; a stopped worker (SIGSTOP) holds the others at
+// the boundary until heartbeats give it up (750 ms), longer than the 300 ms allowed here.
+TEST(NoProgress, ARecoveryAfterTooLongWithoutACommitStopsTheJob) {
+  ElasticJob job("noprogress");
+  job.start(3, kArgs, {"KF_NO_PROGRESS_TIMEOUT_MS=300"});
+  ASSERT_TRUE(job.wait_progress(20)) << job.err();
+  std::mt19937 gen(3);
+  ASSERT_FALSE(job.kill_random_worker(gen).empty());
+  ASSERT_TRUE(job.wait_size(2)) << job.err();
+  const long after = job.progress();
+  ASSERT_TRUE(job.wait_progress(after + 20)) << job.err();
+  const auto c = job.client().get_cluster();
+  const pid_t stopped = job.worker_pid(c.workers.back().endpoint.str());
+  ASSERT_GT(stopped, 0);
+  ASSERT_EQ(::kill(stopped, SIGSTOP), 0);
+  EXPECT_TRUE(eventually(
+      [&] { return job.err().find("no step committed for ") != std::string::npos; }, 30s))
+      << job.err();
+  ::kill(stopped, SIGKILL);
+  EXPECT_NE(job.wait(60s), 0) << job.err();
+  EXPECT_NE(job.err().find("(KF_NO_PROGRESS_TIMEOUT_MS 300): the job stops"), std::string::npos)
+      << job.err();
 }
 
 }  // namespace

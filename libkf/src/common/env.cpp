@@ -83,6 +83,10 @@ void read_session_variables(Env& e) {
     e.recovery_writer_wait = std::chrono::milliseconds(*v);
   }
   e.agent_pid = get_integer(env::kAgentPid, 1, kMax, "a process id >= 1");
+  if (auto v = get_integer(env::kNoProgressTimeoutMs, 0, 86'400'000,
+                           "a number of milliseconds in 0-86400000 (0: off)")) {
+    e.no_progress_timeout = std::chrono::milliseconds(*v);
+  }
 }
 
 }  // namespace

@@ -22,6 +22,7 @@ class Category final : public std::error_category {
       case errc::service_unavailable: return "config service unavailable";
       case errc::conflict: return "version conflict";
       case errc::device_error: return "device error";
+      case errc::no_progress: return "no progress while the membership changed";
     }
     return "unknown kf error " + std::to_string(ev);
   }

@@ -53,6 +53,7 @@ void apply_environment(const Env& e, PeerOptions& peer, SessionOptions& session)
   if (e.metrics_every) session.metrics_every = *e.metrics_every;
   if (e.service_timeout) session.service_timeout = *e.service_timeout;
   session.agent_pid = e.agent_pid;
+  if (e.no_progress_timeout) session.no_progress_timeout = *e.no_progress_timeout;
   if (e.recovery_writer_wait) session.recovery_writer_wait = *e.recovery_writer_wait;
 }
 

@@ -69,6 +69,7 @@ bool Session::form(const Cluster& target, const Cluster* previous, bool fresh, C
   step_began_ = SteadyClock::now();
   const bool resized = joined_;
   joined_ = true;
+  progress_at_ = SteadyClock::now();  // a job that formed has progressed
   adopt_settings(peer_->cluster().settings);
   if (resized && policies_ != nullptr && !policies_->empty()) {
     apply(policies_->run(PolicyHook::on_membership_change, policy_inputs()),
@@ -134,6 +135,7 @@ void Session::drop_unreachable_joiners() {
 }
 
 Session::Outcome Session::switch_to(const Cluster& target, ChangeRecord rec) {
+  count_change_without_progress();
   const Cluster previous = peer_->cluster();
   if (!contains(target, peer_->endpoint())) {
     rec.kind = "left";
@@ -187,6 +189,7 @@ Session::Outcome Session::recover(const std::exception& error) {
     if (kf_error) throw *kf_error;
     throw std::runtime_error(error.what());
   }
+  count_change_without_progress();
   ChangeRecord rec;
   rec.kind = "recovery";
   rec.detail = error.what();

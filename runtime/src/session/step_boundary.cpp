@@ -67,6 +67,8 @@ std::vector<std::int64_t> Session::pack_record(const RecordLayout& layout,
 void Session::commit_step(std::span<const std::int64_t> all, const RecordLayout& layout,
                           SteadyClock::time_point began) {
   ++*steps_;
+  progress_at_ = SteadyClock::now();
+  changes_since_progress_ = 0;
   if (*steps_ % options_.commit_every == 0) {
     ++*commits_;
     state_.commit();
@@ -104,6 +106,23 @@ void Session::check_control_plane() const {
                   std::to_string(std::chrono::duration_cast<std::chrono::seconds>(down).count()) +
                   " s (KF_SERVICE_TIMEOUT_MS " + std::to_string(options_.service_timeout.count()) +
                   "): no agent can adopt this worker; it stops");
+}
+
+// Failures and changes that keep coming with no step committed in between (the cluster churns
+// faster than it can form, a worker that keeps failing at once): stop, saying so, rather than
+// loop for ever (SessionOptions::no_progress_timeout).
+void Session::count_change_without_progress() {
+  ++changes_since_progress_;
+  if (options_.no_progress_timeout.count() == 0) return;
+  const auto idle = SteadyClock::now() - progress_at_;
+  if (idle <= options_.no_progress_timeout) return;
+  throw Error(
+      make_error_code(errc::no_progress),
+      "no step committed for " +
+          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(idle).count()) +
+          " ms while the membership changed " + std::to_string(changes_since_progress_) +
+          " times (KF_NO_PROGRESS_TIMEOUT_MS " +
+          std::to_string(options_.no_progress_timeout.count()) + "): the job stops");
 }
 
 Session::Outcome Session::end_step() {

@@ -44,6 +44,8 @@ inline constexpr const char* kLogLevel = "KF_LOG_LEVEL";     ///< trace|debug|in
 inline constexpr const char* kCheckpoint = "KF_CHECKPOINT";  ///< kf::Session checkpoint file
 inline constexpr const char* kCheckpointEvery = "KF_CHECKPOINT_EVERY";  ///< commits between saves
 inline constexpr const char* kAgentPid = "KF_AGENT_PID";  ///< the kfrun agent that started it
+inline constexpr const char* kNoProgressTimeoutMs =
+    "KF_NO_PROGRESS_TIMEOUT_MS";  ///< no commit this long while membership churns: stop, ms
 inline constexpr const char* kServiceTimeoutMs =
     "KF_SERVICE_TIMEOUT_MS";  ///< recovery's longest wait for the config service, ms
 inline constexpr const char* kRecoveryWriterWaitMs =
@@ -90,6 +92,7 @@ struct Env {
   std::optional<std::chrono::milliseconds> service_timeout;       ///< KF_SERVICE_TIMEOUT_MS, >= 1
   std::optional<std::chrono::milliseconds> recovery_writer_wait;  ///< KF_RECOVERY_WRITER_WAIT_MS
   std::optional<std::int64_t> agent_pid;                          ///< KF_AGENT_PID, >= 1
+  std::optional<std::chrono::milliseconds> no_progress_timeout;   ///< KF_NO_PROGRESS_TIMEOUT_MS
 
   /// Reads the KF_* variables. Throws: std::invalid_argument naming the variable that is missing
   /// or malformed (e.g. "KF_CLUSTER: workers[1].port must be an integer in 1-65535").

@@ -25,6 +25,7 @@ enum class errc {
   service_unavailable = 10,  ///< the config service could not be reached
   conflict = 11,             ///< a compare-and-swap lost (the version moved on)
   device_error = 12,         ///< CUDA or NCCL failed (no device, out of memory, a fault)
+  no_progress = 13,          ///< no step committed for too long while the membership churned
 };
 
 /// Conditions callers branch on. peer_failure matches peer_lost and timeout.

@@ -82,6 +82,11 @@ struct SessionOptions {
   /// step boundary with errc::service_unavailable. While its agent lives, or its service
   /// answers, an outage of any length leaves training alone.
   std::optional<std::int64_t> agent_pid;
+  /// A job whose membership keeps changing (failures, recoveries, joins that fail) without a
+  /// step committed in between for this long stops: the recovery or change that finds it throws
+  /// errc::no_progress on every worker, instead of looping for ever. Steps that merely take long
+  /// do not count, nor does a change after a committed step. 0: never. KF_NO_PROGRESS_TIMEOUT_MS.
+  std::chrono::milliseconds no_progress_timeout{std::chrono::minutes(10)};
   /// After a failure one survivor writes the successor cluster (the first worker of the failed
   /// version not lost); the others wait this long for its document to reach them through the
   /// config service's watch, then write it themselves (the first write wins). Only the cost of a
@@ -189,6 +194,7 @@ class Session {
   /// collectives have completed.
   Outcome end_step();
   void check_control_plane() const;
+  void count_change_without_progress();
   /// Recovers from a failure of the current step (see the header comment); rethrows `error` in
   /// a static job. Returns rolled_back, or left when this worker was removed.
   Outcome recover(const std::exception& error);
@@ -332,6 +338,10 @@ class Session {
   std::int64_t invites_failing_since_us_ = 0;
   std::vector<Endpoint> unreachable_;
   std::optional<ChangeRecord> resuming_;  ///< a change whose first step has not committed yet
+  // The no-progress guard (SessionOptions::no_progress_timeout): the last committed step, and
+  // the membership changes since.
+  std::chrono::steady_clock::time_point progress_at_ = std::chrono::steady_clock::now();
+  int changes_since_progress_ = 0;
   std::vector<ChangeRecord> changes_;
   double last_check_us_ = 0;
   std::uint64_t boundary_ = 0;
