@@ -74,7 +74,8 @@ class Slurm : public ::testing::Test {
     fs::create_directories(job_);
     std::ofstream(job_ / "token") << "slurm-test-token\n";
     fs::permissions(job_ / "token", fs::perms::owner_read | fs::perms::owner_write);
-    server_ = std::make_unique<ServerProcess>(job_, std::vector<std::string>{"--listen", bridge_ + ":0"});
+    server_ =
+        std::make_unique<ServerProcess>(job_, std::vector<std::string>{"--listen", bridge_ + ":0"});
     ASSERT_FALSE(server_->url().empty()) << "the config service did not start";
   }
   void TearDown() override {
@@ -169,9 +170,8 @@ TEST_F(Slurm, AJobOnThreeNodesTrainsToTheEndWithIdenticalParameters) {
   // Each node's agent joined the job with its own address on the test hosts.
   const auto hosts =
       std::regex(R"(kfrun: (wrote the initial cluster: v\d+,|joined the job:) 1 workers on )");
-  EXPECT_EQ(std::distance(std::sregex_iterator(out.begin(), out.end(), hosts),
-                          std::sregex_iterator()),
-            3)
+  EXPECT_EQ(
+      std::distance(std::sregex_iterator(out.begin(), out.end(), hosts), std::sregex_iterator()), 3)
       << out;
 }
 
@@ -183,9 +183,9 @@ TEST_F(Slurm, APreemptedHostsWorkersLeaveWithinTheGraceAndTheJobGoesOn) {
   std::vector<std::string> ids;
   for (int i = 1; i <= 3; ++i) {
     const auto out = (job_ / ("job-h" + std::to_string(i) + ".out")).string();
-    ids.push_back(sbatch("-N1 -w h" + std::to_string(i) +
-                             " --exclusive --signal=USR1@5 --output=" + out,
-                         agents("1000")));
+    ids.push_back(
+        sbatch("-N1 -w h" + std::to_string(i) + " --exclusive --signal=USR1@5 --output=" + out,
+               agents("1000")));
     ASSERT_FALSE(ids.back().empty());
   }
   ASSERT_TRUE(eventually([&] { return size() == 3; }, 60s)) << slurp(job_ / "job-h3.out");
@@ -212,10 +212,14 @@ TEST_F(Slurm, APreemptedHostsWorkersLeaveWithinTheGraceAndTheJobGoesOn) {
       const std::string name = w.endpoint.str();
       EXPECT_TRUE(has_event([&](const ConfigEvent& e) {
         return e.type == "exited" && e.worker == name && e.detail == "exit 0";
-      })) << name << "\n" << h3;
-      EXPECT_FALSE(has_event(
-          [&](const ConfigEvent& e) { return e.type == "failed" && e.worker == name; }))
-          << name << " failed instead of leaving\n" << h3;
+      })) << name
+          << "\n"
+          << h3;
+      EXPECT_FALSE(has_event([&](const ConfigEvent& e) {
+        return e.type == "failed" && e.worker == name;
+      })) << name
+          << " failed instead of leaving\n"
+          << h3;
     }
   }
   // The two others train on, and finish the job together.
@@ -240,14 +244,14 @@ TEST_F(Slurm, APreemptedHostsWorkersLeaveWithinTheGraceAndTheJobGoesOn) {
 // `scancel -s KILL` of it (every process of its step gets SIGKILL at once, as when a machine
 // dies) is recovered from: the other allocation's workers go on and finish with one model.
 TEST_F(Slurm, ASecondAllocationGrowsTheJobAndItsKillIsRecoveredFrom) {
-  const std::string first = sbatch(
-      "-N2 -w h1,h2 --exclusive --output=" + (job_ / "first.out").string(), agents("1000"));
+  const std::string first =
+      sbatch("-N2 -w h1,h2 --exclusive --output=" + (job_ / "first.out").string(), agents("1000"));
   ASSERT_FALSE(first.empty());
   ASSERT_TRUE(eventually([&] { return size() == 2; }, 60s)) << slurp(job_ / "first.out");
   const long before = progress();
   ASSERT_TRUE(eventually([&] { return progress() > before + 50; }, 60s));
-  const std::string second = sbatch(
-      "-N1 -w h3 --exclusive --output=" + (job_ / "second.out").string(), agents("1000"));
+  const std::string second =
+      sbatch("-N1 -w h3 --exclusive --output=" + (job_ / "second.out").string(), agents("1000"));
   ASSERT_FALSE(second.empty());
   ASSERT_TRUE(eventually([&] { return size() == 3; }, 60s)) << slurp(job_ / "second.out");
   const long grown = progress();

@@ -142,6 +142,7 @@ int main(int argc, char** argv) {
   app.add_option("--notice-signal", notice_signals,
                  "another signal that is a notice, e.g. USR1 for Slurm's --signal=USR1@N "
                  "(repeatable; the workers start with it ignored)")
+      ->expected(1)
       ->needs(watch);
   int grace_s = 30;
   app.add_option("--grace", grace_s,

@@ -48,12 +48,14 @@ TEST(Slurm, TakesTheSlotsTheHostAndTheWorkersFromTheAllocation) {
 
 TEST(Slurm, GpusWinOverCpusAndTheCommandLineWinsOverBoth) {
   AgentOptions o = external();
-  apply_slurm(o, false,
-              fake({{"SLURM_JOB_ID", "17"}, {"SLURM_GPUS_ON_NODE", "4"}, {"SLURM_CPUS_ON_NODE", "64"}}));
+  apply_slurm(
+      o, false,
+      fake({{"SLURM_JOB_ID", "17"}, {"SLURM_GPUS_ON_NODE", "4"}, {"SLURM_CPUS_ON_NODE", "64"}}));
   EXPECT_EQ(o.slots, 4);
   o = external();
-  apply_slurm(o, false,
-              fake({{"SLURM_JOB_ID", "17"}, {"SLURM_GPUS_ON_NODE", "0"}, {"SLURM_CPUS_ON_NODE", "8"}}));
+  apply_slurm(
+      o, false,
+      fake({{"SLURM_JOB_ID", "17"}, {"SLURM_GPUS_ON_NODE", "0"}, {"SLURM_CPUS_ON_NODE", "8"}}));
   EXPECT_EQ(o.slots, 8);
   o = external();
   o.slots = 3;
@@ -72,7 +74,8 @@ TEST(Slurm, SaysWhatIsWrongOutsideAnAllocationOrWithBadVariables) {
             std::string::npos);
   EXPECT_NE(error_of(external(), fake({{"SLURM_JOB_ID", "17"}})).find("SLURM_CPUS_ON_NODE"),
             std::string::npos);
-  const auto bad = error_of(external(), fake({{"SLURM_JOB_ID", "17"}, {"SLURM_CPUS_ON_NODE", "2(x3)"}}));
+  const auto bad =
+      error_of(external(), fake({{"SLURM_JOB_ID", "17"}, {"SLURM_CPUS_ON_NODE", "2(x3)"}}));
   EXPECT_NE(bad.find("SLURM_CPUS_ON_NODE='2(x3)'"), std::string::npos) << bad;
   EXPECT_NE(error_of(external(), fake({{"SLURM_JOB_ID", "17"}, {"SLURM_CPUS_ON_NODE", "0"}}))
                 .find("SLURM_CPUS_ON_NODE='0'"),

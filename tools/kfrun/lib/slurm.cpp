@@ -64,9 +64,10 @@ std::string local_address_towards(const std::string& host, std::uint16_t port) {
     throw std::invalid_argument(std::string("--slurm: getsockname: ") + std::strerror(errno));
   }
   char text[INET6_ADDRSTRLEN] = {};
-  const void* address = local.ss_family == AF_INET6
-                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
-                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+  const void* address =
+      local.ss_family == AF_INET6
+          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+          : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
   if (::inet_ntop(local.ss_family, address, text, sizeof text) == nullptr) {
     throw std::invalid_argument(std::string("--slurm: inet_ntop: ") + std::strerror(errno));
   }
