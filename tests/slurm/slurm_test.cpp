@@ -7,14 +7,19 @@
 // bridge. Skipped, saying why, where namespaces cannot be made or Slurm is not installed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <map>
+#include <random>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "kf/runtime/config_client.hpp"
 #include "support/config_server_process.hpp"
@@ -275,6 +280,93 @@ TEST_F(Slurm, ASecondAllocationGrowsTheJobAndItsKillIsRecoveredFrom) {
   expect_clean_finish(out, 2);
   EXPECT_TRUE(has_event([](const ConfigEvent& e) { return e.type == "failed"; }))
       << "the killed worker was not seen to fail";
+}
+
+// 20 preemptions and allocations in a row, drawn from a seed (KF_TEST_SEED, else 11): a `prio`
+// job takes a node of a spot allocation (its workers leave on the user signal), or a new spot
+// allocation joins on a free node; at least one allocation stays. Training goes on after each;
+// no worker ever fails, and the last ones finish with one model, every sample once per epoch
+// and no commit lost (the workers check both).
+TEST_F(Slurm, TwentyRandomPreemptionsAndAllocationsKeepTheGuarantees) {
+  const int seed = std::atoi(env_or_empty("KF_TEST_SEED").c_str());
+  std::mt19937 gen(static_cast<unsigned>(seed > 0 ? seed : 11));
+  std::map<int, std::string> spot;  // node -> its spot allocation
+  int allocations = 0;
+  const auto allocate = [&](int node) {
+    const auto out = (job_ / ("alloc-" + std::to_string(++allocations) + ".out")).string();
+    spot[node] =
+        sbatch("-N1 -w h" + std::to_string(node) + " --exclusive --signal=USR1@5 --output=" + out,
+               agents("1000"));
+    return !spot[node].empty();
+  };
+  for (int node = 1; node <= 3; ++node) ASSERT_TRUE(allocate(node));
+  ASSERT_TRUE(eventually([&] { return size() == 3; }, 60s));
+  int preemptions = 0;
+  for (int round = 0; round < 20; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    std::vector<int> busy, free;
+    for (int node = 1; node <= 3; ++node) (spot.contains(node) ? busy : free).push_back(node);
+    const bool preempt = busy.size() > 1 && (free.empty() || gen() % 2 == 0);
+    if (preempt) {
+      const int node = busy[gen() % busy.size()];
+      const std::string prio =
+          sbatch("-p prio -N1 -w h" + std::to_string(node) + " --exclusive --output=/dev/null",
+                 "sleep 300");
+      ASSERT_FALSE(prio.empty());
+      ASSERT_TRUE(wait_gone(spot[node], 60s)) << "the spot allocation on h" << node;
+      spot.erase(node);
+      ++preemptions;
+      ASSERT_EQ(run_shell("scancel " + prio).exit_code, 0);
+      ASSERT_TRUE(wait_gone(prio, 60s));
+      ASSERT_TRUE(eventually([&] { return size() == static_cast<int>(spot.size()); }, 60s));
+    } else {
+      const int node = free[gen() % free.size()];
+      ASSERT_TRUE(allocate(node));
+      ASSERT_TRUE(eventually([&] { return size() == static_cast<int>(spot.size()); }, 60s));
+    }
+    const long now = progress();
+    ASSERT_TRUE(eventually([&] { return progress() > now + 20; }, 60s)) << "training stopped";
+  }
+  EXPECT_GT(preemptions, 3);
+  auto c = client();
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    Cluster cur = c.get_cluster();
+    cur.settings["epochs"] = 1;
+    try {
+      c.put_cluster(cur);
+      break;
+    } catch (const ConflictError&) {
+    }
+  }
+  for (const auto& [node, id] : spot) ASSERT_TRUE(wait_gone(id, 120s)) << "h" << node;
+  std::string outputs;
+  for (int i = 1; i <= allocations; ++i) {
+    outputs += slurp(job_ / ("alloc-" + std::to_string(i) + ".out"));
+  }
+  expect_clean_finish(outputs, static_cast<int>(spot.size()));
+  EXPECT_FALSE(has_event([](const ConfigEvent& e) { return e.type == "failed"; }))
+      << "a worker failed instead of leaving";
+  // For the record (not checked): the agents' time from the notice to their workers gone, and
+  // the survivors' pause at the boundary where the leavers left.
+  std::vector<double> gone_ms, pause_ms;
+  const std::regex gone(R"(left on the notice: no worker of this host runs, (\d+) ms)");
+  const std::regex shrink(R"(\((\d+) -> (\d+) workers, resize\):.*; pause ([0-9.]+) ms)");
+  for (auto it = std::sregex_iterator(outputs.begin(), outputs.end(), gone);
+       it != std::sregex_iterator(); ++it) {
+    gone_ms.push_back(std::stod((*it)[1]));
+  }
+  for (auto it = std::sregex_iterator(outputs.begin(), outputs.end(), shrink);
+       it != std::sregex_iterator(); ++it) {
+    if (std::stoi((*it)[1]) > std::stoi((*it)[2])) pause_ms.push_back(std::stod((*it)[3]));
+  }
+  std::sort(gone_ms.begin(), gone_ms.end());
+  std::sort(pause_ms.begin(), pause_ms.end());
+  std::cout << "[ " << preemptions << " preemptions, " << allocations << " allocations; notice -> "
+            << "workers gone (ms): median " << (gone_ms.empty() ? -1 : gone_ms[gone_ms.size() / 2])
+            << ", max " << (gone_ms.empty() ? -1 : gone_ms.back())
+            << "; survivors' pause at a leave (ms): median "
+            << (pause_ms.empty() ? -1 : pause_ms[pause_ms.size() / 2]) << ", max "
+            << (pause_ms.empty() ? -1 : pause_ms.back()) << " ]" << std::endl;
 }
 
 }  // namespace
