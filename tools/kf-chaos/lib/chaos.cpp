@@ -28,7 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-constexpr std::array<std::pair<Kind, std::string_view>, 7> kKindNames{{
+constexpr std::array<std::pair<Kind, std::string_view>, 8> kKindNames{{
     {Kind::add, "add"},
     {Kind::revoke, "revoke"},
     {Kind::kill, "kill"},
@@ -36,6 +36,7 @@ constexpr std::array<std::pair<Kind, std::string_view>, 7> kKindNames{{
     {Kind::stop, "stop"},
     {Kind::server_restart, "server-restart"},
     {Kind::agent_restart, "agent-restart"},
+    {Kind::burst, "burst"},
 }};
 
 std::int64_t draw(std::mt19937_64& gen, const MsRange& r) {
@@ -61,7 +62,7 @@ std::vector<Kind> parse_kinds(std::string_view text) {
     if (it == kKindNames.end()) {
       throw std::invalid_argument(
           "--kinds: unknown event '" + std::string(item) +
-          "' (add, revoke, kill, double-kill, stop, server-restart, agent-restart)");
+          "' (add, revoke, kill, double-kill, stop, server-restart, agent-restart, burst)");
     }
     if (std::find(kinds.begin(), kinds.end(), it->first) == kinds.end()) {
       kinds.push_back(it->first);
@@ -149,12 +150,35 @@ int run(const Options& o, std::ostream& out) {
       auto client = job.client();
       const Cluster c = client.get_cluster();
       const auto live = job.live_members(c);
+      // Who may be a victim: every running member but --min-workers of those that hold the
+      // job's state (they joined it). A worker still joining holds none: were the holders all
+      // lost, the job's committed progress would be lost with them, which no runtime can help.
+      std::vector<std::pair<std::string, pid_t>> candidates;
+      {
+        std::vector<std::string> holders;
+        for (const auto& [w, pid] : live) {
+          if (job.has_joined(w)) holders.push_back(w);
+        }
+        std::shuffle(holders.begin(), holders.end(), gen);
+        holders.resize(std::min(holders.size(), static_cast<std::size_t>(o.min_workers)));
+        for (const auto& m : live) {
+          if (std::find(holders.begin(), holders.end(), m.first) == holders.end()) {
+            candidates.push_back(m);
+          }
+        }
+      }
       std::vector<Kind> can;
       for (const Kind k : o.kinds) {
         const bool shrinks = k == Kind::revoke || k == Kind::kill || k == Kind::stop;
         if (k == Kind::add && c.size() >= o.max_workers) continue;
-        if (shrinks && static_cast<int>(live.size()) <= o.min_workers) continue;
-        if (k == Kind::double_kill && static_cast<int>(live.size()) <= o.min_workers + 1) continue;
+        if (shrinks && (static_cast<int>(live.size()) <= o.min_workers || candidates.empty())) {
+          continue;
+        }
+        const bool several = k == Kind::double_kill || k == Kind::burst;
+        if (several &&
+            (static_cast<int>(live.size()) <= o.min_workers + 1 || candidates.size() < 2)) {
+          continue;
+        }
         can.push_back(k);
       }
       if (can.empty()) {
@@ -164,9 +188,8 @@ int run(const Options& o, std::ostream& out) {
       }
       const Kind k = can[std::uniform_int_distribution<std::size_t>(0, can.size() - 1)(gen)];
       ++counts[k];
-      auto victim = live.begin();
-      std::advance(victim, static_cast<std::ptrdiff_t>(std::uniform_int_distribution<std::size_t>(
-                               0, live.empty() ? 0 : live.size() - 1)(gen)));
+      std::shuffle(candidates.begin(), candidates.end(), gen);
+      const auto victim = candidates.begin();  // valid for the kinds that need one
       std::ostringstream said;
       member::CommandContext ctx{client, said};
       std::string line;
@@ -187,16 +210,27 @@ int run(const Options& o, std::ostream& out) {
             line = "kill -9 " + victim->first + " (pid " + std::to_string(victim->second) + ")";
             break;
           case Kind::double_kill: {
-            auto other = live.begin();  // another worker than the victim
-            std::advance(other,
-                         static_cast<std::ptrdiff_t>(
-                             (std::distance(live.begin(), victim) + 1 +
-                              std::uniform_int_distribution<std::size_t>(0, live.size() - 2)(gen)) %
-                             live.size()));
+            const auto other = std::next(victim);  // another worker than the victim
             ::kill(victim->second, SIGKILL);
             ::kill(other->second, SIGKILL);
             line = "kill -9 " + victim->first + " and " + other->first + " (pids " +
                    std::to_string(victim->second) + ", " + std::to_string(other->second) + ")";
+            break;
+          }
+          case Kind::burst: {
+            // Two or three victims (never below --min-workers), each 0-50 ms after the last.
+            std::vector<std::pair<std::string, pid_t>> victims = candidates;
+            const int most = std::min({3, static_cast<int>(live.size()) - o.min_workers,
+                                       static_cast<int>(candidates.size())});
+            victims.resize(static_cast<std::size_t>(
+                std::uniform_int_distribution<int>(2, std::max(2, most))(gen)));
+            line = "kill -9 in a burst:";
+            for (std::size_t j = 0; j < victims.size(); ++j) {
+              const auto gap = j == 0 ? 0 : draw(gen, MsRange{0, 50});
+              std::this_thread::sleep_for(milliseconds(gap));  // the stagger is the event
+              ::kill(victims[j].second, SIGKILL);
+              line += " " + victims[j].first + (j == 0 ? "" : " (+" + std::to_string(gap) + " ms)");
+            }
             break;
           }
           case Kind::stop: {

@@ -18,8 +18,10 @@
 namespace kf::chaos {
 
 /// The kinds of event, as named on the command line.
-/// double_kill: `kill -9` of two workers at once (overlapping failures).
-enum class Kind { add, revoke, kill, double_kill, stop, server_restart, agent_restart };
+/// double_kill: `kill -9` of two workers at once (overlapping failures). burst: `kill -9` of two
+/// or three workers one after the other within 100 ms, as spot machines are reclaimed in waves
+/// (a loss that meets a recovery under way); not among the default kinds.
+enum class Kind { add, revoke, kill, double_kill, stop, server_restart, agent_restart, burst };
 std::string_view name_of(Kind k) noexcept;
 /// Parses a comma-separated list of kinds ("add,kill"). Throws: std::invalid_argument naming an
 /// unknown one.

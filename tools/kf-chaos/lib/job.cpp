@@ -240,6 +240,7 @@ void Job::refresh_pids() {
   for (const auto& e : client().get_events(last_seq_)) {
     last_seq_ = std::max(last_seq_, e.seq);
     std::smatch m;
+    if (e.type == "joined") joined_.insert(e.worker);
     if ((e.type == "started" || e.type == "adopted") && std::regex_search(e.detail, m, pid_re)) {
       pids_[e.worker] = std::stoi(m[1]);
       if (e.seq > agent_seq_) attached_.insert(e.worker);

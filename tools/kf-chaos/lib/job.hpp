@@ -82,6 +82,9 @@ class Job {
   void refresh_pids();
   /// The members of `c` whose process runs, with their pids (refresh_pids first).
   std::map<std::string, pid_t> live_members(const Cluster& c);
+  /// Whether `worker` has joined the running job (its `joined` event came): it holds the job's
+  /// state, which a worker still joining does not.
+  bool has_joined(const std::string& worker) const { return joined_.contains(worker); }
   /// kill -9 of every worker ever started that still runs.
   void kill_workers();
   /// Waits until the agent started last has started or adopted every member of the current
@@ -106,6 +109,7 @@ class Job {
   std::map<std::string, pid_t> pids_;  // every worker ever started, by endpoint
   std::uint64_t agent_seq_ = 0;        // the last event before the agent started last
   std::set<std::string> attached_;     // workers it started or adopted since
+  std::set<std::string> joined_;       // workers that joined the running job
 };
 
 /// Writes settings[KEY] = VALUE into the cluster document by compare-and-swap, for
