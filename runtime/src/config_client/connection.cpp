@@ -1,0 +1,284 @@
+// SPDX-License-Identifier: Apache-2.0
+// The config client's requests (detail::ConfigConnection): each on a fresh connection, with a
+// deadline, run by the calling thread on the client's io_context; mutations signed, in the
+// service's time once it has told it; and the streamed answers that etcd's watch and lease
+// keep-alive give, one JSON message per line.
+#include "config_client/connection.hpp"
+
+#include <cstdlib>
+#include <string_view>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/error.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include "kf/common/fd.hpp"
+#include "kf/common/json.hpp"
+#include "kf/common/log.hpp"
+#include "kf/runtime/request_signature.hpp"
+
+namespace kf::detail {
+
+namespace {
+
+using tcp = asio::ip::tcp;
+
+// One request on a fresh connection: everything it touches, shared with its handlers so that a
+// request cut short (deadline, cancel) leaves nothing dangling in the io_context; its handlers run,
+// harmlessly, during a later request.
+struct Exchange {
+  explicit Exchange(asio::io_context& ioc) : resolver(ioc), stream(ioc) {}
+  tcp::resolver resolver;
+  beast::tcp_stream stream;
+  beast::flat_buffer buffer;
+  http::request<http::string_body> request;
+  http::response<http::string_body> response;
+  beast::error_code ec;
+  bool done = false;
+};
+
+// Ends `x` with `ec`.
+template <typename X>
+void fail(const std::shared_ptr<X>& x, beast::error_code ec) {
+  x->ec = ec;
+  x->done = true;
+}
+
+// Resolves, connects and writes x's request, then calls `read(x)` to take the answer; a failure
+// on the way ends `x` (either kind of exchange below). An address (what kf writes in URLs it
+// makes) is connected to as it is: asio looks names up on a thread of its own, which would cost
+// a thread per client and a hop to it per request.
+template <typename X, typename Read>
+void connect_and_send(const std::shared_ptr<X>& x, const Endpoint& server, Read read) {
+  auto send = [x, read](beast::error_code connect_ec) {
+    if (connect_ec) return fail(x, connect_ec);
+    set_close_on_exec(x->stream.socket().native_handle());
+    http::async_write(x->stream, x->request, [x, read](beast::error_code write_ec, std::size_t) {
+      if (write_ec) return fail(x, write_ec);
+      read(x);
+    });
+  };
+  beast::error_code not_an_address;
+  const auto address = asio::ip::make_address(server.host, not_an_address);
+  if (!not_an_address) {
+    x->stream.async_connect(tcp::endpoint(address, server.port), std::move(send));
+    return;
+  }
+  x->resolver.async_resolve(
+      server.host, std::to_string(server.port),
+      [x, send](beast::error_code resolve_ec, tcp::resolver::results_type results) {
+        if (resolve_ec) return fail(x, resolve_ec);
+        x->stream.async_connect(results, [send](beast::error_code connect_ec,
+                                                const tcp::endpoint&) { send(connect_ec); });
+      });
+}
+
+// Starts resolve, connect, write and read; `x->done` is set when they have ended.
+void start(const std::shared_ptr<Exchange>& x, const Endpoint& server) {
+  connect_and_send(x, server, [](const std::shared_ptr<Exchange>& ex) {
+    http::async_read(ex->stream, ex->buffer, ex->response,
+                     [ex](beast::error_code read_ec, std::size_t) {
+                       if (read_ec) return fail(ex, read_ec);
+                       beast::error_code ignored;
+                       ex->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+                       ex->done = true;
+                     });
+  });
+}
+
+// A request whose answer is a stream of JSON messages, one per line (etcd's watch through its
+// JSON gateway): each complete line goes to on_message, which returns true to stop reading.
+struct StreamExchange {
+  explicit StreamExchange(asio::io_context& ioc) : resolver(ioc), stream(ioc) {}
+  tcp::resolver resolver;
+  beast::tcp_stream stream;
+  beast::flat_buffer buffer;
+  http::request<http::string_body> request;
+  http::response_parser<http::string_body> parser;
+  std::size_t consumed = 0;  // bytes of the body handed to on_message
+  std::function<bool(const json&)> on_message;
+  std::string bad_message;  // a line that is not JSON
+  beast::error_code ec;
+  bool done = false;
+};
+
+// Hands the complete lines of the body received so far to on_message. Returns true to stop.
+bool take_lines(StreamExchange& x) {
+  const std::string& body = x.parser.get().body();
+  for (;;) {
+    const auto end = body.find('\n', x.consumed);
+    if (end == std::string::npos) return false;
+    const std::string_view line(body.data() + x.consumed, end - x.consumed);
+    x.consumed = end + 1;
+    if (line.find_first_not_of(" \r\t") == std::string_view::npos) continue;
+    const json m = parse_json_or_discard(line);
+    if (m.is_discarded()) {
+      x.bad_message = std::string(line.substr(0, 200));
+      return true;
+    }
+    if (x.on_message(m)) return true;
+  }
+}
+
+void read_stream(const std::shared_ptr<StreamExchange>& x) {
+  http::async_read_some(x->stream, x->buffer, x->parser, [x](beast::error_code ec, std::size_t) {
+    if (ec) {
+      x->ec = ec;
+      x->done = true;
+      return;
+    }
+    if (take_lines(*x) || x->parser.is_done()) {
+      beast::error_code ignored;
+      x->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+      x->done = true;
+      return;
+    }
+    read_stream(x);
+  });
+}
+
+void start_stream(const std::shared_ptr<StreamExchange>& x, const Endpoint& server) {
+  x->parser.body_limit(std::uint64_t{256} << 20);
+  connect_and_send(x, server, [](const std::shared_ptr<StreamExchange>& sx) { read_stream(sx); });
+}
+
+}  // namespace
+
+template <typename X>
+beast::error_code ConfigConnection::run(const std::shared_ptr<X>& x,
+                                        std::chrono::milliseconds deadline) {
+  x->stream.expires_after(deadline);
+  // The resolver has no deadline of its own: bound the whole run as well.
+  const auto end = std::chrono::steady_clock::now() + deadline + std::chrono::milliseconds(100);
+  while (!x->done) {
+    // cancel() sets the flag before it stops the context, so a stop that restart() clears here
+    // is seen in the flag.
+    if (ioc_.stopped()) ioc_.restart();
+    if (cancelled_.load()) break;
+    if (ioc_.run_one_until(end) == 0 && std::chrono::steady_clock::now() >= end) break;
+  }
+  if (x->done) return x->ec;
+  // Cut short: close what is open; its handlers complete later, on shared state.
+  x->resolver.cancel();
+  beast::error_code ignored;
+  x->stream.socket().close(ignored);
+  return cancelled_.load() ? beast::error_code(asio::error::operation_aborted)
+                           : beast::error_code(beast::error::timeout);
+}
+
+Answer ConfigConnection::call(const Endpoint& server, const Key* control, http::verb verb,
+                              const std::string& target, const json* body,
+                              std::chrono::milliseconds deadline) {
+  const std::string what = std::string(http::to_string(verb)) + " http://" + server.str() + target;
+  std::shared_ptr<Exchange> x;
+  for (int attempt = 0;; ++attempt) {
+    if (cancelled_.load()) throw Error(make_error_code(errc::cancelled), what + ": cancelled");
+    x = std::make_shared<Exchange>(ioc_);
+    auto& req = x->request;
+    req = http::request<http::string_body>{verb, target, 11};
+    req.set(http::field::host, server.str());
+    req.set(http::field::user_agent, "kf-config-client");
+    if (body != nullptr) {
+      req.set(http::field::content_type, "application/json");
+      req.body() = body->dump();
+    }
+    const std::int64_t offset = offset_ms_;
+    std::string nonce;  // of a signed request: the service's clock comes back bound to it
+    if (control != nullptr && verb != http::verb::get) {
+      const std::string auth = sign_request(*control, std::string(http::to_string(verb)), target,
+                                            req.body(), local_ms() + offset);
+      std::string why;
+      if (const auto sig = parse_request_signature(auth, why)) nonce = sig->nonce;
+      req.set(http::field::authorization, auth);
+    }
+    req.prepare_payload();
+    start(x, server);
+    const beast::error_code ec = run(x, deadline);
+    if (cancelled_.load()) throw Error(make_error_code(errc::cancelled), what + ": cancelled");
+    if (ec == beast::error::timeout) {
+      throw Error(make_error_code(errc::service_unavailable),
+                  what + ": cannot reach the config service: no answer within " +
+                      std::to_string(deadline.count()) + " ms");
+    }
+    if (ec) {
+      throw Error(make_error_code(errc::service_unavailable),
+                  what + ": cannot reach the config service: " + ec.message());
+    }
+    // The service's clock, told in the answer to a signed request and bound to its nonce:
+    // later requests are signed in the service's time.
+    const auto told = x->response.find(kServiceTimeHeader);
+    if (!nonce.empty() && told != x->response.end()) {
+      if (const auto service_ms = read_service_time(*control, told->value(), nonce)) {
+        offset_ms_ = *service_ms - local_ms();
+      }
+    }
+    // Refused for a signature made in another time than the service's (this clock is off, or
+    // jumped): once more, in the service's time.
+    constexpr std::int64_t kNoticeableMs = 1000;
+    if (x->response.result_int() == 401 && attempt == 0 && control != nullptr &&
+        std::abs(offset_ms_ - offset) > kNoticeableMs) {
+      KF_LOG(warn, "config-client",
+             "{}: this process's clock is {} ms off the service's (this one less the service's): "
+             "signed again in the service's time, and so from now on",
+             what, -offset_ms_);
+      continue;
+    }
+    break;
+  }
+  Answer a;
+  a.status = x->response.result_int();
+  if (!x->response.body().empty()) {
+    a.body = parse_json_or_discard(x->response.body());
+  }
+  if ((a.status >= 200 && a.status < 300) || a.status == 409) return a;
+  const std::string message = what + ": " + std::to_string(a.status) + " " + reason_of(a);
+  if (a.status == 401) throw Error(make_error_code(errc::auth_failed), message);
+  if (a.status == 400 || a.status == 413) {
+    throw Error(make_error_code(errc::invalid_argument), message);
+  }
+  if (a.status >= 500) throw Error(make_error_code(errc::service_unavailable), message);
+  throw Error(make_error_code(errc::protocol_error), message);
+}
+
+bool ConfigConnection::stream(const Endpoint& server, const std::string& target, const json& body,
+                              std::chrono::milliseconds wait,
+                              const std::function<bool(const json&)>& on_message) {
+  const std::string what = "POST http://" + server.str() + target;
+  if (cancelled_.load()) throw Error(make_error_code(errc::cancelled), what + ": cancelled");
+  auto x = std::make_shared<StreamExchange>(ioc_);
+  auto& req = x->request;
+  req = http::request<http::string_body>{http::verb::post, target, 11};
+  req.set(http::field::host, server.str());
+  req.set(http::field::user_agent, "kf-config-client");
+  req.set(http::field::content_type, "application/json");
+  // etcd's gateway passes this on as gRPC metadata: a watch then ends with an error on a member
+  // that has lost its leader (a minority in a partition) instead of staying silent.
+  req.set("Grpc-Metadata-hasleader", "true");
+  req.body() = body.dump();
+  req.prepare_payload();
+  bool stopped = false;
+  x->on_message = [&](const json& m) { return stopped = on_message(m); };
+  start_stream(x, server);
+  const beast::error_code ec = run(x, wait);
+  if (cancelled_.load()) throw Error(make_error_code(errc::cancelled), what + ": cancelled");
+  if (ec == beast::error::timeout) return false;
+  if (ec && !stopped) {
+    throw Error(make_error_code(errc::service_unavailable),
+                what + ": cannot reach the config service: " + ec.message());
+  }
+  const unsigned status = x->parser.get().result_int();
+  if (status < 200 || status >= 300) {
+    Answer a{status, parse_json_or_discard(x->parser.get().body())};
+    throw Error(make_error_code(status >= 500 ? errc::service_unavailable : errc::protocol_error),
+                what + ": " + std::to_string(status) + " " + reason_of(a));
+  }
+  if (!x->bad_message.empty()) {
+    throw Error(make_error_code(errc::protocol_error),
+                what + ": a streamed message is not JSON: " + x->bad_message);
+  }
+  return stopped;
+}
+
+}  // namespace kf::detail

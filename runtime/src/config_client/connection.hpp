@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: Apache-2.0
+// What the files of kf::ConfigClient share: the Asio, Beast and JSON names they use, the answer
+// to a request and what is read out of one, and the client's connection (connection.cpp), which
+// ConfigClient names ConfigClient::Connection. Private to the runtime: Asio and Beast stay out of
+// the public headers. Thread-safety: as ConfigClient's (one caller at a time; cancel() from any
+// thread).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/beast/core/error.hpp>
+#include <boost/beast/http/verb.hpp>
+#include <nlohmann/json.hpp>
+
+#include "kf/cluster/cluster.hpp"
+#include "kf/common/error.hpp"
+#include "kf/common/keys.hpp"
+#include "kf/runtime/config_client.hpp"
+
+namespace kf::detail {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using nlohmann::json;
+
+struct Answer {
+  unsigned status = 0;
+  json body;
+};
+
+inline std::string reason_of(const Answer& a) {
+  if (a.body.is_object() && a.body.contains("error") && a.body["error"].is_string()) {
+    return a.body["error"].get<std::string>();
+  }
+  if (a.body.is_object() && a.body.contains("message") && a.body["message"].is_string()) {
+    return a.body["message"].get<std::string>();  // etcd's JSON gateway
+  }
+  return "HTTP " + std::to_string(a.status);
+}
+
+inline ConfigEvent event_from_json(const json& j) {
+  ConfigEvent e;
+  e.seq = j.value("seq", std::uint64_t{0});
+  e.time = j.value("time", std::string());
+  e.type = j.value("type", std::string());
+  e.worker = j.value("worker", std::string());
+  e.detail = j.value("detail", std::string());
+  if (j.contains("version") && j["version"].is_number_unsigned()) {
+    e.version = j["version"].get<std::uint64_t>();
+  }
+  return e;
+}
+
+inline Cluster cluster_from(const Answer& a, const std::string& what) {
+  try {
+    return Cluster::from_json(a.body);
+  } catch (const std::exception& e) {
+    throw Error(make_error_code(errc::protocol_error),
+                what + ": the server sent a malformed cluster document: " + e.what());
+  }
+}
+
+// The client's io_context, driven by the calling thread during each request.
+class ConfigConnection {
+ public:
+  explicit ConfigConnection(std::function<std::chrono::system_clock::time_point()> now)
+      : now_(std::move(now)) {}
+
+  // Sends one request and maps transport failures and error statuses to kf::Error. Returns the
+  // answer for 2xx and 409 (the caller handles the conflict).
+  // A mutation (not GET) is signed with `control` when given (request_signature.hpp).
+  Answer call(const Endpoint& server, const Key* control, http::verb verb,
+              const std::string& target, const json* body, std::chrono::milliseconds deadline);
+
+  // POSTs `body` to `target` and hands each message of the streamed answer to `on_message`
+  // until it returns true (then returns true) or `wait` has passed (then returns false). Throws
+  // as call() when the service cannot be reached or answers an error status.
+  bool stream(const Endpoint& server, const std::string& target, const json& body,
+              std::chrono::milliseconds wait, const std::function<bool(const json&)>& on_message);
+
+  void cancel() noexcept {
+    cancelled_.store(true);
+    ioc_.stop();  // thread-safe: the request's run loop returns at once
+  }
+
+  const std::function<std::chrono::system_clock::time_point()>& clock() const noexcept {
+    return now_;
+  }
+
+ private:
+  // Runs `x` until it is done, the deadline passes or cancel() is called. Returns the error, or
+  // none with x's answer filled in.
+  template <typename X>
+  beast::error_code run(const std::shared_ptr<X>& x, std::chrono::milliseconds deadline);
+
+  std::int64_t local_ms() const {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(now_().time_since_epoch()).count();
+  }
+
+  asio::io_context ioc_;
+  std::atomic<bool> cancelled_{false};
+  std::function<std::chrono::system_clock::time_point()> now_;
+  // The service's clock less this one's, as its last answer said (0 before any): mutations are
+  // signed in the service's time.
+  std::int64_t offset_ms_ = 0;
+};
+
+}  // namespace kf::detail
+
+namespace kf {
+
+// The connection under the name config_client.hpp declares.
+class ConfigClient::Connection : public detail::ConfigConnection {
+ public:
+  using ConfigConnection::ConfigConnection;
+};
+
+}  // namespace kf

@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0
+// kf::ConfigClient's backend for an etcd:// URL (detail::EtcdBackend; etcd.cpp), which
+// ConfigClient names ConfigClient::Etcd: the operations of kf-config-server, with the same
+// answers, on an etcd v3 cluster through its JSON gateway (docs/config-server.md, "etcd").
+// Private to the runtime. Thread-safety: as ConfigClient's.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config_client/connection.hpp"
+#include "kf/cluster/cluster.hpp"
+#include "kf/runtime/config_client.hpp"
+
+namespace kf::detail {
+
+// The job's keys under PREFIX: PREFIX/cluster holds the document (JSON) and PREFIX/events/ID one
+// event each, its seq being the etcd revision that created it. Changes are transactions that
+// compare the key's mod_revision (compare-and-swap) and write the document together with its
+// cluster_changed event; a watch streams the document's next change. The members are tried in
+// turn (call()).
+class EtcdBackend {
+ public:
+  EtcdBackend(ServiceUrl url, const std::string& token, ConfigConnection& connection,
+              ConfigClientOptions options);
+
+  void cancel() noexcept { beside_.cancel(); }
+
+  Cluster get_cluster() { return read().cluster; }
+  Cluster put_cluster(const Cluster& next, const Cluster* from);
+  Cluster watch(std::uint64_t after_version, std::chrono::milliseconds timeout);
+  ConfigEvent post_event(const std::string& type, const std::string& worker,
+                         const std::string& detail, std::optional<std::uint64_t> version);
+  std::vector<ConfigEvent> get_events(std::uint64_t after_seq);
+
+  bool announce_agent(const std::string& host, std::chrono::seconds ttl);
+  void keep_agent_alive();
+  void retire_agent();
+  std::vector<std::string> live_agents();
+
+ private:
+  struct Stored {
+    Cluster cluster;
+    std::uint64_t mod_revision = 0;  // 0: no document yet
+    std::uint64_t revision = 0;      // of the store when it was read
+  };
+
+  static json put_op(const std::string& key, const std::string& value);
+  Cluster parse_document(const json& kv, const std::string& what) const;
+  Stored from_range(const json& answer, const std::string& what) const;
+  Stored read();
+  // read() from the current member on a connection of its own, for a watch whose stream holds
+  // this client's.
+  Stored read_beside();
+  void next_endpoint() { current_ = (current_ + 1) % endpoints_.size(); }
+  // POSTs to the current member; a member that cannot be reached (or has no quorum: etcd then
+  // answers 5xx) is left for the next, each tried once.
+  json call(const std::string& target, const json& body);
+
+  std::vector<Endpoint> endpoints_;
+  std::size_t current_ = 0;
+  std::string prefix_;
+  std::string cluster_key_;
+  std::string events_prefix_;
+  std::string agents_prefix_;
+  ConfigConnection& connection_;
+  ConfigConnection beside_;  // for a read while a watch's stream holds connection_ (read_beside)
+  ConfigClientOptions options_;
+  std::optional<Stored> last_;  // the document as this client last read or wrote it
+  std::uint64_t lease_ = 0;     // announce_agent's
+  std::string agent_host_;
+  std::chrono::seconds agent_ttl_{0};
+};
+
+}  // namespace kf::detail
+
+namespace kf {
+
+// The backend under the name config_client.hpp declares.
+class ConfigClient::Etcd : public detail::EtcdBackend {
+ public:
+  using EtcdBackend::EtcdBackend;
+};
+
+}  // namespace kf
