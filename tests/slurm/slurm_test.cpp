@@ -150,6 +150,22 @@ class Slurm : public ::testing::Test {
     EXPECT_EQ(hashes.size(), 1u) << "the workers differ:\n" << outputs;
   }
 
+  // Ends the job at the end of the epoch its workers are in (settings "epochs", by
+  // compare-and-swap).
+  void finish_soon() {
+    auto c = client();
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      Cluster cur = c.get_cluster();
+      cur.settings["epochs"] = 1;
+      try {
+        c.put_cluster(cur);
+        return;
+      } catch (const ConflictError&) {
+      }
+    }
+    ADD_FAILURE() << "could not set the job's epochs";
+  }
+
   bool has_event(const std::function<bool(const ConfigEvent&)>& pred) const {
     for (const auto& e : client().get_events()) {
       if (pred(e)) return true;
@@ -230,16 +246,7 @@ TEST_F(Slurm, APreemptedHostsWorkersLeaveWithinTheGraceAndTheJobGoesOn) {
   // The two others train on, and finish the job together.
   const long after = progress();
   ASSERT_TRUE(eventually([&] { return progress() > after + 50; }, 60s));
-  auto c = client();
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    Cluster cur = c.get_cluster();
-    cur.settings["epochs"] = 1;
-    try {
-      c.put_cluster(cur);
-      break;
-    } catch (const ConflictError&) {
-    }
-  }
+  finish_soon();
   ASSERT_TRUE(wait_gone(ids[0], 120s));
   ASSERT_TRUE(wait_gone(ids[1], 120s));
   expect_clean_finish(slurp(job_ / "job-h1.out") + slurp(job_ / "job-h2.out"), 2);
@@ -265,16 +272,7 @@ TEST_F(Slurm, ASecondAllocationGrowsTheJobAndItsKillIsRecoveredFrom) {
   ASSERT_TRUE(eventually([&] { return size() == 2; }, 60s)) << slurp(job_ / "first.out");
   const long shrunk = progress();
   ASSERT_TRUE(eventually([&] { return progress() > shrunk + 50; }, 60s));
-  auto c = client();
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    Cluster cur = c.get_cluster();
-    cur.settings["epochs"] = 1;
-    try {
-      c.put_cluster(cur);
-      break;
-    } catch (const ConflictError&) {
-    }
-  }
+  finish_soon();
   ASSERT_TRUE(wait_gone(first, 120s));
   const std::string out = slurp(job_ / "first.out");
   expect_clean_finish(out, 2);
@@ -328,16 +326,7 @@ TEST_F(Slurm, TwentyRandomPreemptionsAndAllocationsKeepTheGuarantees) {
     ASSERT_TRUE(eventually([&] { return progress() > now + 20; }, 60s)) << "training stopped";
   }
   EXPECT_GT(preemptions, 3);
-  auto c = client();
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    Cluster cur = c.get_cluster();
-    cur.settings["epochs"] = 1;
-    try {
-      c.put_cluster(cur);
-      break;
-    } catch (const ConflictError&) {
-    }
-  }
+  finish_soon();
   for (const auto& [node, id] : spot) ASSERT_TRUE(wait_gone(id, 120s)) << "h" << node;
   std::string outputs;
   for (int i = 1; i <= allocations; ++i) {
