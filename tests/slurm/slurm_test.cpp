@@ -6,6 +6,7 @@
 // is lost, and print BROKEN otherwise). The config service runs on this machine, on the hosts'
 // bridge. Skipped, saying why, where namespaces cannot be made or Slurm is not installed.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <chrono>
@@ -112,8 +113,16 @@ class Slurm : public ::testing::Test {
     return m[1];
   }
 
+  // Whether job `id` is no longer pending, running or completing. (`squeue -j ID` of a job
+  // already purged prints an error instead of nothing: the whole queue is asked instead.)
   static bool gone(const std::string& id) {
-    return run_shell("squeue -h -j " + id + " 2>/dev/null").output.empty();
+    const auto r = run_shell("squeue -h -o %i");
+    if (r.exit_code != 0) return false;
+    std::istringstream lines(r.output);
+    for (std::string line; std::getline(lines, line);) {
+      if (line == id) return false;
+    }
+    return true;
   }
   static bool wait_gone(const std::string& id, std::chrono::seconds within) {
     return eventually([&] { return gone(id); }, within);
@@ -164,6 +173,14 @@ class Slurm : public ::testing::Test {
       }
     }
     ADD_FAILURE() << "could not set the job's epochs";
+  }
+
+  // Whether the survivors went through a recovery (rank 0's `resized` record of it). The
+  // killed worker's agent, killed with it, may post nothing.
+  bool recovered() const {
+    return has_event([](const ConfigEvent& e) {
+      return e.type == "resized" && e.detail.find(" workers, recovery)") != std::string::npos;
+    });
   }
 
   bool has_event(const std::function<bool(const ConfigEvent&)>& pred) const {
@@ -252,10 +269,10 @@ TEST_F(Slurm, APreemptedHostsWorkersLeaveWithinTheGraceAndTheJobGoesOn) {
   expect_clean_finish(slurp(job_ / "job-h1.out") + slurp(job_ / "job-h2.out"), 2);
 }
 
-// A second allocation's agents join the running job (growth without a restart), and
-// `scancel -s KILL` of it (every process of its step gets SIGKILL at once, as when a machine
+// A second allocation's agents join the running job (growth without a restart), and the death
+// of its node's kf processes (agent and worker killed with SIGKILL at once, as when the machine
 // dies) is recovered from: the other allocation's workers go on and finish with one model.
-TEST_F(Slurm, ASecondAllocationGrowsTheJobAndItsKillIsRecoveredFrom) {
+TEST_F(Slurm, ASecondAllocationGrowsTheJobAndItsNodesDeathIsRecoveredFrom) {
   const std::string first =
       sbatch("-N2 -w h1,h2 --exclusive --output=" + (job_ / "first.out").string(), agents("1000"));
   ASSERT_FALSE(first.empty());
@@ -268,7 +285,28 @@ TEST_F(Slurm, ASecondAllocationGrowsTheJobAndItsKillIsRecoveredFrom) {
   ASSERT_TRUE(eventually([&] { return size() == 3; }, 60s)) << slurp(job_ / "second.out");
   const long grown = progress();
   ASSERT_TRUE(eventually([&] { return progress() > grown + 50; }, 60s));
-  ASSERT_EQ(run_shell("scancel -s KILL " + second).exit_code, 0);
+  const std::string h3_address = bridge_.substr(0, bridge_.rfind('.')) + ".3";
+  std::string victim;
+  for (const auto& w : client().get_cluster().workers) {
+    if (w.endpoint.host == h3_address) victim = w.endpoint.str();
+  }
+  ASSERT_FALSE(victim.empty());
+  // The worker's pid from its agent's `started` event, and the agent's: its parent.
+  pid_t worker = -1;
+  for (const auto& e : client().get_events()) {
+    if (e.type == "started" && e.worker == victim) worker = std::stoi(e.detail.substr(4));
+  }
+  ASSERT_GT(worker, 0);
+  std::ifstream stat("/proc/" + std::to_string(worker) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  std::istringstream fields(line.substr(line.rfind(')') + 2));
+  char state = 0;
+  pid_t agent = -1;
+  fields >> state >> agent;
+  ASSERT_GT(agent, 1) << line;
+  ASSERT_EQ(::kill(agent, SIGKILL), 0);
+  ASSERT_EQ(::kill(worker, SIGKILL), 0);
   ASSERT_TRUE(eventually([&] { return size() == 2; }, 60s)) << slurp(job_ / "first.out");
   const long shrunk = progress();
   ASSERT_TRUE(eventually([&] { return progress() > shrunk + 50; }, 60s));
@@ -276,8 +314,50 @@ TEST_F(Slurm, ASecondAllocationGrowsTheJobAndItsKillIsRecoveredFrom) {
   ASSERT_TRUE(wait_gone(first, 120s));
   const std::string out = slurp(job_ / "first.out");
   expect_clean_finish(out, 2);
-  EXPECT_TRUE(has_event([](const ConfigEvent& e) { return e.type == "failed"; }))
-      << "the killed worker was not seen to fail";
+  EXPECT_TRUE(eventually([&] { return recovered(); }, 30s)) << "the survivors recorded no recovery";
+}
+
+// Plain scancel (and a time limit) sends SIGTERM to every process of the allocation's step: the
+// agent takes it as a notice and the workers, which ignore it under --slurm, leave with notice.
+// Shrinking an allocation with scontrol kills the released node's tasks with SIGKILL instead: a
+// failure, which the job recovers from.
+TEST_F(Slurm, ScancelIsANoticeAndAShrinkByScontrolIsRecoveredFrom) {
+  const std::string pair =
+      sbatch("-N2 -w h1,h2 --exclusive --output=" + (job_ / "pair.out").string(), agents("1000"));
+  const std::string single =
+      sbatch("-N1 -w h3 --exclusive --output=" + (job_ / "single.out").string(), agents("1000"));
+  ASSERT_FALSE(pair.empty());
+  ASSERT_FALSE(single.empty());
+  ASSERT_TRUE(eventually([&] { return size() == 3; }, 60s)) << slurp(job_ / "single.out");
+  const long before = progress();
+  ASSERT_TRUE(eventually([&] { return progress() > before + 50; }, 60s));
+  const std::string h3_address = bridge_.substr(0, bridge_.rfind('.')) + ".3";
+  std::string leaver;
+  for (const auto& w : client().get_cluster().workers) {
+    if (w.endpoint.host == h3_address) leaver = w.endpoint.str();
+  }
+  ASSERT_FALSE(leaver.empty());
+  ASSERT_EQ(run_shell("scancel " + single).exit_code, 0);
+  ASSERT_TRUE(wait_gone(single, 60s));
+  ASSERT_TRUE(eventually([&] { return size() == 2; }, 30s));
+  const std::string single_out = slurp(job_ / "single.out");
+  EXPECT_NE(single_out.find("kfrun: notice from SIGTERM"), std::string::npos) << single_out;
+  EXPECT_TRUE(has_event([&](const ConfigEvent& e) {
+    return e.type == "exited" && e.worker == leaver && e.detail == "exit 0";
+  })) << single_out;
+  EXPECT_FALSE(has_event([](const ConfigEvent& e) { return e.type == "failed"; }))
+      << "a worker failed instead of leaving\n"
+      << single_out;
+  const long left = progress();
+  ASSERT_TRUE(eventually([&] { return progress() > left + 50; }, 60s));
+  ASSERT_EQ(run_shell("scontrol update JobId=" + pair + " NumNodes=1").exit_code, 0);
+  ASSERT_TRUE(eventually([&] { return size() == 1; }, 60s)) << slurp(job_ / "pair.out");
+  EXPECT_TRUE(eventually([&] { return recovered(); }, 30s)) << "the survivors recorded no recovery";
+  const long shrunk = progress();
+  ASSERT_TRUE(eventually([&] { return progress() > shrunk + 50; }, 60s));
+  finish_soon();
+  ASSERT_TRUE(wait_gone(pair, 120s));
+  expect_clean_finish(slurp(job_ / "pair.out"), 1);
 }
 
 // 20 preemptions and allocations in a row, drawn from a seed (KF_TEST_SEED, else 11): a `prio`

@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
   app.add_flag("--slurm", slurm,
                "inside a Slurm allocation (one agent per node, started by srun): --slots from "
                "SLURM_GPUS_ON_NODE or SLURM_CPUS_ON_NODE, --host from the route to the config "
-               "service, -np the slots with --join, and USR1 a notice (docs/slurm.md)")
+               "service, -np the slots with --join, and USR1 and TERM notices (docs/slurm.md)")
       ->needs(watch);
   app.add_flag("--join", agent.join,
                "place the -np workers on this host also when the job exists already (unless it "

@@ -43,7 +43,7 @@ TEST(Slurm, TakesTheSlotsTheHostAndTheWorkersFromTheAllocation) {
   EXPECT_EQ(o.np, 2);
   EXPECT_TRUE(o.join);
   EXPECT_EQ(o.host, "127.0.0.1");  // the route to the service at 127.0.0.1
-  EXPECT_EQ(o.notice.signals, (std::vector<int>{SIGUSR1}));
+  EXPECT_EQ(o.notice.signals, (std::vector<int>{SIGUSR1, SIGTERM}));
 }
 
 TEST(Slurm, GpusWinOverCpusAndTheCommandLineWinsOverBoth) {

@@ -95,9 +95,10 @@ class Agent {
     if (ConfigClient::parse_service_url(setup.url).kind == ServiceUrl::Kind::etcd) {
       liveness_ = std::make_unique<Liveness>(setup.url, setup.token, options.host);
     }
-    for (int sig : options.notice.signals) {
-      if (sig != SIGTERM) ignored_by_workers_.push_back(sig);  // SIGTERM still stops a worker
-    }
+    // A scheduler may send them to every process of the job: the workers must outlive them to
+    // leave at their boundary. SIGTERM among them too (named with --notice-signal): a worker
+    // that ignores it is stopped by the SIGKILL that follows the agent's SIGTERM.
+    ignored_by_workers_ = options.notice.signals;
     notice_poller_ = std::make_unique<NoticePoller>(
         options.notice, [mailbox = mailbox_](Notice n) { mailbox->post(NoticeSeen{std::move(n)}); },
         [mailbox = mailbox_](std::string problem) { mailbox->post(LinkNote{std::move(problem)}); });
@@ -166,7 +167,7 @@ class Agent {
   std::unique_ptr<ClusterWatcher> watcher_;
   std::unique_ptr<Liveness> liveness_;           // with etcd
   std::unique_ptr<NoticePoller> notice_poller_;  // with --notice-file or --notice-command
-  std::vector<int> ignored_by_workers_;          // the notice signals but SIGTERM
+  std::vector<int> ignored_by_workers_;          // the notice signals
 
   std::optional<Cluster> cluster_;              // the newest document
   std::map<std::string, LocalWorker> workers_;  // running, by "host:port"

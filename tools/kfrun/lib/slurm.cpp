@@ -103,7 +103,9 @@ void apply_slurm(AgentOptions& options, bool host_given, const EnvLookup& env) {
   }
   if (!options.np) options.np = options.slots;
   options.join = true;
-  if (options.notice.signals.empty()) options.notice.signals.push_back(SIGUSR1);
+  // Slurm's preemption signal, and the SIGTERM that scancel and a time limit send to every
+  // process of the step: both notices, and both ignored by the workers.
+  if (options.notice.signals.empty()) options.notice.signals = {SIGUSR1, SIGTERM};
 }
 
 }  // namespace kf::tools

@@ -25,7 +25,8 @@ std::optional<std::string> process_env(const char* name);
 /// Fills in what --slurm takes from Slurm where the command line left it unset: `slots` from
 /// SLURM_GPUS_ON_NODE (when above 0) or SLURM_CPUS_ON_NODE; `host`, when `host_given` is false,
 /// from the route to the config service; `np` = the slots, with `join` set (the workers are
-/// placed on this node even when the job exists); and SIGUSR1 as a notice signal unless
+/// placed on this node even when the job exists); and SIGUSR1 and SIGTERM as notice signals
+/// (the workers ignore both: Slurm sends them to every process of the step) unless
 /// --notice-signal named any. Throws: std::invalid_argument naming what is wrong: not inside an
 /// allocation (no SLURM_JOB_ID), a Slurm variable missing or not a positive integer, the builtin
 /// service (it could not be reached from the other nodes), no route to the service.
