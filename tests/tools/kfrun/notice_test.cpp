@@ -132,7 +132,10 @@ TEST_F(NoticeFiles, ThePollerCallsBackOnceWhenTheFileAppears) {
         cv.notify_all();
       },
       [](const std::string&) {});
-  std::ofstream(*options.file) << "7\n";
+  // Written whole and renamed into place, as docs/kfrun.md asks of a side script: the poller
+  // may look at any moment.
+  std::ofstream(*options.file + ".new") << "7\n";
+  fs::rename(*options.file + ".new", *options.file);
   {
     std::unique_lock lock(mutex);
     ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return calls > 0; }));
