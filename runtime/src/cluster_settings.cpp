@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf/runtime/cluster_settings.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <utility>
@@ -108,6 +109,83 @@ const std::vector<Rule>& rules() {
 
 }  // namespace
 
+nlohmann::json AutoscaleSettings::to_json() const {
+  json j = {{"min", min}, {"cooldown_s", cooldown_s}};
+  if (max) j["max"] = *max;
+  if (target) {
+    j["target"] = *target;
+  } else {
+    j["target"] = "all";
+  }
+  if (per_host) j["per_host"] = *per_host;
+  return j;
+}
+
+std::optional<AutoscaleSettings> parse_autoscale(const json& value, std::string& why) {
+  if (!value.is_object()) {
+    why = "expected an object such as {\"min\": 2, \"max\": 16, \"target\": \"all\"}, got " +
+          shown(value);
+    return std::nullopt;
+  }
+  AutoscaleSettings a;
+  for (const auto& [key, v] : value.items()) {
+    std::optional<std::int64_t> n;
+    if (key == "min" || key == "max" || key == "per_host") {
+      n = integer_at_least(v, 1);
+      if (!n) {
+        why = key + ": expected an integer >= 1, got " + shown(v);
+        return std::nullopt;
+      }
+      if (key == "min") a.min = *n;
+      if (key == "max") a.max = n;
+      if (key == "per_host") a.per_host = n;
+    } else if (key == "target") {
+      if (v.is_string() && v.get<std::string>() == "all") continue;
+      n = integer_at_least(v, 1);
+      if (!n) {
+        why = "target: expected an integer >= 1 or \"all\", got " + shown(v);
+        return std::nullopt;
+      }
+      a.target = n;
+    } else if (key == "cooldown_s") {
+      if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0 ||
+          v.get<double>() > 86400) {
+        why = "cooldown_s: expected a number of seconds from 0 to 86400, got " + shown(v);
+        return std::nullopt;
+      }
+      a.cooldown_s = v.get<double>();
+    } else {
+      why = "unknown key \"" + key + "\" (known: min, max, target, cooldown_s, per_host)";
+      return std::nullopt;
+    }
+  }
+  if (a.max && a.min > *a.max) {
+    why = "min " + std::to_string(a.min) + " is greater than max " + std::to_string(*a.max);
+    return std::nullopt;
+  }
+  if (a.target && (*a.target < a.min || (a.max && *a.target > *a.max))) {
+    why = "target " + std::to_string(*a.target) + " is outside [min " + std::to_string(a.min) +
+          ", max " + (a.max ? std::to_string(*a.max) : std::string("none")) + "]";
+    return std::nullopt;
+  }
+  return a;
+}
+
+AutoscaleSettings autoscale_within_bounds(const ClusterSettings& settings) {
+  AutoscaleSettings a = settings.autoscale.value();
+  if (settings.max_workers && *settings.max_workers > 0) {
+    a.max = std::min(a.max.value_or(*settings.max_workers), *settings.max_workers);
+  }
+  if (settings.min_workers && *settings.min_workers > 0)
+    a.min = std::max(a.min, *settings.min_workers);
+  if (a.max) a.min = std::min(a.min, *a.max);
+  if (a.target) {
+    a.target = std::max(*a.target, a.min);
+    if (a.max) a.target = std::min(*a.target, *a.max);
+  }
+  return a;
+}
+
 ParsedSettings parse_cluster_settings(const json& settings) {
   ParsedSettings out;
   if (settings.is_null()) return out;
@@ -126,6 +204,15 @@ ParsedSettings parse_cluster_settings(const json& settings) {
       out.errors.push_back(std::string("settings.") + rule.key + ": expected " + rule.expected +
                            ", got " + shown(*it));
       out.valid.erase(rule.key);
+    }
+  }
+  if (const auto it = settings.find("autoscale"); it != settings.end()) {
+    std::string why;
+    if (auto a = parse_autoscale(*it, why)) {
+      out.typed.autoscale = std::move(a);
+    } else {
+      out.errors.push_back("settings.autoscale: " + why);
+      out.valid.erase("autoscale");
     }
   }
   return out;

@@ -19,15 +19,17 @@
 
 namespace kf {
 
+using detail::agent_offers_from;
 using detail::Answer;
 using detail::cluster_from;
 using detail::event_from_json;
 using detail::reason_of;
 
 bool is_client_event_type(std::string_view type) noexcept {
-  static constexpr std::array<std::string_view, 15> kTypes{
-      "added",   "removed", "joined",    "left",    "failed", "revoked",  "killed", "resized",
-      "started", "exited",  "restarted", "adopted", "notice", "draining", "note"};
+  static constexpr std::array<std::string_view, 17> kTypes{
+      "added",  "removed",  "joined",  "left",     "failed",    "revoked",
+      "killed", "resized",  "started", "exited",   "restarted", "adopted",
+      "notice", "draining", "placed",  "released", "note"};
   for (const auto t : kTypes) {
     if (t == type) return true;
   }
@@ -217,27 +219,44 @@ ConfigEvent ConfigClient::post_event(const std::string& type, const std::string&
   });
 }
 
-bool ConfigClient::announce_agent(const std::string& host, std::chrono::seconds ttl) {
-  return reading("announce agent",
-                 [&] { return etcd_ ? etcd_->announce_agent(host, ttl) : false; });
+void ConfigClient::announce_agent(const std::string& host, std::chrono::seconds ttl, int slots) {
+  return reading("announce agent", [&] {
+    if (etcd_) return etcd_->announce_agent(host, ttl, slots);
+    const json body = {
+        {"host", host}, {"slots", slots}, {"ttl_ms", std::chrono::milliseconds(ttl).count()}};
+    connection_->call(server_, &control_key_, http::verb::put, "/v1/agents", &body,
+                      options_.deadline);
+    agent_host_ = host;
+    agent_ttl_ = ttl;
+    agent_slots_ = slots;
+  });
 }
 
 void ConfigClient::keep_agent_alive() {
-  return reading("keep agent alive", [&] {
-    if (etcd_) etcd_->keep_agent_alive();
-  });
+  if (etcd_) {
+    return reading("keep agent alive", [&] { etcd_->keep_agent_alive(); });
+  }
+  // kf-config-server: a renewal is the same PUT; it lists the agent again when its lease ran out.
+  if (!agent_host_.empty()) announce_agent(agent_host_, agent_ttl_, agent_slots_);
 }
 
 void ConfigClient::retire_agent() {
   return reading("retire agent", [&] {
-    if (etcd_) etcd_->retire_agent();
+    if (etcd_) return etcd_->retire_agent();
+    if (agent_host_.empty()) return;
+    const json body = {{"host", agent_host_}, {"ttl_ms", 0}};
+    connection_->call(server_, &control_key_, http::verb::put, "/v1/agents", &body,
+                      options_.deadline);
+    agent_host_.clear();
   });
 }
 
-std::optional<std::vector<std::string>> ConfigClient::live_agents() {
-  return reading("live agents", [&]() -> std::optional<std::vector<std::string>> {
-    if (!etcd_) return std::nullopt;
-    return etcd_->live_agents();
+std::vector<AgentOffer> ConfigClient::live_agents() {
+  return reading("live agents", [&]() -> std::vector<AgentOffer> {
+    if (etcd_) return etcd_->live_agents();
+    const Answer a = connection_->call(server_, &control_key_, http::verb::get, "/v1/agents",
+                                       nullptr, options_.deadline);
+    return agent_offers_from(a.body, "GET /v1/agents");
   });
 }
 

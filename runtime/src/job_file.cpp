@@ -48,6 +48,7 @@ nlohmann::json JobFile::to_settings() const {
                       {"max_workers", workers.max}};
   if (mode) s["mode"] = mode->str();
   if (compression) s["compression"] = compression->str();
+  if (autoscale) s["autoscale"] = autoscale->to_json();
   return s;
 }
 

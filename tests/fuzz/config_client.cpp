@@ -159,7 +159,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         case 2: reads_back(client.watch(version, std::chrono::milliseconds(200)), "watch"); break;
         case 3: (void)client.post_event("added", "127.0.0.1:4000", "x", version); break;
         case 4: (void)client.get_events(version); break;
-        case 5: (void)client.announce_agent("h1", std::chrono::seconds(10)); break;
+        case 5: client.announce_agent("h1", std::chrono::seconds(10), 2); break;
         case 6: client.keep_agent_alive(); break;
         default: (void)client.live_agents(); break;
       }

@@ -282,6 +282,30 @@ TEST(ElasticPolicies, ResizeAndBatchSizeChangeAtTheSameStepOnEveryWorker) {
   })) << "the audit trail names the policy";
 }
 
+// With `autoscale`, a policy's resize becomes autoscale's target, and the agents place the
+// worker on an offered slot: 2 -> 3 while training, every worker ending with the same model.
+TEST(ElasticPolicies, UnderAutoscaleAResizeIsPlacedOnTheOfferedSlots) {
+  ElasticJob job("policy-autoscale");
+  const auto file = job.dir() / "job.yaml";
+  std::ofstream(file) << "job: {}\nbatch_size: 64\nworkers: {max: 8}\n"
+                         "autoscale: {target: 2, cooldown_s: 0}\n";
+  job.set_agent_options("--job " + file.string());
+  job.start(2, kArgs + " --policy-grow-at 100 --policy-grow-to 3");
+  ASSERT_TRUE(job.wait_size(3)) << job.err();
+  const long at3 = job.progress();
+  ASSERT_TRUE(job.wait_progress(at3 + 20));
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 3);
+  EXPECT_TRUE(job.has_event([](const ConfigEvent& e) {
+    return e.type == "note" && e.detail.find("test-grow") != std::string::npos &&
+           e.detail.find("(as autoscale's target)") != std::string::npos;
+  })) << "the policy's proposal became the target";
+  EXPECT_TRUE(job.has_event([](const ConfigEvent& e) {
+    return e.type == "placed" && e.detail.starts_with("autoscale: target 3,");
+  })) << "the agent placed the third worker";
+  EXPECT_EQ(job.client().get_cluster().settings["autoscale"]["target"], 3);
+}
+
 // The GNS operator is fed from the step's control collective, so every worker holds the same
 // estimate at every step (to the last bit: the workers print 17 significant digits).
 TEST(ElasticMonitors, GradientNoiseScaleIsIdenticalOnEveryWorker) {

@@ -75,5 +75,57 @@ TEST(ClusterSettings, ANonObjectIsOneErrorAndNullIsEmpty) {
   EXPECT_TRUE(parse_cluster_settings(json()).errors.empty());
 }
 
+TEST(ClusterSettings, AutoscaleIsReadWithItsDefaults) {
+  const auto p = parse_cluster_settings({{"autoscale", json::object()}});
+  ASSERT_TRUE(p.errors.empty());
+  ASSERT_TRUE(p.typed.autoscale);
+  EXPECT_EQ(p.typed.autoscale->min, 1);
+  EXPECT_FALSE(p.typed.autoscale->max);
+  EXPECT_FALSE(p.typed.autoscale->target);  // "all offered"
+  EXPECT_EQ(p.typed.autoscale->cooldown_s, 30);
+  EXPECT_FALSE(p.typed.autoscale->per_host);
+  const auto full = parse_cluster_settings(
+      {{"autoscale",
+        {{"min", 2}, {"max", 8}, {"target", 4}, {"cooldown_s", 0.5}, {"per_host", 2}}}});
+  ASSERT_TRUE(full.errors.empty()) << full.errors[0];
+  EXPECT_EQ(full.typed.autoscale->to_json(),
+            (json{{"min", 2}, {"max", 8}, {"target", 4}, {"cooldown_s", 0.5}, {"per_host", 2}}));
+  EXPECT_EQ(parse_cluster_settings({{"autoscale", {{"target", "all"}}}}).typed.autoscale->to_json(),
+            (json{{"min", 1}, {"target", "all"}, {"cooldown_s", 30.0}}));
+}
+
+TEST(ClusterSettings, ABadAutoscaleIsOneErrorThatSaysWhatIsWrong) {
+  for (const auto& [value, why] : {
+           std::pair{json{{"min", 4}, {"max", 2}}, "min 4 is greater than max 2"},
+           std::pair{json{{"cooldown_s", -1}}, "cooldown_s: expected a number of seconds"},
+           std::pair{json{{"target", "most"}}, "target: expected an integer >= 1 or \"all\""},
+           std::pair{json{{"target", 9}, {"max", 8}}, "target 9 is outside [min 1, max 8]"},
+           std::pair{json{{"min", 0}}, "min: expected an integer >= 1, got 0"},
+           std::pair{json{{"per_host", 1.5}}, "per_host: expected an integer >= 1"},
+           std::pair{json{{"traget", 2}}, "unknown key \"traget\""},
+           std::pair{json(3), "expected an object"},
+       }) {
+    const auto p = parse_cluster_settings({{"autoscale", value}, {"batch_size", 8}});
+    ASSERT_EQ(p.errors.size(), 1u) << value;
+    EXPECT_EQ(p.errors[0].rfind("settings.autoscale: ", 0), 0u) << p.errors[0];
+    EXPECT_NE(p.errors[0].find(why), std::string::npos) << p.errors[0];
+    EXPECT_FALSE(p.typed.autoscale);
+    EXPECT_EQ(p.valid, (json{{"batch_size", 8}}));
+  }
+}
+
+TEST(ClusterSettings, AutoscaleIsHeldWithinTheJobsOwnBounds) {
+  const auto p = parse_cluster_settings({{"autoscale", {{"min", 1}, {"max", 16}, {"target", 12}}},
+                                         {"max_workers", 8},
+                                         {"min_workers", 2}});
+  const AutoscaleSettings a = autoscale_within_bounds(p.typed);
+  EXPECT_EQ(a.min, 2);
+  EXPECT_EQ(a.max, 8);
+  EXPECT_EQ(a.target, 8);
+  const auto unbounded =
+      parse_cluster_settings({{"autoscale", json::object()}, {"max_workers", 0}});
+  EXPECT_FALSE(autoscale_within_bounds(unbounded.typed).max);
+}
+
 }  // namespace
 }  // namespace kf

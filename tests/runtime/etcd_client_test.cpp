@@ -255,26 +255,31 @@ TEST_F(EtcdClient, ADeadMemberIsSkipped) {
   }
 }
 
-// Agents are listed while their lease lives: renewed, retired at once, or expired after its TTL
-// when nobody renews it (an agent that died). kf-config-server keeps no liveness.
+// Agents are listed, with the slots they offer, while their lease lives: renewed, retired at
+// once, or expired after its TTL when nobody renews it (an agent that died).
 TEST_F(EtcdClient, AgentsAreAliveWhileTheirLeaseIs) {
   ConfigClient a = client();
   ConfigClient b = client();
   ConfigClient viewer = client();
-  EXPECT_EQ(viewer.live_agents(), std::vector<std::string>{});
-  ASSERT_TRUE(a.announce_agent("10.0.0.1", 30s));
-  ASSERT_TRUE(b.announce_agent("10.0.0.2", 2s));
-  EXPECT_EQ(viewer.live_agents(), (std::vector<std::string>{"10.0.0.1", "10.0.0.2"}));
+  const auto hosts = [&] {
+    std::vector<std::string> out;
+    for (const auto& o : viewer.live_agents())
+      out.push_back(o.host + "=" + std::to_string(o.slots));
+    return out;
+  };
+  EXPECT_EQ(hosts(), std::vector<std::string>{});
+  a.announce_agent("10.0.0.1", 30s, 4);
+  b.announce_agent("10.0.0.2", 2s, 1);
+  EXPECT_EQ(hosts(), (std::vector<std::string>{"10.0.0.1=4", "10.0.0.2=1"}));
+  EXPECT_FALSE(viewer.live_agents().front().since.empty());
   a.keep_agent_alive();
   a.retire_agent();
-  EXPECT_EQ(viewer.live_agents(), std::vector<std::string>{"10.0.0.2"});
+  EXPECT_EQ(hosts(), std::vector<std::string>{"10.0.0.2=1"});
   // b never renews: etcd drops it once its lease runs out.
-  EXPECT_TRUE(test::eventually([&] { return viewer.live_agents()->empty(); }, 20s));
-  // Renewing an expired lease announces again.
+  EXPECT_TRUE(test::eventually([&] { return viewer.live_agents().empty(); }, 20s));
+  // Renewing an expired lease announces again, with the same slots.
   b.keep_agent_alive();
-  EXPECT_EQ(viewer.live_agents(), std::vector<std::string>{"10.0.0.2"});
-  EXPECT_FALSE(ConfigClient("http://127.0.0.1:1", "t").announce_agent("h", 10s));
-  EXPECT_FALSE(ConfigClient("http://127.0.0.1:1", "t").live_agents().has_value());
+  EXPECT_EQ(hosts(), std::vector<std::string>{"10.0.0.2=1"});
 }
 
 // Jobs with different tokens (or prefixes) have their own documents in one etcd.

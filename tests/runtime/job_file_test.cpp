@@ -450,5 +450,28 @@ TEST(JobFile, UnsupportedYamlFeaturesAreRejectedNotMisread) {
   EXPECT_EQ(j.policies[1].params, j.policies[0].params);
 }
 
+TEST(JobFile, AutoscaleGoesIntoTheSettingsAndABadOneNamesItsLine) {
+  const JobFile j = parse_job_file(
+      "job: {}\nworkers: {max: 8}\nautoscale: {min: 2, max: 6, target: all, cooldown_s: 5}\n",
+      "job.yaml");
+  ASSERT_TRUE(j.autoscale);
+  EXPECT_EQ(j.to_settings()["autoscale"],
+            (nlohmann::json{{"min", 2}, {"max", 6}, {"target", "all"}, {"cooldown_s", 5.0}}));
+  EXPECT_FALSE(parse_job_file("job: {}\n", "job.yaml").to_settings().contains("autoscale"));
+  const auto e = error_of("job: {}\nautoscale:\n  min: 3\n  max: 2\n");
+  EXPECT_EQ(e.line(), 2);
+  EXPECT_EQ(e.key(), "autoscale");
+  EXPECT_NE(std::string(e.what()).find("min 3 is greater than max 2"), std::string::npos)
+      << e.what();
+  EXPECT_NE(std::string(error_of("job: {}\nautoscale: {cooldown_s: -2}\n").what())
+                .find("cooldown_s: expected a number"),
+            std::string::npos);
+  EXPECT_NE(std::string(error_of("job: {}\nworkers: {max: 4}\nautoscale: {max: 6}\n").what())
+                .find("max 6 is greater than workers.max 4"),
+            std::string::npos);
+  EXPECT_NE(std::string(error_of("job: {}\nautoscale: all\n").what()).find("a mapping"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace kf

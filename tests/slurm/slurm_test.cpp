@@ -128,6 +128,21 @@ class Slurm : public ::testing::Test {
     return eventually([&] { return gone(id); }, within);
   }
 
+  // What Slurm says of its jobs and nodes, and the end of the newest allocation's output, for
+  // the message of a failed wait.
+  std::string slurm_state(const std::string& output_file = "") const {
+    std::string s =
+        run_shell("squeue -o '%i %P %T %R %N' 2>&1; sinfo -N -o '%N %T %E' 2>&1").output;
+    if (!output_file.empty())
+      s += "--- " + output_file + "\n" + run_shell("tail -n 30 " + output_file + " 2>&1").output;
+    try {
+      s += "--- cluster\n" + client().get_cluster().to_json().dump() + "\n";
+    } catch (const std::exception& e) {
+      s += std::string("--- cluster: ") + e.what() + "\n";
+    }
+    return s;
+  }
+
   long progress() const {
     std::ifstream in(job_ / "progress");
     long s = -1;
@@ -406,11 +421,13 @@ TEST_F(Slurm, TwentyRandomPreemptionsAndAllocationsKeepTheGuarantees) {
       ++preemptions;
       ASSERT_EQ(run_shell("scancel " + prio).exit_code, 0);
       ASSERT_TRUE(wait_gone(prio, 60s));
-      ASSERT_TRUE(eventually([&] { return size() == static_cast<int>(spot.size()); }, 60s));
+      ASSERT_TRUE(eventually([&] { return size() == static_cast<int>(spot.size()); }, 60s))
+          << slurm_state();
     } else {
       const int node = free[gen() % free.size()];
       ASSERT_TRUE(allocate(node));
-      ASSERT_TRUE(eventually([&] { return size() == static_cast<int>(spot.size()); }, 60s));
+      ASSERT_TRUE(eventually([&] { return size() == static_cast<int>(spot.size()); }, 60s))
+          << slurm_state((job_ / ("alloc-" + std::to_string(allocations) + ".out")).string());
     }
     const long now = progress();
     ASSERT_TRUE(eventually([&] { return progress() > now + 20; }, 60s)) << "training stopped";

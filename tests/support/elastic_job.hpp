@@ -109,6 +109,9 @@ class ElasticJob {
     start_program(np, env_or_empty("KF_ELASTIC_WORKER"), worker_args(args), env);
   }
 
+  /// Options for the first agent's command line (before "--"), for start().
+  void set_agent_options(std::string options) { agent_options_ = std::move(options); }
+
   /// Starts `kfrun --watch` with `np` initial workers running `program args`.
   void start_program(int np, const std::string& program, const std::string& args,
                      const std::vector<std::string>& env = {}) {
@@ -116,9 +119,9 @@ class ElasticJob {
     args_ = args;
     const std::string cmd = "exec " + env_or_empty("KFRUN") + " --watch --config-server " + url() +
                             " --slots 8 -np " + std::to_string(np) + " --job-token-file " +
-                            (dir_ / "token").string() + " --leave-grace-ms 20000 -- " + program +
-                            " " + args + " > " + (dir_ / "out").string() + " 2> " +
-                            (dir_ / "err").string();
+                            (dir_ / "token").string() + " --leave-grace-ms 20000 " +
+                            agent_options_ + " -- " + program + " " + args + " > " +
+                            (dir_ / "out").string() + " 2> " + (dir_ / "err").string();
     std::vector<std::string> full{"KF_LOG_LEVEL=info"};
     full.insert(full.end(), env.begin(), env.end());
     agent_ = spawn({"/bin/sh", "-c", cmd}, full);
@@ -310,6 +313,7 @@ class ElasticJob {
 
   std::string program_;
   std::string args_;
+  std::string agent_options_;
   Child agent_;
   std::vector<Child> other_agents_;
   bool orphans_ = false;  // kill_agent() left workers running

@@ -105,7 +105,7 @@ class KfMemberTest : public ::testing::Test {
 TEST_F(KfMemberTest, ListsAddsRevokesAndResizes) {
   Ran r = member("list");
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(r.output, "version 0: 0 workers\n");
+  EXPECT_EQ(r.output, "version 0: 0 workers\nagents alive: none\n");
 
   r = member("add --count 2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -115,8 +115,8 @@ TEST_F(KfMemberTest, ListsAddsRevokesAndResizes) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(std::regex_search(
       r.output,
-      std::regex(
-          R"(^version 1: 2 workers\n0 127\.0\.0\.1:\d+ slot 0\n1 127\.0\.0\.1:\d+ slot 1\n$)")))
+      std::regex(R"(^version 1: 2 workers\n0 127\.0\.0\.1:\d+ slot 0\n1 127\.0\.0\.1:\d+ slot 1\n)"
+                 R"(agents alive: none\n$)")))
       << r.output;
   const kf::Cluster v1 = client().get_cluster();
   ASSERT_EQ(v1.size(), 2);

@@ -60,6 +60,36 @@ inline ConfigEvent event_from_json(const json& j) {
   return e;
 }
 
+// One agent's record: {"host", "slots", "since"} (kf-config-server's GET /v1/agents and the
+// value of etcd's PREFIX/agents/HOST alike).
+inline AgentOffer agent_offer_from(const json& j, const std::string& what) {
+  if (!j.is_object() || !j.contains("host") || !j["host"].is_string() ||
+      j["host"].get<std::string>().empty()) {
+    throw Error(make_error_code(errc::protocol_error), what + ": an agent without a host");
+  }
+  AgentOffer offer;
+  offer.host = j["host"].get<std::string>();
+  offer.since = j.value("since", std::string());
+  if (j.contains("slots") && j["slots"].is_number_integer()) {
+    const auto n = j["slots"].get<std::int64_t>();
+    if (n < 0 || n > 1 << 20) {
+      throw Error(make_error_code(errc::protocol_error),
+                  what + ": agent " + offer.host + " offers " + std::to_string(n) + " slots");
+    }
+    offer.slots = static_cast<int>(n);
+  }
+  return offer;
+}
+
+inline std::vector<AgentOffer> agent_offers_from(const json& body, const std::string& what) {
+  if (!body.is_object() || !body.contains("agents") || !body["agents"].is_array()) {
+    throw Error(make_error_code(errc::protocol_error), what + ": no agents array");
+  }
+  std::vector<AgentOffer> offers;
+  for (const auto& j : body["agents"]) offers.push_back(agent_offer_from(j, what));
+  return offers;
+}
+
 inline Cluster cluster_from(const Answer& a, const std::string& what) {
   try {
     return Cluster::from_json(a.body);

@@ -345,20 +345,20 @@ std::vector<ConfigEvent> EtcdBackend::get_events(std::uint64_t after_seq) {
   return events;
 }
 
-bool EtcdBackend::announce_agent(const std::string& host, std::chrono::seconds ttl) {
+void EtcdBackend::announce_agent(const std::string& host, std::chrono::seconds ttl, int slots) {
   agent_host_ = host;
   agent_ttl_ = ttl;
+  agent_slots_ = slots;
   const json granted = call("/v3/lease/grant", {{"TTL", std::to_string(ttl.count())}});
   lease_ = int_field(granted, "ID");
   if (lease_ == 0) {
     throw Error(make_error_code(errc::protocol_error), "etcd lease grant: no lease ID");
   }
-  const json record = {{"host", host}, {"since", now_rfc3339()}};
+  const json record = {{"host", host}, {"slots", slots}, {"since", now_rfc3339()}};
   json put = {{"key", base64(agents_prefix_ + host)},
               {"value", base64(record.dump())},
               {"lease", std::to_string(lease_)}};
   call("/v3/kv/put", put);
-  return true;
 }
 
 void EtcdBackend::keep_agent_alive() {
@@ -371,7 +371,7 @@ void EtcdBackend::keep_agent_alive() {
                        return true;
                      });
   // A lease that had expired (the agent was away for longer than its TTL) renews to nothing.
-  if (ttl == 0) announce_agent(agent_host_, agent_ttl_);
+  if (ttl == 0) announce_agent(agent_host_, agent_ttl_, agent_slots_);
 }
 
 void EtcdBackend::retire_agent() {
@@ -380,19 +380,25 @@ void EtcdBackend::retire_agent() {
   lease_ = 0;
 }
 
-std::vector<std::string> EtcdBackend::live_agents() {
+std::vector<AgentOffer> EtcdBackend::live_agents() {
   const json answer = call("/v3/kv/range", {{"key", base64(agents_prefix_)},
                                             {"range_end", base64(prefix_end(agents_prefix_))}});
-  std::vector<std::string> hosts;
+  std::vector<AgentOffer> offers;
   for (const auto& kv : answer.value("kvs", json::array())) {
     const std::string key = unbase64(kv.value("key", std::string()), "etcd agents");
     if (!key.starts_with(agents_prefix_)) {
       throw Error(make_error_code(errc::protocol_error),
                   "etcd agents: the answer holds a key outside " + agents_prefix_);
     }
-    hosts.push_back(key.substr(agents_prefix_.size()));
+    // The key names the host; the value tells its slots (an agent that predates offers has
+    // none: 0).
+    const json j = parse_json_or_discard(unbase64(kv.value("value", std::string()), "etcd agents"));
+    AgentOffer offer;
+    if (j.is_object()) offer = agent_offer_from(j, "etcd agents");
+    offer.host = key.substr(agents_prefix_.size());
+    offers.push_back(std::move(offer));
   }
-  return hosts;
+  return offers;
 }
 
 json EtcdBackend::put_op(const std::string& key, const std::string& value) {

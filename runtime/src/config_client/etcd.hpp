@@ -36,10 +36,10 @@ class EtcdBackend {
                          const std::string& detail, std::optional<std::uint64_t> version);
   std::vector<ConfigEvent> get_events(std::uint64_t after_seq);
 
-  bool announce_agent(const std::string& host, std::chrono::seconds ttl);
+  void announce_agent(const std::string& host, std::chrono::seconds ttl, int slots);
   void keep_agent_alive();
   void retire_agent();
-  std::vector<std::string> live_agents();
+  std::vector<AgentOffer> live_agents();
 
  private:
   struct Stored {
@@ -73,6 +73,7 @@ class EtcdBackend {
   std::uint64_t lease_ = 0;     // announce_agent's
   std::string agent_host_;
   std::chrono::seconds agent_ttl_{0};
+  int agent_slots_ = 0;
 };
 
 }  // namespace kf::detail

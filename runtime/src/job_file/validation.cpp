@@ -442,9 +442,9 @@ std::vector<PolicySpec> read_policies(const Reader& r, const Value& v) {
 
 /// Reads the keys of the top-level mapping `root` into `job`.
 void read_root(const Reader& r, const Value& root, JobFile& job) {
-  const Fields f = r.fields(
-      root, {"job", "workers", "algorithm", "batch_size", "learning_rate", "mode", "compression",
-             "timeouts", "ports", "commit_every", "checkpoint", "metrics", "policies", "plugins"});
+  const Fields f = r.fields(root, {"job", "workers", "algorithm", "batch_size", "learning_rate",
+                                   "mode", "compression", "timeouts", "ports", "commit_every",
+                                   "checkpoint", "metrics", "autoscale", "policies", "plugins"});
   const Value* section = find(f, "job");
   if (!section) {
     r.fail(Value{root.node, "job", root.line}, kMissingJob);
@@ -481,6 +481,18 @@ void read_root(const Reader& r, const Value& root, JobFile& job) {
   if (const Value* v = find(f, "commit_every")) job.commit_every = r.integer(*v, 1, kInt64Max);
   if (const Value* v = find(f, "checkpoint")) job.checkpoint = read_checkpoint(r, *v);
   if (const Value* v = find(f, "metrics")) job.metrics = read_metrics(r, *v);
+  if (const Value* v = find(f, "autoscale")) {
+    if (r.kind(*v) != Kind::mapping) {
+      r.expected(*v, "a mapping {min, max, target, cooldown_s, per_host}");
+    }
+    std::string why;
+    job.autoscale = parse_autoscale(r.to_json(*v), why);
+    if (!job.autoscale) r.fail(*v, why);
+    if (job.autoscale->max && *job.autoscale->max > job.workers.max) {
+      r.fail(*v, "max " + std::to_string(*job.autoscale->max) + " is greater than workers.max " +
+                     std::to_string(job.workers.max));
+    }
+  }
   if (const Value* v = find(f, "policies")) job.policies = read_policies(r, *v);
   if (const Value* v = find(f, "plugins")) {
     for (const Value& item : r.items(*v, "a sequence of shared-library paths")) {

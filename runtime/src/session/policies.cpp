@@ -122,9 +122,20 @@ void Session::apply(const Proposal& proposal, const char* hook) {
   link_->submit(proposal.to_json().dump(), [=](ConfigClient& client) {
     Cluster c = client.get_cluster();
     for (int attempt = 0; attempt < 20; ++attempt) {
+      bool as_target = false;
       Cluster next = c;
       edit_settings(next.settings);
-      if (proposal.workers) {
+      const ClusterSettings typed = parse_cluster_settings(c.settings).typed;
+      if (proposal.workers && typed.autoscale) {
+        // The agents place the workers on the slots they offer (docs/autoscale.md): the
+        // proposal becomes autoscale's target, within its bounds.
+        const AutoscaleSettings bounds = autoscale_within_bounds(typed);
+        std::int64_t want = *proposal.workers;
+        want = std::max(want, bounds.min);
+        if (bounds.max) want = std::min(want, *bounds.max);
+        next.settings["autoscale"]["target"] = want;
+        as_target = true;
+      } else if (proposal.workers) {
         const auto want = static_cast<std::size_t>(*proposal.workers);
         if (want < next.workers.size()) next.workers.resize(want);
         int slot = 0;
@@ -141,7 +152,9 @@ void Session::apply(const Proposal& proposal, const char* hook) {
         const Cluster stored = client.put_cluster(next);
         KF_LOG(info, "session", "{} (rank 0) step {}: {} wrote v{}: {}", self.str(), step, hook,
                stored.version, why);
-        watch->post(proposal.workers ? "resized" : "note", "", "policy: " + why, stored.version);
+        watch->post(proposal.workers && !as_target ? "resized" : "note", "",
+                    "policy: " + why + (as_target ? " (as autoscale's target)" : ""),
+                    stored.version);
         return;
       } catch (const ConflictError& e) {
         c = e.current();

@@ -697,5 +697,84 @@ TEST(ParseQuery, SplitsPairsAndRejectsRepeats) {
   EXPECT_THROW(parse_query("a=1&a=2"), std::invalid_argument);
 }
 
+// Agents' leases: PUT /v1/agents (signed) lists an agent with its slots until its TTL runs out
+// on the service's clock; a renewal keeps its `since`; ttl_ms 0 retires it; GET lists the live
+// ones by host. Nothing of it is in the state file.
+TEST_F(ServiceTest, AgentsAreListedWithTheirSlotsWhileTheirLeaseLasts) {
+  auto at = kNow;
+  ServiceOptions o = options();
+  o.now = [&at] { return at; };
+  Service s(o);
+  const auto put_agent = [&](const json& body) {
+    const std::string text = body.dump();
+    const auto at_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(at.time_since_epoch()).count();
+    return s.handle({"PUT", "/v1/agents", signed_for("PUT", "/v1/agents", text, at_ms), text});
+  };
+  const auto listed = [&] {
+    const auto r = get(s, "/v1/agents");
+    EXPECT_EQ(r.status, 200);
+    std::string out;
+    const json doc = json::parse(r.body);
+    for (const auto& a : doc["agents"]) {
+      out += a["host"].get<std::string>() + "=" + std::to_string(a["slots"].get<int>()) + " ";
+    }
+    return out;
+  };
+  EXPECT_EQ(listed(), "");
+  EXPECT_EQ(put_agent({{"host", "10.0.0.2"}, {"slots", 4}, {"ttl_ms", 10000}}).status, 200);
+  EXPECT_EQ(put_agent({{"host", "10.0.0.1"}, {"slots", 1}, {"ttl_ms", 3000}}).status, 200);
+  EXPECT_EQ(listed(), "10.0.0.1=1 10.0.0.2=4 ");
+  const std::string since = json::parse(get(s, "/v1/agents").body)["agents"][1]["since"];
+  EXPECT_EQ(since, "2023-11-14T22:13:20.789Z");
+
+  at += std::chrono::seconds(2);  // a renewal with other slots keeps `since`
+  EXPECT_EQ(put_agent({{"host", "10.0.0.2"}, {"slots", 2}, {"ttl_ms", 10000}}).status, 200);
+  EXPECT_EQ(json::parse(get(s, "/v1/agents").body)["agents"][1]["since"], since);
+  at += std::chrono::seconds(2);  // 10.0.0.1's lease ran out
+  EXPECT_EQ(listed(), "10.0.0.2=2 ");
+  EXPECT_EQ(put_agent({{"host", "10.0.0.2"}, {"ttl_ms", 0}}).status, 200);  // retired
+  EXPECT_EQ(listed(), "");
+  EXPECT_EQ(put_agent({{"host", "10.0.0.9"}, {"ttl_ms", 0}}).status, 200);  // not listed: fine
+  EXPECT_FALSE(fs::exists(state_file_)) << "leases are not saved";
+}
+
+TEST_F(ServiceTest, ABadAgentLeaseIsRefusedSayingWhatIsWrong) {
+  Service s(options());
+  const auto put_agent = [&](const std::string& text, std::optional<std::string> auth = {}) {
+    return s.handle(
+        {"PUT", "/v1/agents", auth ? *auth : signed_for("PUT", "/v1/agents", text), text});
+  };
+  const auto reason = [](const Response& r) {
+    return json::parse(r.body)["error"].get<std::string>();
+  };
+  for (const auto& [body, why] : {
+           std::pair{std::string(R"({"host":"h","slots":2})"), "ttl_ms must be 0"},
+           std::pair{std::string(R"({"host":"h","slots":0,"ttl_ms":1000})"), "slots must be"},
+           std::pair{std::string(R"({"host":"h","slots":5000,"ttl_ms":1000})"), "slots must be"},
+           std::pair{std::string(R"({"host":"h","slots":"2","ttl_ms":1000})"), "slots must be"},
+           std::pair{std::string(R"({"host":"h","slots":2,"ttl_ms":50})"), "ttl_ms must be"},
+           std::pair{std::string(R"({"host":"a/b","slots":2,"ttl_ms":1000})"), "character"},
+           std::pair{std::string(R"({"host":"","slots":2,"ttl_ms":1000})"), "empty"},
+           std::pair{std::string(R"({"slots":2,"ttl_ms":1000})"), "host must be a string"},
+           std::pair{std::string(R"({"host":"h","slots":2,"ttl_ms":1000,"x":1})"),
+                     "unknown field 'x'"},
+           std::pair{std::string(R"([1])"), "JSON object"},
+           std::pair{std::string(R"({"host":)"), "malformed JSON"},
+       }) {
+    const auto r = put_agent(body);
+    EXPECT_EQ(r.status, 400) << body;
+    EXPECT_NE(reason(r).find(why), std::string::npos) << body << ": " << reason(r);
+  }
+  EXPECT_EQ(put_agent(R"({"host":"h","slots":2,"ttl_ms":1000})", "").status, 401);
+  EXPECT_EQ(
+      put_agent(R"({"host":"h","slots":2,"ttl_ms":1000})", signed_for("PUT", "/v1/agents", "{}"))
+          .status,
+      401);
+  EXPECT_EQ(s.handle({"POST", "/v1/agents", "", "{}"}).status, 405);
+  EXPECT_EQ(get(s, "/v1/agents?x=1").status, 400);
+  EXPECT_EQ(json::parse(get(s, "/v1/agents").body)["agents"], json::array());
+}
+
 }  // namespace
 }  // namespace kf::config_server

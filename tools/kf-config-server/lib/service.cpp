@@ -153,11 +153,11 @@ Response Service::handle(const Request& request) {
     if (m != "GET") return method_not_allowed("GET");
     return ok(200, json{{"ok", true}});
   }
-  if (path != "/v1/cluster" && path != "/v1/events") {
+  if (path != "/v1/cluster" && path != "/v1/events" && path != "/v1/agents") {
     return error(404, "no such resource " + path);
   }
   const bool is_cluster = path == "/v1/cluster";
-  const std::string write_method = is_cluster ? "PUT" : "POST";
+  const std::string write_method = is_cluster || path == "/v1/agents" ? "PUT" : "POST";
   if (m != "GET" && m != write_method) return method_not_allowed("GET, " + write_method);
   if (mutation) {
     if (const std::string why = unauthorized(request); !why.empty()) return error(401, why);
@@ -167,6 +167,11 @@ Response Service::handle(const Request& request) {
     if (!query.empty()) return error(400, "unexpected query string");
   }
   if (is_cluster) return m == "GET" ? get_cluster(query) : put_cluster(request.body);
+  if (path == "/v1/agents") {
+    if (m == "PUT") return put_agent(request.body);
+    if (!query.empty()) return error(400, "unexpected query string");
+    return ok(200, agents_.live(options_.now()));
+  }
   return m == "GET" ? get_events(query) : post_event(request.body);
 }
 
@@ -279,6 +284,13 @@ Response Service::post_event(const std::string& body) {
     KF_LOG(err, "config-server", "{}", e.what());
     return error(500, e.what());
   }
+}
+
+Response Service::put_agent(const std::string& body) {
+  const json j = parse_json_or_discard(body);
+  if (j.is_discarded()) return error(400, "malformed JSON (or nested deeper than 64 levels)");
+  if (auto why = agents_.put(j, options_.now()); !why.empty()) return error(400, why);
+  return ok(200, json{{"ok", true}});
 }
 
 std::string Service::unauthorized_before_body(const std::string& auth) const {

@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 
+#include "kf-config-server/lib/agents.hpp"
 #include "kf-config-server/lib/state.hpp"
 #include "kf/common/keys.hpp"
 
@@ -93,6 +94,7 @@ class Service {
   Response put_cluster(const std::string& body);
   Response get_events(const std::string& query) const;
   Response post_event(const std::string& body);
+  Response put_agent(const std::string& body);
   /// Why a mutation is not authorized, or "" when it is (a valid, fresh, unseen signature, or
   /// the bearer token where allowed). Remembers the nonce of an accepted signature.
   std::string unauthorized(const Request& request);
@@ -107,6 +109,7 @@ class Service {
   // Nonces of accepted signatures, until they are older than twice the signature window.
   std::map<std::string, std::chrono::system_clock::time_point> seen_nonces_;
   State state_;
+  AgentTable agents_;  // in memory only: agents renew their leases every few seconds
 };
 
 /// Splits "a=1&b=2" into pairs; the values are not percent-decoded (kf never needs it).

@@ -53,8 +53,8 @@ void post_events(CommandContext& ctx, const std::vector<PendingEvent>& events,
 
 nlohmann::json parse_assignments(const std::vector<std::string>& assignments) {
   static const std::set<std::string> kKeys = {
-      "algorithm", "batch_size",  "lr",      "min_workers", "max_workers",
-      "mode",      "compression", "balance", "epochs",      "stop"};
+      "algorithm",   "batch_size", "lr",     "min_workers", "max_workers", "mode",
+      "compression", "balance",    "epochs", "stop",        "autoscale"};
   nlohmann::json values = nlohmann::json::object();
   for (const std::string& a : assignments) {
     const std::size_t eq = a.find('=');
@@ -69,10 +69,26 @@ nlohmann::json parse_assignments(const std::vector<std::string>& assignments) {
     }
     if (values.contains(key)) throw std::invalid_argument("'" + key + "' is given twice");
     nlohmann::json v = parse_json_or_discard(text);
-    if (v.is_discarded() || v.is_object() || v.is_array() || v.is_null()) v = text;
+    if (key == "autoscale") {
+      // A JSON object, or "off": the key is removed (null marks it until set_settings).
+      if (text == "off") {
+        values[key] = nullptr;
+        continue;
+      }
+      if (!v.is_object()) {
+        throw std::invalid_argument(
+            "settings.autoscale: expected a JSON object such as "
+            "'{\"min\": 2, \"max\": 8, \"target\": \"all\", \"cooldown_s\": 30}' or off, got " +
+            text);
+      }
+    } else if (v.is_discarded() || v.is_object() || v.is_array() || v.is_null()) {
+      v = text;
+    }
     values[key] = v;
   }
-  const ParsedSettings parsed = parse_cluster_settings(values);
+  nlohmann::json checked = values;
+  if (checked.contains("autoscale") && checked["autoscale"].is_null()) checked.erase("autoscale");
+  const ParsedSettings parsed = parse_cluster_settings(checked);
   if (!parsed.errors.empty()) throw std::invalid_argument(parsed.errors.front());
   if (values.contains("epochs") &&
       (!values["epochs"].is_number_integer() || values["epochs"].get<std::int64_t>() < 1)) {
@@ -87,6 +103,10 @@ void set_settings(CommandContext& ctx, const nlohmann::json& values) {
     Edit edit;
     std::string changed;
     for (const auto& [key, value] : values.items()) {
+      if (value.is_null()) {  // "off"
+        if (c.settings.erase(key) > 0) changed += (changed.empty() ? "" : ", ") + key + "=off";
+        continue;
+      }
       if (c.settings.contains(key) && c.settings[key] == value) continue;
       c.settings[key] = value;
       changed += (changed.empty() ? "" : ", ") + key + "=" +
@@ -214,13 +234,26 @@ std::vector<WorkerSpec> add_workers(Cluster& cluster, const AddOptions& options,
 }
 
 void list(CommandContext& ctx) {
-  ctx.out << format_cluster(ctx.client.get_cluster());
-  // etcd keeps the agents' liveness (their leases); kf-config-server does not.
-  if (const auto agents = ctx.client.live_agents()) {
-    ctx.out << "agents alive:";
-    for (const auto& h : *agents) ctx.out << " " << h;
-    if (agents->empty()) ctx.out << " none";
-    ctx.out << "\n";
+  const Cluster cluster = ctx.client.get_cluster();
+  ctx.out << format_cluster(cluster);
+  // The agents' leases and the slots they offer (docs/autoscale.md).
+  const auto agents = ctx.client.live_agents();
+  ctx.out << "agents alive:";
+  for (const auto& a : agents) ctx.out << " " << a.host;
+  if (agents.empty()) ctx.out << " none";
+  ctx.out << "\n";
+  if (!agents.empty()) {
+    int offered = 0;
+    std::string each;
+    for (const auto& a : agents) {
+      offered += a.slots;
+      const auto used =
+          std::count_if(cluster.workers.begin(), cluster.workers.end(),
+                        [&](const WorkerSpec& w) { return w.endpoint.host == a.host; });
+      each += (each.empty() ? "" : ", ") + a.host + " " + std::to_string(used) + "/" +
+              std::to_string(a.slots);
+    }
+    ctx.out << "slots in use: " << each << " (" << offered << " offered)\n";
   }
   ctx.out << std::flush;
 }
@@ -237,7 +270,8 @@ void add(CommandContext& ctx, const AddOptions& options) {
   // After the change, not before: the look at the agents' leases is one more request to etcd,
   // and the change does not wait for an agent anyway.
   if (const auto agents = ctx.client.live_agents();
-      agents && std::find(agents->begin(), agents->end(), options.host) == agents->end()) {
+      std::none_of(agents.begin(), agents.end(),
+                   [&](const AgentOffer& a) { return a.host == options.host; })) {
     ctx.out << "note: no agent is alive on " << options.host
             << "; its workers start once one watches there" << std::endl;
   }

@@ -227,6 +227,9 @@ void Agent::on_notice(const Notice& notice) {
   draining_ = true;
   notice_at_ = now;
   drain_term_at_ = term_at;
+  // Its slots are no longer offered, and it places nothing any more (docs/autoscale.md).
+  liveness_->retire();
+  autoscaler_->stop();
   std::vector<std::string> leaving;
   for (const auto& [name, w] : workers_) {
     if (w.member) leaving.push_back(name);

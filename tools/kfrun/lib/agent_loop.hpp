@@ -25,6 +25,7 @@
 #include "kfrun/lib/agent.hpp"
 #include "kfrun/lib/agent_link.hpp"
 #include "kfrun/lib/agent_setup.hpp"
+#include "kfrun/lib/autoscaler.hpp"
 #include "kfrun/lib/line_prefixer.hpp"
 #include "kfrun/lib/liveness.hpp"
 #include "kfrun/lib/notice.hpp"
@@ -92,9 +93,10 @@ class Agent {
     Bootstrap bootstrap{setup.initial_ports, options.algorithm, options.join, *options.slots,
                         options.settings};
     watcher_ = std::make_unique<ClusterWatcher>(link, std::move(bootstrap), mailbox_, outage);
-    if (ConfigClient::parse_service_url(setup.url).kind == ServiceUrl::Kind::etcd) {
-      liveness_ = std::make_unique<Liveness>(setup.url, setup.token, options.host);
-    }
+    liveness_ = std::make_unique<Liveness>(setup.url, setup.token, options.host, *options.slots);
+    autoscaler_ = std::make_unique<Autoscaler>(
+        AutoscalerConfig{setup.url, setup.token, options.host, options.ports},
+        [mailbox = mailbox_](std::string line) { mailbox->post(LinkNote{std::move(line)}); });
     // A scheduler may send them to every process of the job: the workers must outlive them to
     // leave at their boundary. SIGTERM among them too (named with --notice-signal): a worker
     // that ignores it is stopped by the SIGKILL that follows the agent's SIGTERM.
@@ -165,7 +167,8 @@ class Agent {
   std::shared_ptr<Mailbox> mailbox_;
   std::unique_ptr<Reporter> reporter_;
   std::unique_ptr<ClusterWatcher> watcher_;
-  std::unique_ptr<Liveness> liveness_;           // with etcd
+  std::unique_ptr<Liveness> liveness_;           // the lease that lists this agent's slots
+  std::unique_ptr<Autoscaler> autoscaler_;       // acts when the job has `autoscale`
   std::unique_ptr<NoticePoller> notice_poller_;  // with --notice-file or --notice-command
   std::vector<int> ignored_by_workers_;          // the notice signals
 

@@ -67,7 +67,7 @@ std::optional<std::chrono::seconds> parse_notice(std::string_view detail) {
 }
 
 bool is_departure_event(const std::string& type) noexcept {
-  return type == "killed" || type == "revoked" || type == "removed";
+  return type == "killed" || type == "revoked" || type == "removed" || type == "released";
 }
 
 std::optional<Departure> find_departure(const std::vector<ConfigEvent>& events,

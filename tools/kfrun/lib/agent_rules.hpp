@@ -42,7 +42,7 @@ struct Departure {
   enum class Kind {
     killed,   ///< `killed` event (kf-member kill): no notice, SIGKILL at once
     revoked,  ///< `revoked` event (kf-member revoke): finish the step and exit
-    removed,  ///< `removed` event (kf-member resize, a policy, an agent)
+    removed,  ///< `removed` or `released` event (kf-member resize, a policy, an agent, autoscale)
     unknown,  ///< no event names it (the document was edited directly)
   };
   Kind kind = Kind::unknown;
@@ -57,7 +57,8 @@ const char* to_string(Departure::Kind kind) noexcept;
 /// after the last "notice ". nullopt when there is none ("..., no notice").
 std::optional<std::chrono::seconds> parse_notice(std::string_view detail);
 
-/// Whether `type` is an event type that explains a departure (killed, revoked, removed).
+/// Whether `type` is an event type that explains a departure (killed, revoked, removed,
+/// released).
 bool is_departure_event(const std::string& type) noexcept;
 
 /// The newest departure event naming `worker` among `events` whose cluster version is greater

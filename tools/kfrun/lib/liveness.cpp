@@ -14,7 +14,8 @@ void Liveness::run() {
       if (announced) {
         client_.keep_agent_alive();
       } else {
-        announced = client_.announce_agent(host_, kTtl);
+        client_.announce_agent(host_, kTtl, slots_);
+        announced = true;
       }
     } catch (const std::exception&) {
       // Unreachable for now: the next period tries again (the agent logs outages itself).

@@ -21,6 +21,25 @@
 
 namespace kf {
 
+/// "autoscale": the job places workers on the slots its agents offer by itself
+/// (docs/autoscale.md). Every count is of workers in the whole job.
+struct AutoscaleSettings {
+  std::int64_t min = 1;                  ///< "min": fewest workers kept, >= 1
+  std::optional<std::int64_t> max;       ///< "max": most workers, >= min; unset: no bound
+  std::optional<std::int64_t> target;    ///< "target": an integer in [min, max]; unset: "all"
+  double cooldown_s = 30;                ///< "cooldown_s": seconds between placements, >= 0
+  std::optional<std::int64_t> per_host;  ///< "per_host": most workers on one host, >= 1
+
+  /// The object as it is written in the settings (every key, target "all" when unset).
+  nlohmann::json to_json() const;
+  bool operator==(const AutoscaleSettings&) const = default;
+};
+
+/// Reads an "autoscale" value. Returns nullopt and sets `why` (e.g. "min 4 is greater than max
+/// 2", "cooldown_s: expected a number >= 0, got -1", "unknown key \"traget\"") when it is not
+/// valid.
+std::optional<AutoscaleSettings> parse_autoscale(const nlohmann::json& value, std::string& why);
+
 /// The settings kf itself reads. An optional field is unset when its key is absent or invalid.
 struct ClusterSettings {
   std::optional<Algorithm>
@@ -34,6 +53,7 @@ struct ClusterSettings {
   bool balance = false;   ///< "balance": batch parts by measured speed (Session::batch_part)
   bool finished = false;  ///< "finished": true once Session::finish() ended the job
   bool stop = false;      ///< "stop": true once a policy (or anyone) asked the job to stop
+  std::optional<AutoscaleSettings> autoscale;  ///< "autoscale": see AutoscaleSettings
 };
 
 /// The outcome of reading a settings object.
@@ -46,6 +66,11 @@ struct ParsedSettings {
   /// object gives one message, "settings: expected an object, got ...".
   std::vector<std::string> errors;
 };
+
+/// `settings.autoscale` (which must be set) held within the job's own bounds, min_workers and
+/// max_workers (each when set and > 0), which every worker enforces: max at most max_workers,
+/// min and target within them.
+AutoscaleSettings autoscale_within_bounds(const ClusterSettings& settings);
 
 /// Reads `settings` (the "settings" member of a cluster document). Never throws for bad input:
 /// every problem is in `errors`.

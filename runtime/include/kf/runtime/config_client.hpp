@@ -46,6 +46,14 @@ struct ConfigEvent {
   std::optional<std::uint64_t> version;
 };
 
+/// An agent listed as alive (ConfigClient::live_agents) and the slots it offers.
+struct AgentOffer {
+  std::string host;
+  int slots = 0;      ///< the agent's --slots: the most workers it runs at once
+  std::string since;  ///< RFC 3339 UTC: when its lease began
+  bool operator==(const AgentOffer&) const = default;
+};
+
 /// The event types a client may post (docs/config-server.md describes each); the service itself
 /// writes "cluster_changed".
 bool is_client_event_type(std::string_view type) noexcept;
@@ -127,18 +135,18 @@ class ConfigClient {
   /// GET /v1/events?after=SEQ: the events with seq > `after_seq`, oldest first.
   std::vector<ConfigEvent> get_events(std::uint64_t after_seq = 0);
 
-  // ---- agent liveness (etcd only: kf-config-server keeps none) ----
+  // ---- agent liveness and offered slots ----
 
-  /// Lists `host`'s agent as alive under an etcd lease of `ttl` (key PREFIX/agents/HOST), for as
-  /// long as keep_agent_alive() renews it within each ttl. Returns false, doing nothing, for
-  /// kf-config-server.
-  bool announce_agent(const std::string& host, std::chrono::seconds ttl);
+  /// Lists `host`'s agent as alive, offering `slots`, under a lease of `ttl` (etcd: a lease on
+  /// key PREFIX/agents/HOST; kf-config-server: PUT /v1/agents, kept in its memory), for as long
+  /// as keep_agent_alive() renews it within each ttl.
+  void announce_agent(const std::string& host, std::chrono::seconds ttl, int slots);
   /// Renews the lease of announce_agent(); announces again when it had expired.
   void keep_agent_alive();
   /// Ends the lease at once: the host is no longer listed.
   void retire_agent();
-  /// The hosts whose agents are alive, in order; nullopt for kf-config-server.
-  std::optional<std::vector<std::string>> live_agents();
+  /// The agents alive now, by host.
+  std::vector<AgentOffer> live_agents();
 
  private:
   class Connection;  // the io_context and the cancellation flag
@@ -150,6 +158,10 @@ class ConfigClient {
   ConfigClientOptions options_;
   std::unique_ptr<Connection> connection_;
   std::unique_ptr<Etcd> etcd_;
+  // kf-config-server: what announce_agent() listed, for keep_agent_alive() and retire_agent().
+  std::string agent_host_;
+  std::chrono::seconds agent_ttl_{0};
+  int agent_slots_ = 0;
 };
 
 }  // namespace kf

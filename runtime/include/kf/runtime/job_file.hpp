@@ -18,6 +18,7 @@
 
 #include "kf/coll/types.hpp"
 #include "kf/policies/training_spec.hpp"
+#include "kf/runtime/cluster_settings.hpp"
 
 namespace kf {
 
@@ -85,13 +86,15 @@ struct JobFile {
   std::int64_t commit_every = 1;
   std::optional<Checkpoint> checkpoint;
   std::optional<Metrics> metrics;
+  std::optional<AutoscaleSettings> autoscale;  ///< "autoscale" (docs/autoscale.md)
   std::vector<PolicySpec> policies;  ///< in the order of the file (later ones win on merge)
   /// Policy plugins (PolicyRegistry::load_plugin): load_job_file makes a relative path absolute,
   /// relative to the job file's directory; parse_job_file keeps them as written.
   std::vector<std::string> plugins;
 
   /// The cluster settings kf-config-server holds for the job: {"algorithm", "batch_size", "lr",
-  /// "min_workers", "max_workers"}, and "mode" and "compression" when the file has them.
+  /// "min_workers", "max_workers"}, and "mode", "compression" and "autoscale" when the file
+  /// has them.
   nlohmann::json to_settings() const;
 };
 

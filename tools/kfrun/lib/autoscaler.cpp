@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "kfrun/lib/autoscaler.hpp"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "kf/runtime/cluster_settings.hpp"
+#include "kfrun/lib/autoscale.hpp"
+
+namespace kf::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::map<std::string, int> count_by_host(const Cluster& c) {
+  std::map<std::string, int> n;
+  for (const auto& w : c.workers) ++n[w.endpoint.host];
+  return n;
+}
+
+}  // namespace
+
+Autoscaler::Autoscaler(AutoscalerConfig config, std::function<void(std::string)> say)
+    : config_(std::move(config)),
+      say_(std::move(say)),
+      client_(config_.url, config_.token, ConfigClientOptions{std::chrono::milliseconds(2000)}) {
+  thread_ = std::thread([this] { run(); });
+}
+
+Autoscaler::~Autoscaler() {
+  stop();
+  thread_.join();
+}
+
+void Autoscaler::stop() noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  stopped_.notify_all();
+  client_.cancel();
+}
+
+void Autoscaler::run() {
+  std::optional<Cluster> seen;                 // the newest document
+  std::optional<std::uint64_t> written;        // the version this autoscaler wrote last
+  Clock::time_point changed_at = Clock::time_point::min();  // the workers last changed
+  std::optional<std::optional<std::int64_t>> target_seen;   // the target as last seen
+  std::map<std::string, Clock::time_point> avoid_until;
+  bool look_again = false;  // a write conflicted: decide on the new document at once
+  bool said_down = false;
+  const PortChooser ports = [this](const std::string& host, int count,
+                                   const std::vector<std::uint16_t>& taken) {
+    return pick_ports_for(host, config_.ports, count, taken).ports;
+  };
+  while (!stop_) {
+    try {
+      Cluster c = !seen ? client_.get_cluster()
+                  : look_again ? *seen
+                               : client_.watch(seen->version, config_.period);
+      look_again = false;
+      said_down = false;
+      const auto now = Clock::now();
+      if (seen && c.version != seen->version && c.workers != seen->workers) {
+        changed_at = now;
+        if (c.version != written) {
+          // Hosts that lost workers by someone else's change (a failure, a revoke, a notice).
+          const auto before = count_by_host(*seen), after = count_by_host(c);
+          for (const auto& [host, n] : before) {
+            const auto it = after.find(host);
+            if (it == after.end() || it->second < n) avoid_until[host] = now + config_.avoid_for;
+          }
+        }
+      }
+      seen = c;
+      std::erase_if(avoid_until, [&](const auto& e) { return e.second <= now; });
+      const ParsedSettings parsed = parse_cluster_settings(c.settings);
+      if (c.version == 0 || c.workers.empty() || !parsed.typed.autoscale ||
+          parsed.typed.finished || parsed.typed.stop) {
+        continue;
+      }
+      const AutoscaleSettings a = autoscale_within_bounds(parsed.typed);
+      const bool target_changed = target_seen && *target_seen != a.target;
+      target_seen = a.target;
+      const std::vector<AgentOffer> offers = client_.live_agents();
+      const auto leader = std::min_element(
+          offers.begin(), offers.end(),
+          [](const AgentOffer& x, const AgentOffer& y) { return x.host < y.host; });
+      if (leader == offers.end() || leader->host != config_.host) continue;
+      std::set<std::string> avoid;
+      for (const auto& [host, until] : avoid_until) avoid.insert(host);
+      auto plan = plan_autoscale(c, offers, a, avoid, ports);
+      if (!plan) continue;
+      const bool below_min = static_cast<std::int64_t>(c.size()) < a.min;
+      const auto cooldown = std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(a.cooldown_s));
+      if (!below_min && !target_changed && changed_at != Clock::time_point::min() &&
+          now - changed_at < cooldown) {
+        continue;
+      }
+      Cluster stored;
+      try {
+        stored = client_.put_cluster(plan->next, &c);
+      } catch (const ConflictError& e) {
+        seen = e.current();
+        look_again = true;
+        continue;
+      }
+      written = stored.version;
+      changed_at = Clock::now();
+      seen = stored;
+      say_(plan->cause + " (v" + std::to_string(stored.version) + ")");
+      for (const auto& w : plan->placed) {
+        client_.post_event("placed", w.endpoint.str(), plan->cause, stored.version);
+      }
+      for (const auto& w : plan->released) {
+        client_.post_event("released", w.endpoint.str(), plan->cause, stored.version);
+      }
+    } catch (const std::exception& e) {
+      if (stop_) break;
+      if (!said_down) say_(std::string("autoscale: ") + e.what() + "; trying again");
+      said_down = true;
+      // A pause before the next try, cut short by stop().
+      std::unique_lock lock(mutex_);
+      stopped_.wait_for(lock, config_.period, [this] { return stop_.load(); });
+      seen.reset();
+    }
+  }
+}
+
+}  // namespace kf::tools
