@@ -21,6 +21,7 @@
 #include "kf/runtime/config_client.hpp"
 #include "support/elastic_job.hpp"
 #include "support/etcd_process.hpp"
+#include "support/finish_soon.hpp"
 #include "support/process.hpp"
 
 namespace kf::test {
@@ -355,17 +356,8 @@ class ClusterJob {
         timeout);
   }
   void finish_soon() {
-    ConfigClient c = client();
-    for (int attempt = 0; attempt < 50; ++attempt) {
-      Cluster cur = c.get_cluster();
-      cur.settings["epochs"] = 1;
-      try {
-        c.put_cluster(cur);
-        return;
-      } catch (const ConflictError&) {
-      }
-    }
-    ADD_FAILURE() << "could not set the job's epochs";
+    auto c = client();
+    kf::test::finish_soon(c);
   }
   /// Waits for the agents of hosts `alive` to exit; every one must exit 0.
   void expect_agents_exit(const std::vector<int>& alive) {

@@ -24,6 +24,7 @@
 
 #include "kf/runtime/config_client.hpp"
 #include "support/config_server_process.hpp"
+#include "support/finish_soon.hpp"
 #include "support/process.hpp"
 
 namespace kf::test {
@@ -178,16 +179,7 @@ class Slurm : public ::testing::Test {
   // compare-and-swap).
   void finish_soon() {
     auto c = client();
-    for (int attempt = 0; attempt < 50; ++attempt) {
-      Cluster cur = c.get_cluster();
-      cur.settings["epochs"] = 1;
-      try {
-        c.put_cluster(cur);
-        return;
-      } catch (const ConflictError&) {
-      }
-    }
-    ADD_FAILURE() << "could not set the job's epochs";
+    kf::test::finish_soon(c);
   }
 
   // Whether the job has switched to `workers` workers (rank 0's `resized` record), not only

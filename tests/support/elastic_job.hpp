@@ -24,6 +24,7 @@
 
 #include "kf/runtime/config_client.hpp"
 #include "support/config_server_process.hpp"
+#include "support/finish_soon.hpp"
 #include "support/process.hpp"
 
 namespace kf::test {
@@ -198,17 +199,8 @@ class ElasticJob {
 
   /// Ends the job `extra` epochs from now (settings "epochs", written by compare-and-swap).
   void finish_soon() {
-    ConfigClient c = client();
-    for (int attempt = 0; attempt < 50; ++attempt) {
-      Cluster cur = c.get_cluster();
-      cur.settings["epochs"] = 1;  // the workers stop at the end of the epoch they are in
-      try {
-        c.put_cluster(cur);
-        return;
-      } catch (const ConflictError&) {
-      }
-    }
-    ADD_FAILURE() << "could not set the job's epochs";
+    auto c = client();
+    kf::test::finish_soon(c);
   }
 
   /// Waits for kfrun to exit and returns its exit code (-1 on timeout).

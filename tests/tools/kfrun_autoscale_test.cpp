@@ -51,9 +51,15 @@ class KfrunAutoscale : public KfrunWatch {
   // Another agent on `host` offering `slots`, with no workers of its own to begin with.
   KfrunProcess& start_agent(const std::string& host, int slots,
                             std::vector<std::string> options = {}) {
-    std::vector<std::string> args{"--watch",   "--config-server", url_,
-                                  "--job-token-file", token_file_, "--slots",
-                                  std::to_string(slots), "--host", host};
+    std::vector<std::string> args{"--watch",
+                                  "--config-server",
+                                  url_,
+                                  "--job-token-file",
+                                  token_file_,
+                                  "--slots",
+                                  std::to_string(slots),
+                                  "--host",
+                                  host};
     args.insert(args.end(), options.begin(), options.end());
     for (const std::string& a :
          {std::string("--"), std::string("/bin/sh"), std::string("-c"), worker_script(dir_)}) {
@@ -99,15 +105,16 @@ class KfrunAutoscale : public KfrunWatch {
 
 TEST_F(KfrunAutoscale, OfferedSlotsAreTakenWithinTheCapAndGivenUpByTheJobItself) {
   start_service();
-  start({"--watch", "--config-server", url_, "--job-token-file", token_file_, "--slots", "2",
-         "-np", "1"});
+  start({"--watch", "--config-server", url_, "--job-token-file", token_file_, "--slots", "2", "-np",
+         "1"});
   ASSERT_TRUE(agent_->wait_for_workers(1)) << agent_->output();
 
   // Autoscale on: the first agent's second slot is taken at once (no change before it).
   auto r = member(R"(set autoscale='{"cooldown_s": 3, "per_host": 2}')");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_TRUE(eventually([&] { return placement() == "127.0.0.1/0 127.0.0.1/1"; }))
-      << placement() << "\n" << agent_->output();
+      << placement() << "\n"
+      << agent_->output();
   ASSERT_TRUE(agent_->wait_for_workers(2)) << agent_->output();
   const auto first = events("placed");
   ASSERT_EQ(first.size(), 1u);
@@ -118,7 +125,8 @@ TEST_F(KfrunAutoscale, OfferedSlotsAreTakenWithinTheCapAndGivenUpByTheJobItself)
   // A second host offers 3 slots: 2 of them are taken (per_host), after the cooldown.
   KfrunProcess& second = start_agent("127.0.0.2", 3);
   ASSERT_TRUE(eventually([&] { return placement().find("127.0.0.2/1") != std::string::npos; }))
-      << placement() << "\n" << agent_->output() << second.output();
+      << placement() << "\n"
+      << agent_->output() << second.output();
   EXPECT_EQ(placement(), "127.0.0.1/0 127.0.0.1/1 127.0.0.2/0 127.0.0.2/1");
   ASSERT_TRUE(second.wait_for_workers(2)) << second.output();
   const auto placed = events("placed");
@@ -144,15 +152,16 @@ TEST_F(KfrunAutoscale, OfferedSlotsAreTakenWithinTheCapAndGivenUpByTheJobItself)
   EXPECT_EQ(second.wait_exit(Clock::now() + kWait), 0) << second.output();
   KfrunProcess& third = start_agent("127.0.0.3", 1);
   ASSERT_TRUE(eventually([&] { return placement().find("127.0.0.3/0") != std::string::npos; }))
-      << placement() << "\n" << agent_->output() << third.output();
+      << placement() << "\n"
+      << agent_->output() << third.output();
   EXPECT_EQ(placement(), "127.0.0.1/0 127.0.0.1/1 127.0.0.3/0");
   EXPECT_EQ(events("placed").size(), 4u);
 
   // A lower target is acted on at once: the newest workers are released.
   r = member(R"(set autoscale='{"cooldown_s": 3, "per_host": 2, "target": 1}')");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  ASSERT_TRUE(eventually([&] { return client().get_cluster().size() == 1; }))
-      << placement() << "\n" << agent_->output();
+  ASSERT_TRUE(eventually([&] { return client().get_cluster().size() == 1; })) << placement() << "\n"
+                                                                              << agent_->output();
   const auto released = events("released");
   ASSERT_EQ(released.size(), 2u);
   EXPECT_TRUE(released[0].worker.starts_with("127.0.0.3:")) << released[0].worker;
@@ -162,8 +171,8 @@ TEST_F(KfrunAutoscale, OfferedSlotsAreTakenWithinTheCapAndGivenUpByTheJobItself)
 
 TEST_F(KfrunAutoscale, ABadAutoscaleSettingIsRefusedSayingWhatIsWrong) {
   start_service();
-  start({"--watch", "--config-server", url_, "--job-token-file", token_file_, "--slots", "1",
-         "-np", "1"});
+  start({"--watch", "--config-server", url_, "--job-token-file", token_file_, "--slots", "1", "-np",
+         "1"});
   ASSERT_TRUE(agent_->wait_for_workers(1)) << agent_->output();
   for (const auto& [value, why] : {
            std::pair{std::string(R"('{"min": 3, "max": 2}')"), "min 3 is greater than max 2"},

@@ -42,19 +42,18 @@ std::string shown(const std::vector<WorkerSpec>& workers) {
 
 TEST(PlanAutoscale, AllOfferedFillsEverySlotOnTheJobsHostsFirst) {
   const Cluster c = with({{{"10.0.0.2", 7000}, 0}});
-  const auto plan = plan_autoscale(c, {offer("10.0.0.1", 2), offer("10.0.0.2", 3)}, all(), {},
-                                   next_ports);
+  const auto plan =
+      plan_autoscale(c, {offer("10.0.0.1", 2), offer("10.0.0.2", 3)}, all(), {}, next_ports);
   ASSERT_TRUE(plan);
-  EXPECT_EQ(shown(plan->placed),
-            "10.0.0.2:7001/1 10.0.0.2:7002/2 10.0.0.1:7000/0 10.0.0.1:7001/1");
+  EXPECT_EQ(shown(plan->placed), "10.0.0.2:7001/1 10.0.0.2:7002/2 10.0.0.1:7000/0 10.0.0.1:7001/1");
   EXPECT_TRUE(plan->released.empty());
   EXPECT_EQ(plan->next.size(), 5u);
   EXPECT_EQ(plan->next.version, c.version);
   EXPECT_EQ(plan->cause,
             "autoscale: target all offered, 5 slots offered on 2 hosts: 1 -> 5 workers");
   // Nothing to do once there.
-  EXPECT_FALSE(plan_autoscale(plan->next, {offer("10.0.0.1", 2), offer("10.0.0.2", 3)}, all(),
-                              {}, next_ports));
+  EXPECT_FALSE(plan_autoscale(plan->next, {offer("10.0.0.1", 2), offer("10.0.0.2", 3)}, all(), {},
+                              next_ports));
 }
 
 TEST(PlanAutoscale, ATargetIsKeptWithinMinMaxAndWhatIsOffered) {
@@ -69,16 +68,15 @@ TEST(PlanAutoscale, ATargetIsKeptWithinMinMaxAndWhatIsOffered) {
             6u);  // all that is offered
   AutoscaleSettings capped;
   capped.max = 4;
-  EXPECT_EQ(plan_autoscale(c, {offer("h1", 2), offer("h2", 4)}, capped, {}, next_ports)
-                ->next.size(),
-            4u);
+  EXPECT_EQ(
+      plan_autoscale(c, {offer("h1", 2), offer("h2", 4)}, capped, {}, next_ports)->next.size(), 4u);
 }
 
 TEST(PlanAutoscale, PerHostCapsEachHostAndReleasesTheNewestAboveIt) {
   AutoscaleSettings a;
   a.per_host = 2;
-  const Cluster c = with({{{"h1", 7000}, 0}, {{"h1", 7001}, 1}, {{"h2", 7000}, 0},
-                          {{"h1", 7002}, 2}});
+  const Cluster c =
+      with({{{"h1", 7000}, 0}, {{"h1", 7001}, 1}, {{"h2", 7000}, 0}, {{"h1", 7002}, 2}});
   const auto plan = plan_autoscale(c, {offer("h1", 4), offer("h2", 4)}, a, {}, next_ports);
   ASSERT_TRUE(plan);
   EXPECT_EQ(shown(plan->released), "h1:7002/2");
@@ -100,8 +98,7 @@ TEST(PlanAutoscale, ALowerTargetReleasesTheNewestWorkers) {
 TEST(PlanAutoscale, HostsToAvoidAndHostsWithoutAnOfferGetNothingNew) {
   // h3 has a worker but no live agent (restarting, say): kept and counted, never added to.
   const Cluster c = with({{{"h1", 7000}, 0}, {{"h3", 7000}, 0}});
-  const auto plan =
-      plan_autoscale(c, {offer("h1", 2), offer("h2", 2)}, all(), {"h2"}, next_ports);
+  const auto plan = plan_autoscale(c, {offer("h1", 2), offer("h2", 2)}, all(), {"h2"}, next_ports);
   ASSERT_TRUE(plan);
   EXPECT_EQ(shown(plan->placed), "h1:7001/1");
   EXPECT_EQ(shown(plan->next.workers), "h1:7000/0 h3:7000/0 h1:7001/1");

@@ -14,8 +14,8 @@ std::string check_agent_host(const std::string& host) {
   if (host.size() > 253) return "the agent's host is over 253 characters";
   for (const char c : host) {
     const auto u = static_cast<unsigned char>(c);
-    if (!std::isalnum(u) && c != '.' && c != '-' && c != '_' && c != ':' && c != '[' &&
-        c != ']' && c != '%') {
+    if (!std::isalnum(u) && c != '.' && c != '-' && c != '_' && c != ':' && c != '[' && c != ']' &&
+        c != '%') {
       return "the agent's host holds a character no host name or address has";
     }
   }
@@ -62,7 +62,8 @@ json AgentTable::live(Clock::time_point now) {
   std::erase_if(leases_, [&](const auto& e) { return e.second.expires <= now; });
   json agents = json::array();
   for (const auto& [host, lease] : leases_) {
-    agents.push_back({{"host", host}, {"slots", lease.slots}, {"since", format_rfc3339_ms(lease.since)}});
+    agents.push_back(
+        {{"host", host}, {"slots", lease.slots}, {"since", format_rfc3339_ms(lease.since)}});
   }
   return json{{"agents", agents}};
 }

@@ -193,24 +193,6 @@ class Bootstrapper {
   std::shared_ptr<LinkControl> control_;
 };
 
-// Blocks the signals kfrun's loop takes through its pipe while it lives, so that a thread started
-// meanwhile (it inherits the mask) never takes them.
-class PipeSignalsBlocked {
- public:
-  PipeSignalsBlocked() noexcept {
-    sigset_t set;
-    sigemptyset(&set);
-    for (int sig : {SIGCHLD, SIGINT, SIGTERM}) sigaddset(&set, sig);
-    ::pthread_sigmask(SIG_BLOCK, &set, &previous_);
-  }
-  ~PipeSignalsBlocked() { ::pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
-  PipeSignalsBlocked(const PipeSignalsBlocked&) = delete;
-  PipeSignalsBlocked& operator=(const PipeSignalsBlocked&) = delete;
-
- private:
-  sigset_t previous_;
-};
-
 }  // namespace
 
 // ---- ClusterWatcher --------------------------------------------------------------------------

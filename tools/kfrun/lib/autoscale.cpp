@@ -101,16 +101,17 @@ std::optional<AutoscalePlan> plan_autoscale(const Cluster& current,
   if (plan.placed.empty() && plan.released.empty()) return std::nullopt;
 
   std::string target = settings.target ? std::to_string(*settings.target) : "all offered";
-  plan.cause = "autoscale: target " + target + ", " + count_of(static_cast<std::size_t>(capacity), "slot") +
-               " offered on " + count_of(cap.size(), "host");
+  plan.cause = "autoscale: target " + target + ", " +
+               count_of(static_cast<std::size_t>(capacity), "slot") + " offered on " +
+               count_of(cap.size(), "host");
   if (settings.per_host) plan.cause += " (per_host " + std::to_string(*settings.per_host) + ")";
   if (!avoided.empty()) {
     std::string hosts;
     for (const auto& h : avoided) hosts += (hosts.empty() ? "" : " ") + h;
     plan.cause += ", avoiding " + hosts + " (lost workers just now)";
   }
-  plan.cause += ": " + std::to_string(current.size()) + " -> " + std::to_string(workers.size()) +
-                " workers";
+  plan.cause +=
+      ": " + std::to_string(current.size()) + " -> " + std::to_string(workers.size()) + " workers";
   return plan;
 }
 

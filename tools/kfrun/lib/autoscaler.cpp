@@ -8,6 +8,7 @@
 
 #include "kf/runtime/cluster_settings.hpp"
 #include "kfrun/lib/autoscale.hpp"
+#include "kfrun/lib/signal_pipe.hpp"
 
 namespace kf::tools {
 
@@ -45,8 +46,9 @@ void Autoscaler::stop() noexcept {
 }
 
 void Autoscaler::run() {
-  std::optional<Cluster> seen;                 // the newest document
-  std::optional<std::uint64_t> written;        // the version this autoscaler wrote last
+  block_pipe_signals();                  // the agent's loop takes them
+  std::optional<Cluster> seen;           // the newest document
+  std::optional<std::uint64_t> written;  // the version this autoscaler wrote last
   Clock::time_point changed_at = Clock::time_point::min();  // the workers last changed
   std::optional<std::optional<std::int64_t>> target_seen;   // the target as last seen
   std::map<std::string, Clock::time_point> avoid_until;
@@ -58,7 +60,7 @@ void Autoscaler::run() {
   };
   while (!stop_) {
     try {
-      Cluster c = !seen ? client_.get_cluster()
+      Cluster c = !seen        ? client_.get_cluster()
                   : look_again ? *seen
                                : client_.watch(seen->version, config_.period);
       look_again = false;
@@ -78,8 +80,8 @@ void Autoscaler::run() {
       seen = c;
       std::erase_if(avoid_until, [&](const auto& e) { return e.second <= now; });
       const ParsedSettings parsed = parse_cluster_settings(c.settings);
-      if (c.version == 0 || c.workers.empty() || !parsed.typed.autoscale ||
-          parsed.typed.finished || parsed.typed.stop) {
+      if (c.version == 0 || c.workers.empty() || !parsed.typed.autoscale || parsed.typed.finished ||
+          parsed.typed.stop) {
         continue;
       }
       const AutoscaleSettings a = autoscale_within_bounds(parsed.typed);
@@ -95,8 +97,8 @@ void Autoscaler::run() {
       auto plan = plan_autoscale(c, offers, a, avoid, ports);
       if (!plan) continue;
       const bool below_min = static_cast<std::int64_t>(c.size()) < a.min;
-      const auto cooldown = std::chrono::duration_cast<Clock::duration>(
-          std::chrono::duration<double>(a.cooldown_s));
+      const auto cooldown =
+          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.cooldown_s));
       if (!below_min && !target_changed && changed_at != Clock::time_point::min() &&
           now - changed_at < cooldown) {
         continue;

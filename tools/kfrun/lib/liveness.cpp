@@ -3,9 +3,12 @@
 
 #include <exception>
 
+#include "kfrun/lib/signal_pipe.hpp"
+
 namespace kf::tools {
 
 void Liveness::run() {
+  block_pipe_signals();  // the agent's loop takes them
   bool announced = false;
   std::unique_lock lock(mutex_);
   while (!stop_) {

@@ -87,4 +87,10 @@ std::vector<int> SignalPipe::drain() noexcept {
 
 void block_pipe_signals() noexcept { ::pthread_sigmask(SIG_BLOCK, &g_caught, nullptr); }
 
+PipeSignalsBlocked::PipeSignalsBlocked() noexcept {
+  ::pthread_sigmask(SIG_BLOCK, &g_caught, &previous_);
+}
+
+PipeSignalsBlocked::~PipeSignalsBlocked() { ::pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
+
 }  // namespace kf::tools

@@ -42,4 +42,17 @@ class SignalPipe {
 /// polls the SignalPipe). For threads kfrun starts while the SignalPipe lives.
 void block_pipe_signals() noexcept;
 
+/// Blocks the same signals while it lives and then restores the mask: a thread started meanwhile
+/// by code that does not call block_pipe_signals() itself inherits the mask.
+class PipeSignalsBlocked {
+ public:
+  PipeSignalsBlocked() noexcept;
+  ~PipeSignalsBlocked();
+  PipeSignalsBlocked(const PipeSignalsBlocked&) = delete;
+  PipeSignalsBlocked& operator=(const PipeSignalsBlocked&) = delete;
+
+ private:
+  sigset_t previous_;
+};
+
 }  // namespace kf::tools
