@@ -5,11 +5,13 @@
 //   kf-replay --trace FILE [--speed X] [--max-workers N] [--notice-s S] [--kill-fraction F]
 //             [--seed N] [--settle-ms MS] [--calibrate-ms MS] [--tail-ms MS]
 //             [--metrics-every N] [--finish-with KEY=VALUE] [--finish-timeout-s S] [--dir D]
-//             -- PROG ARGS...
+//             [--slurm-nodes N1,N2,... [--slurm-partition P] [--preempt-partition P]
+//              [--slurm-signal-s S] --listen ADDR] -- PROG ARGS...
 // Exit codes: 0 the job kept its guarantees; 1 it did not, hung or failed, or could not be
 // started; 2 a usage error or a trace that cannot be used.
 #include <iostream>
 #include <random>
+#include <sstream>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -59,6 +61,21 @@ int main(int argc, char** argv) {
   app.add_option("--kfrun", o.kfrun, "the kfrun executable")->capture_default_str();
   app.add_option("--config-server-exe", o.config_server, "the kf-config-server executable")
       ->capture_default_str();
+  std::string slurm_nodes;
+  kf::chaos::SlurmOptions slurm;
+  app.add_option(
+      "--slurm-nodes", slurm_nodes,
+      "through Slurm: each worker an allocation of one of these nodes (comma-separated), "
+      "removals preemptions");
+  app.add_option("--slurm-partition", slurm.partition,
+                 "the workers' partition (default: Slurm's default)");
+  app.add_option("--preempt-partition", slurm.preempt_partition,
+                 "a partition whose jobs preempt the workers' (a removal submits one)");
+  app.add_option("--slurm-signal-s", slurm.signal_s, "the allocations' --signal=USR1@S")
+      ->capture_default_str();
+  app.add_option("--listen", o.listen,
+                 "the config service's address; through Slurm, one the nodes can reach")
+      ->capture_default_str();
   app.add_option("PROG", o.command, "the worker program and its arguments")->required();
   app.positionals_at_end();
   try {
@@ -72,6 +89,20 @@ int main(int argc, char** argv) {
     o.tail = std::chrono::milliseconds(tail_ms);
     o.finish_timeout = std::chrono::seconds(finish_timeout_s);
     if (!dir.empty()) o.dir = dir;
+    if (!slurm_nodes.empty()) {
+      std::stringstream list(slurm_nodes);
+      for (std::string n; std::getline(list, n, ',');) {
+        if (n.empty()) throw std::invalid_argument("--slurm-nodes: an empty node name");
+        slurm.nodes.push_back(n);
+      }
+      o.slurm = slurm;
+    } else if (app.count("--slurm-partition") + app.count("--preempt-partition") +
+                   app.count("--slurm-signal-s") >
+               0) {
+      throw std::invalid_argument(
+          "--slurm-partition, --preempt-partition and --slurm-signal-s "
+          "need --slurm-nodes");
+    }
     kf::chaos::check(o);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

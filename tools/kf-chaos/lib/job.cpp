@@ -158,8 +158,8 @@ Job::Job(JobSpec spec, fs::path dir) : spec_(std::move(spec)), dir_(std::move(di
   token_file_ = dir_ / "job.token";
   tools::write_token_file(token_file_, tools::random_hex(tools::kTokenBytes));
   token_ = read_token_file(token_file_.string());
-  port_ = tools::pick_free_ports("127.0.0.1", tools::PortRange{}, 1).front();
-  url_ = "http://127.0.0.1:" + std::to_string(port_);
+  port_ = tools::pick_free_ports(spec_.host, tools::PortRange{}, 1).front();
+  url_ = "http://" + spec_.host + ":" + std::to_string(port_);
 }
 
 Job::~Job() {
@@ -175,7 +175,7 @@ ConfigClient Job::client() const { return ConfigClient(url_, token_); }
 void Job::start_server() {
   server_ =
       spawn({spec_.config_server, "--token-file", token_file_.string(), "--state",
-             (dir_ / "state.json").string(), "--listen", "127.0.0.1:" + std::to_string(port_)},
+             (dir_ / "state.json").string(), "--listen", spec_.host + ":" + std::to_string(port_)},
             dir_ / "server.out", dir_ / "server.err");
   const auto until = Clock::now() + std::chrono::seconds(30);
   for (;;) {

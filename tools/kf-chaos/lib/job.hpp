@@ -31,6 +31,7 @@ struct JobSpec {
   int slots = 1;                     ///< the agent's --slots: the most workers at once
   std::vector<std::string> command;  ///< the worker program and its arguments
   std::vector<std::string> env;      ///< "NAME=VALUE" added to the agent's (and workers') own
+  std::string host = "127.0.0.1";    ///< where the config service listens
 };
 
 /// A tool's work directory: the one the user gave (created if need be, always kept), or a fresh
@@ -66,6 +67,7 @@ class Job {
   Job& operator=(const Job&) = delete;
 
   const std::string& url() const noexcept { return url_; }
+  const std::filesystem::path& token_file() const noexcept { return token_file_; }
   ConfigClient client() const;
 
   /// Starts the config service (same port and state file every time) and waits until it

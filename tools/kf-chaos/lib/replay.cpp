@@ -33,6 +33,13 @@ std::int64_t unix_ms() {
       .count();
 }
 
+// `text` quoted for the shell.
+std::string shell_quoted(const std::string& text) {
+  std::string q = "'";
+  for (const char c : text) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 std::string format_rate(double per_s) {
   std::ostringstream s;
   s.setf(std::ios::fixed);
@@ -48,22 +55,34 @@ class Replayer {
         dir_(std::move(dir)),
         out_(out),
         gen_(o.seed),
-        job_(JobSpec{o.kfrun,
-                     o.config_server,
-                     1,
-                     o.max_workers,
-                     o.command,
-                     {"KF_METRICS_JSONL=" + (dir_ / "metrics.jsonl").string(),
-                      "KF_METRICS_EVERY=" + std::to_string(o.metrics_every)}},
-             dir_) {}
+        job_(
+            JobSpec{o.kfrun, o.config_server, 1, o.max_workers, o.command, metrics_env(), o.listen},
+            dir_) {
+    if (o.slurm) {
+      // One worker per allocation; the node's agent joins the job and drains on the notice.
+      std::string agent = shell_quoted(o.kfrun) + " --watch --slurm -np 1 --config-server " +
+                          shell_quoted(job_.url()) + " --job-token-file " +
+                          shell_quoted(job_.token_file().string()) + " --";
+      for (const auto& a : o.command) agent += " " + shell_quoted(a);
+      slurm_.emplace(*o.slurm, agent, metrics_env(), dir_);
+    }
+  }
 
   int run(const std::vector<TraceEvent>& trace) {
     const auto steps = size_steps(trace, o_.max_workers, o_.speed);
     job_.start_server();
-    job_.start_agent();
     start_ = Clock::now();
-    say("job started: 1 worker, config service " + job_.url() + ", seed " +
-        std::to_string(o_.seed));
+    if (slurm_) {
+      slurm_->allocate(*slurm_->free_node());
+      std::string nodes;
+      for (const auto& n : o_.slurm->nodes) nodes += (nodes.empty() ? "" : ",") + n;
+      say("job started: 1 worker on Slurm (nodes " + nodes + "), config service " + job_.url() +
+          ", seed " + std::to_string(o_.seed));
+    } else {
+      job_.start_agent();
+      say("job started: 1 worker, config service " + job_.url() + ", seed " +
+          std::to_string(o_.seed));
+    }
     if (!wait_for_size(1)) throw std::runtime_error("the job made no progress in 60 s");
 
     // Calibration: the steady-state throughput at each size the replay will use.
@@ -94,15 +113,15 @@ class Replayer {
     say("replay: " + std::to_string(steps.front().nodes) +
         " nodes up: " + std::to_string(steps.front().workers) + " workers");
     for (std::size_t i = 1; i < steps.size(); ++i) {
-      if (auto code = job_.agent_exit(t0 + milliseconds(steps[i].at_ms))) {
+      if (auto code = ended(t0 + milliseconds(steps[i].at_ms))) {
         ended_early_ = code;
-        say("the job ended during the replay: kfrun exited with " + std::to_string(*code));
+        say("the job ended during the replay: exit code " + std::to_string(*code));
         break;
       }
       say("trace " + std::to_string(steps[i].nodes) + " nodes up: " + change_to(steps[i].workers));
     }
     const auto end = t0 + milliseconds(steps.back().at_ms) + o_.tail;
-    if (!ended_early_) ended_early_ = job_.agent_exit(end);
+    if (!ended_early_) ended_early_ = ended(end);
     const auto t1_ms = unix_ms();
     const double elapsed_ms = static_cast<double>(t1_ms - t0_ms);
 
@@ -122,19 +141,24 @@ class Replayer {
       write_setting(c, *o_.finish_with);
       say("finish: settings " + *o_.finish_with);
     }
-    const auto code =
-        ended_early_ ? ended_early_ : job_.agent_exit(Clock::now() + o_.finish_timeout);
+    const auto code = ended_early_ ? ended_early_ : ended(Clock::now() + o_.finish_timeout);
     if (!code) {
       problems.push_back("the job hung: it had not finished " +
                          std::to_string(o_.finish_timeout.count()) + " s after the replay");
-      job_.kill_agent();
-      job_.kill_workers();
+      if (slurm_) {
+        slurm_->cancel_all();
+      } else {
+        job_.kill_agent();
+        job_.kill_workers();
+      }
     } else if (*code != 0) {
-      problems.push_back("kfrun exited with " + std::to_string(*code) + ": " +
-                         last_lines(job_.agent_errors(), 5));
+      problems.push_back(
+          (slurm_ ? "an allocation did not complete with 0 (" : "kfrun exited with ") +
+          std::to_string(*code) + (slurm_ ? "): " : ": ") +
+          last_lines(slurm_ ? slurm_->output() : job_.agent_errors(), 5));
     }
     job_.stop_server();
-    const Verdict v = judge(job_.agent_output());
+    const Verdict v = judge(slurm_ ? slurm_->output() : job_.agent_output());
     problems.insert(problems.end(), v.problems.begin(), v.problems.end());
 
     std::ostringstream speed;
@@ -144,8 +168,9 @@ class Replayer {
     s.precision(3);
     s << "kf-replay: " << o_.trace.filename().string() << ": " << trace.size() << " rows, "
       << peak_nodes(trace) << " nodes at most, scaled to " << o_.max_workers << " workers; "
-      << steps.size() - 1 << " changes (" << removals_ << " removals: " << kills_ << " kill -9, "
-      << removals_ - kills_ << " revoked) in " << elapsed_ms / 1000.0 << " s at speed "
+      << steps.size() - 1 << " changes (" << removals_ << " removals: " << kills_
+      << (slurm_ ? " scancel --signal=KILL, " : " kill -9, ") << removals_ - kills_
+      << (slurm_ ? " preempted" : " revoked") << ") in " << elapsed_ms / 1000.0 << " s at speed "
       << speed.str() << "\n";
     s.precision(2);
     s << "kf-replay: throughput retained " << (expected > 0 ? actual / expected : 0.0) << ": "
@@ -183,27 +208,76 @@ class Replayer {
 
   Progress progress() const { return read_progress(slurp(dir_ / "metrics.jsonl")); }
 
+  std::vector<std::string> metrics_env() const {
+    return {"KF_METRICS_JSONL=" + (dir_ / "metrics.jsonl").string(),
+            "KF_METRICS_EVERY=" + std::to_string(o_.metrics_every)};
+  }
+
+  // The job's exit code once it has ended (its agent, or every allocation), waiting until
+  // `until` at most.
+  std::optional<int> ended(Clock::time_point until) {
+    return slurm_ ? slurm_->ended(until) : job_.agent_exit(until);
+  }
+
   // Waits (60 s at most) until the job's metrics lines say it runs with `n` workers.
   bool wait_for_size(int n) {
     const auto until = Clock::now() + std::chrono::seconds(60);
     while (Clock::now() < until) {
       const auto p = progress();
       if (!p.points.empty() && p.points.back().workers == n) return true;
-      if (job_.agent_exit(Clock::now() + milliseconds(50))) return false;
+      if (ended(Clock::now() + milliseconds(50))) return false;
     }
     return false;
   }
 
-  // Adds or removes members at the end until there are `n` (calibration: revokes only).
+  // Adds or removes members at the end until there are `n` (calibration: revokes only; through
+  // Slurm, allocations and plain scancel, which the agents take as a notice).
   void resize_to(int n) {
+    if (slurm_) {
+      while (static_cast<int>(slurm_->busy().size()) < n) slurm_->allocate(*slurm_->free_node());
+      while (static_cast<int>(slurm_->busy().size()) > n) slurm_->cancel(slurm_->busy().back());
+      return;
+    }
     auto c = job_.client();
     std::ostringstream said;
     member::CommandContext ctx{c, said};
     member::resize(ctx, n, member::AddOptions{});
   }
 
+  // Through Slurm: allocations for more workers; a removal is a preemption (a notice), or a
+  // scancel --signal=KILL for the drawn share of kills.
+  std::string change_through_slurm(int n) {
+    auto busy = slurm_->busy();
+    const int have = static_cast<int>(busy.size());
+    std::string did = std::to_string(have) + " -> " + std::to_string(n) + " workers:";
+    for (int i = have; i < n; ++i) {
+      const auto node = slurm_->free_node();
+      if (!node) break;
+      slurm_->allocate(*node);
+      did += " allocated " + *node + ";";
+    }
+    for (int i = n; i < have; ++i) {
+      const auto at = static_cast<std::ptrdiff_t>(
+          std::uniform_int_distribution<std::size_t>(0, busy.size() - 1)(gen_));
+      const std::string node = busy[static_cast<std::size_t>(at)];
+      busy.erase(busy.begin() + at);
+      ++removals_;
+      if (std::uniform_real_distribution<double>(0, 1)(gen_) < o_.kill_fraction) {
+        slurm_->kill(node);
+        ++kills_;
+        did += " scancel --signal=KILL on " + node + ";";
+      } else {
+        slurm_->preempt(node);
+        did += " preempted " + node + ";";
+      }
+    }
+    if (did.back() == ';') did.pop_back();
+    return did;
+  }
+
   // Grows or shrinks the running job to `n` workers, as the trace says; returns what it did.
   std::string change_to(int n) {
+    if (slurm_) return change_through_slurm(n);
     auto c = job_.client();
     Cluster cur = c.get_cluster();
     auto live = job_.live_members(cur);
@@ -250,6 +324,7 @@ class Replayer {
   std::ostream& out_;
   std::mt19937_64 gen_;
   Job job_;
+  std::optional<SlurmFleet> slurm_;
   Clock::time_point start_;
   std::optional<int> ended_early_;
   int removals_ = 0;
@@ -272,6 +347,15 @@ void check(const ReplayOptions& o) {
   if (o.metrics_every < 1) throw std::invalid_argument("--metrics-every must be at least 1");
   if (o.calibrate.count() < 100) {
     throw std::invalid_argument("--calibrate-ms must be at least 100");
+  }
+  if (o.slurm) {
+    if (o.slurm->nodes.empty()) throw std::invalid_argument("--slurm-nodes names no node");
+    if (static_cast<int>(o.slurm->nodes.size()) < o.max_workers) {
+      throw std::invalid_argument("--max-workers " + std::to_string(o.max_workers) +
+                                  " needs as many Slurm nodes; --slurm-nodes names " +
+                                  std::to_string(o.slurm->nodes.size()));
+    }
+    if (o.slurm->signal_s < 1) throw std::invalid_argument("--slurm-signal-s must be at least 1");
   }
   if (o.finish_with &&
       (o.finish_with->find('=') == std::string::npos || o.finish_with->front() == '=')) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // kf-replay: replays an availability trace (trace.hpp) against an elastic job on this host (a
-// kf-config-server and one `kfrun --watch` agent, job.hpp): first it measures the job's
+// kf-config-server and one `kfrun --watch` agent, job.hpp), or on Slurm nodes (one allocation
+// per worker, slurm_fleet.hpp): first it measures the job's
 // steady-state throughput at every size the trace will ask for, then it resizes the job as the
 // trace's nodes come and go, compressed in time, removals as revokes with a notice or, for a
 // drawn fraction, as kill -9. It reports the throughput retained: the samples the job committed
@@ -15,6 +16,8 @@
 #include <ostream>
 #include <string>
 #include <vector>
+
+#include "kf-chaos/lib/slurm_fleet.hpp"
 
 namespace kf::chaos {
 
@@ -35,6 +38,10 @@ struct ReplayOptions {
   std::string kfrun = "kfrun";
   std::string config_server = "kf-config-server";
   std::vector<std::string> command;
+  /// Through Slurm: each worker an allocation of one of these nodes, removals real preemptions
+  /// (docs/chaos.md, "Through Slurm"). Unset: one agent on this host, removals by kf-member.
+  std::optional<SlurmOptions> slurm;
+  std::string listen = "127.0.0.1";  ///< the config service's address (the nodes must reach it)
 };
 
 /// Checks `o`. Throws: std::invalid_argument saying what is wrong.
