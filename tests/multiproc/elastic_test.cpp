@@ -230,6 +230,40 @@ TEST(Elastic, RacingMemberCommandsBothTakeEffect) {
   job.expect_clean_finish(job.wait(), 4);
 }
 
+// A loss that meets a joiner nobody can reach (added on a host where no agent runs, so it never
+// starts): the recovery gives the joiner KF_RECOVERY_JOINER_WAIT_MS and then forms without it,
+// instead of waiting on its connect timeout (20 s); the job trains on with the survivors.
+TEST(Elastic, ARecoveryDoesNotWaitOnAJoinerNobodyCanReach) {
+  ElasticJob job("recovery-joiner");
+  job.start(3, kArgs, {"KF_RECOVERY_JOINER_WAIT_MS=200"});
+  ASSERT_TRUE(job.wait_progress(50)) << job.err();
+  auto r = job.member("add --host 127.0.0.9");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(
+      eventually([&] { return job.err_lines_with("adds workers; switching once") > 0; }, 30s))
+      << job.err();
+  const auto c = job.client().get_cluster();
+  ASSERT_EQ(c.size(), 4);
+  const std::string victim = c.workers[1].endpoint.str();
+  const pid_t pid = job.worker_pid(victim);
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto now = job.client().get_cluster();
+        return now.size() == 2 && !now.rank_of(Endpoint::parse(victim));
+      },
+      30s))
+      << job.err();
+  ASSERT_TRUE(job.wait_size(2)) << job.err();
+  EXPECT_GT(job.err_lines_with("not reached within 200 ms of a recovery; forming without them"), 0)
+      << job.err();
+  const long at = job.progress();
+  ASSERT_TRUE(job.wait_progress(at + 50)) << "training stopped after the recovery";
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 2);
+}
+
 TEST(Elastic, JoinerWhoseStartFailsIsDroppedAndTrainingGoesOn) {
   ElasticJob job("badjoiner");
   const auto fail = job.dir() / "fail-once";

@@ -55,6 +55,7 @@ void apply_environment(const Env& e, PeerOptions& peer, SessionOptions& session)
   session.agent_pid = e.agent_pid;
   if (e.no_progress_timeout) session.no_progress_timeout = *e.no_progress_timeout;
   if (e.recovery_writer_wait) session.recovery_writer_wait = *e.recovery_writer_wait;
+  if (e.recovery_joiner_wait) session.recovery_joiner_wait = *e.recovery_joiner_wait;
 }
 
 }  // namespace

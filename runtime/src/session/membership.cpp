@@ -36,6 +36,7 @@ bool Session::form(const Cluster& target, const Cluster* previous, bool fresh, C
   if (fresh ? peer_->rank() == 0 : previous != nullptr) {
     invite_joiners(target, fresh ? Cluster{} : *previous, fresh);
   }
+  if (rec.kind == "recovery" && !invites_.empty() && !joiners_reached_in_time()) return false;
   for (auto& h : invites_) h.wait();  // a joiner that cannot be reached fails the formation
   // Agreement: whose state is newest? (-1: this worker holds none.)
   std::int64_t mine = state_.has_commit() ? *commits_ : -1;
@@ -60,6 +61,7 @@ bool Session::form(const Cluster& target, const Cluster* previous, bool fresh, C
     state_.commit();
   }
   rec.synced_us = now_us();
+  formed_ = target;
   invites_.clear();
   invited_version_ = 0;
   // The monitors' throughput window measured the old cluster; a half-measured step is dropped.
@@ -89,6 +91,37 @@ void Session::invite_joiners(const Cluster& target, const Cluster& previous, boo
     invitees_.push_back(w.endpoint);
   }
   invited_version_ = target.version;
+}
+
+// In a recovery, the survivors cannot train on while joiners come up, and an invitation to a
+// joiner that died (or has not started listening) retries until the connect timeout. So the
+// joiners get recovery_joiner_wait; those not reached by then are removed from the document
+// (compare-and-swap, as for lost workers), and the survivors form the version without them.
+bool Session::joiners_reached_in_time() {
+  const auto deadline = SteadyClock::now() + options_.recovery_joiner_wait;
+  const auto all_ready = [&] {
+    return std::all_of(invites_.begin(), invites_.end(), [](const Handle& h) { return h.ready(); });
+  };
+  while (!all_ready() && SteadyClock::now() < deadline) {
+    std::this_thread::sleep_for(kWriterCheck);  // the handles have no timed wait
+  }
+  std::vector<Endpoint> late;
+  for (std::size_t i = 0; i < invites_.size(); ++i) {
+    if (!invites_[i].ready() || invites_[i].wait_status()) late.push_back(invitees_[i]);
+  }
+  if (late.empty()) return true;
+  KF_LOG(warn, "session",
+         "{} (v{}): joiners {} not reached within {} ms of a recovery; forming without them",
+         peer_->endpoint().str(), peer_->version(), join_endpoints(late),
+         options_.recovery_joiner_wait.count());
+  invites_.clear();
+  invitees_.clear();
+  invited_version_ = 0;
+  // The next attempt forms what the service holds.
+  remove_lost(late, /*edit_newer=*/true,
+              "a joiner not reached within " +
+                  std::to_string(options_.recovery_joiner_wait.count()) + " ms of a recovery");
+  return false;
 }
 
 bool Session::invites_delivered() {
@@ -224,14 +257,14 @@ Session::Outcome Session::form_after_failure(ChangeRecord rec) {
     if (!lost.empty() && rec.detail.find("lost:") == std::string::npos) {
       rec.detail += " (lost: " + join_endpoints(lost) + ")";
     }
-    const Cluster previous = peer_->cluster();
+    const Cluster previous = formed_;
     const auto min_workers = parse_cluster_settings(target.settings).typed.min_workers;
     if (min_workers && target.size() < *min_workers) {
       KF_LOG(warn, "session", "{}: {} workers left, fewer than min_workers {}; going on",
              peer_->endpoint().str(), target.size(), *min_workers);
     }
     try {
-      form(target, &previous, false, rec);
+      if (!form(target, &previous, false, rec)) continue;  // joiners removed: form what is newest
       resuming_ = rec;
       return Outcome::rolled_back;
     } catch (const Error& e) {
@@ -252,7 +285,8 @@ Session::Outcome Session::form_after_failure(ChangeRecord rec) {
 // nothing is to be removed (a silent timeout, a peer that moved on), the version is still moved
 // past the current one, so that the survivors form a version none of them has used. Waits for the
 // service while it is unreachable, up to SessionOptions::service_timeout.
-Cluster Session::remove_lost(const std::vector<Endpoint>& lost, bool edit_newer) {
+Cluster Session::remove_lost(const std::vector<Endpoint>& lost, bool edit_newer,
+                             const std::string& why) {
   // One survivor writes, the first worker of the failed version that this worker does not know
   // to be lost; the others take its document from the watch, so that a failure costs the
   // service one write, not one per survivor (on etcd, writes that come at once queue for its
@@ -302,19 +336,24 @@ Cluster Session::remove_lost(const std::vector<Endpoint>& lost, bool edit_newer)
       Cluster current = read_first ? client.get_cluster() : peer_->cluster();
       read_first = true;  // a retry after the service was unreachable reads
       for (;;) {
-        if (!edit_newer && current.version > peer_->version()) {
-          // The others moved past the version this worker failed in: they handled the failure,
-          // and this worker may be the one that was cut off (its "lost" peers alive). Form what
-          // they wrote, or leave when it lacks this worker; never remove peers that only this
-          // worker lost from a document it has not seen.
-          link_->offer(current);
-          return current;
-        }
         Cluster next = current;
         std::erase_if(next.workers, [&](const WorkerSpec& w) {
           return std::find(gone.begin(), gone.end(), w.endpoint) != gone.end();
         });
         const bool removes = next.workers.size() != current.workers.size();
+        // The others moved past the version this worker failed in. When they removed what this
+        // worker lost (or removed this worker), they handled the failure, and this worker may be
+        // the one that was cut off: form what they wrote, or leave. When the newer document
+        // still lists the lost peers (a change nobody made for the failure, such as an add), it
+        // is edited like the current one: forming it as it is could only fail again, on the
+        // peers known lost.
+        if (!edit_newer && current.version > peer_->version() &&
+            (!removes || !contains(current, peer_->endpoint()) ||
+             !std::all_of(gone.begin(), gone.end(),
+                          [&](const Endpoint& ep) { return contains(current, ep); }))) {
+          link_->offer(current);
+          return current;
+        }
         if (!removes && current.version > peer_->version()) {
           link_->offer(current);
           return current;
@@ -326,8 +365,8 @@ Cluster Session::remove_lost(const std::vector<Endpoint>& lost, bool edit_newer)
                  stored.version, join_endpoints(gone));
           for (const auto& ep : gone) {
             if (contains(current, ep)) {
-              link_->post("failed", ep.str(),
-                          "lost by the job; removed by " + peer_->endpoint().str(), stored.version);
+              link_->post("failed", ep.str(), why + "; removed by " + peer_->endpoint().str(),
+                          stored.version);
             }
           }
           link_->offer(stored);

@@ -85,7 +85,8 @@ void SlurmFleet::allocate(const std::string& node) {
 
 void SlurmFleet::preempt(const std::string& node) {
   const std::string id = on_node_.at(node);
-  std::string cmd = "sbatch --parsable -N1 -w " + shell_quoted(node) + " --exclusive --output=/dev/null";
+  std::string cmd =
+      "sbatch --parsable -N1 -w " + shell_quoted(node) + " --exclusive --output=/dev/null";
   if (!options_.preempt_partition.empty()) cmd += " -p " + shell_quoted(options_.preempt_partition);
   cmd += " --wrap 'sleep 600'";
   const CommandResult r = run_command(cmd);
@@ -127,7 +128,8 @@ void SlurmFleet::cancel(const std::string& node) {
 std::optional<int> SlurmFleet::ended(Clock::time_point until) {
   for (;;) {
     if (const auto q = queue()) {
-      if (std::none_of(made_.begin(), made_.end(), [&](const auto& id) { return q->contains(id); })) {
+      if (std::none_of(made_.begin(), made_.end(),
+                       [&](const auto& id) { return q->contains(id); })) {
         break;
       }
     }

@@ -93,6 +93,12 @@ struct SessionOptions {
   /// double fault (the writer lost too, or cut off from the service) depends on it. 0: every
   /// survivor writes at once. KF_RECOVERY_WRITER_WAIT_MS.
   std::chrono::milliseconds recovery_writer_wait{250};
+  /// A recovery whose successor holds joiners (a worker added just before the failure) waits
+  /// this long for every survivor to reach them; joiners not reached by then (dead, or not
+  /// started yet) are removed from the successor, so that a loss that meets an add settles in
+  /// about one detection time instead of waiting on the joiners' connect timeout. A joiner
+  /// reached in a normal join does not count against it. KF_RECOVERY_JOINER_WAIT_MS.
+  std::chrono::milliseconds recovery_joiner_wait{100};
   /// Longest wait of one long-poll of the config service; also bounds how long the session's
   /// destructor waits for its watch thread.
   std::chrono::milliseconds watch_poll{500};
@@ -295,9 +301,12 @@ class Session {
   /// The cluster without `lost`, written by compare-and-swap (runtime/src/session/membership.cpp).
   /// `edit_newer`: the edit may apply to a document newer than this worker's version (joiners
   /// of a pending version); otherwise a newer document is formed as it is.
-  Cluster remove_lost(const std::vector<Endpoint>& lost, bool edit_newer = false);
+  /// `why` is the detail of each removed worker's `failed` event, before "; removed by SELF".
+  Cluster remove_lost(const std::vector<Endpoint>& lost, bool edit_newer = false,
+                      const std::string& why = "lost by the job");
   void invite_joiners(const Cluster& target, const Cluster& previous, bool fresh);
   bool invites_delivered();
+  bool joiners_reached_in_time();
   bool joiners_given_up() const;
   void drop_unreachable_joiners();
   void finish_change(ChangeRecord rec);
@@ -327,6 +336,10 @@ class Session {
   std::int64_t* steps_;
   bool joined_ = false;
   std::uint64_t attempted_version_ = 0;  ///< newest version this worker tried to form
+  /// The last version formed: its workers hold the job's state. A recovery invites every worker
+  /// of its successor not in it (the peer's own cluster may be a version that failed to form,
+  /// whose joiners never joined and must be invited again).
+  Cluster formed_;
   // A change decided at a boundary that waits for its joiners to be reachable.
   std::optional<Cluster> pending_;
   std::optional<ChangeRecord> pending_record_;
