@@ -94,9 +94,9 @@ class Slurm : public ::testing::Test {
   ConfigClient client() const { return ConfigClient(server_->url(), "slurm-test-token"); }
 
   // The command a Slurm job runs: one agent per node, one worker each.
-  std::string agents(const std::string& epochs) const {
-    return "srun --ntasks-per-node=1 " + env_or_empty("KFRUN") +
-           " --watch --slurm -np 1 --config-server " + server_->url() + " --job-token-file " +
+  std::string agents(const std::string& epochs, const std::string& kfrun_options = "") const {
+    return "srun --ntasks-per-node=1 " + env_or_empty("KFRUN") + " --watch --slurm -np 1 " +
+           kfrun_options + " --config-server " + server_->url() + " --job-token-file " +
            (job_ / "token").string() + " -- " + env_or_empty("KF_ELASTIC_WORKER") +
            " --progress-file " + (job_ / "progress").string() +
            " --samples 20000 --dim 32 --batch 64 --epochs " + epochs;
@@ -476,6 +476,52 @@ TEST_F(Slurm, KfReplayTurnsATraceIntoRealPreemptionsAndAllocations) {
   EXPECT_TRUE(std::regex_search(r.output, std::regex(R"(preempted h\d)"))) << r.output;
   EXPECT_TRUE(std::regex_search(r.output, std::regex(R"(allocated h\d)"))) << r.output;
   std::cout << r.output << std::flush;  // the changes and the figures, for the test log
+}
+
+// A requeueable allocation (partition `requeue`, PreemptMode=REQUEUE) started with --requeue:
+// preempted, its workers leave on Slurm's signal and the agent asks Slurm to requeue it instead
+// of ending; when it runs again (Slurm holds a requeued job for about two minutes; the test lets
+// it start at once, as `scontrol update JobId=ID StartTime=now` lets a user), its agent rejoins
+// the job, which finishes with one model.
+TEST_F(Slurm, ARequeuedAllocationRunsAgainAndRejoinsTheJob) {
+  const auto kept_out = (job_ / "kept.out").string();
+  const auto rq_out = (job_ / "requeued.out").string();
+  const std::string kept =
+      sbatch("-N1 -w h2 --exclusive --signal=USR1@5 --output=" + kept_out, agents("1000"));
+  const std::string rq = sbatch(
+      "-p requeue --requeue -N1 -w h1 --exclusive --signal=USR1@5 "
+      "--open-mode=append --output=" +
+          rq_out,
+      agents("1000", "--requeue"));
+  ASSERT_FALSE(kept.empty());
+  ASSERT_FALSE(rq.empty());
+  ASSERT_TRUE(eventually([&] { return size() == 2; }, 60s)) << slurm_state(rq_out);
+  const std::string prio = sbatch("-p prio -N1 -w h1 --exclusive --output=/dev/null", "sleep 120");
+  ASSERT_FALSE(prio.empty());
+  ASSERT_TRUE(eventually(
+      [&] {
+        return slurp(job_ / "requeued.out").find("kfrun: requeued allocation " + rq) !=
+               std::string::npos;
+      },
+      60s))
+      << slurm_state(rq_out);
+  ASSERT_TRUE(eventually([&] { return size() == 1; }, 60s)) << slurm_state(rq_out);
+  ASSERT_EQ(run_shell("scancel " + prio).exit_code, 0);
+  ASSERT_TRUE(wait_gone(prio, 60s));
+  // Requeued, not gone: pending until Slurm lets it start.
+  ASSERT_TRUE(eventually(
+      [&] { return run_shell("squeue -h -j " + rq + " -o %T").output.find("PENDING") == 0; }, 60s))
+      << slurm_state(rq_out);
+  ASSERT_EQ(run_shell("scontrol update JobId=" + rq + " StartTime=now").exit_code, 0);
+  ASSERT_TRUE(eventually([&] { return size() == 2; }, 60s)) << slurm_state(rq_out);
+  const long before = progress();
+  ASSERT_TRUE(eventually([&] { return progress() > before + 20; }, 60s)) << "training stopped";
+  finish_soon();
+  ASSERT_TRUE(wait_gone(kept, 120s)) << slurm_state(kept_out);
+  ASSERT_TRUE(wait_gone(rq, 120s)) << slurm_state(rq_out);
+  const std::string requeued = slurp(job_ / "requeued.out");
+  EXPECT_NE(requeued.find("kfrun: left on the notice"), std::string::npos) << requeued;
+  expect_clean_finish(slurp(job_ / "kept.out") + requeued, 2);
 }
 
 }  // namespace

@@ -127,6 +127,12 @@ int main(int argc, char** argv) {
                "SLURM_GPUS_ON_NODE or SLURM_CPUS_ON_NODE, --host from the route to the config "
                "service, -np the slots with --join, and USR1 and TERM notices (docs/slurm.md)")
       ->needs(watch);
+  bool requeue = false;
+  app.add_flag("--requeue", requeue,
+               "with --slurm: once the workers left on Slurm's signal (a preemption or the time "
+               "limit, not SIGTERM), ask Slurm to requeue this allocation (scontrol requeue), so "
+               "that it runs again and rejoins the job (docs/slurm.md)")
+      ->needs(watch);
   app.add_flag("--join", agent.join,
                "place the -np workers on this host also when the job exists already (unless it "
                "has workers here)")
@@ -222,6 +228,8 @@ int main(int argc, char** argv) {
     agent.notice.poll = std::chrono::milliseconds(notice_poll_ms);
     agent.command = options.command;
     if (slurm) kf::tools::apply_slurm(agent, app.count("--host") > 0, kf::tools::process_env);
+    if (requeue && !slurm) throw std::invalid_argument("--requeue needs --slurm");
+    if (requeue) kf::tools::apply_slurm_requeue(agent, kf::tools::process_env);
     return kf::tools::run_agent(agent);
   } catch (const kf::JobFileError& e) {
     std::cerr << "kfrun: " << e.what() << "\n";

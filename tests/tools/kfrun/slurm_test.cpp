@@ -92,5 +92,23 @@ TEST(Slurm, SaysWhatIsWrongOutsideAnAllocationOrWithBadVariables) {
             std::string::npos);
 }
 
+TEST(Slurm, RequeueTakesTheJobIdAndRefusesAnythingElse) {
+  AgentOptions o = external();
+  apply_slurm_requeue(o, fake({{"SLURM_JOB_ID", "4711"}}));
+  EXPECT_EQ(o.requeue_job, "4711");
+  apply_slurm_requeue(o, fake({{"SLURM_JOB_ID", "4711_3"}}));
+  EXPECT_EQ(o.requeue_job, "4711_3");
+  for (const std::string bad : {"", "12; rm -rf /", "abc", "1 2"}) {
+    AgentOptions b = external();
+    try {
+      apply_slurm_requeue(b, fake({{"SLURM_JOB_ID", bad}}));
+      ADD_FAILURE() << "took '" << bad << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("is not a Slurm job id"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(b.requeue_job);
+  }
+}
+
 }  // namespace
 }  // namespace kf::tools

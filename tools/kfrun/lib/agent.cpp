@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kfrun/lib/agent.hpp"
 
+#include <cstdio>
+
 #include "kfrun/lib/agent_loop.hpp"
 
 namespace kf::tools {
@@ -27,10 +29,35 @@ bool Agent::should_end() {
     drained_said_ = true;
     say("left on the notice: no worker of this host runs, " +
         ms_text(std::chrono::ceil<milliseconds>(Clock::now() - notice_at_)) + " after the notice");
+    if (options_.requeue_job && notice_signal_ && *notice_signal_ != SIGTERM) requeue();
   }
   if (pending_exits_.empty() || fatal_) return true;
   if (!end_by_) end_by_ = Clock::now() + kReportDeadline;
   return Clock::now() >= *end_by_;
+}
+
+// --requeue: Slurm puts the allocation back in the queue (and stops this step); when it runs
+// again its agents join the job as a new allocation's do. Slurm makes a requeued job wait about
+// two minutes before it may start again. At most 10 s: the notice's grace is running.
+void Agent::requeue() {
+  const std::string cmd = "timeout 10 scontrol requeue " + *options_.requeue_job + " 2>&1";
+  std::string out;
+  int status = -1;
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    char buffer[512];
+    std::size_t n = 0;
+    while ((n = std::fread(buffer, 1, sizeof buffer, p)) > 0) out.append(buffer, n);
+    status = ::pclose(p);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  if (status == 0) {
+    say("requeued allocation " + *options_.requeue_job +
+        " (scontrol requeue): it runs again "
+        "once Slurm lets it, and its agents rejoin the job");
+  } else {
+    say("error: scontrol requeue " + *options_.requeue_job + " failed" +
+        (out.empty() ? std::string() : ": " + out));
+  }
 }
 
 std::optional<Clock::time_point> Agent::next_deadline() const {

@@ -49,8 +49,12 @@ struct AgentOptions {
   std::chrono::milliseconds leave_grace{30'000};
   /// Between SIGTERM and SIGKILL when kfrun itself is stopped (SIGINT, SIGTERM, an error).
   std::chrono::milliseconds stop_grace{2000};
-  std::optional<Orphans> orphans;    ///< unset: the default above
-  NoticeOptions notice;              ///< how a notice comes, and its grace
+  std::optional<Orphans> orphans;  ///< unset: the default above
+  NoticeOptions notice;            ///< how a notice comes, and its grace
+  /// --slurm --requeue: the allocation (SLURM_JOB_ID) that the agent asks Slurm to requeue
+  /// (`scontrol requeue ID`) once its workers left on a notice that came by a signal other than
+  /// SIGTERM (Slurm's preemption or time-limit signal), so that it runs again and rejoins.
+  std::optional<std::string> requeue_job;
   std::vector<std::string> command;  ///< program and its arguments
   int out_fd = 1;                    ///< where the workers' tagged stdout goes
   int err_fd = 2;                    ///< their tagged stderr and kfrun's own messages

@@ -114,6 +114,7 @@ class Agent {
   // ---- the loop ----
 
   bool should_end();
+  void requeue();
   std::optional<Clock::time_point> next_deadline() const;
   void poll_once();
   void on_signals();

@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <regex>
 #include <stdexcept>
 
 #include "kf/runtime/config_client.hpp"
@@ -106,6 +107,16 @@ void apply_slurm(AgentOptions& options, bool host_given, const EnvLookup& env) {
   // Slurm's preemption signal, and the SIGTERM that scancel and a time limit send to every
   // process of the step: both notices, and both ignored by the workers.
   if (options.notice.signals.empty()) options.notice.signals = {SIGUSR1, SIGTERM};
+}
+
+void apply_slurm_requeue(AgentOptions& options, const EnvLookup& env) {
+  const auto id = env("SLURM_JOB_ID");
+  // It goes on a command line: nothing but a job id.
+  if (!id || !std::regex_match(*id, std::regex(R"(\d{1,20}(_\d{1,10})?)"))) {
+    throw std::invalid_argument("--requeue: SLURM_JOB_ID '" + id.value_or("") +
+                                "' is not a Slurm job id");
+  }
+  options.requeue_job = *id;
 }
 
 }  // namespace kf::tools

@@ -32,6 +32,10 @@ std::optional<std::string> process_env(const char* name);
 /// service (it could not be reached from the other nodes), no route to the service.
 void apply_slurm(AgentOptions& options, bool host_given, const EnvLookup& env);
 
+/// --requeue (after apply_slurm): sets `requeue_job` to SLURM_JOB_ID. Throws:
+/// std::invalid_argument when it is not a job id (digits, optionally "_" and an array index).
+void apply_slurm_requeue(AgentOptions& options, const EnvLookup& env);
+
 /// The local address this machine would use to reach `host`:`port` (a UDP socket connected
 /// there; nothing is sent). Throws: std::invalid_argument naming the host when there is no route
 /// or it does not resolve.
