@@ -524,5 +524,52 @@ TEST_F(Slurm, ARequeuedAllocationRunsAgainAndRejoinsTheJob) {
   expect_clean_finish(slurp(job_ / "kept.out") + requeued, 2);
 }
 
+// Autoscale on Slurm: three allocations offer their nodes' slots; with autoscale's target at 3,
+// a preempted node's worker is placed again on a free slot of the others, by the job itself.
+TEST_F(Slurm, AutoscaleKeepsItsTargetOnTheSlotsTheAllocationsOffer) {
+  std::vector<std::string> ids;
+  std::string outputs;
+  for (int i = 1; i <= 3; ++i) {
+    const auto out = (job_ / ("h" + std::to_string(i) + ".out")).string();
+    ids.push_back(
+        sbatch("-N1 -w h" + std::to_string(i) + " --exclusive --signal=USR1@5 --output=" + out,
+               agents("1000")));
+    ASSERT_FALSE(ids.back().empty());
+  }
+  ASSERT_TRUE(eventually([&] { return size() == 3; }, 60s)) << slurm_state();
+  {
+    auto c = client();
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      Cluster cur = c.get_cluster();
+      cur.settings["autoscale"] = {{"target", 3}, {"cooldown_s", 1}};
+      try {
+        c.put_cluster(cur);
+        break;
+      } catch (const ConflictError&) {
+      }
+    }
+  }
+  const std::string h3 = bridge_.substr(0, bridge_.rfind('.')) + ".3";
+  const std::string prio = sbatch("-p prio -N1 -w h3 --exclusive --output=/dev/null", "sleep 120");
+  ASSERT_FALSE(prio.empty());
+  ASSERT_TRUE(wait_gone(ids[2], 60s)) << slurm_state();
+  const auto placed_again = [&] {
+    const Cluster c = client().get_cluster();
+    return c.size() == 3 &&
+           std::none_of(c.workers.begin(), c.workers.end(),
+                        [&](const WorkerSpec& w) { return w.endpoint.host == h3; }) &&
+           has_event([](const ConfigEvent& e) { return e.type == "placed"; });
+  };
+  ASSERT_TRUE(eventually(placed_again, 60s)) << slurm_state();
+  ASSERT_TRUE(eventually([&] { return running(3); }, 60s)) << slurm_state();
+  const long before = progress();
+  ASSERT_TRUE(eventually([&] { return progress() > before + 20; }, 60s)) << "training stopped";
+  ASSERT_EQ(run_shell("scancel " + prio).exit_code, 0);
+  finish_soon();
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(wait_gone(ids[static_cast<std::size_t>(i)], 120s));
+  for (int i = 1; i <= 3; ++i) outputs += slurp(job_ / ("h" + std::to_string(i) + ".out"));
+  expect_clean_finish(outputs, 3);
+}
+
 }  // namespace
 }  // namespace kf::test
