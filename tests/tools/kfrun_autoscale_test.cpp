@@ -87,6 +87,17 @@ class KfrunAutoscale : public KfrunWatch {
     return out;
   }
 
+  // The events of `type` once there are `count` of them (the autoscaler posts them one by one
+  // after its write): what there is after kWait otherwise.
+  std::vector<kf::ConfigEvent> wait_events(const std::string& type, std::size_t count) {
+    std::vector<kf::ConfigEvent> found;
+    eventually([&] {
+      found = events(type);
+      return found.size() >= count;
+    });
+    return found;
+  }
+
   // "HOST/SLOT ..." of the document's workers, sorted.
   std::string placement() {
     std::vector<std::string> items;
@@ -116,7 +127,7 @@ TEST_F(KfrunAutoscale, OfferedSlotsAreTakenWithinTheCapAndGivenUpByTheJobItself)
       << placement() << "\n"
       << agent_->output();
   ASSERT_TRUE(agent_->wait_for_workers(2)) << agent_->output();
-  const auto first = events("placed");
+  const auto first = wait_events("placed", 1);
   ASSERT_EQ(first.size(), 1u);
   EXPECT_EQ(first[0].detail,
             "autoscale: target all offered, 2 slots offered on 1 host (per_host 2): 1 -> 2 "
@@ -129,7 +140,7 @@ TEST_F(KfrunAutoscale, OfferedSlotsAreTakenWithinTheCapAndGivenUpByTheJobItself)
       << agent_->output() << second.output();
   EXPECT_EQ(placement(), "127.0.0.1/0 127.0.0.1/1 127.0.0.2/0 127.0.0.2/1");
   ASSERT_TRUE(second.wait_for_workers(2)) << second.output();
-  const auto placed = events("placed");
+  const auto placed = wait_events("placed", 3);
   ASSERT_EQ(placed.size(), 3u);
   EXPECT_GE(event_ms(placed[1].time) - event_ms(first[0].time), 3000)
       << placed[1].time << " vs " << first[0].time;
@@ -155,14 +166,14 @@ TEST_F(KfrunAutoscale, OfferedSlotsAreTakenWithinTheCapAndGivenUpByTheJobItself)
       << placement() << "\n"
       << agent_->output() << third.output();
   EXPECT_EQ(placement(), "127.0.0.1/0 127.0.0.1/1 127.0.0.3/0");
-  EXPECT_EQ(events("placed").size(), 4u);
+  EXPECT_EQ(wait_events("placed", 4).size(), 4u);
 
   // A lower target is acted on at once: the newest workers are released.
   r = member(R"(set autoscale='{"cooldown_s": 3, "per_host": 2, "target": 1}')");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_TRUE(eventually([&] { return client().get_cluster().size() == 1; })) << placement() << "\n"
                                                                               << agent_->output();
-  const auto released = events("released");
+  const auto released = wait_events("released", 2);
   ASSERT_EQ(released.size(), 2u);
   EXPECT_TRUE(released[0].worker.starts_with("127.0.0.3:")) << released[0].worker;
   EXPECT_TRUE(contains(released[0].detail, "target 1")) << released[0].detail;
