@@ -613,6 +613,27 @@ TEST_F(ConfigServerTest, AMutationWithoutCredentialsIsRefusedBeforeItsBody) {
   EXPECT_NE(stale.find("ms from the server's time"), std::string::npos) << stale;
 }
 
+// A read with a body is refused from its header alone, unread: without credentials a client
+// could otherwise park a megabyte per long-poll in the server.
+TEST_F(ConfigServerTest, AGetOrHeadWithABodyIsRefusedBeforeItsBody) {
+  ServerProcess server(dir_);
+  ASSERT_FALSE(server.url().empty());
+  for (const std::string head :
+       {"GET /v1/cluster?watch=1&after=0 HTTP/1.1\r\nContent-Length: 1000000\r\n\r\n",
+        "HEAD /v1/cluster HTTP/1.1\r\nContent-Length: 5\r\n\r\n",
+        "GET /v1/events HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"}) {
+    const std::string reply = raw_exchange(server.address(), head);
+    EXPECT_TRUE(reply.starts_with("HTTP/1.1 400")) << head << reply;
+    if (!head.starts_with("HEAD")) {
+      EXPECT_NE(reply.find("may not have a body"), std::string::npos) << reply;
+    }
+  }
+  // A read without a body is served as before.
+  EXPECT_TRUE(
+      raw_exchange(server.address(), "GET /v1/cluster HTTP/1.1\r\nConnection: close\r\n\r\n")
+          .starts_with("HTTP/1.1 200"));
+}
+
 TEST_F(ConfigServerTest, UsageErrorsExit2) {
   const auto exe = server_path();
   const auto token = (dir_ / "token").string();

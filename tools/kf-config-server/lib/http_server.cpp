@@ -215,8 +215,16 @@ asio::awaitable<void> Server::async_session(tcp::socket socket, std::string sour
     beast::error_code ec = co_await async_read_head(stream, buffer, read, options_);
     RequestParser& parser = *read;
     std::size_t n = 0;
-    if (!ec && parser.get().method() != http::verb::get &&
-        parser.get().method() != http::verb::head) {
+    const bool reads =
+        parser.get().method() == http::verb::get || parser.get().method() == http::verb::head;
+    if (!ec && reads && (parser.chunked() || parser.content_length().value_or(0) > 0)) {
+      // Nobody needs to send a body with a read, and nobody may make the server take one in
+      // (a long-poll would hold it for the whole wait): refused from the header, unread.
+      co_await async_write(stream, error_response(400, "a GET or HEAD request may not have a body"),
+                           parser.get().version(), false);
+      break;
+    }
+    if (!ec && !reads) {
       // A mutation: its credentials are looked at before its body is read (the signature itself
       // covers the body and is checked after), so that nobody without them gets the server to
       // take in a body.
