@@ -473,5 +473,33 @@ TEST(JobFile, AutoscaleGoesIntoTheSettingsAndABadOneNamesItsLine) {
             std::string::npos);
 }
 
+// Aliases repeat what they name: nine levels of aliases of ten make 10^9 values from a dozen
+// lines. The conversion of policy parameters is bounded, and says so, instead of running out of
+// memory; so is their depth.
+TEST(JobFile, AliasesThatExpandWithoutEndAreRefused) {
+  // The policies' parameters are converted as a whole: the bomb goes there.
+  std::string yaml =
+      "job: {}\npolicies:\n  - name: p\n    params:\n      defs: &a0 [1, 2, 3, 4, 5, 6, 7, 8, 9, "
+      "10]\n";
+  for (int i = 1; i <= 9; ++i) {
+    const std::string p = "*a" + std::to_string(i - 1);
+    yaml += "      l" + std::to_string(i) + ": &a" + std::to_string(i) + " [" + p + ", " + p +
+            ", " + p + ", " + p + ", " + p + ", " + p + ", " + p + ", " + p + ", " + p + ", " + p +
+            "]\n";
+  }
+  const auto e = error_of(yaml);
+  EXPECT_NE(std::string(e.what()).find("expands to more than 100000 values"), std::string::npos)
+      << e.what();
+  std::string deep = "job: {}\npolicies:\n  - name: p\n    params: {x: ";
+  for (int i = 0; i < 80; ++i) deep += "[";
+  for (int i = 0; i < 80; ++i) deep += "]";
+  deep += "}\n";
+  EXPECT_NE(std::string(error_of(deep).what()).find("nested deeper than 64 levels"),
+            std::string::npos);
+  // Aliases within the bound are fine.
+  EXPECT_NO_THROW(parse_job_file(
+      "job: {}\npolicies:\n  - name: p\n    params: {a: &x [1, 2], b: *x}\n", "ok.yaml"));
+}
+
 }  // namespace
 }  // namespace kf

@@ -301,8 +301,16 @@ class Reader {
     return out;
   }
 
-  /// YAML to JSON, keeping each scalar's type; mapping keys become strings.
-  nlohmann::json to_json(const Value& v) const {
+  /// YAML to JSON, keeping each scalar's type; mapping keys become strings. Bounded: at most
+  /// kMaxValues values in all per file (an alias repeats what it names, so a few lines of
+  /// aliases of aliases would expand without end) and kMaxDepth levels.
+  nlohmann::json to_json(const Value& v, int depth = 0) const {
+    if (++converted_ > kMaxValues) {
+      fail(v, "expands to more than " + std::to_string(kMaxValues) +
+                  " values (aliases that repeat a large part of the file?)");
+    }
+    if (depth > kMaxDepth)
+      fail(v, "is nested deeper than " + std::to_string(kMaxDepth) + " levels");
     switch (kind(v)) {
       case Kind::null: return nullptr;
       case Kind::boolean: {
@@ -325,7 +333,7 @@ class Reader {
       case Kind::string: return v.node.Scalar();
       case Kind::sequence: {
         auto a = nlohmann::json::array();
-        for (const Value& item : items(v, "a sequence")) a.push_back(to_json(item));
+        for (const Value& item : items(v, "a sequence")) a.push_back(to_json(item, depth + 1));
         return a;
       }
       case Kind::mapping: break;
@@ -336,13 +344,16 @@ class Reader {
       const Value key = key_of(v, it->first);
       check_unique(seen, key);
       seen.emplace(key.node.Scalar(), key);
-      o[key.node.Scalar()] = to_json(Value{it->second, key.path, key.line});
+      o[key.node.Scalar()] = to_json(Value{it->second, key.path, key.line}, depth + 1);
     }
     return o;
   }
 
  private:
+  static constexpr std::size_t kMaxValues = 100'000;
+  static constexpr int kMaxDepth = 64;
   std::string source_;
+  mutable std::size_t converted_ = 0;  // values to_json made so far, for kMaxValues
 };
 
 void read_workers(const Reader& r, const Value& v, JobFile::Workers& w) {
