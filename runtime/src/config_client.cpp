@@ -39,6 +39,9 @@ bool is_client_event_type(std::string_view type) noexcept {
 namespace {
 
 namespace http = boost::beast::http;
+
+// Events asked for per request (kf-config-server answers at most 1000 without a limit).
+constexpr std::uint64_t kEventPage = 1000;
 using nlohmann::json;
 
 // Runs `read`, which takes an answer apart: a JSON field of the wrong type (nlohmann's exceptions)
@@ -263,15 +266,27 @@ std::vector<AgentOffer> ConfigClient::live_agents() {
 std::vector<ConfigEvent> ConfigClient::get_events(std::uint64_t after_seq) {
   return reading("GET events", [&] {
     if (etcd_) return etcd_->get_events(after_seq);
-    const std::string target = "/v1/events?after=" + std::to_string(after_seq);
-    const Answer a = connection_->call(server_, &control_key_, http::verb::get, target, nullptr,
-                                       options_.deadline);
+    // A page at a time, until the service says no more follow (it answers at most 1000 events
+    // a request).
     std::vector<ConfigEvent> events;
-    if (!a.body.is_object() || !a.body.contains("events") || !a.body["events"].is_array()) {
-      throw Error(make_error_code(errc::protocol_error), "GET " + target + ": no events array");
+    std::uint64_t after = after_seq;
+    for (;;) {
+      const std::string target =
+          "/v1/events?after=" + std::to_string(after) + "&limit=" + std::to_string(kEventPage);
+      const Answer a = connection_->call(server_, &control_key_, http::verb::get, target, nullptr,
+                                         options_.deadline);
+      if (!a.body.is_object() || !a.body.contains("events") || !a.body["events"].is_array()) {
+        throw Error(make_error_code(errc::protocol_error), "GET " + target + ": no events array");
+      }
+      for (const auto& j : a.body["events"]) events.push_back(event_from_json(j));
+      const bool more = a.body.value("more", false);
+      if (!more) return events;
+      if (a.body["events"].empty() || events.back().seq <= after) {
+        throw Error(make_error_code(errc::protocol_error),
+                    "GET " + target + ": \"more\" follow, but the page does not move on");
+      }
+      after = events.back().seq;
     }
-    for (const auto& j : a.body["events"]) events.push_back(event_from_json(j));
-    return events;
   });
 }
 

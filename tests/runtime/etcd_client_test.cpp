@@ -170,6 +170,22 @@ TEST_F(EtcdClient, KeepsTheAuditTrailInOrder) {
   EXPECT_EQ(later[0].seq, b.seq);
 }
 
+// A long audit trail comes back whole and in order, a page of 1000 at a time.
+TEST_F(EtcdClient, ALongAuditTrailComesBackWholeAPageAtATime) {
+  ConfigClient c = client();
+  std::vector<std::uint64_t> seqs;
+  for (int i = 0; i < 2500; ++i) {
+    seqs.push_back(c.post_event("note", "", "event " + std::to_string(i), std::nullopt).seq);
+  }
+  const auto all = c.get_events(0);
+  ASSERT_EQ(all.size(), 2500u);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    ASSERT_EQ(all[i].seq, seqs[i]);
+    ASSERT_EQ(all[i].detail, "event " + std::to_string(i));
+  }
+  EXPECT_EQ(c.get_events(seqs[1199]).size(), 1300u);
+}
+
 TEST_F(EtcdClient, WatchReturnsTheNextVersionOrTheCurrentOneAtTheTimeout) {
   ConfigClient c = client();
   const Cluster v1 = c.put_cluster(cluster_of(0, {7001}));

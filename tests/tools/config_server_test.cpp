@@ -144,6 +144,24 @@ TEST_F(ConfigServerTest, ServesTheApiOverHttp) {
   EXPECT_EQ(server.terminate(), 0);
 }
 
+// kf-config-server answers at most 1000 events a request; the client pages through a longer
+// trail and hands it back whole and in order.
+TEST_F(ConfigServerTest, ALongAuditTrailComesBackWholeAPageAtATime) {
+  ServerProcess server(dir_);
+  ASSERT_FALSE(server.url().empty());
+  kf::ConfigClient c(server.url(), kToken);
+  for (int i = 0; i < 2500; ++i)
+    c.post_event("note", "", "event " + std::to_string(i), std::nullopt);
+  const auto all = c.get_events(0);
+  ASSERT_EQ(all.size(), 2500u);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    ASSERT_EQ(all[i].seq, i + 1);
+    ASSERT_EQ(all[i].detail, "event " + std::to_string(i));
+  }
+  EXPECT_EQ(c.get_events(1200).size(), 1300u);
+  EXPECT_EQ(http("GET", server.url() + "/v1/events").body["events"].size(), 1000u);
+}
+
 TEST_F(ConfigServerTest, BodyOverOneMebibyteIs413) {
   ServerProcess server(dir_);
   ASSERT_FALSE(server.url().empty());

@@ -325,24 +325,35 @@ ConfigEvent EtcdBackend::post_event(const std::string& type, const std::string& 
 }
 
 std::vector<ConfigEvent> EtcdBackend::get_events(std::uint64_t after_seq) {
-  const json request = {{"key", base64(events_prefix_)},
-                        {"range_end", base64(prefix_end(events_prefix_))},
-                        {"sort_order", "ASCEND"},
-                        {"sort_target", "CREATE"},
-                        {"min_create_revision", std::to_string(after_seq + 1)}};
-  const json answer = call("/v3/kv/range", request);
+  // A page of 1000 at a time (etcd says "more" when the range held more), so that no answer
+  // carries a whole long history.
+  constexpr int kPage = 1000;
   std::vector<ConfigEvent> events;
-  for (const auto& kv : answer.value("kvs", json::array())) {
-    const std::string value = unbase64(kv.value("value", std::string()), "etcd events");
-    const json j = parse_json_or_discard(value);
-    if (!j.is_object()) {
-      throw Error(make_error_code(errc::protocol_error), "etcd events: an event is not JSON");
+  std::uint64_t after = after_seq;
+  for (;;) {
+    const json request = {
+        {"key", base64(events_prefix_)},  {"range_end", base64(prefix_end(events_prefix_))},
+        {"sort_order", "ASCEND"},         {"sort_target", "CREATE"},
+        {"limit", std::to_string(kPage)}, {"min_create_revision", std::to_string(after + 1)}};
+    const json answer = call("/v3/kv/range", request);
+    const json kvs = answer.value("kvs", json::array());
+    for (const auto& kv : kvs) {
+      const std::string value = unbase64(kv.value("value", std::string()), "etcd events");
+      const json j = parse_json_or_discard(value);
+      if (!j.is_object()) {
+        throw Error(make_error_code(errc::protocol_error), "etcd events: an event is not JSON");
+      }
+      ConfigEvent e = event_from_json(j);
+      e.seq = int_field(kv, "create_revision");
+      events.push_back(std::move(e));
     }
-    ConfigEvent e = event_from_json(j);
-    e.seq = int_field(kv, "create_revision");
-    events.push_back(std::move(e));
+    if (!answer.value("more", false)) return events;
+    if (kvs.empty() || events.back().seq <= after) {
+      throw Error(make_error_code(errc::protocol_error),
+                  "etcd events: \"more\" follow, but the page does not move on");
+    }
+    after = events.back().seq;
   }
-  return events;
 }
 
 void EtcdBackend::announce_agent(const std::string& host, std::chrono::seconds ttl, int slots) {

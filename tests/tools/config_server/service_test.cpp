@@ -388,10 +388,14 @@ TEST_F(ServiceTest, EventsComeAtMostLimitAtATimeSayingWhetherMoreFollow) {
   const auto last = json::parse(get(s, "/v1/events?after=3&limit=2").body);
   ASSERT_EQ(last["events"].size(), 2u);
   EXPECT_EQ(last["more"], false);
-  // Without a limit, all of them, and no "more" (as before).
+  // Without a limit, up to kDefaultEventLimit (all 5 here), and "more" all the same.
   const auto all = json::parse(get(s, "/v1/events").body);
   EXPECT_EQ(all["events"].size(), 5u);
-  EXPECT_FALSE(all.contains("more"));
+  EXPECT_EQ(all["more"], false);
+  // A limit above the most is refused, saying the range.
+  const auto r = get(s, "/v1/events?limit=10001");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(json::parse(r.body)["error"], "limit must be an integer from 1 to 10000");
 }
 
 // A job's long history: 100,000 events load, come in pages, and one more is appended to the
@@ -418,6 +422,10 @@ TEST_F(ServiceTest, AHistoryOf100000EventsLoadsComesInPagesAndGrowsByAnAppend) {
   const auto last = json::parse(get(s, "/v1/events?after=99500&limit=1000").body);
   ASSERT_EQ(last["events"].size(), 500u);
   EXPECT_EQ(last["more"], false);
+  // Without a limit: the first 1000, never the whole history in one answer.
+  const auto unbounded = json::parse(get(s, "/v1/events").body);
+  ASSERT_EQ(unbounded["events"].size(), 1000u);
+  EXPECT_EQ(unbounded["more"], true);
   ASSERT_EQ(post_event(s, R"({"type":"note"})").status, 201);
   EXPECT_EQ(read_file(state_file_), snapshot) << "the history was written again";
   const std::string log = read_file(log_file(state_file_));

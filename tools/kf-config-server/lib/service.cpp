@@ -244,32 +244,32 @@ Response Service::get_events(const std::string& query) const {
     return error(400, e.what());
   }
   std::uint64_t after = 0;
-  std::optional<std::uint64_t> limit;
+  std::uint64_t limit = kDefaultEventLimit;
   for (const auto& [k, v] : params) {
     const auto n = parse_u64(v);
     if (k == "after") {
       if (!n) return error(400, "after must be a non-negative integer");
       after = *n;
     } else if (k == "limit") {
-      if (!n || *n == 0) return error(400, "limit must be a positive integer");
+      if (!n || *n == 0 || *n > kMaxEventLimit) {
+        return error(400, "limit must be an integer from 1 to " + std::to_string(kMaxEventLimit));
+      }
       limit = *n;
     } else {
       return error(400, "unknown query parameter '" + k + "'");
     }
   }
+  // Events are kept in seq order: the page starts after a binary search, so that paging through
+  // a long history costs each page its own events, not the whole history.
+  const auto first =
+      std::partition_point(state_.events.begin(), state_.events.end(),
+                           [&](const json& e) { return e["seq"].get<std::uint64_t>() <= after; });
+  const auto left = static_cast<std::uint64_t>(state_.events.end() - first);
+  const auto count = std::min(left, limit);
   json events = json::array();
-  bool more = false;
-  for (const auto& e : state_.events) {
-    if (e["seq"].get<std::uint64_t>() <= after) continue;
-    if (limit && events.size() >= *limit) {
-      more = true;
-      break;
-    }
-    events.push_back(e);
-  }
-  json body{{"events", std::move(events)}};
-  if (limit) body["more"] = more;
-  return ok(200, body);
+  for (auto it = first; it != first + static_cast<std::ptrdiff_t>(count); ++it)
+    events.push_back(*it);
+  return ok(200, json{{"events", std::move(events)}, {"more", left > count}});
 }
 
 Response Service::post_event(const std::string& body) {

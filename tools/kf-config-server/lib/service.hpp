@@ -39,6 +39,11 @@ struct Response {
   std::string allow;  ///< the Allow header of a 405, empty otherwise
 };
 
+/// GET /v1/events answers at most this many events without a `limit`, and accepts a `limit` up
+/// to kMaxEventLimit: one answer never serialises a whole long history on the I/O thread.
+inline constexpr std::uint64_t kDefaultEventLimit = 1000;
+inline constexpr std::uint64_t kMaxEventLimit = 10'000;
+
 struct ServiceOptions {
   std::filesystem::path state_file;
   /// The job token: mutations must be signed with the control key derived from it
