@@ -328,6 +328,10 @@ TEST_F(KfMemberTest, BadArgumentsExit2) {
   r = run_shell("env -u KF_JOB_TOKEN_FILE " + exe + " --server " + server_->url() + " add");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--token-file"), std::string::npos) << r.output;
+  // With etcd, reading needs the token (or a prefix) too: without, no job could be found.
+  r = run_shell("env -u KF_JOB_TOKEN_FILE " + exe + " --server etcd://127.0.0.1:1 list");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("prefix derived from its token"), std::string::npos) << r.output;
 }
 
 TEST_F(KfMemberTest, WatchReturnsAfterAChangeByAnotherProcess) {

@@ -137,6 +137,17 @@ int main(int argc, char** argv) {
     if (mutates && token_file.empty()) {
       throw std::invalid_argument("changing the cluster needs --token-file (or KF_JOB_TOKEN_FILE)");
     }
+    if (token_file.empty()) {
+      // With etcd the job's keys are under a prefix derived from its token: without either,
+      // kf-member would look elsewhere and find no job at all.
+      const kf::ServiceUrl url = kf::ConfigClient::parse_service_url(server);
+      if (url.kind == kf::ServiceUrl::Kind::etcd && url.prefix.empty()) {
+        throw std::invalid_argument(
+            "with etcd the job's keys are under a prefix derived from its token: give "
+            "--token-file (or KF_JOB_TOKEN_FILE), or the prefix in the URL "
+            "(etcd://HOST:PORT/PREFIX)");
+      }
+    }
     client.emplace(server, token_file.empty() ? "" : kf::read_token_file(token_file), options);
   } catch (const std::invalid_argument& e) {
     std::cerr << "kf-member: " << e.what() << "\n";
