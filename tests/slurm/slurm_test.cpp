@@ -537,8 +537,8 @@ TEST_F(Slurm, AutoscaleKeepsItsTargetOnTheSlotsTheAllocationsOffer) {
     ASSERT_FALSE(ids.back().empty());
   }
   ASSERT_TRUE(eventually([&] { return size() == 3; }, 60s)) << slurm_state();
-  auto c = client();
-  write_setting(c, "autoscale", {{"target", 3}, {"cooldown_s", 1}});
+  auto writer = client();
+  write_setting(writer, "autoscale", {{"target", 3}, {"cooldown_s", 1}});
   const std::string h3 = bridge_.substr(0, bridge_.rfind('.')) + ".3";
   const std::string prio = sbatch("-p prio -N1 -w h3 --exclusive --output=/dev/null", "sleep 120");
   ASSERT_FALSE(prio.empty());

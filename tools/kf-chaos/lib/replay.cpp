@@ -33,13 +33,6 @@ std::int64_t unix_ms() {
       .count();
 }
 
-// `text` quoted for the shell.
-std::string shell_quoted(const std::string& text) {
-  std::string q = "'";
-  for (const char c : text) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 std::string format_rate(double per_s) {
   std::ostringstream s;
   s.setf(std::ios::fixed);

@@ -11,25 +11,15 @@
 #include <stdexcept>
 #include <thread>
 
+#include "kf-chaos/lib/job.hpp"
+
 namespace kf::chaos {
 
-namespace {
-
-// `text` quoted for the shell.
 std::string shell_quoted(const std::string& text) {
   std::string q = "'";
   for (const char c : text) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return q + "'";
 }
-
-std::string slurp_file(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-}  // namespace
 
 CommandResult run_command(const std::string& shell_command) {
   CommandResult r;
@@ -160,7 +150,7 @@ void SlurmFleet::cancel_all() {
 
 std::string SlurmFleet::output() const {
   std::string all;
-  for (const auto& p : outputs_) all += slurp_file(p);
+  for (const auto& p : outputs_) all += slurp(p);
   return all;
 }
 

@@ -24,6 +24,9 @@ struct SlurmOptions {
   int signal_s = 5;                ///< the allocations' --signal=USR1@N
 };
 
+/// `text` quoted for a POSIX shell (in single quotes).
+std::string shell_quoted(const std::string& text);
+
 /// The output of a shell command and its exit status.
 struct CommandResult {
   int code = -1;

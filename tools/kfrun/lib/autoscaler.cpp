@@ -52,7 +52,6 @@ void Autoscaler::run() {
   Clock::time_point changed_at = Clock::time_point::min();  // the workers last changed
   std::optional<std::optional<std::int64_t>> target_seen;   // the target as last seen
   std::map<std::string, Clock::time_point> avoid_until;
-  bool look_again = false;  // a write conflicted: decide on the new document at once
   bool said_down = false;
   const PortChooser ports = [this](const std::string& host, int count,
                                    const std::vector<std::uint16_t>& taken) {
@@ -60,10 +59,7 @@ void Autoscaler::run() {
   };
   while (!stop_) {
     try {
-      Cluster c = !seen        ? client_.get_cluster()
-                  : look_again ? *seen
-                               : client_.watch(seen->version, config_.period);
-      look_again = false;
+      Cluster c = seen ? client_.watch(seen->version, config_.period) : client_.get_cluster();
       said_down = false;
       const auto now = Clock::now();
       if (seen && c.version != seen->version && c.workers != seen->workers) {
@@ -106,9 +102,9 @@ void Autoscaler::run() {
       Cluster stored;
       try {
         stored = client_.put_cluster(plan->next, &c);
-      } catch (const ConflictError& e) {
-        seen = e.current();
-        look_again = true;
+      } catch (const ConflictError&) {
+        // Someone changed the document meanwhile: the watch hands it over at once, and it is
+        // judged like any other change (the cooldown, the hosts that lost workers) first.
         continue;
       }
       written = stored.version;
