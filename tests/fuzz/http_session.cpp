@@ -61,7 +61,7 @@ beast::error_code feed(http::request_parser<http::string_body>& p, std::string_v
 
 // The answers the session owes a client that sent `input`, found by reading it as the session
 // does (http_server.cpp, async_session): the head, the credentials of a mutation, a 100 when
-// asked for, the body.
+// asked for (a read that announces a body is refused first), the body.
 std::vector<Due> answers_due(const Service& service, std::string_view input) {
   std::vector<Due> due;
   std::size_t at = 0;
@@ -83,6 +83,11 @@ std::vector<Due> answers_due(const Service& service, std::string_view input) {
     if (ec) return stop_on(false);
     const auto& req = p.get();
     const bool head = req.method() == http::verb::head;
+    if ((req.method() == http::verb::get || head) &&
+        (p.chunked() || p.content_length().value_or(0) > 0)) {
+      due.push_back({400, false, head});  // a read with a body: refused unread, then closed
+      return due;
+    }
     if (req.method() != http::verb::get && !head &&
         !service.unauthorized_before_body(std::string(req[http::field::authorization])).empty()) {
       due.push_back({401});

@@ -221,7 +221,8 @@ asio::awaitable<void> Server::async_session(tcp::socket socket, std::string sour
       // Nobody needs to send a body with a read, and nobody may make the server take one in
       // (a long-poll would hold it for the whole wait): refused from the header, unread.
       co_await async_write(stream, error_response(400, "a GET or HEAD request may not have a body"),
-                           parser.get().version(), false);
+                           parser.get().version(), false,
+                           parser.get().method() == http::verb::head);
       break;
     }
     if (!ec && !reads) {
