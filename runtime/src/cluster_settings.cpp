@@ -65,6 +65,13 @@ const std::vector<Rule>& rules() {
          s.max_workers = integer_at_least(v, 0);
          return s.max_workers.has_value();
        }},
+      {"spares", "an integer in 0-1024",
+       [](const json& v, ClusterSettings& s) {
+         const auto n = integer_at_least(v, 0);
+         if (!n || *n > 1024) return false;
+         s.spares = *n;
+         return true;
+       }},
       {"mode", "a training mode such as \"sync-sgd\" or \"sma:period=4\"",
        [](const json& v, ClusterSettings& s) {
          if (!v.is_string()) return false;

@@ -49,6 +49,7 @@ nlohmann::json JobFile::to_settings() const {
   if (mode) s["mode"] = mode->str();
   if (compression) s["compression"] = compression->str();
   if (autoscale) s["autoscale"] = autoscale->to_json();
+  if (spares > 0) s["spares"] = spares;
   return s;
 }
 

@@ -31,6 +31,7 @@
 #include "kf/runtime/job_file.hpp"
 #include "session/invitation.hpp"
 #include "session/service_link.hpp"
+#include "session/spares.hpp"
 #include "session/support.hpp"
 
 namespace kf {
@@ -80,11 +81,12 @@ Session::Session(std::unique_ptr<Peer> peer, Cluster initial, State& state, Sess
   if (options_.commit_every < 1) throw std::invalid_argument("Session: commit_every must be >= 1");
   if (!peer_) throw std::invalid_argument("Session: no peer");
   if (peer_->size() != 0) throw std::invalid_argument("Session: the peer was already started");
-  if (!contains(initial_, peer_->endpoint())) {
+  if (!contains(initial_, peer_->endpoint()) && !initial_.is_spare(peer_->endpoint())) {
     throw std::invalid_argument("Session: this worker (" + peer_->endpoint().str() +
                                 ") is not in its initial cluster (version " +
                                 std::to_string(initial_.version) + ")");
   }
+  spare_pusher_ = std::make_unique<detail::SparePusher>();
   if (options_.config_server) {
     if (options_.job_token.empty()) {
       throw std::invalid_argument("Session: a config service needs the job token");
@@ -157,14 +159,22 @@ bool Session::join() {
   rec.kind = "join";
   rec.detected_us = rec.boundary_us = now_us();
   std::string last_error;
+  detail::SnapshotAssembler snapshots;  // a spare's commits from rank 0
+  bool was_spare = false;
   for (;;) {
     Cluster newest = initial_;
     if (link_ && link_->version() > newest.version) newest = link_->latest().cluster;
-    if (!contains(newest, self)) {
+    const bool spare = !contains(newest, self) && newest.is_spare(self);
+    if (!contains(newest, self) && !spare) {
       KF_LOG(info, "session", "{}: removed from the cluster (v{}) before it joined", self.str(),
              newest.version);
       return false;
     }
+    if (spare && !was_spare) {
+      KF_LOG(info, "session", "{}: a hot spare of v{}; waiting to be moved in", self.str(),
+             newest.version);
+    }
+    was_spare = was_spare || spare;
     if (parse_cluster_settings(newest.settings).typed.finished) {
       KF_LOG(info, "session", "{}: the job finished (v{}) before this worker joined", self.str(),
              newest.version);
@@ -172,7 +182,7 @@ bool Session::join() {
     }
     // The first worker of a cluster nobody has formed yet forms it. (Survivors of a running job
     // always come first in a cluster: kf-member appends joiners.)
-    if (*newest.rank_of(self) == 0 && newest.version > attempted_version_) {
+    if (!spare && *newest.rank_of(self) == 0 && newest.version > attempted_version_) {
       try {
         if (options_.checkpoint_path && !state_.has_commit() &&
             std::filesystem::exists(*options_.checkpoint_path)) {
@@ -195,15 +205,23 @@ bool Session::join() {
       }
     }
     const auto left = deadline - SteadyClock::now();
-    if (left <= SteadyClock::duration::zero()) {
+    // A spare waits as long as it is one; join_timeout counts for a worker invited to join.
+    if (left <= SteadyClock::duration::zero() && !spare) {
       throw Error(make_error_code(errc::timeout),
                   "Session::join: " + self.str() + " was not invited into the job within " +
                       std::to_string(options_.join_timeout.count()) + " ms" +
                       (last_error.empty() ? "" : " (last failure: " + last_error + ")"));
     }
-    auto inv = peer_->wait_invitation(std::min<std::chrono::milliseconds>(
-        std::chrono::milliseconds(100), std::chrono::ceil<std::chrono::milliseconds>(left)));
+    auto inv =
+        peer_->wait_invitation(spare ? std::chrono::milliseconds(100)
+                                     : std::min<std::chrono::milliseconds>(
+                                           std::chrono::milliseconds(100),
+                                           std::chrono::ceil<std::chrono::milliseconds>(left)));
     if (!inv) continue;
+    if (detail::is_spare_piece(inv->payload)) {
+      take_spare_piece(snapshots, *inv);
+      continue;
+    }
     Cluster target;
     try {
       target = detail::decode_invitation(inv->payload).cluster;
@@ -217,9 +235,17 @@ bool Session::join() {
     rec.agreed_us = now_us();
     rec.to_version = target.version;
     rec.to_size = target.size();
+    if (was_spare) {
+      // Its wait as a spare is no part of the change: the change begins with the invitation.
+      rec.detected_us = rec.boundary_us = rec.agreed_us;
+      rec.detail = "a hot spare moved in, holding commit " + std::to_string(*commits_);
+    }
     try {
       if (form(target, nullptr, /*fresh=*/false, rec)) {
         finish_change(rec);
+        // What rank 0 was still sending this spare is of no use now.
+        while (was_spare && peer_->wait_invitation(std::chrono::milliseconds(0))) {
+        }
         return true;
       }
     } catch (const Error& e) {
@@ -228,6 +254,26 @@ bool Session::join() {
       KF_LOG(warn, "session", "{}: joining cluster v{} failed: {}", self.str(), target.version,
              e.what());
     }
+  }
+}
+
+// A piece of a commit that rank 0 sends a spare: a whole commit goes into the state at once.
+void Session::take_spare_piece(detail::SnapshotAssembler& snapshots, const Invitation& inv) {
+  try {
+    if (!snapshots.add(inv.from, inv.payload)) return;
+    const std::int64_t commit = snapshots.commit();
+    const bool first = !state_.has_commit();
+    state_.restore_snapshot(snapshots.take());
+    if (first) {
+      KF_LOG(info, "session", "{}: a hot spare holding commit {} from {}; more follow",
+             peer_->endpoint().str(), commit, inv.from.str());
+    } else {
+      KF_LOG(debug, "session", "{}: holds commit {} from {}", peer_->endpoint().str(), commit,
+             inv.from.str());
+    }
+  } catch (const std::exception& e) {  // malformed, or another layout: the state is unchanged
+    KF_LOG(warn, "session", "{}: ignored a commit from {}: {}", peer_->endpoint().str(),
+           inv.from.str(), e.what());
   }
 }
 
@@ -274,6 +320,9 @@ void Session::after_commit() {
   if (options_.checkpoint_path && options_.checkpoint_every > 0 && peer_->rank() == 0 &&
       *steps_ % options_.commit_every == 0 && *commits_ % options_.checkpoint_every == 0) {
     state_.save(*options_.checkpoint_path);
+  }
+  if (peer_->rank() == 0 && *steps_ % options_.commit_every == 0) {
+    spare_pusher_->push(*peer_, state_, peer_->cluster(), *commits_);
   }
 }
 

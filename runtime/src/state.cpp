@@ -9,9 +9,12 @@
 
 #include <cstring>
 #include <fstream>
+#include <istream>
 #include <limits>
 #include <optional>
 #include <stdexcept>
+#include <streambuf>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -130,8 +133,8 @@ void State::sync(Peer& peer, int root) {
   commit();
 }
 
-void State::save(const std::string& path) const {
-  if (!has_commit_) throw std::logic_error("State::save: nothing was committed yet");
+std::string State::commit_header() const {
+  if (!has_commit_) throw std::logic_error("State: nothing was committed yet");
   nlohmann::json header;
   header["counters"] = saved_counters_;
   header["buffers"] = nlohmann::json::array();
@@ -139,7 +142,12 @@ void State::save(const std::string& path) const {
     header["buffers"].push_back(
         {{"name", name}, {"dtype", to_string(e.live.dtype)}, {"count", e.live.count}});
   }
-  const std::string head = kMagic + header.dump() + "\n";
+  return kMagic + header.dump() + "\n";
+}
+
+void State::save(const std::string& path) const {
+  if (!has_commit_) throw std::logic_error("State::save: nothing was committed yet");
+  const std::string head = commit_header();
   std::vector<std::string_view> pieces{head};
   for (const auto& [name, e] : buffers_) {
     pieces.emplace_back(reinterpret_cast<const char*>(e.saved.data()), e.saved.size());
@@ -153,11 +161,45 @@ void State::save(const std::string& path) const {
   }
 }
 
+std::string State::snapshot() const {
+  std::string out = commit_header();
+  std::size_t size = out.size();
+  for (const auto& [name, e] : buffers_) size += e.saved.size();
+  out.reserve(size);
+  for (const auto& [name, e] : buffers_) {
+    out.append(reinterpret_cast<const char*>(e.saved.data()), e.saved.size());
+  }
+  return out;
+}
+
+namespace {
+
+// Reads bytes held in memory as a stream, without copying them.
+class MemoryStreamBuf : public std::streambuf {
+ public:
+  explicit MemoryStreamBuf(std::string_view bytes) {
+    char* begin = const_cast<char*>(bytes.data());  // only read: the get area
+    setg(begin, begin, begin + bytes.size());
+  }
+};
+
+}  // namespace
+
+void State::restore_snapshot(std::string_view bytes) {
+  MemoryStreamBuf buf(bytes);
+  std::istream in(&buf);
+  read_commit(in, "snapshot");
+}
+
 void State::load(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot read state file '" + path + "'");
+  read_commit(in, "state file '" + path + "'");
+}
+
+void State::read_commit(std::istream& in, const std::string& what) {
   auto fail = [&](const std::string& why) -> std::runtime_error {
-    return std::runtime_error("state file '" + path + "': " + why);
+    return std::runtime_error(what + ": " + why);
   };
   std::string magic(sizeof kMagic - 1, '\0');
   in.read(magic.data(), static_cast<std::streamsize>(magic.size()));

@@ -76,6 +76,69 @@ TEST(Elastic, RevokedWorkerFinishesItsStepAndLeavesCleanly) {
   })) << "a revoked worker leaves cleanly";
 }
 
+// Hot spares (docs/elastic.md): `spares: 1` keeps one started outside the cluster, holding
+// the commits rank 0 sends it. A kill -9 and then a notice each move the spare in, in the same
+// write that removes the worker, so the job keeps its two workers; the agents place a new spare
+// after each. The job ends with identical models and every sample used once.
+TEST(ElasticSpares, ASpareTakesThePlaceOfAKilledWorkerAndOfOneGivenNotice) {
+  ElasticJob job("spares");
+  const auto file = job.dir() / "job.yaml";
+  std::ofstream(file) << "job: {}\nbatch_size: 64\nworkers: {max: 8}\nspares: 1\n";
+  job.set_agent_options("--job " + file.string());
+  job.start(2, kArgs);
+  const auto spare_ready = [&](const std::string& not_this) {
+    std::string spare;
+    eventually(
+        [&] {
+          const auto c = job.client().get_cluster();
+          if (c.spares.size() != 1 || c.spares[0].endpoint.str() == not_this) return false;
+          spare = c.spares[0].endpoint.str();
+          return job.err_lines_with(spare + ": a hot spare holding commit") > 0;
+        },
+        60s);
+    return spare;
+  };
+  const std::string first = spare_ready("");
+  ASSERT_FALSE(first.empty()) << job.err();
+  ASSERT_TRUE(job.wait_progress(job.progress() + 20)) << job.err();
+
+  // kill -9 of rank 1: the survivors' write moves the spare in.
+  const std::string victim = job.client().get_cluster().workers[1].endpoint.str();
+  ASSERT_EQ(::kill(job.worker_pid(victim), SIGKILL), 0);
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto c = job.client().get_cluster();
+        return c.size() == 2 && c.rank_of(Endpoint::parse(first)).has_value();
+      },
+      60s))
+      << job.err();
+  ASSERT_TRUE(eventually(
+      [&] { return job.err_lines_with("a hot spare moved in, holding commit") > 0; }, 60s))
+      << job.err();
+  EXPECT_TRUE(job.has_event([&](const ConfigEvent& e) {
+    return e.type == "promoted" && e.worker == first && e.detail.find(victim) != std::string::npos;
+  })) << "the promotion is in the audit trail";
+
+  // A new spare, then a notice for the worker that is rank 1 now: the new spare moves in.
+  const std::string second = spare_ready(first);
+  ASSERT_FALSE(second.empty()) << job.err();
+  const std::string leaver = job.client().get_cluster().workers[1].endpoint.str();
+  auto r = job.member("notice " + leaver + " --in 10");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("moved in the spare " + second), std::string::npos) << r.output;
+  ASSERT_TRUE(eventually(
+      [&] {
+        return job.has_event(
+            [&](const ConfigEvent& e) { return e.type == "exited" && e.worker == leaver; });
+      },
+      30s))
+      << job.err();
+  ASSERT_TRUE(job.wait_progress(job.progress() + 20)) << job.err();
+  EXPECT_EQ(job.client().get_cluster().size(), 2);
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 2);
+}
+
 // kill -9 of a random worker at a random step; 20 seeds.
 TEST(Elastic, SurvivesKillNineOfARandomWorkerAtARandomStep) {
   // KF_TEST_SEED=N runs that seed alone.

@@ -65,10 +65,24 @@ void expect_left_cleanly(const ElasticJob& job, const std::vector<std::string>& 
 }
 
 // Slurm's --signal=USR1@N sends the signal to every process of the job step: the agent takes it
-// as the notice, and its workers (which start with it ignored) finish their step and leave.
+// as the notice, and its workers (which start with it ignored) finish their step and leave. The
+// job keeps a hot spare (on 127.0.0.1: of two hosts with as many workers, the first): the agent's
+// write that takes its workers out moves the spare in, so the job goes on with 3 workers.
 TEST(Notice, ASignalledHostsWorkersLeaveAndTheJobFinishesClean) {
   ElasticJob job("notice-usr1");
   const auto other = start_two_hosts(job, "--notice-signal USR1 --grace 30", 2);
+  auto set = job.member("set spares=1");
+  ASSERT_EQ(set.exit_code, 0) << set.output;
+  std::string spare;
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto c = job.client().get_cluster();
+        spare = c.spares.empty() ? "" : c.spares[0].endpoint.str();
+        return !spare.empty() && job.err_lines_with(spare + ": a hot spare holding commit") > 0;
+      },
+      60s))
+      << job.err();
+  EXPECT_TRUE(spare.starts_with("127.0.0.1:")) << spare;
   const auto leavers = workers_on(job.client().get_cluster(), kOther);
   ASSERT_EQ(leavers.size(), 2u);
   for (const auto& w : leavers) ASSERT_EQ(::kill(job.worker_pid(w), SIGUSR1), 0) << w;
@@ -76,12 +90,16 @@ TEST(Notice, ASignalledHostsWorkersLeaveAndTheJobFinishesClean) {
   ASSERT_EQ(::kill(job.other_agent_pid(other), SIGUSR1), 0);
   EXPECT_EQ(job.wait_other_agent(other), 0) << job.other_err(kOther);
   EXPECT_LT(std::chrono::steady_clock::now() - noticed, 30s) << "not within the grace";
-  ASSERT_TRUE(job.wait_size(2)) << job.err();
+  ASSERT_TRUE(job.wait_size(3)) << job.err();
   const long after = job.progress();
   ASSERT_TRUE(job.wait_progress(after + 20)) << job.err();
   job.finish_soon();
-  job.expect_clean_finish(job.wait(), 2);
+  job.expect_clean_finish(job.wait(), 3);
   expect_left_cleanly(job, leavers);
+  EXPECT_TRUE(job.has_event([&](const ConfigEvent& e) {
+    return e.type == "promoted" && e.worker == spare &&
+           e.detail.find("in place of the workers of 127.0.0.2") != std::string::npos;
+  })) << "the agent's write moved the spare in";
   EXPECT_NE(job.other_err(kOther).find("kfrun: left on the notice"), std::string::npos)
       << job.other_err(kOther);
 }

@@ -37,6 +37,17 @@ TEST(ClusterSettings, AMistypedKeyIsNamedAndLeftOutAndTheOthersStay) {
   EXPECT_EQ(p.valid, (json{{"batch_size", 32}}));
 }
 
+TEST(ClusterSettings, SparesAreACountFrom0To1024) {
+  EXPECT_EQ(parse_cluster_settings({{"spares", 2}}).typed.spares, 2);
+  EXPECT_EQ(parse_cluster_settings(json::object()).typed.spares, 0);
+  for (const json& bad : {json(-1), json(1025), json("2"), json(1.5)}) {
+    const auto p = parse_cluster_settings({{"spares", bad}});
+    ASSERT_EQ(p.errors.size(), 1u) << bad.dump();
+    EXPECT_EQ(p.errors[0], "settings.spares: expected an integer in 0-1024, got " + bad.dump());
+    EXPECT_EQ(p.typed.spares, 0);
+  }
+}
+
 TEST(ClusterSettings, ReadsTheTrainingModeAndCompression) {
   const auto p = parse_cluster_settings({{"mode", "sma:period=4"}, {"compression", "topk:0.01"}});
   EXPECT_TRUE(p.errors.empty());

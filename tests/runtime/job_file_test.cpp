@@ -473,6 +473,14 @@ TEST(JobFile, AutoscaleGoesIntoTheSettingsAndABadOneNamesItsLine) {
             std::string::npos);
 }
 
+TEST(JobFile, SparesGoIntoTheSettings) {
+  EXPECT_EQ(parse_job_file("job: {}\nspares: 2\n", "job.yaml").to_settings()["spares"], 2);
+  EXPECT_FALSE(parse_job_file("job: {}\nspares: 0\n", "job.yaml").to_settings().contains("spares"));
+  const auto e = error_of("job: {}\nspares: -1\n");
+  EXPECT_EQ(e.line(), 2);
+  EXPECT_EQ(e.key(), "spares");
+}
+
 // Aliases repeat what they name: nine levels of aliases of ten make 10^9 values from a dozen
 // lines. The conversion of policy parameters is bounded, and says so, instead of running out of
 // memory; so is their depth.

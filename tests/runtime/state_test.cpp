@@ -99,6 +99,45 @@ TEST(State, SaveAndLoadRoundTripAndRejectMismatches) {
   EXPECT_THROW(t.load(path), std::runtime_error);
 }
 
+// A hot spare's copy: the last commit as bytes, taken into a state of the same layout; a copy
+// of another layout, or a torn one, is refused and leaves the state as it was.
+TEST(State, SnapshotCarriesTheLastCommitToAnotherState) {
+  std::vector<float> w{1.f, 2.f, 3.f};
+  State s;
+  s.add("w", buffer(w.data(), w.size()));
+  s.counter("step") = 4;
+  EXPECT_THROW((void)s.snapshot(), std::logic_error);
+  s.commit();
+  w[0] = 100.f;  // after the commit: not in the snapshot
+  const std::string bytes = s.snapshot();
+
+  std::vector<float> w2(3, -1.f);
+  State t;
+  t.add("w", buffer(w2.data(), w2.size()));
+  std::int64_t& step = t.counter("step");
+  t.restore_snapshot(bytes);
+  EXPECT_EQ(w2, (std::vector<float>{1.f, 2.f, 3.f}));
+  EXPECT_EQ(step, 4);
+  EXPECT_TRUE(t.has_commit());
+
+  std::vector<float> other(4, -1.f);
+  State u;
+  u.add("w", buffer(other.data(), other.size()));
+  try {
+    u.restore_snapshot(bytes);
+    FAIL() << "a snapshot of another layout must be refused";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("snapshot: buffer 'w' is f32 x 3"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(u.has_commit());
+  EXPECT_EQ(other, std::vector<float>(4, -1.f));
+  w2.assign(3, -1.f);
+  EXPECT_THROW(t.restore_snapshot(std::string_view(bytes).substr(0, bytes.size() - 1)),
+               std::runtime_error);
+  EXPECT_EQ(w2, std::vector<float>(3, -1.f));
+}
+
 // A header whose fields have the wrong JSON types is refused like any other bad file: a
 // runtime_error naming the file and what is wrong, never the JSON library's own type error.
 TEST(State, LoadRefusesMistypedHeaderFields) {

@@ -453,9 +453,10 @@ std::vector<PolicySpec> read_policies(const Reader& r, const Value& v) {
 
 /// Reads the keys of the top-level mapping `root` into `job`.
 void read_root(const Reader& r, const Value& root, JobFile& job) {
-  const Fields f = r.fields(root, {"job", "workers", "algorithm", "batch_size", "learning_rate",
-                                   "mode", "compression", "timeouts", "ports", "commit_every",
-                                   "checkpoint", "metrics", "autoscale", "policies", "plugins"});
+  const Fields f =
+      r.fields(root, {"job", "workers", "algorithm", "batch_size", "learning_rate", "mode",
+                      "compression", "timeouts", "ports", "commit_every", "checkpoint", "metrics",
+                      "autoscale", "spares", "policies", "plugins"});
   const Value* section = find(f, "job");
   if (!section) {
     r.fail(Value{root.node, "job", root.line}, kMissingJob);
@@ -504,6 +505,7 @@ void read_root(const Reader& r, const Value& root, JobFile& job) {
                      std::to_string(job.workers.max));
     }
   }
+  if (const Value* v = find(f, "spares")) job.spares = r.integer(*v, 0, 1024);
   if (const Value* v = find(f, "policies")) job.policies = read_policies(r, *v);
   if (const Value* v = find(f, "plugins")) {
     for (const Value& item : r.items(*v, "a sequence of shared-library paths")) {

@@ -28,6 +28,16 @@ using SteadyClock = std::chrono::steady_clock;
 // How often a survivor waiting for the writer's document looks whether the writer is lost too.
 constexpr std::chrono::milliseconds kWriterCheck{5};
 
+namespace {
+
+std::string join_specs(const std::vector<WorkerSpec>& specs) {
+  std::string s;
+  for (const auto& w : specs) s += (s.empty() ? "" : ", ") + w.endpoint.str();
+  return s;
+}
+
+}  // namespace
+
 // Moves the peer to `target`, invites its joiners, agrees with every member on whose state is
 // newest and syncs it to those behind. Returns true on success; throws kf::Error on a failure.
 bool Session::form(const Cluster& target, const Cluster* previous, bool fresh, ChangeRecord& rec) {
@@ -359,15 +369,24 @@ Cluster Session::remove_lost(const std::vector<Endpoint>& lost, bool edit_newer,
           return current;
         }
         if (next.workers.empty()) return next;  // nobody left (not even this worker)
+        // Hot spares take the places of the workers lost, in the same write.
+        const auto promoted = promote_spares(next, current.workers.size() - next.workers.size());
         try {
           Cluster stored = client.put_cluster(next, &current);
-          KF_LOG(info, "session", "{}: wrote v{} without {}", peer_->endpoint().str(),
-                 stored.version, join_endpoints(gone));
+          KF_LOG(info, "session", "{}: wrote v{} without {}{}", peer_->endpoint().str(),
+                 stored.version, join_endpoints(gone),
+                 promoted.empty() ? "" : ", moving in the spares " + join_specs(promoted));
           for (const auto& ep : gone) {
             if (contains(current, ep)) {
               link_->post("failed", ep.str(), why + "; removed by " + peer_->endpoint().str(),
                           stored.version);
             }
+          }
+          for (const auto& w : promoted) {
+            link_->post("promoted", w.endpoint.str(),
+                        "a hot spare, in place of " + join_endpoints(gone) + "; by " +
+                            peer_->endpoint().str(),
+                        stored.version);
           }
           link_->offer(stored);
           return stored;

@@ -106,6 +106,50 @@ TEST(Cluster, RejectsDuplicateWorkers) {
   expect_rejected(j, {"duplicate", "worker", "a:1000"});
 }
 
+// Spares: kept through the trip, not ranked, and absent from a document that has none (so that
+// documents written before spares existed read and write the same bytes).
+TEST(Cluster, SparesRoundTripAndAreNoMembers) {
+  Cluster c = three_workers();
+  EXPECT_FALSE(c.to_json().contains("spares"));
+  c.spares = {{{"10.0.0.3", 4000}, 0}, {{"10.0.0.3", 4001}, 1}};
+  const Cluster back = Cluster::from_json(nlohmann::json::parse(c.to_json().dump()));
+  EXPECT_EQ(back.spares, c.spares);
+  EXPECT_EQ(back.size(), 3);
+  EXPECT_EQ(back.rank_of({"10.0.0.3", 4001}), std::nullopt);
+  EXPECT_TRUE(back.is_spare({"10.0.0.3", 4001}));
+  EXPECT_FALSE(back.is_spare({"10.0.0.1", 4000}));
+}
+
+TEST(Cluster, PromotedSparesBecomeTheLastWorkers) {
+  Cluster c = three_workers();
+  c.spares = {{{"10.0.0.2", 4001}, 1}, {{"10.0.0.3", 4000}, 0}, {{"10.0.0.3", 4001}, 1}};
+  // Spares on a host that goes away are skipped.
+  auto promoted = promote_spares(c, 1, {"10.0.0.2"});
+  ASSERT_EQ(promoted.size(), 1u);
+  EXPECT_EQ(promoted[0].endpoint, (Endpoint{"10.0.0.3", 4000}));
+  EXPECT_EQ(c.rank_of({"10.0.0.3", 4000}), 3);
+  EXPECT_FALSE(c.is_spare({"10.0.0.3", 4000}));
+  EXPECT_EQ(c.validate(), "");
+  // Fewer spares than asked for: all that can go.
+  promoted = promote_spares(c, 5);
+  EXPECT_EQ(promoted.size(), 2u);
+  EXPECT_EQ(c.size(), 6);
+  EXPECT_TRUE(c.spares.empty());
+  EXPECT_TRUE(promote_spares(c, 1).empty());
+}
+
+TEST(Cluster, RejectsASpareThatIsAlsoAWorkerOrMalformed) {
+  auto j = valid_json();
+  j["spares"] = nlohmann::json::array({{{"host", "b"}, {"port", 1000}}});
+  expect_rejected(j, {"duplicate", "spare", "b:1000"});
+  j["spares"] = nlohmann::json::array({{{"host", "c"}, {"port", 1000}, {"slot", -1}}});
+  expect_rejected(j, {"spares[0].slot"});
+  j["spares"] = nlohmann::json::array({{{"host", "c"}, {"port", 0}}});
+  expect_rejected(j, {"spares[0].port"});
+  j["spares"] = "c:1000";
+  expect_rejected(j, {"cluster.spares", "array"});
+}
+
 TEST(Cluster, RejectsPortsOutOfRangeOrOfTheWrongType) {
   for (const auto& port : {nlohmann::json(0), nlohmann::json(70000), nlohmann::json(-1),
                            nlohmann::json("1000"), nlohmann::json(1000.5)}) {

@@ -124,3 +124,50 @@ TEST(PlanAutoscale, NoOffersChangeNothingAndTheLastWorkerStays) {
 
 }  // namespace
 }  // namespace kf::tools
+
+namespace kf::tools {
+namespace {
+
+TEST(PlanSpares, SparesGoToTheHostsWithFewestWorkersOnFreeSlots) {
+  const Cluster c = with({{{"h1", 7000}, 0}, {{"h1", 7001}, 1}, {{"h2", 7000}, 0}});
+  std::int64_t short_by = -1;
+  const auto plan = plan_spares(c, {offer("h1", 4), offer("h2", 2), offer("h3", 1)}, 2, {},
+                                next_ports, &short_by);
+  ASSERT_TRUE(plan);
+  EXPECT_EQ(shown(plan->placed), "h3:7000/0 h2:7001/1");
+  EXPECT_EQ(plan->next.workers, c.workers);
+  EXPECT_EQ(shown(plan->next.spares), "h3:7000/0 h2:7001/1");
+  EXPECT_EQ(short_by, 0);
+  EXPECT_EQ(plan->cause, "spares: keeping 2 hot spares: 0 -> 2");
+  // Kept: nothing to do.
+  EXPECT_FALSE(
+      plan_spares(plan->next, {offer("h1", 4), offer("h2", 2), offer("h3", 1)}, 2, {}, next_ports));
+  // Workers placed by autoscale do not take the spares' slots.
+  const auto more = plan_autoscale(plan->next, {offer("h1", 4), offer("h2", 2), offer("h3", 1)},
+                                   all(), {}, next_ports);
+  ASSERT_TRUE(more);
+  EXPECT_EQ(shown(more->placed), "h1:7002/2 h1:7003/3");
+  EXPECT_EQ(more->next.spares, plan->next.spares);
+}
+
+TEST(PlanSpares, FewerReleasesTheNewestAndTooFewSlotsAreCounted) {
+  Cluster c = with({{{"h1", 7000}, 0}});
+  c.spares = {{{"h2", 7000}, 0}, {{"h2", 7001}, 1}};
+  const auto fewer = plan_spares(c, {offer("h2", 2)}, 1, {}, next_ports);
+  ASSERT_TRUE(fewer);
+  EXPECT_EQ(shown(fewer->released), "h2:7001/1");
+  EXPECT_EQ(shown(fewer->next.spares), "h2:7000/0");
+  // Three wanted, one free slot offered (h1's second); h3 is avoided.
+  std::int64_t short_by = 0;
+  const auto more = plan_spares(c, {offer("h1", 2), offer("h2", 2), offer("h3", 4)}, 4, {"h3"},
+                                next_ports, &short_by);
+  ASSERT_TRUE(more);
+  EXPECT_EQ(shown(more->placed), "h1:7001/1");
+  EXPECT_EQ(short_by, 1);
+  EXPECT_EQ(more->cause, "spares: keeping 4 hot spares: 2 -> 3 (no free slot for 1 more)");
+  // Spares on a host that offers nothing stay.
+  EXPECT_FALSE(plan_spares(c, {}, 2, {}, next_ports));
+}
+
+}  // namespace
+}  // namespace kf::tools

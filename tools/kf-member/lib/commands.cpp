@@ -54,7 +54,7 @@ void post_events(CommandContext& ctx, const std::vector<PendingEvent>& events,
 nlohmann::json parse_assignments(const std::vector<std::string>& assignments) {
   static const std::set<std::string> kKeys = {
       "algorithm",   "batch_size", "lr",     "min_workers", "max_workers", "mode",
-      "compression", "balance",    "epochs", "stop",        "autoscale"};
+      "compression", "balance",    "epochs", "stop",        "autoscale",   "spares"};
   nlohmann::json values = nlohmann::json::object();
   for (const std::string& a : assignments) {
     const std::size_t eq = a.find('=');
@@ -210,6 +210,9 @@ std::string format_cluster(const Cluster& cluster) {
     const auto& w = cluster.workers[static_cast<std::size_t>(rank)];
     s << rank << " " << w.endpoint.str() << " slot " << w.slot << "\n";
   }
+  for (const auto& w : cluster.spares) {
+    s << "spare " << w.endpoint.str() << " slot " << w.slot << "\n";
+  }
   return s.str();
 }
 
@@ -247,9 +250,9 @@ void list(CommandContext& ctx) {
     std::string each;
     for (const auto& a : agents) {
       offered += a.slots;
-      const auto used =
-          std::count_if(cluster.workers.begin(), cluster.workers.end(),
-                        [&](const WorkerSpec& w) { return w.endpoint.host == a.host; });
+      const auto on_host = [&](const WorkerSpec& w) { return w.endpoint.host == a.host; };
+      const auto used = std::count_if(cluster.workers.begin(), cluster.workers.end(), on_host) +
+                        std::count_if(cluster.spares.begin(), cluster.spares.end(), on_host);
       each += (each.empty() ? "" : ", ") + a.host + " " + std::to_string(used) + "/" +
               std::to_string(a.slots);
     }
@@ -297,6 +300,16 @@ void notice(CommandContext& ctx, const std::string& target, int in_seconds) {
   }
   mutate(ctx, [&](Cluster& c) {
     const auto on_host = [&](const WorkerSpec& w) { return w.endpoint.host == host; };
+    // Hot spares elsewhere take the places of the workers that leave (docs/elastic.md).
+    const auto promote = [&](std::size_t count, Edit& edit, const std::string& instead) {
+      for (const auto& w : promote_spares(c, count, {host})) {
+        edit.summary += "; moved in the spare " + w.endpoint.str();
+        edit.events.push_back({"promoted", w.endpoint.str(),
+                               "a hot spare, in place of " + instead + " (" + detail + ")"});
+      }
+    };
+    const auto spares_elsewhere = static_cast<std::size_t>(std::count_if(
+        c.spares.begin(), c.spares.end(), [&](const WorkerSpec& w) { return !on_host(w); }));
     if (std::none_of(c.workers.begin(), c.workers.end(), on_host)) {
       // Not a host of the job: a worker (rank or host:port), revoked with this notice.
       int rank = -1;
@@ -308,25 +321,40 @@ void notice(CommandContext& ctx, const std::string& target, int in_seconds) {
                             "; give a host, a rank or host:port)");
       }
       const std::string endpoint = c.workers[static_cast<std::size_t>(rank)].endpoint.str();
-      if (c.workers.size() == 1) {
+      if (c.workers.size() == 1 && c.spares.empty()) {
         throw std::runtime_error("notice: " + endpoint +
                                  " is the job's last worker: the job cannot go on without it");
       }
       c.workers.erase(c.workers.begin() + rank);
-      return Edit{"revoked " + endpoint + " (" + detail + ")", {{"revoked", endpoint, detail}}};
+      Edit edit{"revoked " + endpoint + " (" + detail + ")", {{"revoked", endpoint, detail}}};
+      // A notice for one worker: its own host stays, so any spare will do.
+      for (const auto& w : promote_spares(c, 1)) {
+        edit.summary += "; moved in the spare " + w.endpoint.str();
+        edit.events.push_back({"promoted", w.endpoint.str(),
+                               "a hot spare, in place of " + endpoint + " (" + detail + ")"});
+      }
+      return edit;
     }
     std::vector<WorkerSpec> leaving;
     std::copy_if(c.workers.begin(), c.workers.end(), std::back_inserter(leaving), on_host);
-    if (leaving.size() == c.workers.size()) {
+    if (leaving.size() == c.workers.size() && spares_elsewhere == 0) {
       throw std::runtime_error("notice: every worker of the job is on " + host +
                                ": the job cannot go on without it (version " +
                                std::to_string(c.version) + ")");
     }
     std::erase_if(c.workers, on_host);
+    std::vector<WorkerSpec> spares_leaving;
+    std::copy_if(c.spares.begin(), c.spares.end(), std::back_inserter(spares_leaving), on_host);
     // The host's event first: its agent reads it with the workers' and drains.
     Edit edit{"revoked " + join_workers(leaving) + " on " + host + " (" + detail + ")",
               {{"notice", "", tools::host_detail(host, detail)}}};
     for (const auto& w : leaving) edit.events.push_back({"revoked", w.endpoint.str(), detail});
+    promote(leaving.size(), edit, join_workers(leaving));
+    std::erase_if(c.spares, on_host);
+    for (const auto& w : spares_leaving) {
+      edit.events.push_back(
+          {"released", w.endpoint.str(), "a hot spare on " + host + " (" + detail + ")"});
+    }
     return edit;
   });
 }
@@ -334,7 +362,14 @@ void notice(CommandContext& ctx, const std::string& target, int in_seconds) {
 void kill(CommandContext& ctx, const std::string& worker) {
   mutate(ctx, [&](Cluster& c) {
     const std::string endpoint = remove_worker(c, worker);
-    return Edit{"killed " + endpoint, {{"killed", endpoint, "kf-member kill"}}};
+    Edit edit{"killed " + endpoint, {{"killed", endpoint, "kf-member kill"}}};
+    // A loss like any other: a hot spare takes its place.
+    for (const auto& w : promote_spares(c, 1)) {
+      edit.summary += "; moved in the spare " + w.endpoint.str();
+      edit.events.push_back({"promoted", w.endpoint.str(),
+                             "a hot spare, in place of " + endpoint + " (kf-member kill)"});
+    }
+    return edit;
   });
 }
 

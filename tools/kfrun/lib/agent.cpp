@@ -266,6 +266,9 @@ void Agent::on_notice(const Notice& notice) {
       const std::string name = cluster_->workers[static_cast<std::size_t>(rank)].endpoint.str();
       if (started_.insert(name).second) leaving.push_back(name);  // never to be started
     }
+    for (const WorkerSpec& spare : owned_spares(*cluster_, options_.host)) {
+      if (started_.insert(spare.endpoint.str()).second) leaving.push_back(spare.endpoint.str());
+    }
   }
   say("notice from " + notice.source + ": this host goes away within " + ms_text(grace) +
       (notice.time_left && grace < options_.notice.grace ? " (the time the notice gave)" : "") +

@@ -384,6 +384,9 @@ class Reporter::Runner {
         leaving.push_back(w);
       }
       if (leaving.empty()) return;  // gone already (kf-member notice took them out)
+      // Hot spares on other hosts take the places of the workers (not spares) that leave.
+      const auto promoted =
+          promote_spares(next, current.workers.size() - next.workers.size(), {config_.host});
       if (next.workers.empty()) {
         post(LeaveRefused{"the job has no workers but this host's: without them it cannot go on"});
         return;
@@ -396,8 +399,15 @@ class Reporter::Runner {
                       std::to_string(current.version) + " -> v" + std::to_string(stored.version)});
         // "notice Ns" last: agents read the grace from the last "notice " of a detail.
         for (const auto& w : leaving) {
-          post_event("revoked", w, "agent of " + config_.host + ", " + source + ", " + within,
-                     stored.version);
+          post_event(is_member(current, w) && !current.is_spare(Endpoint::parse(w)) ? "revoked"
+                                                                                    : "released",
+                     w, "agent of " + config_.host + ", " + source + ", " + within, stored.version);
+        }
+        for (const auto& w : promoted) {
+          post_event(
+              "promoted", w.endpoint.str(),
+              "a hot spare, in place of the workers of " + config_.host + " (" + source + ")",
+              stored.version);
         }
         return;
       } catch (const ConflictError& e) {

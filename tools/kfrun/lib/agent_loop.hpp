@@ -147,7 +147,8 @@ class Agent {
 
   void start_missing();
   bool move_if_port_taken(int rank);
-  bool start(int rank);
+  /// Starts worker `rank` of the document, or (no rank) its spare `spec`.
+  bool start(const WorkerSpec& spec, std::optional<int> rank);
   void fail_to_start(const std::string& name, const std::string& why);
 
   // ---- exits, grace periods, stopping ----

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <iterator>
 #include <stdexcept>
 
 #include <openssl/evp.h>
@@ -34,13 +35,23 @@ bool marked_finished(const Cluster& cluster) {
   return it != cluster.settings.end() && it->is_boolean() && it->get<bool>();
 }
 
+std::vector<WorkerSpec> owned_spares(const Cluster& cluster, const std::string& host) {
+  std::vector<WorkerSpec> spares;
+  std::copy_if(cluster.spares.begin(), cluster.spares.end(), std::back_inserter(spares),
+               [&](const WorkerSpec& w) { return w.endpoint.host == host; });
+  return spares;
+}
+
 bool is_member(const Cluster& cluster, const std::string& worker) {
-  return std::any_of(cluster.workers.begin(), cluster.workers.end(),
-                     [&](const WorkerSpec& w) { return w.endpoint.str() == worker; });
+  const auto named = [&](const WorkerSpec& w) { return w.endpoint.str() == worker; };
+  return std::any_of(cluster.workers.begin(), cluster.workers.end(), named) ||
+         std::any_of(cluster.spares.begin(), cluster.spares.end(), named);
 }
 
 Cluster without_worker(Cluster cluster, const std::string& worker) {
-  std::erase_if(cluster.workers, [&](const WorkerSpec& w) { return w.endpoint.str() == worker; });
+  const auto named = [&](const WorkerSpec& w) { return w.endpoint.str() == worker; };
+  std::erase_if(cluster.workers, named);
+  std::erase_if(cluster.spares, named);
   return cluster;
 }
 

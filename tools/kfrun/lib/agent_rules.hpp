@@ -31,10 +31,14 @@ Cluster initial_cluster(const std::string& host, const std::vector<std::uint16_t
 /// writes after the last step. Agents start no more workers then.
 bool marked_finished(const Cluster& cluster);
 
-/// Whether `worker` ("host:port") is in `cluster`.
+/// The hot spares of `cluster` on `host` (its agent starts them too; docs/elastic.md).
+std::vector<WorkerSpec> owned_spares(const Cluster& cluster, const std::string& host);
+
+/// Whether `worker` ("host:port") is in `cluster`: a worker or a hot spare (either runs, and its
+/// agent keeps it running while it is listed).
 bool is_member(const Cluster& cluster, const std::string& worker);
 
-/// `cluster` without `worker` (unchanged when it is not there).
+/// `cluster` without `worker`, as a worker or a spare (unchanged when it is not there).
 Cluster without_worker(Cluster cluster, const std::string& worker);
 
 /// How a worker left the cluster document.

@@ -73,7 +73,24 @@ void Agent::start_missing() {
       continue;
     }
     if (move_if_port_taken(rank)) continue;
-    if (start(rank)) {
+    if (start(cluster_->workers[static_cast<std::size_t>(rank)], rank)) {
+      ++members;
+      ++running;
+    }
+  }
+  // Hot spares take the slots that are left: a worker never waits for a spare.
+  for (const WorkerSpec& spare : owned_spares(*cluster_, options_.host)) {
+    const std::string name = spare.endpoint.str();
+    if (started_.contains(name)) continue;
+    if (members >= slots || running >= slots) {
+      const std::string why = "no free slot for a spare: the " + std::to_string(slots) +
+                              " slots of " + options_.host + " are in use";
+      say("error: cannot start the spare " + name + " of " + v_text(cluster_->version) + ": " +
+          why);
+      fail_to_start(name, why);
+      continue;
+    }
+    if (start(spare, std::nullopt)) {
       ++members;
       ++running;
     }
@@ -107,9 +124,9 @@ bool Agent::move_if_port_taken(int rank) {
 }
 
 // Returns whether the worker runs.
-bool Agent::start(int rank) {
+bool Agent::start(const WorkerSpec& spec, std::optional<int> rank) {
   const Cluster& c = *cluster_;
-  const std::string name = c.workers[static_cast<std::size_t>(rank)].endpoint.str();
+  const std::string name = spec.endpoint.str();
   started_.insert(name);
   waiting_.erase(name);
   JobSpec job = job_;
@@ -125,7 +142,8 @@ bool Agent::start(int rank) {
         throw ExecError(e.what());  // this worker cannot start; the agent goes on
       }
     }
-    auto env = worker_environment(job, rank, base_env_);
+    auto env =
+        rank ? worker_environment(job, *rank, base_env_) : spare_environment(job, spec, base_env_);
     // So that an agent restarted after this one died can tell the worker was orphaned.
     std::erase_if(env, [](const std::string& e) {
       return e.rfind(std::string(kAgentPidVariable) + "=", 0) == 0;
@@ -142,7 +160,8 @@ bool Agent::start(int rank) {
         name, LocalWorker{
                   std::move(process), LinePrefixer(prefix, [this](auto line) { out_.write(line); }),
                   LinePrefixer(prefix, [this](auto line) { err_.write(line); }), true, c.version});
-    say("started " + name + " (pid " + pid + ") as rank " + std::to_string(rank) + " of " +
+    say("started " + name + " (pid " + pid + ") as " +
+        (rank ? "rank " + std::to_string(*rank) : std::string("a hot spare")) + " of " +
         v_text(c.version));
     reporter_->post_event("started", name, "pid " + pid, c.version);
     return true;

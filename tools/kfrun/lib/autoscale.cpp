@@ -22,13 +22,15 @@ std::optional<AutoscalePlan> plan_autoscale(const Cluster& current,
                                             const PortChooser& ports) {
   constexpr auto kNoCap = std::numeric_limits<std::int64_t>::max();
   // The usable offers by host and each one's cap.
-  std::map<std::string, std::int64_t> cap, slots;
+  std::map<std::string, std::int64_t> cap, slots, spares_on;
+  for (const auto& w : current.spares) ++spares_on[w.endpoint.host];
   std::set<std::string> avoided;  // offered, but avoided
   for (const auto& o : offers) {
     if (o.slots >= 1 && avoid.contains(o.host)) avoided.insert(o.host);
     if (o.slots < 1 || avoid.contains(o.host)) continue;
     slots[o.host] = o.slots;
-    cap[o.host] = std::min<std::int64_t>(o.slots, settings.per_host.value_or(kNoCap));
+    cap[o.host] = std::min<std::int64_t>(std::max<std::int64_t>(o.slots - spares_on[o.host], 0),
+                                         settings.per_host.value_or(kNoCap));
   }
   AutoscalePlan plan;
   plan.next = current;
@@ -74,10 +76,12 @@ std::optional<AutoscalePlan> plan_autoscale(const Cluster& current,
       if (n <= 0) continue;
       std::set<int> used_slots;
       std::vector<std::uint16_t> taken;
-      for (const auto& w : workers) {
-        if (w.endpoint.host != host) continue;
-        used_slots.insert(w.slot);
-        taken.push_back(w.endpoint.port);
+      for (const auto* list : {&workers, &plan.next.spares}) {
+        for (const auto& w : *list) {
+          if (w.endpoint.host != host) continue;
+          used_slots.insert(w.slot);
+          taken.push_back(w.endpoint.port);
+        }
       }
       const std::vector<std::uint16_t> got = ports(host, static_cast<int>(n), taken);
       int slot = 0;
@@ -112,6 +116,62 @@ std::optional<AutoscalePlan> plan_autoscale(const Cluster& current,
   }
   plan.cause +=
       ": " + std::to_string(current.size()) + " -> " + std::to_string(workers.size()) + " workers";
+  return plan;
+}
+
+std::optional<AutoscalePlan> plan_spares(const Cluster& current,
+                                         const std::vector<AgentOffer>& offers, std::int64_t want,
+                                         const std::set<std::string>& avoid,
+                                         const PortChooser& ports, std::int64_t* short_by) {
+  AutoscalePlan plan;
+  plan.next = current;
+  auto& spares = plan.next.spares;
+  if (short_by != nullptr) *short_by = 0;
+  while (static_cast<std::int64_t>(spares.size()) > want) {
+    plan.released.push_back(spares.back());
+    spares.pop_back();
+  }
+  std::int64_t missing = want - static_cast<std::int64_t>(spares.size());
+  std::map<std::string, std::int64_t> workers_on;
+  for (const auto& w : current.workers) ++workers_on[w.endpoint.host];
+  // Hosts by how many workers of the job they run, then by name.
+  std::vector<AgentOffer> order;
+  for (const auto& o : offers) {
+    if (o.slots >= 1 && !avoid.contains(o.host)) order.push_back(o);
+  }
+  std::sort(order.begin(), order.end(), [&](const AgentOffer& x, const AgentOffer& y) {
+    return std::pair(workers_on[x.host], x.host) < std::pair(workers_on[y.host], y.host);
+  });
+  for (const auto& o : order) {
+    if (missing <= 0) break;
+    std::set<int> used_slots;
+    std::vector<std::uint16_t> taken;
+    for (const auto* list : {&plan.next.workers, &spares}) {
+      for (const auto& w : *list) {
+        if (w.endpoint.host != o.host) continue;
+        used_slots.insert(w.slot);
+        taken.push_back(w.endpoint.port);
+      }
+    }
+    const std::int64_t free = o.slots - static_cast<std::int64_t>(used_slots.size());
+    const std::int64_t n = std::min(missing, free);
+    if (n <= 0) continue;
+    const std::vector<std::uint16_t> got = ports(o.host, static_cast<int>(n), taken);
+    int slot = 0;
+    for (const auto port : got) {
+      while (used_slots.contains(slot)) ++slot;
+      if (slot >= o.slots) break;
+      used_slots.insert(slot);
+      spares.push_back(WorkerSpec{Endpoint{o.host, port}, slot});
+      plan.placed.push_back(spares.back());
+      --missing;
+    }
+  }
+  if (short_by != nullptr) *short_by = std::max<std::int64_t>(missing, 0);
+  if (plan.placed.empty() && plan.released.empty()) return std::nullopt;
+  plan.cause = "spares: keeping " + count_of(static_cast<std::size_t>(want), "hot spare") + ": " +
+               std::to_string(current.spares.size()) + " -> " + std::to_string(spares.size()) +
+               (missing > 0 ? " (no free slot for " + std::to_string(missing) + " more)" : "");
   return plan;
 }
 

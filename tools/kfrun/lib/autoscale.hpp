@@ -25,8 +25,8 @@ using PortChooser = std::function<std::vector<std::uint16_t>(
     const std::string& host, int count, const std::vector<std::uint16_t>& taken)>;
 
 struct AutoscalePlan {
-  Cluster next;                      ///< the current cluster with the workers changed
-  std::vector<WorkerSpec> placed;    ///< appended to the workers
+  Cluster next;                      ///< the current cluster with the workers (or spares) changed
+  std::vector<WorkerSpec> placed;    ///< appended to the workers (or spares)
   std::vector<WorkerSpec> released;  ///< removed (they leave at their next boundary)
   std::string cause;                 ///< why, for the events and the log
 };
@@ -41,11 +41,26 @@ struct AutoscalePlan {
 ///    to the others, by host, each on the lowest slot number below the host's slots not in use;
 ///  - fewer: the newest workers are released.
 /// Workers on hosts that offer nothing are never moved or released by this rule (their agent
-/// may be restarting); they count toward the total. Returns nullopt when nothing changes.
+/// may be restarting); they count toward the total. Slots that hold hot spares are not offered
+/// to workers. Returns nullopt when nothing changes.
 std::optional<AutoscalePlan> plan_autoscale(const Cluster& current,
                                             const std::vector<AgentOffer>& offers,
                                             const AutoscaleSettings& settings,
                                             const std::set<std::string>& avoid,
                                             const PortChooser& ports);
+
+/// The hot spares the job should have (docs/elastic.md, "Hot spares"): `want` of them
+/// (settings "spares"), on the slots of `offers` (less `avoid`) that hold neither a worker nor
+/// a spare:
+///  - more: each new spare goes to the host with the fewest workers of the job (a machine that
+///    goes away takes its spares with it), by host within a count, on the lowest free slot;
+///  - fewer: the newest spares are released.
+/// Spares on hosts that offer nothing stay. `short_by` (when given) is set to how many spares
+/// found no free slot. Returns nullopt when nothing changes.
+std::optional<AutoscalePlan> plan_spares(const Cluster& current,
+                                         const std::vector<AgentOffer>& offers, std::int64_t want,
+                                         const std::set<std::string>& avoid,
+                                         const PortChooser& ports,
+                                         std::int64_t* short_by = nullptr);
 
 }  // namespace kf::tools

@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <utility>
 
 #include "kf/runtime/cluster_settings.hpp"
 #include "kfrun/lib/autoscale.hpp"
@@ -53,6 +54,7 @@ void Autoscaler::run() {
   std::optional<std::optional<std::int64_t>> target_seen;   // the target as last seen
   std::map<std::string, Clock::time_point> avoid_until;
   bool said_down = false;
+  std::int64_t spares_short = 0;  // spares without a free slot, as last said
   const PortChooser ports = [this](const std::string& host, int count,
                                    const std::vector<std::uint16_t>& taken) {
     return pick_ports_for(host, config_.ports, count, taken).ports;
@@ -76,13 +78,11 @@ void Autoscaler::run() {
       seen = c;
       std::erase_if(avoid_until, [&](const auto& e) { return e.second <= now; });
       const ParsedSettings parsed = parse_cluster_settings(c.settings);
-      if (c.version == 0 || c.workers.empty() || !parsed.typed.autoscale || parsed.typed.finished ||
-          parsed.typed.stop) {
+      const bool spares = parsed.typed.spares > 0 || !c.spares.empty();
+      if (c.version == 0 || c.workers.empty() || (!parsed.typed.autoscale && !spares) ||
+          parsed.typed.finished || parsed.typed.stop) {
         continue;
       }
-      const AutoscaleSettings a = autoscale_within_bounds(parsed.typed);
-      const bool target_changed = target_seen && *target_seen != a.target;
-      target_seen = a.target;
       const std::vector<AgentOffer> offers = client_.live_agents();
       const auto leader = std::min_element(
           offers.begin(), offers.end(),
@@ -90,32 +90,54 @@ void Autoscaler::run() {
       if (leader == offers.end() || leader->host != config_.host) continue;
       std::set<std::string> avoid;
       for (const auto& [host, until] : avoid_until) avoid.insert(host);
-      auto plan = plan_autoscale(c, offers, a, avoid, ports);
-      if (!plan) continue;
-      const bool below_min = static_cast<std::int64_t>(c.size()) < a.min;
-      const auto cooldown =
-          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.cooldown_s));
-      if (!below_min && !target_changed && changed_at != Clock::time_point::min() &&
-          now - changed_at < cooldown) {
-        continue;
+      // Spares first, at once (no cooldown: they hold no place in the job's collectives), then
+      // the workers, on the slots the spares leave.
+      std::int64_t short_by = 0;
+      const auto spare_plan = plan_spares(c, offers, parsed.typed.spares, avoid, ports, &short_by);
+      if (short_by != spares_short) {
+        spares_short = short_by;
+        if (short_by > 0) {
+          say_("spares: " + std::to_string(parsed.typed.spares) + " wanted, but no free slot " +
+               "offered for " + std::to_string(short_by) +
+               " of them (offer more with kfrun --slots, or lower spares)");
+        }
       }
+      std::optional<AutoscalePlan> plan;
+      if (parsed.typed.autoscale) {
+        const AutoscaleSettings a = autoscale_within_bounds(parsed.typed);
+        const bool target_changed = target_seen && *target_seen != a.target;
+        target_seen = a.target;
+        plan = plan_autoscale(spare_plan ? spare_plan->next : c, offers, a, avoid, ports);
+        const bool below_min = static_cast<std::int64_t>(c.size()) < a.min;
+        const auto cooldown = std::chrono::duration_cast<Clock::duration>(
+            std::chrono::duration<double>(a.cooldown_s));
+        if (plan && !below_min && !target_changed && changed_at != Clock::time_point::min() &&
+            now - changed_at < cooldown) {
+          plan.reset();
+        }
+      }
+      if (!plan && !spare_plan) continue;
+      const Cluster& next = plan ? plan->next : spare_plan->next;
       Cluster stored;
       try {
-        stored = client_.put_cluster(plan->next, &c);
+        stored = client_.put_cluster(next, &c);
       } catch (const ConflictError&) {
         // Someone changed the document meanwhile: the watch hands it over at once, and it is
         // judged like any other change (the cooldown, the hosts that lost workers) first.
         continue;
       }
       written = stored.version;
-      changed_at = Clock::now();
+      if (plan) changed_at = Clock::now();
       seen = stored;
-      say_(plan->cause + " (v" + std::to_string(stored.version) + ")");
-      for (const auto& w : plan->placed) {
-        client_.post_event("placed", w.endpoint.str(), plan->cause, stored.version);
-      }
-      for (const auto& w : plan->released) {
-        client_.post_event("released", w.endpoint.str(), plan->cause, stored.version);
+      for (const std::optional<AutoscalePlan>* p : {&spare_plan, &std::as_const(plan)}) {
+        if (!*p) continue;
+        say_((*p)->cause + " (v" + std::to_string(stored.version) + ")");
+        for (const auto& w : (*p)->placed) {
+          client_.post_event("placed", w.endpoint.str(), (*p)->cause, stored.version);
+        }
+        for (const auto& w : (*p)->released) {
+          client_.post_event("released", w.endpoint.str(), (*p)->cause, stored.version);
+        }
       }
     } catch (const std::exception& e) {
       if (stop_) break;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <optional>
 #include <stdexcept>
 #include <string_view>
 #include <system_error>
@@ -52,15 +53,17 @@ Cluster static_cluster(const std::string& host, const std::vector<std::uint16_t>
   return cluster;
 }
 
-std::vector<std::string> worker_environment(const JobSpec& job, int rank,
-                                            const std::vector<std::string>& base) {
-  KF_CHECK(rank >= 0 && rank < job.cluster.size(), "worker_environment: rank out of range");
+namespace {
+
+std::vector<std::string> environment_for(const JobSpec& job, const WorkerSpec& self,
+                                         std::optional<int> rank,
+                                         const std::vector<std::string>& base) {
   std::vector<std::string> out;
   out.reserve(base.size() + kManaged.size());
   const bool sets_config_server = job.config_server.has_value();
   std::copy_if(base.begin(), base.end(), std::back_inserter(out),
                [&](const std::string& entry) { return !is_managed(entry, sets_config_server); });
-  out.push_back(assign(env::kSelf, job.cluster.workers[rank].endpoint.str()));
+  out.push_back(assign(env::kSelf, self.endpoint.str()));
   if (job.cluster_file) {
     out.push_back(assign(env::kClusterFile, *job.cluster_file));
   } else {
@@ -68,19 +71,31 @@ std::vector<std::string> worker_environment(const JobSpec& job, int rank,
   }
   out.push_back(assign(env::kJobId, job.job_id));
   if (job.job_token_file) out.push_back(assign(env::kJobTokenFile, *job.job_token_file));
-  out.push_back(assign(env::kRank, std::to_string(rank)));
+  if (rank) out.push_back(assign(env::kRank, std::to_string(*rank)));
   out.push_back(assign(env::kSize, std::to_string(job.cluster.size())));
   if (job.algorithm) out.push_back(assign(env::kAlgorithm, *job.algorithm));
   if (job.timeout) out.push_back(assign(env::kTimeoutMs, std::to_string(job.timeout->count())));
   if (job.config_server) out.push_back(assign(env::kConfigServer, *job.config_server));
   if (job.job_file) out.push_back(assign(env::kJobFile, *job.job_file));
   if (job.metrics_port) {
-    const long port = *job.metrics_port == 0
-                          ? 0
-                          : static_cast<long>(*job.metrics_port) + job.cluster.workers[rank].slot;
+    const long port = *job.metrics_port == 0 ? 0 : static_cast<long>(*job.metrics_port) + self.slot;
     out.push_back(assign(env::kMetricsPort, std::to_string(port <= 65535 ? port : 0)));
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<std::string> worker_environment(const JobSpec& job, int rank,
+                                            const std::vector<std::string>& base) {
+  KF_CHECK(rank >= 0 && rank < job.cluster.size(), "worker_environment: rank out of range");
+  return environment_for(job, job.cluster.workers[static_cast<std::size_t>(rank)], rank, base);
+}
+
+std::vector<std::string> spare_environment(const JobSpec& job, const WorkerSpec& spare,
+                                           const std::vector<std::string>& base) {
+  KF_CHECK(job.cluster.is_spare(spare.endpoint), "spare_environment: not a spare of the cluster");
+  return environment_for(job, spare, std::nullopt, base);
 }
 
 bool fits_environment(const Cluster& cluster) {

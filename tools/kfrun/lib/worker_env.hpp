@@ -57,6 +57,11 @@ Cluster static_cluster(const std::string& host, const std::vector<std::uint16_t>
 /// Requires: 0 <= rank < job.cluster.size().
 std::vector<std::string> worker_environment(const JobSpec& job, int rank,
                                             const std::vector<std::string>& base);
+/// The same for the hot spare `spare` of job.cluster (docs/elastic.md, "Hot spares"): KF_SELF is
+/// the spare's address, and there is no KF_RANK (a spare has none until it is moved in).
+/// Requires: job.cluster.is_spare(spare.endpoint).
+std::vector<std::string> spare_environment(const JobSpec& job, const WorkerSpec& spare,
+                                           const std::vector<std::string>& base);
 
 /// A copy of this process's environment.
 std::vector<std::string> current_environment();

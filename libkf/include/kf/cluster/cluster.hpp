@@ -36,12 +36,18 @@ struct WorkerSpec {
 struct Cluster {
   std::uint64_t version = 0;
   std::vector<WorkerSpec> workers;
+  /// Hot spares (docs/elastic.md, "Hot spares"): workers started and connected but not members;
+  /// they hold the latest commit that rank 0 sends them, and a loss or a notice moves one into
+  /// `workers`. No endpoint is both a worker and a spare.
+  std::vector<WorkerSpec> spares;
   std::vector<Endpoint> agents;
   nlohmann::json settings = nlohmann::json::object();
 
   int size() const noexcept { return static_cast<int>(workers.size()); }
   /// The rank of the worker listening at `self`, or nullopt when it is not a member.
   std::optional<int> rank_of(const Endpoint& self) const noexcept;
+  /// Whether the worker listening at `self` is one of the spares.
+  bool is_spare(const Endpoint& self) const noexcept;
 
   /// Checks the invariants every cluster must hold: no duplicate workers, ports in 1..65535,
   /// hosts that are host names or IP addresses without brackets (kf::host_problem), for workers
@@ -53,5 +59,12 @@ struct Cluster {
   /// or unknown.
   static Cluster from_json(const nlohmann::json& j);
 };
+
+/// Moves up to `count` spares of `cluster` into its workers (appended, in the spares' order),
+/// skipping spares on `avoid_hosts` (a host that is going away). Returns the promoted ones.
+/// Whoever removes workers that did not mean to leave (a failure, a notice) calls it in the same
+/// edit, so that the job keeps its size (docs/elastic.md, "Hot spares").
+std::vector<WorkerSpec> promote_spares(Cluster& cluster, std::size_t count,
+                                       const std::vector<std::string>& avoid_hosts = {});
 
 }  // namespace kf

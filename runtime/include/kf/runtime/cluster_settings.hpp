@@ -44,10 +44,12 @@ std::optional<AutoscaleSettings> parse_autoscale(const nlohmann::json& value, st
 struct ClusterSettings {
   std::optional<Algorithm>
       algorithm;  ///< "algorithm": auto, star, ring, tree, clique, rhd, hierarchical
-  std::optional<std::int64_t> batch_size;      ///< "batch_size": global batch, an integer >= 1
-  std::optional<double> learning_rate;         ///< "lr": a number
-  std::optional<std::int64_t> min_workers;     ///< "min_workers": an integer >= 0 (0: no bound)
-  std::optional<std::int64_t> max_workers;     ///< "max_workers": an integer >= 0 (0: no bound)
+  std::optional<std::int64_t> batch_size;   ///< "batch_size": global batch, an integer >= 1
+  std::optional<double> learning_rate;      ///< "lr": a number
+  std::optional<std::int64_t> min_workers;  ///< "min_workers": an integer >= 0 (0: no bound)
+  std::optional<std::int64_t> max_workers;  ///< "max_workers": an integer >= 0 (0: no bound)
+  /// "spares": hot spares the agents keep started on offered slots (docs/elastic.md), 0-1024.
+  std::int64_t spares = 0;
   std::optional<ModeSpec> mode;                ///< "mode": e.g. "sma:period=4" (training_spec.hpp)
   std::optional<CompressionSpec> compression;  ///< "compression": e.g. "topk:0.01"
   bool balance = false;   ///< "balance": batch parts by measured speed (Session::batch_part)

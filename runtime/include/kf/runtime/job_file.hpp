@@ -87,14 +87,15 @@ struct JobFile {
   std::optional<Checkpoint> checkpoint;
   std::optional<Metrics> metrics;
   std::optional<AutoscaleSettings> autoscale;  ///< "autoscale" (docs/autoscale.md)
+  std::int64_t spares = 0;  ///< "spares": hot spares kept on offered slots (docs/elastic.md)
   std::vector<PolicySpec> policies;  ///< in the order of the file (later ones win on merge)
   /// Policy plugins (PolicyRegistry::load_plugin): load_job_file makes a relative path absolute,
   /// relative to the job file's directory; parse_job_file keeps them as written.
   std::vector<std::string> plugins;
 
   /// The cluster settings kf-config-server holds for the job: {"algorithm", "batch_size", "lr",
-  /// "min_workers", "max_workers"}, and "mode", "compression" and "autoscale" when the file
-  /// has them.
+  /// "min_workers", "max_workers"}, and "mode", "compression", "autoscale" and "spares" when
+  /// the file has them.
   nlohmann::json to_settings() const;
 };
 

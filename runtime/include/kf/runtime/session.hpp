@@ -49,6 +49,8 @@ class JsonlWriter;
 
 namespace detail {
 class ServiceLink;
+class SnapshotAssembler;
+class SparePusher;
 struct RecordLayout;
 }  // namespace detail
 
@@ -165,8 +167,8 @@ class Session {
 
   /// `peer` must not be started yet; `initial` is the cluster this worker was started with
   /// (KF_CLUSTER). Creates State counters "kf.commits" and "kf.steps". Throws:
-  /// std::invalid_argument when the peer is not a member of `initial` or the peer was already
-  /// started.
+  /// std::invalid_argument when the peer is neither a member nor a spare of `initial`, or the
+  /// peer was already started.
   Session(std::unique_ptr<Peer> peer, Cluster initial, State& state, SessionOptions options);
   /// The worker started by kfrun: peer, cluster, config service and token from the KF_*
   /// environment. With KF_JOB_FILE (kfrun --job) the job file gives the timeouts, commit_every,
@@ -186,6 +188,9 @@ class Session {
   /// Joins the job: the first worker of a new job forms it and invites the others; every other
   /// worker waits for an invitation from the running job. Then the workers agree on the state
   /// (a survivor's, rank 0's for a new job, or the checkpoint) and State::sync() it.
+  /// A hot spare (listed in the cluster's `spares`, docs/elastic.md) waits here while it is
+  /// one, taking the commits rank 0 sends it into the state, until a loss or a notice moves it
+  /// into the workers (then it joins holding the state the survivors hold) or it is removed.
   /// Returns false when this worker was removed from the cluster before it could join (exit 0).
   /// Throws: kf::Error(errc::timeout) after join_timeout; std::runtime_error when the workers'
   /// state layouts differ.
@@ -296,6 +301,7 @@ class Session {
 
  private:
   Outcome form_after_failure(ChangeRecord rec);
+  void take_spare_piece(detail::SnapshotAssembler& snapshots, const Invitation& inv);
   bool form(const Cluster& target, const Cluster* previous, bool fresh, ChangeRecord& rec);
   Outcome switch_to(const Cluster& target, ChangeRecord rec);
   /// The cluster without `lost`, written by compare-and-swap (runtime/src/session/membership.cpp).
@@ -332,6 +338,8 @@ class Session {
   State& state_;
   SessionOptions options_;
   std::unique_ptr<detail::ServiceLink> link_;  ///< the config service; null in a static job
+  /// Rank 0 sends the last commit to the cluster's hot spares (session/spares.hpp).
+  std::unique_ptr<detail::SparePusher> spare_pusher_;
   std::int64_t* commits_;
   std::int64_t* steps_;
   bool joined_ = false;

@@ -10,8 +10,10 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kf/coll/types.hpp"
@@ -51,6 +53,13 @@ class State {
   /// Throws: std::runtime_error naming the file and what does not match (a buffer missing, a
   /// different size or type, a truncated or foreign file).
   void load(const std::string& path);
+  /// The last commit as the bytes save() would write (a hot spare's copy, docs/elastic.md).
+  /// Throws: std::logic_error without a commit.
+  std::string snapshot() const;
+  /// Takes bytes from snapshot() (of a worker with the same layout) into the live buffers and
+  /// counters and commits them. Throws: std::runtime_error saying what does not match, as
+  /// load() does; the state is unchanged then.
+  void restore_snapshot(std::string_view bytes);
 
   /// Bytes of the registered buffers and counters (what sync() sends).
   std::size_t bytes() const noexcept;
@@ -59,6 +68,8 @@ class State {
   std::string layout() const;
 
  private:
+  std::string commit_header() const;
+  void read_commit(std::istream& in, const std::string& what);
   void assign_counters(const std::map<std::string, std::int64_t>& values);
 
   struct Entry {
