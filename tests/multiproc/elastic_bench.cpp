@@ -7,10 +7,13 @@
 //           first step at the new size
 //   add     kf-member add -> joiner in join() (process start) -> joined the agreement (connect)
 //           -> state synced (sync); survivors' pause; with --extra-floats of state (default 10 M)
+//   spare   kill -9 of a worker of a job that keeps a hot spare (`spares: 1`, with --extra-floats
+//           of state): kill -9 -> the first step back at the old size, the survivors' pause,
+//           and how many of the moved-in spares held the commit the survivors restored (no sync)
 //   steady  the time of a step without any change (the watch of the service runs beside the
 //           steps), over 1000 steps after the first 500
 // Usage: build/tests/multiproc/elastic-bench [--runs N] [--extra-floats N] [--np N] [--etcd]
-//        [--changes revoke,kill,add,steady];
+//        [--changes revoke,kill,add,spare,steady];
 // the executables are taken from the build tree it is in (or KFRUN, KF_ELASTIC_WORKER,
 // KF_MEMBER, CONFIG_SERVER_EXE). --etcd keeps the jobs' documents in a one-member etcd on
 // 127.0.0.1 (etcd:// URLs) instead of a kf-config-server per job.
@@ -178,6 +181,53 @@ bool run_add(int np, std::size_t extra, std::map<std::string, Series>& out) {
   return true;
 }
 
+bool run_spare(int np, std::size_t extra, std::map<std::string, Series>& out) {
+  ElasticJob job("bench-spare", service_for("bench-spare"));
+  const auto file = job.dir() / "job.yaml";
+  std::ofstream(file) << "job: {}\nbatch_size: 64\nworkers: {max: 8}\nspares: 1\n";
+  job.set_agent_options("--job " + file.string());
+  job.start(np, kArgs + " --extra-floats " + std::to_string(extra));
+  if (!job.wait_progress(100)) return false;
+  // The spare runs and holds a commit.
+  if (!kf::test::eventually([&] { return job.err_lines_with("a hot spare holding commit") > 0; },
+                            std::chrono::seconds(60))) {
+    return false;
+  }
+  if (!job.wait_progress(job.progress() + 50)) return false;
+  const std::string victim = job.client().get_cluster().workers.back().endpoint.str();
+  const pid_t pid = job.worker_pid(victim);
+  if (pid <= 0) return false;
+  const std::int64_t t0 = now_us();
+  ::kill(pid, SIGKILL);
+  // np - 1 survivors' recoveries and the spare's join, all back at np workers.
+  if (!wait_records(job, np, [&](const nlohmann::json& r) {
+        return (r["kind"] == "recovery" || r["kind"] == "join") && r["to_size"] == np &&
+               r["to_version"] > 2;
+      })) {
+    return false;
+  }
+  job.finish_soon();
+  job.wait();
+  std::int64_t resumed = 0;
+  double pause = 0;
+  for (const auto& ch : changes(job)) {
+    const auto& r = ch.rec;
+    if (r["kind"] == "recovery" && r["to_size"] == np) {
+      resumed = std::max<std::int64_t>(resumed, r["resumed_us"]);
+      pause = std::max(pause, ms_between(r["boundary_us"], r["synced_us"]));
+    }
+    if (r["kind"] == "join" && r["to_version"] > 2 && r["to_size"] == np) {
+      out["spare: moved in holding the restored commit (1 = yes)"].add(
+          r["sync_bytes"] == 0 ? 1.0 : 0.0);
+    }
+  }
+  if (resumed == 0) return false;
+  out["spare: kill -9 -> first step back at " + std::to_string(np) + " workers"].add(
+      ms_between(t0, resumed));
+  out["spare: survivors' pause (slowest)"].add(pause);
+  return true;
+}
+
 bool run_steady(int np, std::map<std::string, Series>& out) {
   ElasticJob job("bench-steady", service_for("bench-steady"));
   job.start(np, kArgs);
@@ -205,10 +255,10 @@ int main(int argc, char** argv) {
   app.add_option("--extra-floats", extra, "float32 state a joiner receives");
   bool etcd = false;
   app.add_flag("--etcd", etcd, "keep the jobs' documents in etcd instead of kf-config-server");
-  std::vector<std::string> which{"revoke", "kill", "add", "steady"};
+  std::vector<std::string> which{"revoke", "kill", "add", "spare", "steady"};
   app.add_option("--changes", which, "which to time (default: all)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"revoke", "kill", "add", "steady"}));
+      ->check(CLI::IsMember({"revoke", "kill", "add", "spare", "steady"}));
   CLI11_PARSE(app, argc, argv);
   std::unique_ptr<kf::test::EtcdProcess> etcd_process;
   if (etcd) {
@@ -230,10 +280,11 @@ int main(int argc, char** argv) {
     if (wanted("revoke")) failed += !run_revoke(np + 1, out);
     if (wanted("kill")) failed += !run_kill(np + 1, out);
     if (wanted("add")) failed += !run_add(np, extra, out);
+    if (wanted("spare")) failed += !run_spare(np + 1, extra, out);
     if (wanted("steady")) failed += !run_steady(np, out);
     std::cerr << "run " << i + 1 << "/" << runs << " done\n";
   }
-  std::cout << "elastic-bench: " << runs << " runs, np " << np << " (+1 before revoke/kill), "
+  std::cout << "elastic-bench: " << runs << " runs, np " << np << " (+1 before revoke/kill/spare), "
             << (etcd ? "etcd" : "kf-config-server") << ", " << failed << " failed runs\n";
   for (const auto& [name, s] : out) std::printf("%-48s %s ms\n", name.c_str(), s.str().c_str());
   return failed == 0 ? 0 : 1;

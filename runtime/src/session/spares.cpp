@@ -15,16 +15,16 @@ namespace {
 
 // A piece: the magic, then push, commit, offset and total as 8-byte little-endian integers,
 // then the bytes.
-constexpr std::string_view kMagic = "KFSPARE1";
-constexpr std::size_t kHeaderBytes = kMagic.size() + 4 * 8;
-constexpr std::size_t kMaxPayload = std::size_t{1} << 20;  // kf::Peer::invite's limit
-constexpr std::size_t kDataPerPiece = kMaxPayload - kHeaderBytes;
+constexpr std::string_view kPieceMagic = "KFSPARE1";
+constexpr std::size_t kPieceHeaderBytes = kPieceMagic.size() + 4 * 8;
+constexpr std::size_t kMaxPiecePayload = std::size_t{1} << 20;  // kf::Peer::invite's limit
+constexpr std::size_t kDataPerPiece = kMaxPiecePayload - kPieceHeaderBytes;
 
-void put_u64(std::string& out, std::uint64_t v) {
+void put_piece_u64(std::string& out, std::uint64_t v) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
-std::uint64_t get_u64(std::string_view in, std::size_t at) {
+std::uint64_t get_piece_u64(std::string_view in, std::size_t at) {
   std::uint64_t v = 0;
   for (int i = 7; i >= 0; --i) {
     v = (v << 8) | static_cast<unsigned char>(in[at + static_cast<std::size_t>(i)]);
@@ -38,7 +38,7 @@ constexpr int kDutyDivisor = 4;
 }  // namespace
 
 bool is_spare_piece(std::string_view payload) noexcept {
-  return payload.substr(0, kMagic.size()) == kMagic;
+  return payload.substr(0, kPieceMagic.size()) == kPieceMagic;
 }
 
 std::vector<std::string> spare_pieces(std::uint64_t push, std::int64_t commit,
@@ -48,12 +48,12 @@ std::vector<std::string> spare_pieces(std::uint64_t push, std::int64_t commit,
   do {
     const std::size_t n = std::min(kDataPerPiece, snapshot.size() - offset);
     std::string p;
-    p.reserve(kHeaderBytes + n);
-    p.append(kMagic);
-    put_u64(p, push);
-    put_u64(p, static_cast<std::uint64_t>(commit));
-    put_u64(p, offset);
-    put_u64(p, snapshot.size());
+    p.reserve(kPieceHeaderBytes + n);
+    p.append(kPieceMagic);
+    put_piece_u64(p, push);
+    put_piece_u64(p, static_cast<std::uint64_t>(commit));
+    put_piece_u64(p, offset);
+    put_piece_u64(p, snapshot.size());
     p.append(snapshot.substr(offset, n));
     pieces.push_back(std::move(p));
     offset += n;
@@ -62,15 +62,15 @@ std::vector<std::string> spare_pieces(std::uint64_t push, std::int64_t commit,
 }
 
 SparePiece decode_spare_piece(std::string_view payload) {
-  if (!is_spare_piece(payload) || payload.size() < kHeaderBytes) {
+  if (!is_spare_piece(payload) || payload.size() < kPieceHeaderBytes) {
     throw std::invalid_argument("snapshot piece: shorter than its header");
   }
   SparePiece p;
-  p.push = get_u64(payload, kMagic.size());
-  p.commit = static_cast<std::int64_t>(get_u64(payload, kMagic.size() + 8));
-  p.offset = get_u64(payload, kMagic.size() + 16);
-  p.total = get_u64(payload, kMagic.size() + 24);
-  p.data = payload.substr(kHeaderBytes);
+  p.push = get_piece_u64(payload, kPieceMagic.size());
+  p.commit = static_cast<std::int64_t>(get_piece_u64(payload, kPieceMagic.size() + 8));
+  p.offset = get_piece_u64(payload, kPieceMagic.size() + 16);
+  p.total = get_piece_u64(payload, kPieceMagic.size() + 24);
+  p.data = payload.substr(kPieceHeaderBytes);
   if (p.commit < 0) throw std::invalid_argument("snapshot piece: negative commit");
   if (p.offset > p.total || p.data.size() > p.total - p.offset) {
     throw std::invalid_argument("snapshot piece: bytes " + std::to_string(p.offset) + "+" +
