@@ -86,7 +86,8 @@ Session::Session(std::unique_ptr<Peer> peer, Cluster initial, State& state, Sess
                                 ") is not in its initial cluster (version " +
                                 std::to_string(initial_.version) + ")");
   }
-  spare_pusher_ = std::make_unique<detail::SparePusher>();
+  spare_pusher_ = std::make_unique<detail::SparePusher>(options_.spare_sync);
+  greeter_ = std::make_unique<detail::SpareGreeter>();
   if (options_.config_server) {
     if (options_.job_token.empty()) {
       throw std::invalid_argument("Session: a config service needs the job token");
@@ -174,6 +175,7 @@ bool Session::join() {
       KF_LOG(info, "session", "{}: a hot spare of v{}; waiting to be moved in", self.str(),
              newest.version);
     }
+    if (spare) greeter_->greet(*peer_, newest.workers);
     was_spare = was_spare || spare;
     if (parse_cluster_settings(newest.settings).typed.finished) {
       KF_LOG(info, "session", "{}: the job finished (v{}) before this worker joined", self.str(),
@@ -222,6 +224,7 @@ bool Session::join() {
       take_spare_piece(snapshots, *inv);
       continue;
     }
+    if (detail::is_spare_hello(inv->payload)) continue;
     Cluster target;
     try {
       target = detail::decode_invitation(inv->payload).cluster;
@@ -323,6 +326,10 @@ void Session::after_commit() {
   }
   if (peer_->rank() == 0 && *steps_ % options_.commit_every == 0) {
     spare_pusher_->push(*peer_, state_, peer_->cluster(), *commits_);
+  }
+  if (!peer_->cluster().spares.empty()) greeter_->greet(*peer_, peer_->cluster().spares);
+  // A member has no use for invitations (a spare's greeting, a late copy of a joiner's).
+  while (peer_->wait_invitation(std::chrono::milliseconds(0))) {
   }
 }
 

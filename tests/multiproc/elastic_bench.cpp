@@ -11,9 +11,10 @@
 //           of state): kill -9 -> the first step back at the old size, the survivors' pause,
 //           and how many of the moved-in spares held the commit the survivors restored (no sync)
 //   steady  the time of a step without any change (the watch of the service runs beside the
-//           steps), over 1000 steps after the first 500
+//           steps), over 1000 steps after the first 500, with --extra-floats of state;
+//           steady-spare the same with a hot spare that rank 0 feeds (not in the default set)
 // Usage: build/tests/multiproc/elastic-bench [--runs N] [--extra-floats N] [--np N] [--etcd]
-//        [--changes revoke,kill,add,spare,steady];
+//        [--changes revoke,kill,add,spare,steady,steady-spare];
 // the executables are taken from the build tree it is in (or KFRUN, KF_ELASTIC_WORKER,
 // KF_MEMBER, CONFIG_SERVER_EXE). --etcd keeps the jobs' documents in a one-member etcd on
 // 127.0.0.1 (etcd:// URLs) instead of a kf-config-server per job.
@@ -216,9 +217,12 @@ bool run_spare(int np, std::size_t extra, std::map<std::string, Series>& out) {
       resumed = std::max<std::int64_t>(resumed, r["resumed_us"]);
       pause = std::max(pause, ms_between(r["boundary_us"], r["synced_us"]));
     }
+    if (getenv("KF_BENCH_SHOW") != nullptr && (r["kind"] == "join" || r["kind"] == "recovery")) {
+      std::cerr << ch.worker << " " << r.dump() << "\n";
+    }
     if (r["kind"] == "join" && r["to_version"] > 2 && r["to_size"] == np) {
-      out["spare: moved in holding the restored commit (1 = yes)"].add(
-          r["sync_bytes"] == 0 ? 1.0 : 0.0);
+      out["spare: moved in holding the restored commit (1 = yes)"].add(r["sync_bytes"] == 0 ? 1.0
+                                                                                            : 0.0);
     }
   }
   if (resumed == 0) return false;
@@ -228,9 +232,14 @@ bool run_spare(int np, std::size_t extra, std::map<std::string, Series>& out) {
   return true;
 }
 
-bool run_steady(int np, std::map<std::string, Series>& out) {
+bool run_steady(int np, std::size_t extra, bool spare, std::map<std::string, Series>& out) {
   ElasticJob job("bench-steady", service_for("bench-steady"));
-  job.start(np, kArgs);
+  if (spare) {
+    const auto file = job.dir() / "job.yaml";
+    std::ofstream(file) << "job: {}\nbatch_size: 64\nworkers: {max: 8}\nspares: 1\n";
+    job.set_agent_options("--job " + file.string());
+  }
+  job.start(np, kArgs + " --extra-floats " + std::to_string(extra));
   // Past the start, whose events (each worker's "joined", the agent's notes) the service is still
   // storing during the first steps, then over 1000 steps.
   if (!job.wait_progress(500)) return false;
@@ -239,7 +248,9 @@ bool run_steady(int np, std::map<std::string, Series>& out) {
   if (!job.wait_progress(p0 + 1000)) return false;
   const std::int64_t t1 = now_us();
   const long p1 = job.progress();
-  out["steady: step time (no change)"].add(ms_between(t0, t1) / static_cast<double>(p1 - p0));
+  out[std::string("steady: step time (no change") + (spare ? ", a hot spare fed" : "") + ", " +
+      std::to_string(extra) + " extra floats)"]
+      .add(ms_between(t0, t1) / static_cast<double>(p1 - p0));
   job.finish_soon();
   return job.wait() == 0;
 }
@@ -258,7 +269,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> which{"revoke", "kill", "add", "spare", "steady"};
   app.add_option("--changes", which, "which to time (default: all)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"revoke", "kill", "add", "spare", "steady"}));
+      ->check(CLI::IsMember({"revoke", "kill", "add", "spare", "steady", "steady-spare"}));
   CLI11_PARSE(app, argc, argv);
   std::unique_ptr<kf::test::EtcdProcess> etcd_process;
   if (etcd) {
@@ -281,7 +292,8 @@ int main(int argc, char** argv) {
     if (wanted("kill")) failed += !run_kill(np + 1, out);
     if (wanted("add")) failed += !run_add(np, extra, out);
     if (wanted("spare")) failed += !run_spare(np + 1, extra, out);
-    if (wanted("steady")) failed += !run_steady(np, out);
+    if (wanted("steady")) failed += !run_steady(np, extra, false, out);
+    if (wanted("steady-spare")) failed += !run_steady(np, extra, true, out);
     std::cerr << "run " << i + 1 << "/" << runs << " done\n";
   }
   std::cout << "elastic-bench: " << runs << " runs, np " << np << " (+1 before revoke/kill/spare), "

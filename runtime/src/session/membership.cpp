@@ -112,8 +112,13 @@ bool Session::joiners_reached_in_time() {
   const auto all_ready = [&] {
     return std::all_of(invites_.begin(), invites_.end(), [](const Handle& h) { return h.ready(); });
   };
+  // The handles have no timed wait: poll, first often (a joiner that listens is reached within
+  // a few hundred microseconds: a hot spare, a joiner that came up before the failure), then
+  // every kWriterCheck.
+  std::chrono::microseconds nap{50};
   while (!all_ready() && SteadyClock::now() < deadline) {
-    std::this_thread::sleep_for(kWriterCheck);  // the handles have no timed wait
+    std::this_thread::sleep_for(nap);
+    nap = std::min<std::chrono::microseconds>(nap * 2, kWriterCheck);
   }
   std::vector<Endpoint> late;
   for (std::size_t i = 0; i < invites_.size(); ++i) {

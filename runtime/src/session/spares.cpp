@@ -33,9 +33,28 @@ std::uint64_t get_piece_u64(std::string_view in, std::size_t at) {
 }
 
 // A push's copy may take at most this share of rank 0's time.
-constexpr int kDutyDivisor = 4;
+constexpr int kDutyDivisor = 10;
 
 }  // namespace
+
+namespace {
+constexpr std::string_view kHello = "KFSPAREHELLO";
+}  // namespace
+
+bool is_spare_hello(std::string_view payload) noexcept { return payload == kHello; }
+
+void SpareGreeter::greet(Peer& peer, const std::vector<WorkerSpec>& to) {
+  std::erase_if(pending_, [](const Handle& h) { return h.ready(); });
+  for (const auto& w : to) {
+    const std::string name = w.endpoint.str();
+    if (w.endpoint == peer.endpoint() ||
+        std::find(greeted_.begin(), greeted_.end(), name) != greeted_.end()) {
+      continue;
+    }
+    greeted_.push_back(name);
+    pending_.push_back(peer.invite(w.endpoint, std::string(kHello)));
+  }
+}
 
 bool is_spare_piece(std::string_view payload) noexcept {
   return payload.substr(0, kPieceMagic.size()) == kPieceMagic;
@@ -82,8 +101,8 @@ SparePiece decode_spare_piece(std::string_view payload) {
 
 bool SnapshotAssembler::add(const Endpoint& from, std::string_view payload) {
   const SparePiece p = decode_spare_piece(payload);
-  const bool continues = active_ && from == from_ && p.push == push_ && p.total == total_ &&
-                         p.offset == bytes_.size();
+  const bool continues =
+      active_ && from == from_ && p.push == push_ && p.total == total_ && p.offset == bytes_.size();
   if (!continues) {
     active_ = false;
     if (p.offset != 0) return false;  // the middle of a push whose start we missed
@@ -101,11 +120,10 @@ bool SnapshotAssembler::add(const Endpoint& from, std::string_view payload) {
   return true;
 }
 
-void SparePusher::push(Peer& peer, const State& state, const Cluster& formed,
-                       std::int64_t commit) {
+void SparePusher::push(Peer& peer, const State& state, const Cluster& formed, std::int64_t commit) {
   if (!in_flight_.empty()) {
-    const bool all_ready =
-        std::all_of(in_flight_.begin(), in_flight_.end(), [](const Handle& h) { return h.ready(); });
+    const bool all_ready = std::all_of(in_flight_.begin(), in_flight_.end(),
+                                       [](const Handle& h) { return h.ready(); });
     if (!all_ready) return;  // one push at a time: the wire's share is bounded by that
     bool failed = false;
     for (auto& h : in_flight_) {
@@ -120,10 +138,12 @@ void SparePusher::push(Peer& peer, const State& state, const Cluster& formed,
     in_flight_.clear();
   }
   if (formed.spares.empty() || !state.has_commit()) return;
-  // The copy runs on the training thread: it may take at most a quarter of the time since the
+  // The copy runs on the training thread: it may take at most a tenth of the time since the
   // last push began.
   const auto now = std::chrono::steady_clock::now();
-  if (pushes_ > 0 && copy_time_ * kDutyDivisor > now - began_) return;
+  if (pushes_ > 0 && (copy_time_ * kDutyDivisor > now - began_ || now - began_ < interval_)) {
+    return;
+  }
   began_ = now;
   ++pushes_;
   const std::string snapshot = state.snapshot();

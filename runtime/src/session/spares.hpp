@@ -3,8 +3,9 @@
 // (Cluster::spares) that hold a recent commit, so that a loss or a notice moves one in at the
 // next step boundary instead of waiting for a process to start and a state to arrive.
 //   - Rank 0 sends each spare the last commit (State::snapshot) in the background, as
-//     invitation frames of at most 1 MiB ("pieces"), one snapshot in flight at a time, and
-//     copies it on at most a quarter of its time, so that the copies never pause the job.
+//     invitation frames of at most 1 MiB ("pieces"): at most once per
+//     SessionOptions::spare_sync, one snapshot in flight at a time, and copied on at most a
+//     tenth of its time, so that feeding spares costs the job little.
 //   - A spare reassembles the pieces (SnapshotAssembler) and takes a whole snapshot into its
 //     state; a partial one (its sender lost, a newer push begun) is dropped.
 //   - Whoever removes workers that did not mean to leave (the survivors' recovery writer, an
@@ -65,11 +66,28 @@ class SnapshotAssembler {
   bool active_ = false;
 };
 
+/// A greeting between a spare and the members: each ordered pair of workers has a connection of
+/// its own, dialled on its first frame, so a spare and every member greet each other once while
+/// it waits, and its move-in finds the connections open (a handshake each, otherwise, in the
+/// survivors' pause). Whoever gets one drops it.
+bool is_spare_hello(std::string_view payload) noexcept;
+
+/// Sends one greeting to each endpoint it has not greeted yet.
+class SpareGreeter {
+ public:
+  void greet(Peer& peer, const std::vector<WorkerSpec>& to);
+
+ private:
+  std::vector<std::string> greeted_;
+  std::vector<Handle> pending_;
+};
+
 /// Rank 0's side: after each commit, push() begins sending the commit to every spare of
-/// `formed` unless a push is still in flight, or the last one's copy (on the training thread)
-/// took more than a quarter of the time since it began.
+/// `formed` unless a push is still in flight, the last one began less than `interval` ago, or
+/// its copy (on the training thread) took more than a tenth of the time since it began.
 class SparePusher {
  public:
+  explicit SparePusher(std::chrono::milliseconds interval) : interval_(interval) {}
   void push(Peer& peer, const State& state, const Cluster& formed, std::int64_t commit);
   /// Commits sent whole so far (for the logs and tests).
   std::uint64_t pushes_done() const noexcept { return done_; }
@@ -78,6 +96,7 @@ class SparePusher {
   std::vector<Handle> in_flight_;
   std::chrono::steady_clock::time_point began_{};
   std::chrono::steady_clock::duration copy_time_{};
+  std::chrono::milliseconds interval_;
   std::uint64_t pushes_ = 0, done_ = 0;
   bool failed_said_ = false;
 };

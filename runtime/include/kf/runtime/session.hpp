@@ -50,6 +50,7 @@ class JsonlWriter;
 namespace detail {
 class ServiceLink;
 class SnapshotAssembler;
+class SpareGreeter;
 class SparePusher;
 struct RecordLayout;
 }  // namespace detail
@@ -101,6 +102,13 @@ struct SessionOptions {
   /// about one detection time instead of waiting on the joiners' connect timeout. A joiner
   /// reached in a normal join does not count against it. KF_RECOVERY_JOINER_WAIT_MS.
   std::chrono::milliseconds recovery_joiner_wait{100};
+  /// Rank 0 sends the cluster's hot spares its last commit at most once per this interval, and
+  /// only once the last copy was delivered and its copy on the training thread took at most a
+  /// tenth of the time since it began (docs/elastic.md, "Hot spares"). 0: at every commit those
+  /// allow. A job whose steps take longer than this keeps its spares at the latest commit; a
+  /// faster one keeps them within about this interval, and a spare that moves in behind the
+  /// survivors gets the state in the move's sync. KF_SPARE_SYNC_MS.
+  std::chrono::milliseconds spare_sync{1000};
   /// Longest wait of one long-poll of the config service; also bounds how long the session's
   /// destructor waits for its watch thread.
   std::chrono::milliseconds watch_poll{500};
@@ -340,6 +348,8 @@ class Session {
   std::unique_ptr<detail::ServiceLink> link_;  ///< the config service; null in a static job
   /// Rank 0 sends the last commit to the cluster's hot spares (session/spares.hpp).
   std::unique_ptr<detail::SparePusher> spare_pusher_;
+  /// Opens the connections between the spares and this worker before a move-in needs them.
+  std::unique_ptr<detail::SpareGreeter> greeter_;
   std::int64_t* commits_;
   std::int64_t* steps_;
   bool joined_ = false;
