@@ -48,8 +48,17 @@ awaitable<void> Mesh::accept_loop(Acceptor& acceptor) {
     std::string source;
     if constexpr (kTcp) {
       source = rec ? std::string("an unknown address") : remote.address().to_string();
-    } else {
-      if (!same_user) source = "another user's process";
+    } else if (!same_user) {
+      // Frames on same-host connections carry no MACs: only processes of this worker's own user
+      // may use them. Another user's process (a relay of a member's TCP connection, say) is
+      // closed before it sees a challenge; such workers talk over TCP, with MACs.
+      log_rejected(
+          fmt::format("{}: refused a same-host connection from another user's process "
+                      "(pid {}): same-host connections are for this user's workers",
+                      identity_, pid));
+      boost::system::error_code ignored;
+      sock.close(ignored);
+      continue;
     }
     if (auto refused = handshake_room(source)) {
       Counters::add(counters_.handshakes_refused, 1);

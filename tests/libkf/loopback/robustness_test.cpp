@@ -776,5 +776,59 @@ TEST(Robustness, ASameHostSocketOfAnotherUserIsNotTrusted) {
       << text;
 }
 
+// A process of another user connects to a worker's same-host socket (to relay a member's TCP
+// connection into it, say, and drop the frames' tags): the worker closes it before its
+// challenge, so the relay has nothing to forward. Workers of that user still get through.
+TEST(Robustness, ASameHostConnectionFromAnotherUserIsClosedBeforeTheChallenge) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to connect as another user (CI runs as root)";
+  LogCapture log;
+  PeerOptions o;
+  o.job_token = "test-token";
+  std::vector<std::unique_ptr<Peer>> peers;
+  for (int i = 0; i < 2; ++i) peers.push_back(std::make_unique<Peer>(o));
+  const Endpoint target = peers[0]->endpoint();
+  int result[2];
+  ASSERT_EQ(pipe(result), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    // Only system calls here: the test process has threads. Reports what the worker sent
+    // before it closed: 0 bytes when it refused at once.
+    alarm(20);
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
+    const int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    const std::string name = std::string(1, '\0') + "kf/" + target.str();
+    std::memcpy(a.sun_path, name.data(), name.size());
+    const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size());
+    if (connect(s, reinterpret_cast<sockaddr*>(&a), len) != 0) _exit(3);
+    char buf[512];
+    ssize_t total = 0;
+    for (;;) {
+      const ssize_t n = read(s, buf, sizeof buf);
+      if (n <= 0) break;
+      total += n;
+    }
+    if (write(result[1], &total, sizeof total) != sizeof total) _exit(4);
+    _exit(0);
+  }
+  close(result[1]);
+  ssize_t sent = -1;
+  ASSERT_EQ(read(result[0], &sent, sizeof sent), static_cast<ssize_t>(sizeof sent));
+  close(result[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(sent, 0) << "the worker spoke to another user's process before closing";
+  EXPECT_NE(log.text().find("refused a same-host connection from another user's process"),
+            std::string::npos)
+      << log.text();
+  Cluster c;
+  c.version = 1;
+  for (int i = 0; i < 2; ++i) c.workers.push_back(WorkerSpec{peers[i]->endpoint(), i});
+  for (auto& p : peers) p->start(c);
+  allreduce_works(peers, "after-the-stranger");
+}
+
 }  // namespace
 }  // namespace kf
