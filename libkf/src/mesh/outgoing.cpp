@@ -142,9 +142,8 @@ awaitable<std::error_code> Mesh::dial(Outgoing& out) {
     std::memcpy(their.data(), payload.data(), their.size());
     transport::Hello hello{
         opts_.job_id, identity_, transport::random_nonce(), {}, opts_.frame_auth};
-    hello.mac =
-        transport::handshake_mac(peer_key_, transport::handshake_purpose(true, opts_.frame_auth),
-                                 opts_.job_id, identity_, their);
+    hello.mac = transport::hello_mac(peer_key_, opts_.frame_auth, !out.local, opts_.job_id,
+                                     identity_, ep.str(), their);
     if (auto ec = co_await write_control(reader.sock, FrameType::hello, transport::encode(hello))) {
       co_return ec;
     }
@@ -162,11 +161,16 @@ awaitable<std::error_code> Mesh::dial(Outgoing& out) {
             " (KF_FRAME_AUTH must be the same on every worker)";
       co_return make_error_code(errc::auth_failed);
     }
-    const auto want =
-        transport::handshake_mac(peer_key_, transport::handshake_purpose(false, w->frame_auth),
-                                 opts_.job_id, w->identity, hello.nonce);
+    const auto want = transport::welcome_mac(peer_key_, w->frame_auth, !out.local, opts_.job_id,
+                                             w->identity, hello.nonce);
     if (!transport::mac_equal(want, w->mac)) {
       why = "peer " + ep.str() + " does not prove the job token";
+      co_return make_error_code(errc::auth_failed);
+    }
+    if (w->identity != ep.str()) {
+      // Another worker of the job answered (the dial was redirected on the way).
+      why = "the worker that answered at " + ep.str() + " is " + printable(w->identity) +
+            ", not the one dialled";
       co_return make_error_code(errc::auth_failed);
     }
     if (opts_.frame_auth && !out.local) {

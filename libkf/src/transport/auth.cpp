@@ -39,6 +39,29 @@ Mac handshake_mac(const Key& key, const char* purpose, const std::string& job_id
   return out;
 }
 
+std::string handshake_purpose(bool hello, bool frame_auth, bool tcp) {
+  std::string p = hello ? "hello" : "welcome";
+  if (frame_auth) p += "+frame-mac";
+  p += tcp ? "+tcp" : "+same-host";
+  return p;
+}
+
+Mac hello_mac(const Key& key, bool frame_auth, bool tcp, const std::string& job_id,
+              const std::string& identity, const std::string& to, const Nonce& nonce) {
+  // The acceptor meant goes with the identity, NUL-separated like the other fields.
+  std::string subject = identity;
+  subject.push_back('\0');
+  subject += to;
+  return handshake_mac(key, handshake_purpose(true, frame_auth, tcp).c_str(), job_id, subject,
+                       nonce);
+}
+
+Mac welcome_mac(const Key& key, bool frame_auth, bool tcp, const std::string& job_id,
+                const std::string& identity, const Nonce& nonce) {
+  return handshake_mac(key, handshake_purpose(false, frame_auth, tcp).c_str(), job_id, identity,
+                       nonce);
+}
+
 bool mac_equal(const Mac& a, const Mac& b) noexcept {
   return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }

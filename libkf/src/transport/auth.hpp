@@ -4,8 +4,10 @@
 // token is never sent and a recorded handshake cannot be replayed.
 //   acceptor -> dialer   challenge { nonce_a }
 //   dialer   -> acceptor hello     { job_id, identity, nonce_d, HMAC(token, "hello", job_id,
-//                                    identity, nonce_a) }
+//                                    identity, acceptor meant, nonce_a) }
 //   acceptor -> dialer   welcome   { identity, HMAC(token, "welcome", job_id, identity, nonce_d) }
+// The purposes name the frame-MAC setting and the connection's kind; the dialer checks that the
+// welcome's identity is the worker it dialled.
 // Thread-safety: pure functions (OpenSSL's HMAC and RAND are thread-safe).
 #pragma once
 
@@ -42,11 +44,19 @@ struct Welcome {
 };
 
 /// The handshake MAC's purpose: `base` ("hello", "welcome"), marked when frames carry MACs, so
-/// that a setting altered on the way fails the MAC.
-inline const char* handshake_purpose(bool hello, bool frame_auth) noexcept {
-  if (hello) return frame_auth ? "hello+frame-mac" : "hello";
-  return frame_auth ? "welcome+frame-mac" : "welcome";
-}
+/// that a setting altered on the way fails the MAC, and with the connection's kind (TCP or a
+/// same-host socket), so that a handshake relayed from one kind into the other fails too.
+std::string handshake_purpose(bool hello, bool frame_auth, bool tcp);
+
+/// The hello's MAC: the dialer's `identity` and the worker it meant to reach (`to`, that
+/// worker's endpoint), so that a dial redirected to another worker of the job is refused by the
+/// acceptor (docs/protocol.md, "Handshake").
+Mac hello_mac(const Key& key, bool frame_auth, bool tcp, const std::string& job_id,
+              const std::string& identity, const std::string& to, const Nonce& nonce);
+/// The welcome's MAC over the acceptor's `identity`, which the dialer compares with the
+/// endpoint it dialled.
+Mac welcome_mac(const Key& key, bool frame_auth, bool tcp, const std::string& job_id,
+                const std::string& identity, const Nonce& nonce);
 
 std::vector<std::byte> encode(const Hello& h);
 std::vector<std::byte> encode(const Welcome& w);

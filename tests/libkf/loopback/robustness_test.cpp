@@ -658,8 +658,8 @@ TEST(Robustness, ARelayedHandshakeGivesTheRelayNothing) {
     const std::string identity = peers[1]->endpoint().str();
     const Key peer_key = derive_key("test-token", KeyUse::peers);
     transport::Hello hello{"kf", identity, transport::random_nonce(), {}, true};
-    hello.mac = transport::handshake_mac(peer_key, transport::handshake_purpose(true, true), "kf",
-                                         identity, challenge);
+    hello.mac = transport::hello_mac(peer_key, true, true, "kf", identity,
+                                     peers[0]->endpoint().str(), challenge);
     ASSERT_TRUE(send_frame(s, transport::FrameType::hello, transport::encode(hello)));
     ASSERT_TRUE(read_frame(s, h, payload));
     ASSERT_EQ(h.type, transport::FrameType::welcome);  // accepted: the handshake was genuine
