@@ -118,13 +118,25 @@ inline std::optional<Key> authenticate(int s, const std::string& identity,
   if (payload.size() < theirs.size()) return std::nullopt;
   std::memcpy(theirs.data(), payload.data(), theirs.size());
   const Key peers = derive_key(token, KeyUse::peers);
-  // The worker meant: the one at the other end of `s` (test workers listen on 127.0.0.1).
-  sockaddr_in to{};
+  // The worker meant: the one at the other end of `s`, a TCP address (test workers listen on
+  // 127.0.0.1) or a same-host socket named "\0kf/HOST:PORT".
+  sockaddr_storage to{};
   socklen_t to_len = sizeof to;
   if (::getpeername(s, reinterpret_cast<sockaddr*>(&to), &to_len) != 0) return std::nullopt;
-  const std::string meant = "127.0.0.1:" + std::to_string(ntohs(to.sin_port));
+  const bool tcp = to.ss_family == AF_INET;
+  std::string meant;
+  if (tcp) {
+    meant = "127.0.0.1:" +
+            std::to_string(ntohs(reinterpret_cast<const sockaddr_in*>(&to)->sin_port));
+  } else {
+    const auto* un = reinterpret_cast<const sockaddr_un*>(&to);
+    const std::size_t n = to_len - offsetof(sockaddr_un, sun_path);
+    meant = std::string(un->sun_path, n);
+    if (meant.rfind(std::string(1, '\0') + "kf/", 0) != 0) return std::nullopt;
+    meant = meant.substr(4);
+  }
   transport::Hello hello{"kf", identity, transport::random_nonce(), {}, true};
-  hello.mac = transport::hello_mac(peers, true, true, "kf", identity, meant, theirs);
+  hello.mac = transport::hello_mac(peers, true, tcp, "kf", identity, meant, theirs);
   if (!send_frame(s, transport::FrameType::hello, transport::encode(hello))) return std::nullopt;
   if (!read_frame(s, h, payload) || h.type != transport::FrameType::welcome) return std::nullopt;
   const auto w = transport::decode_welcome(payload);
