@@ -126,8 +126,8 @@ inline std::optional<Key> authenticate(int s, const std::string& identity,
   const bool tcp = to.ss_family == AF_INET;
   std::string meant;
   if (tcp) {
-    meant = "127.0.0.1:" +
-            std::to_string(ntohs(reinterpret_cast<const sockaddr_in*>(&to)->sin_port));
+    meant =
+        "127.0.0.1:" + std::to_string(ntohs(reinterpret_cast<const sockaddr_in*>(&to)->sin_port));
   } else {
     const auto* un = reinterpret_cast<const sockaddr_un*>(&to);
     const std::size_t n = to_len - offsetof(sockaddr_un, sun_path);

@@ -133,6 +133,10 @@ struct PeerOptions {
   /// than max_unexpected_bytes_per_peer. A peer that sends past a limit has its connection
   /// closed as a protocol violation (and counts as lost).
   std::size_t max_unexpected_bytes = std::size_t{2} << 30;
+  /// Invitations (Peer::invite) received and not yet taken (wait_invitation), at most: this
+  /// many, and this many payload bytes. Past either, newer ones are dropped with a warning.
+  std::size_t max_invitations = 4096;
+  std::size_t max_invitation_bytes = std::size_t{256} << 20;
   std::size_t max_unexpected_bytes_per_peer = std::size_t{1} << 30;
 };
 
@@ -212,7 +216,8 @@ class Peer {
   /// frame has been written, and fails when `to` cannot be reached within connect_timeout.
   Handle invite(const Endpoint& to, std::string payload);
   /// Waits up to `timeout` for an invitation from any authenticated peer; invitations are kept
-  /// in arrival order until taken. Returns nullopt on timeout.
+  /// in arrival order until taken (at most PeerOptions::max_invitations and
+  /// max_invitation_bytes of them). Returns nullopt on timeout.
   std::optional<Invitation> wait_invitation(std::chrono::milliseconds timeout);
 
   int rank() const noexcept;

@@ -446,6 +446,18 @@ awaitable<std::error_code> Mesh::on_invite(Incoming& in, const FrameHeader& h) {
          peers_[in.peer].key, h.cluster_version, payload.size());
   {
     std::lock_guard<std::mutex> lk(invite_mu_);
+    // Invitations wait until the program takes them: bounded, so that a sender cannot fill this
+    // worker's memory with ones it never takes. Past the bound the newest are dropped (a hot
+    // spare's copy then arrives torn and is dropped whole; the next one comes).
+    if (invitations_.size() >= opts_.max_invitations ||
+        invitation_bytes_ + payload.size() > opts_.max_invitation_bytes) {
+      log_rejected(fmt::format(
+          "{}: dropped an invitation from {} ({} bytes): {} invitations of {} "
+          "bytes are waiting to be taken (the limit)",
+          identity_, peers_[in.peer].key, payload.size(), invitations_.size(), invitation_bytes_));
+      co_return std::error_code{};
+    }
+    invitation_bytes_ += payload.size();
     invitations_.push_back(Invitation{peers_[in.peer].ep, h.cluster_version, std::move(payload)});
   }
   invite_cv_.notify_all();

@@ -207,6 +207,7 @@ std::optional<Invitation> Mesh::wait_invitation(std::chrono::milliseconds timeou
   }
   Invitation inv = std::move(invitations_.front());
   invitations_.pop_front();
+  invitation_bytes_ -= inv.payload.size();
   return inv;
 }
 

@@ -275,6 +275,7 @@ class Mesh {
   std::mutex invite_mu_;
   std::condition_variable invite_cv_;
   std::deque<Invitation> invitations_;
+  std::size_t invitation_bytes_ = 0;  // payload bytes held in invitations_
 };
 
 }  // namespace kf::detail

@@ -34,7 +34,8 @@ class Redirect {
     a.sin_family = AF_INET;
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
     socklen_t len = sizeof a;
-    if (::bind(listener_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(listener_, 8) != 0 ||
+    if (::bind(listener_, reinterpret_cast<sockaddr*>(&a), len) != 0 ||
+        ::listen(listener_, 8) != 0 ||
         ::getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
       ADD_FAILURE() << "cannot listen";
       return;
@@ -122,6 +123,39 @@ TEST(Handshake, ADialRedirectedToAnotherWorkerOfTheJobIsRefusedByBothEnds) {
   EXPECT_EQ(got->payload, "direct");
 }
 
+// Invitations wait until taken, within a bound: a sender cannot fill a worker's memory with
+// ones it never takes. Past the bound the newest are dropped, with a warning.
+TEST(Handshake, InvitationsNotTakenAreBounded) {
+  LogCapture log;
+  PeerOptions o;
+  o.job_token = "test-token";
+  Peer sender(o);
+  o.max_invitations = 3;
+  Peer receiver(o);
+  std::vector<Handle> sent;
+  for (int i = 0; i < 6; ++i)
+    sent.push_back(sender.invite(receiver.endpoint(), "n" + std::to_string(i)));
+  for (auto& h : sent) EXPECT_FALSE(static_cast<bool>(h.wait_status())) << h.message();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (log.text().find("dropped an invitation") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // until the receiver read them
+  }
+  EXPECT_NE(log.text().find("3 invitations of 6 bytes are waiting to be taken (the limit)"),
+            std::string::npos)
+      << log.text();
+  std::vector<std::string> taken;
+  while (auto inv = receiver.wait_invitation(std::chrono::milliseconds(0))) {
+    taken.push_back(inv->payload);
+  }
+  EXPECT_EQ(taken, (std::vector<std::string>{"n0", "n1", "n2"}));
+  // Room again once taken.
+  EXPECT_FALSE(static_cast<bool>(sender.invite(receiver.endpoint(), "later").wait_status()));
+  const auto later = receiver.wait_invitation(std::chrono::seconds(10));
+  ASSERT_TRUE(later);
+  EXPECT_EQ(later->payload, "later");
+}
+
 // The dialer's own check: an acceptor that proves the token but answers as another worker (one
 // that does not check whom the hello meant) is refused by the dialer.
 TEST(Handshake, ADialerRefusesAWelcomeFromAnotherWorkerThanTheOneDialled) {
@@ -148,10 +182,9 @@ TEST(Handshake, ADialerRefusesAWelcomeFromAnotherWorkerThanTheOneDialled) {
       if (hello) {
         const Key key = derive_key("test-token", KeyUse::peers);
         const std::string someone_else = "127.0.0.1:1";
-        transport::Welcome w{someone_else,
-                             transport::welcome_mac(key, true, true, "kf", someone_else,
-                                                    hello->nonce),
-                             true};
+        transport::Welcome w{
+            someone_else, transport::welcome_mac(key, true, true, "kf", someone_else, hello->nonce),
+            true};
         welcomed = send_frame(s, transport::FrameType::welcome, transport::encode(w));
         while (read_frame(s, h, payload)) {
         }
