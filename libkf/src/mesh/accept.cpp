@@ -245,7 +245,6 @@ awaitable<void> Mesh::serve_incoming(std::shared_ptr<Incoming> in, std::string f
       ec = make_error_code(errc::protocol_error);
       break;
     }
-    note_version(peer, h.cluster_version);
     switch (h.type) {
       case FrameType::data:
         if ((h.flags & transport::kFlagRemote) == 0 &&
@@ -276,6 +275,10 @@ awaitable<void> Mesh::serve_incoming(std::shared_ptr<Incoming> in, std::string f
     // Every handler checks the tag before it acts; one it did not reach is checked here.
     if (!ec && !said_bye) ec = co_await check_tag(*in, why);
     if (ec || said_bye) break;
+    // The peer's version is taken from a frame only once its tag is checked: a forged header
+    // would otherwise make every receive from this peer look stale for as many versions as it
+    // claimed (the connection is closed on a bad tag, and the version never noted).
+    note_version(peer, h.cluster_version);
     // Not counted: heartbeats, and a ring's offer (the ring's count starts after it).
     if (h.type != FrameType::heartbeat && h.type != FrameType::ring_offer) ++in->socket_frames;
   }

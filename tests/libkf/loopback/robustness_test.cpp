@@ -246,6 +246,48 @@ TEST(Robustness, SmallFramesFromTheReadAheadBufferAreDeliveredOrRefused) {
   close(s);
 }
 
+// A header whose tag is bad changes nothing of what the worker knows of its sender: a forged
+// heartbeat under the name of a worker that is to join (its address), claiming a far newer
+// cluster version, is refused with its connection; when that worker then joins, the
+// collectives with it work, instead of every receive from it looking stale until the claimed
+// version.
+TEST(Robustness, AForgedFrameHeaderDoesNotMoveThePeersVersion) {
+  auto peers = test::make_local_cluster(2);
+  allreduce_works(peers, "before");
+  const Endpoint joiner{"127.0.0.1", free_port()};
+  int s = connect_to(peers[0]->endpoint());
+  ASSERT_GE(s, 0);
+  ASSERT_TRUE(authenticate(s, joiner.str()));
+  transport::FrameHeader f;
+  f.type = transport::FrameType::heartbeat;
+  f.cluster_version = 1000;
+  const auto hb = transport::encode(f);
+  std::vector<char> wire(reinterpret_cast<const char*>(hb.data()),
+                         reinterpret_cast<const char*>(hb.data()) + hb.size());
+  wire.resize(wire.size() + transport::kTagBytes, '\x5a');  // not the tag
+  ASSERT_EQ(send(s, wire.data(), wire.size(), 0), static_cast<ssize_t>(wire.size()));
+  // The worker closes the connection on the bad tag.
+  char byte = 0;
+  EXPECT_LE(recv(s, &byte, 1, 0), 0);
+  close(s);
+  PeerOptions o;
+  o.job_token = "test-token";
+  o.listen = joiner;
+  peers.push_back(std::make_unique<Peer>(o));
+  Cluster next = peers[0]->cluster();
+  next.version = 2;
+  next.workers.push_back(WorkerSpec{joiner, 2});
+  for (std::size_t i = 0; i < 2; ++i) peers[i]->update(next);
+  peers[2]->start(next);
+  allreduce_works(peers, "with-the-joiner");
+  // A message from the joiner to rank 0 (of version 2, far below the forged 1000).
+  std::vector<int> sent(10, 7), got(10, 0);
+  Handle rx = peers[0]->receive(2, "from-the-joiner", buffer(got.data(), got.size()));
+  peers[2]->send(0, "from-the-joiner", buffer(sent.data(), sent.size())).wait();
+  rx.wait();
+  EXPECT_EQ(got, sent);
+}
+
 // Frames that reach a worker over TCP in pieces are read whole. Over TCP the reader peeks into
 // its read-ahead buffer and drops the bytes from the socket before its next read: a read that
 // needs more than arrived must drop what it peeked before it reads on, or it would take the
