@@ -19,6 +19,12 @@ namespace {
 
 }  // namespace
 
+namespace {
+int (*g_directory_sync)(int) = nullptr;
+}  // namespace
+
+void set_directory_sync_for_testing(int (*sync)(int fd)) { g_directory_sync = sync; }
+
 void write_file_atomically(const std::string& path, const std::vector<std::string_view>& pieces,
                            mode_t mode, const std::function<void(const std::string&)>& warn) {
   // A fresh name each time: O_EXCL refuses whatever is already there, O_NOFOLLOW a link.
@@ -66,7 +72,7 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   const std::string dir = parent.empty() ? "." : parent.string();
   const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  const int rc = dir_fd < 0 ? -1 : ::fsync(dir_fd);
+  const int rc = dir_fd < 0 ? -1 : (g_directory_sync ? g_directory_sync(dir_fd) : ::fsync(dir_fd));
   const int sync_err = errno;
   if (dir_fd >= 0) ::close(dir_fd);
   if (rc != 0 && warn) {

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include <stdlib.h>
+#include "kf/runtime/atomic_file.hpp"
 #include "kf/runtime/request_signature.hpp"
 
 #include <algorithm>
@@ -625,6 +626,43 @@ TEST_F(ServiceTest, TheLogsRecordsMustFollowTheSnapshot) {
                      "\n")
                 .rfind(logname + "line 1: ", 0),
             0u);
+  // A record the log gave already, again: corruption, not skipped.
+  EXPECT_EQ(error_of(R"({"event":{"seq":3,"type":"note"}})"
+                     "\n"
+                     R"({"event":{"seq":3,"type":"note"}})"
+                     "\n"),
+            logname + "line 2 repeats event 3 (4 comes next)");
+}
+
+// A snapshot whose directory could not be synced may come back as the old one after a crash:
+// the log of the changes since is kept then, so that nothing answered is lost either way.
+TEST_F(ServiceTest, ASnapshotWhoseDirectorySyncFailedKeepsTheLog) {
+  ServiceOptions o = options();
+  o.snapshot_every = 3;
+  std::optional<std::string> old_snapshot;  // none: no snapshot yet
+  {
+    Service s(o);
+    ASSERT_EQ(put(s, two_workers(0)).status, 200);
+    if (fs::exists(state_file_)) old_snapshot = read_file(state_file_);
+    ASSERT_EQ(post_event(s, R"({"type":"note","detail":"one"})").status, 201);
+    set_directory_sync_for_testing([](int) {
+      errno = EIO;
+      return -1;
+    });
+    // The third change since the snapshot: a new snapshot, whose directory sync fails.
+    const auto answered = post_event(s, R"({"type":"note","detail":"two"})");
+    set_directory_sync_for_testing(nullptr);
+    ASSERT_EQ(answered.status, 201);
+  }
+  const json latest = load_state(state_file_).to_json();
+  // The crash brought back the old snapshot (or none): the kept log still holds every change.
+  if (old_snapshot) {
+    std::ofstream(state_file_) << *old_snapshot;
+  } else {
+    fs::remove(state_file_);
+  }
+  EXPECT_EQ(load_state(state_file_).to_json(), latest);
+  EXPECT_EQ(latest["events"].size(), 3u) << latest.dump();
 }
 
 TEST_F(ServiceTest, CorruptStateFileThrowsNamingTheFile) {

@@ -73,7 +73,15 @@ void replay_log(const std::filesystem::path& log, const std::string& text, State
       fail(log, "corrupt: line " + std::to_string(line_no) + " is not a record");
     }
     const auto seq = j["event"]["seq"].get<std::uint64_t>();
-    if (seq < s.next_seq) continue;  // in the snapshot already
+    if (seq < s.next_seq) {
+      // In the snapshot already (a log kept when the snapshot's directory could not be synced);
+      // a record the log itself gave before is corruption.
+      if (s.logged > 0) {
+        fail(log, "corrupt: line " + std::to_string(line_no) + " repeats event " +
+                      std::to_string(seq) + " (" + std::to_string(s.next_seq) + " comes next)");
+      }
+      continue;
+    }
     if (seq > s.next_seq) {
       fail(log, "corrupt: line " + std::to_string(line_no) + " has event " + std::to_string(seq) +
                     " where " + std::to_string(s.next_seq) + " comes next (a record is missing)");
@@ -153,13 +161,18 @@ State load_state(const std::filesystem::path& file) {
 
 void save_state(const std::filesystem::path& file, const State& state) {
   const std::string text = state.to_json().dump(2) + "\n";
+  bool durable = true;
   try {
-    write_file_atomically(file.string(), {text}, 0600, [](const std::string& why) {
-      KF_LOG(warn, "config-server", "state file: {}", why);
+    write_file_atomically(file.string(), {text}, 0600, [&](const std::string& why) {
+      durable = false;
+      KF_LOG(warn, "config-server", "state file: {}; the log of changes is kept", why);
     });
   } catch (const std::runtime_error& e) {
     fail(file, e.what());
   }
+  // A crash may still bring back the old snapshot, and with it the changes since are in the
+  // log alone: keep it (a replay skips the records the new snapshot holds).
+  if (!durable) return;
   const auto log = log_file(file);
   const int fd = ::open(log.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {

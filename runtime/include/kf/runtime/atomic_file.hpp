@@ -24,4 +24,8 @@ void write_file_atomically(const std::string& path, const std::vector<std::strin
                            mode_t mode,
                            const std::function<void(const std::string&)>& warn = nullptr);
 
+/// For tests: `sync` replaces fsync(2) of the directory after the rename (it returns -1 and
+/// sets errno to fail it), until it is given nullptr again. Not for concurrent use.
+void set_directory_sync_for_testing(int (*sync)(int fd));
+
 }  // namespace kf
