@@ -34,9 +34,16 @@ class FrameMac {
  public:
   /// How the tags are computed; every kind gives the same tags.
   enum class Kind {
-    best,     ///< vector GHASH (transport/ghash.hpp) where the processor has it, else openssl
+    /// The vector GHASH (transport/ghash.hpp) where the processor has it and its start-up
+    /// check passed (vector_checked()), else openssl.
+    best,
     openssl,  ///< OpenSSL's AES-GCM
+    vector,   ///< the vector GHASH where the processor has it, unchecked (for that check)
   };
+  /// Whether the vector GHASH gives OpenSSL's tags on this processor: checked once, on frames
+  /// of lengths around the vector's block sizes, before Kind::best first uses it. False where
+  /// the processor lacks it; a disagreement is logged as an error (and OpenSSL's is used).
+  static bool vector_checked();
   /// Throws: std::runtime_error when OpenSSL fails.
   explicit FrameMac(const Key& key, Kind kind = Kind::best);
   ~FrameMac();

@@ -66,6 +66,19 @@ TEST(FrameMac, VectorTagsEqualOpensslTagsAtEveryLength) {
   EXPECT_EQ(fast.frames(), slow.frames());
 }
 
+// The start-up check: Kind::best uses the vector GHASH exactly where it was checked against
+// OpenSSL's tags and agreed.
+TEST(FrameMac, TheBestKindUsesTheVectorGhashOnlyOnceItWasChecked) {
+  FrameMac best(Key{}, FrameMac::Kind::best);
+  EXPECT_EQ(best.vector(), FrameMac::vector_checked());
+  FrameMac unchecked(Key{}, FrameMac::Kind::vector);
+  if (!unchecked.vector()) {
+    EXPECT_FALSE(FrameMac::vector_checked()) << "checked without the vector GHASH";
+    GTEST_SKIP() << "this processor lacks AVX-512 with VPCLMULQDQ";
+  }
+  EXPECT_TRUE(FrameMac::vector_checked()) << "the vector GHASH disagrees with OpenSSL";
+}
+
 TEST(FrameMac, AnyChangedBitChangesTheTag) {
   FrameMac a(Key{}), b(Key{});
   std::vector<std::byte> frame(777, std::byte{0x5a});
