@@ -24,6 +24,10 @@
 namespace kf {
 namespace {
 
+using test::LogCapture;
+using test::read_frame;
+using test::send_frame;
+
 // A TCP relay on 127.0.0.1 that forwards every connection it accepts to `to_port`, both ways,
 // until either side closes: what an on-path attacker does to redirect a dial.
 class Redirect {
