@@ -61,13 +61,7 @@ TEST(Elastic, RevokedWorkerFinishesItsStepAndLeavesCleanly) {
   auto r = job.member("revoke " + leaver + " --notice 10");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_TRUE(job.wait_size(2)) << job.err();
-  ASSERT_TRUE(eventually(
-      [&] {
-        return job.has_event(
-            [&](const ConfigEvent& e) { return e.type == "exited" && e.worker == leaver; });
-      },
-      30s))
-      << job.err();
+  ASSERT_TRUE(job.wait_event("exited", leaver)) << job.err();
   job.finish_soon();
   job.expect_clean_finish(job.wait(), 2);
   EXPECT_NE(job.out().find("left step"), std::string::npos) << job.out();
@@ -126,13 +120,7 @@ TEST(ElasticSpares, ASpareTakesThePlaceOfAKilledWorkerAndOfOneGivenNotice) {
   auto r = job.member("notice " + leaver + " --in 10");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("moved in the spare " + second), std::string::npos) << r.output;
-  ASSERT_TRUE(eventually(
-      [&] {
-        return job.has_event(
-            [&](const ConfigEvent& e) { return e.type == "exited" && e.worker == leaver; });
-      },
-      30s))
-      << job.err();
+  ASSERT_TRUE(job.wait_event("exited", leaver)) << job.err();
   ASSERT_TRUE(job.wait_progress(job.progress() + 20)) << job.err();
   EXPECT_EQ(job.client().get_cluster().size(), 2);
   job.finish_soon();

@@ -182,6 +182,16 @@ class ElasticJob {
     }
     return false;
   }
+  /// Waits up to `timeout` for an event of `type` about `worker`.
+  bool wait_event(const std::string& type, const std::string& worker,
+                  std::chrono::milliseconds timeout = 30s) const {
+    return eventually(
+        [&] {
+          return has_event(
+              [&](const ConfigEvent& e) { return e.type == type && e.worker == worker; });
+        },
+        timeout);
+  }
 
   /// Waits until a change to `workers` workers has taken effect in the job: rank 0's record of
   /// the switch ("v1 -> v2 (2 -> 4 workers, resize): ..."), not kf-member's note of the request
