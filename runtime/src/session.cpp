@@ -245,10 +245,7 @@ bool Session::join() {
     }
     try {
       if (form(target, nullptr, /*fresh=*/false, rec)) {
-        finish_change(rec);
-        // What rank 0 was still sending this spare is of no use now.
-        while (was_spare && peer_->wait_invitation(std::chrono::milliseconds(0))) {
-        }
+        finish_change(rec);  // what rank 0 still sends it is dropped at its boundaries
         return true;
       }
     } catch (const Error& e) {

@@ -35,10 +35,8 @@ std::uint64_t get_piece_u64(std::string_view in, std::size_t at) {
 // A push's copy may take at most this share of rank 0's time.
 constexpr int kDutyDivisor = 10;
 
-}  // namespace
-
-namespace {
 constexpr std::string_view kHello = "KFSPAREHELLO";
+
 }  // namespace
 
 bool is_spare_hello(std::string_view payload) noexcept { return payload == kHello; }
@@ -146,11 +144,9 @@ void SparePusher::push(Peer& peer, const State& state, const Cluster& formed, st
   }
   began_ = now;
   ++pushes_;
-  const std::string snapshot = state.snapshot();
+  const std::vector<std::string> pieces = spare_pieces(pushes_, commit, state.snapshot());
   for (const auto& spare : formed.spares) {
-    for (auto& piece : spare_pieces(pushes_, commit, snapshot)) {
-      in_flight_.push_back(peer.invite(spare.endpoint, std::move(piece)));
-    }
+    for (const auto& piece : pieces) in_flight_.push_back(peer.invite(spare.endpoint, piece));
   }
   copy_time_ = std::chrono::steady_clock::now() - began_;
 }

@@ -301,8 +301,9 @@ void notice(CommandContext& ctx, const std::string& target, int in_seconds) {
   mutate(ctx, [&](Cluster& c) {
     const auto on_host = [&](const WorkerSpec& w) { return w.endpoint.host == host; };
     // Hot spares elsewhere take the places of the workers that leave (docs/elastic.md).
-    const auto promote = [&](std::size_t count, Edit& edit, const std::string& instead) {
-      for (const auto& w : promote_spares(c, count, {host})) {
+    const auto promote = [&](std::size_t count, Edit& edit, const std::string& instead,
+                             const std::vector<std::string>& avoid) {
+      for (const auto& w : promote_spares(c, count, avoid)) {
         edit.summary += "; moved in the spare " + w.endpoint.str();
         edit.events.push_back({"promoted", w.endpoint.str(),
                                "a hot spare, in place of " + instead + " (" + detail + ")"});
@@ -327,12 +328,7 @@ void notice(CommandContext& ctx, const std::string& target, int in_seconds) {
       }
       c.workers.erase(c.workers.begin() + rank);
       Edit edit{"revoked " + endpoint + " (" + detail + ")", {{"revoked", endpoint, detail}}};
-      // A notice for one worker: its own host stays, so any spare will do.
-      for (const auto& w : promote_spares(c, 1)) {
-        edit.summary += "; moved in the spare " + w.endpoint.str();
-        edit.events.push_back({"promoted", w.endpoint.str(),
-                               "a hot spare, in place of " + endpoint + " (" + detail + ")"});
-      }
+      promote(1, edit, endpoint, {});  // one worker: its host stays, so any spare will do
       return edit;
     }
     std::vector<WorkerSpec> leaving;
@@ -349,7 +345,7 @@ void notice(CommandContext& ctx, const std::string& target, int in_seconds) {
     Edit edit{"revoked " + join_workers(leaving) + " on " + host + " (" + detail + ")",
               {{"notice", "", tools::host_detail(host, detail)}}};
     for (const auto& w : leaving) edit.events.push_back({"revoked", w.endpoint.str(), detail});
-    promote(leaving.size(), edit, join_workers(leaving));
+    promote(leaving.size(), edit, join_workers(leaving), {host});
     std::erase_if(c.spares, on_host);
     for (const auto& w : spares_leaving) {
       edit.events.push_back(
