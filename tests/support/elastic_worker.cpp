@@ -12,6 +12,8 @@
 // still travel in the allreduce) and averages the models as the mode says (or, in async-ps, pushes
 // its update to the parameter server and takes the server's parameters); at the end it averages
 // them once more, so that the final check can ask for identical parameters.
+// With --sample-us each step also waits in proportion to this worker's share of the batch, a
+// stand-in for an accelerator's compute that takes no core (kf-replay's throughput figures).
 // With --device cuda the gradient is allreduced on the GPU (NCCL, or staging by
 // KF_DEVICE_BACKEND); with --device standin, through the staging backend with host memory
 // standing in for the device.
@@ -27,6 +29,7 @@
 #include <iostream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -156,6 +159,12 @@ int main(int argc, char** argv) {
                "'gns step=S sqr=.. tr_sigma=.. b_simple=..' (every value to 17 digits)");
   app.add_option("--progress-file", progress_file,
                  "rank 0 writes the committed step count here after each step");
+  int sample_us = 0;
+  app.add_option("--sample-us", sample_us,
+                 "each step also waits this many microseconds per sample of this worker's share "
+                 "of the batch, as an accelerator's compute would: a wait that takes no core, so "
+                 "that the job's rate grows with its workers even where they share the cores")
+      ->check(CLI::Range(0, 1000000));
   std::string device = "cpu";
   app.add_option("--device", device,
                  "where the gradient is allreduced: cpu, cuda, or standin (host memory standing "
@@ -352,6 +361,10 @@ int main(int argc, char** argv) {
           buf[dim + 1 + i] += 1.0;
         }
         buf[dim] = loss;
+        if (sample_us > 0) {
+          std::this_thread::sleep_for(std::chrono::microseconds(
+              static_cast<std::int64_t>(sample_us) * static_cast<std::int64_t>(mine.size())));
+        }
         session->set_metric(loss_slot, loss);
         if (balance) {
           session->report_samples(static_cast<double>(mine.size()));

@@ -3,6 +3,7 @@
 // its metrics lines.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -105,6 +106,22 @@ TEST(Progress, CountsCommittedWorkInSamplesWhereTheBatchIsKnown) {
   EXPECT_EQ(steps_rolled_back(p, t0 + 2000, t0 + 3000), 0) << "the rollback came at t0 + 2 s";
   EXPECT_EQ(work_between(p, t0 + 500, t0 + 3000), 640 - 320 + 640);
   EXPECT_EQ(work_between(p, t0 - 10, t0 - 5), 0) << "before the first line";
+}
+
+TEST(Progress, WorkAtTheSizesRunWithAndWhenAChangeTookEffect) {
+  // 1 worker for a second, a change at t0 + 1.2 s that shows at t0 + 2 s, 2 workers after.
+  const Progress p = read_progress(
+      line(0, "2026-11-27T00:00:00.000Z", 1) + line(100, "2026-11-27T00:00:01.000Z", 1) +
+      line(150, "2026-11-27T00:00:02.000Z", 2) + line(300, "2026-11-27T00:00:03.000Z", 2));
+  const std::int64_t t0 = parse_utc_ms("2026-11-27T00:00:00.000Z");
+  const std::map<int, double> rate{{1, 100.0}, {2, 160.0}};
+  EXPECT_DOUBLE_EQ(work_at_sizes(p, rate, t0, t0 + 3000), 100 + 160 + 160);
+  EXPECT_DOUBLE_EQ(work_at_sizes(p, rate, t0 + 500, t0 + 2500), 50 + 160 + 80);
+  EXPECT_DOUBLE_EQ(work_at_sizes(p, {{1, 100.0}}, t0, t0 + 3000), 100)
+      << "a size without a rate counts nothing";
+  EXPECT_EQ(in_effect_after(p, t0 + 1200, t0 + 3000, 2), 800);
+  EXPECT_EQ(in_effect_after(p, t0 + 1200, t0 + 1900, 2), std::nullopt) << "not before the next";
+  EXPECT_EQ(in_effect_after(p, t0, t0 + 3000, 3), std::nullopt);
 }
 
 TEST(Progress, CountsStepsWhereALineLacksTheBatch) {

@@ -100,4 +100,25 @@ double work_between(const Progress& p, std::int64_t t0_ms, std::int64_t t1_ms) {
   return at(t1_ms) - at(t0_ms);
 }
 
+double work_at_sizes(const Progress& p, const std::map<int, double>& rate, std::int64_t t0_ms,
+                     std::int64_t t1_ms) {
+  double work = 0;
+  for (std::size_t i = 1; i < p.points.size(); ++i) {
+    const std::int64_t from = std::max(p.points[i - 1].time_ms, t0_ms);
+    const std::int64_t to = std::min(p.points[i].time_ms, t1_ms);
+    const auto r = rate.find(p.points[i].workers);
+    if (to > from && r != rate.end()) work += r->second * static_cast<double>(to - from) / 1000.0;
+  }
+  return work;
+}
+
+std::optional<std::int64_t> in_effect_after(const Progress& p, std::int64_t from_ms,
+                                            std::int64_t until_ms, int workers) {
+  for (const auto& point : p.points) {
+    if (point.time_ms > until_ms) break;
+    if (point.time_ms >= from_ms && point.workers == workers) return point.time_ms - from_ms;
+  }
+  return std::nullopt;
+}
+
 }  // namespace kf::chaos

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -34,6 +36,19 @@ Progress read_progress(std::string_view jsonl);
 /// Work committed between Unix times t0 and t1 (ms): the last point at or before t1 less the
 /// last at or before t0 (0 before the first point).
 double work_between(const Progress& p, std::int64_t t0_ms, std::int64_t t1_ms);
+
+/// The work the job would have committed between Unix times t0 and t1 (ms) at the sizes it
+/// actually ran with, at `rate` (work per second for each size): each stretch between two lines
+/// counts at the size of the later line (the one that ended it); a stretch at a size `rate` lacks
+/// counts nothing. Set beside work_between, it leaves out how long changes took to take effect
+/// and keeps what the job lost while it ran (pauses, rollbacks).
+double work_at_sizes(const Progress& p, const std::map<int, double>& rate, std::int64_t t0_ms,
+                     std::int64_t t1_ms);
+
+/// How long after Unix time `from_ms` the job first ran with `workers` (the time of the first
+/// line in [from_ms, until_ms] with that size, less `from_ms`), or nullopt when no line says so.
+std::optional<std::int64_t> in_effect_after(const Progress& p, std::int64_t from_ms,
+                                            std::int64_t until_ms, int workers);
 
 /// Steps taken back by rollbacks (a line whose step is below the line before it) at Unix times
 /// in (t0, t1] (ms): the work a failure lost, in steps.

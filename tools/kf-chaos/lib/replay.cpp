@@ -103,6 +103,11 @@ class Replayer {
     }
     const auto t0 = Clock::now();
     const auto t0_ms = unix_ms();
+    struct Change {
+      std::int64_t at_ms;  // Unix time it was made
+      int workers;
+    };
+    std::vector<Change> changes;
     say("replay: " + std::to_string(steps.front().nodes) +
         " nodes up: " + std::to_string(steps.front().workers) + " workers");
     for (std::size_t i = 1; i < steps.size(); ++i) {
@@ -111,6 +116,7 @@ class Replayer {
         say("the job ended during the replay: exit code " + std::to_string(*code));
         break;
       }
+      changes.push_back({unix_ms(), steps[i].workers});
       say("trace " + std::to_string(steps[i].nodes) + " nodes up: " + change_to(steps[i].workers));
     }
     const auto end = t0 + milliseconds(steps.back().at_ms) + o_.tail;
@@ -169,6 +175,19 @@ class Replayer {
     s << "kf-replay: throughput retained " << (expected > 0 ? actual / expected : 0.0) << ": "
       << format_rate(actual) << " " << done.unit() << " committed of " << format_rate(expected)
       << " the sizes would have given at their measured rates\n";
+    // How much of the shortfall is the time the changes took to take effect (the scheduler's
+    // and the processes' start), and how much the job lost while it ran (pauses, rollbacks).
+    const double at_sizes = work_at_sizes(done, rate, t0_ms, t1_ms);
+    s << "kf-replay: at the sizes the job ran with, retained "
+      << (at_sizes > 0 ? actual / at_sizes : 0.0) << ": " << format_rate(at_sizes) << " "
+      << done.unit() << " at their measured rates\n";
+    s << "kf-replay: changes in effect after (ms):";
+    for (std::size_t i = 0; i < changes.size(); ++i) {
+      const std::int64_t until = i + 1 < changes.size() ? changes[i + 1].at_ms : t1_ms;
+      const auto after = in_effect_after(done, changes[i].at_ms, until, changes[i].workers);
+      s << (i == 0 ? " " : ", ") << (after ? std::to_string(*after) : std::string("not in time"));
+    }
+    s << "\n";
     const std::int64_t lost = steps_rolled_back(done, t0_ms, t1_ms);
     s << "kf-replay: steps lost to rollbacks: " << lost;
     if (removals_ > 0) {
@@ -227,7 +246,11 @@ class Replayer {
   // Slurm, allocations and plain scancel, which the agents take as a notice).
   void resize_to(int n) {
     if (slurm_) {
-      while (static_cast<int>(slurm_->busy().size()) < n) slurm_->allocate(*slurm_->free_node());
+      while (static_cast<int>(slurm_->busy().size()) < n) {
+        const auto node = slurm_->wait_free_node(Clock::now() + std::chrono::seconds(120));
+        if (!node) throw std::runtime_error("no Slurm node became free within 120 s");
+        slurm_->allocate(*node);
+      }
       while (static_cast<int>(slurm_->busy().size()) > n) slurm_->cancel(slurm_->busy().back());
       return;
     }
@@ -244,8 +267,9 @@ class Replayer {
     const int have = static_cast<int>(busy.size());
     std::string did = std::to_string(have) + " -> " + std::to_string(n) + " workers:";
     for (int i = have; i < n; ++i) {
-      const auto node = slurm_->free_node();
-      if (!node) break;
+      // A node whose allocation a removal just ended is free once Slurm has let it go.
+      const auto node = slurm_->wait_free_node(Clock::now() + std::chrono::seconds(120));
+      if (!node) throw std::runtime_error("no Slurm node became free within 120 s");
       slurm_->allocate(*node);
       did += " allocated " + *node + ";";
     }

@@ -50,9 +50,18 @@ std::vector<std::string> SlurmFleet::busy() const {
 
 std::optional<std::string> SlurmFleet::free_node() const {
   for (const auto& n : options_.nodes) {
-    if (!on_node_.contains(n)) return n;
+    if (!on_node_.contains(n) && !leaving_.contains(n)) return n;
   }
   return std::nullopt;
+}
+
+std::optional<std::string> SlurmFleet::wait_free_node(Clock::time_point until) {
+  for (;;) {
+    if (auto n = free_node()) return n;
+    if (Clock::now() >= until) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // squeue is polled
+    poll();
+  }
 }
 
 void SlurmFleet::allocate(const std::string& node) {
@@ -84,18 +93,9 @@ void SlurmFleet::preempt(const std::string& node) {
   if (r.code != 0 || !std::regex_search(r.output, m, std::regex(R"(^(\d+))"))) {
     throw std::runtime_error("sbatch of the preempting job on " + node + " refused: " + r.output);
   }
-  const std::string prio = m[1];
   removed_.insert(id);
-  const bool preempted = wait_gone(id, std::chrono::seconds(120));
-  run_command("scancel " + prio);
-  if (!preempted) {
-    throw std::runtime_error("allocation " + id + " on " + node +
-                             " was not preempted within 120 s");
-  }
   on_node_.erase(node);
-  if (!wait_gone(prio, std::chrono::seconds(60))) {
-    throw std::runtime_error("the preempting job " + prio + " on " + node + " did not end");
-  }
+  leaving_[node] = Leaving{id, m[1], Clock::now() + std::chrono::seconds(120), false};
 }
 
 void SlurmFleet::kill(const std::string& node) {
@@ -103,8 +103,40 @@ void SlurmFleet::kill(const std::string& node) {
   removed_.insert(id);
   run_command("scancel --signal=KILL --full " + id);
   on_node_.erase(node);
-  // Slurm ends the allocation once its processes are gone; the node is free again after that.
-  if (!wait_gone(id, std::chrono::seconds(60))) run_command("scancel " + id);
+  leaving_[node] = Leaving{id, "", Clock::now() + std::chrono::seconds(60), false};
+}
+
+void SlurmFleet::poll() {
+  if (leaving_.empty()) return;
+  const auto q = queue();
+  if (!q) return;
+  for (auto it = leaving_.begin(); it != leaving_.end();) {
+    auto& [node, l] = *it;
+    if (q->contains(l.id)) {
+      if (Clock::now() < l.give_up) {
+        ++it;
+        continue;
+      }
+      if (!l.preemptor.empty()) {
+        run_command("scancel " + l.preemptor);
+        throw std::runtime_error("allocation " + l.id + " on " + node +
+                                 " was not preempted within 120 s");
+      }
+      // Killed, yet Slurm has not ended it: it is cancelled as well, and waited for again.
+      run_command("scancel " + l.id);
+      l.give_up = Clock::now() + std::chrono::seconds(60);
+      ++it;
+      continue;
+    }
+    // The allocation is gone; so is the node's preempting job once cancelled.
+    if (!l.preemptor.empty() && q->contains(l.preemptor)) {
+      if (!l.preemptor_cancelled) run_command("scancel " + l.preemptor);
+      l.preemptor_cancelled = true;
+      ++it;
+      continue;
+    }
+    it = leaving_.erase(it);
+  }
 }
 
 void SlurmFleet::cancel(const std::string& node) {
@@ -125,6 +157,7 @@ std::optional<int> SlurmFleet::ended(Clock::time_point until) {
     }
     if (Clock::now() >= until) return std::nullopt;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));  // squeue is polled
+    poll();
   }
   on_node_.clear();
   int code = 0;
@@ -145,7 +178,13 @@ void SlurmFleet::cancel_all() {
   for (const auto& id : made_) {
     if (!q || q->contains(id)) run_command("scancel " + id);
   }
+  for (const auto& [node, l] : leaving_) {
+    if (!l.preemptor.empty() && (!q || q->contains(l.preemptor))) {
+      run_command("scancel " + l.preemptor);
+    }
+  }
   on_node_.clear();
+  leaving_.clear();
 }
 
 std::string SlurmFleet::output() const {

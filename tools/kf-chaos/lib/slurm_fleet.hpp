@@ -49,23 +49,31 @@ class SlurmFleet {
 
   /// The nodes that hold an allocation of the job.
   std::vector<std::string> busy() const;
-  /// A node without one, or nullopt.
+  /// A node without one (nor one being removed), or nullopt.
   std::optional<std::string> free_node() const;
+  /// A free node, waiting (and tending the removals, poll()) until `until` at most.
+  std::optional<std::string> wait_free_node(Clock::time_point until);
   /// Allocates `node` for one more worker. Throws: std::runtime_error with sbatch's answer.
   void allocate(const std::string& node);
-  /// Preempts the allocation on `node` with a job of the preempting partition, waits until the
-  /// allocation is gone (its agent left on the notice), then cancels the preempting job.
-  /// Throws: std::runtime_error when Slurm does not do it within 120 s.
+  /// Preempts the allocation on `node` with a job of the preempting partition and returns at
+  /// once: poll() cancels the preempting job once the allocation is gone (its agent left on the
+  /// notice), and frees the node once both are. Throws: std::runtime_error with sbatch's answer.
   void preempt(const std::string& node);
-  /// scancel --signal=KILL of the allocation on `node` (no notice: every process of it dies).
+  /// scancel --signal=KILL of the allocation on `node` (no notice: every process of it dies);
+  /// returns at once, poll() frees the node once Slurm has ended the allocation.
   void kill(const std::string& node);
-  /// scancel of the allocation on `node` (SIGTERM, a notice for `kfrun --slurm`).
+  /// scancel of the allocation on `node` (SIGTERM, a notice for `kfrun --slurm`); waits until it
+  /// is gone (60 s at most).
   void cancel(const std::string& node);
-  /// Whether every allocation made is gone from the queue (the job ended), waiting until
-  /// `until` at most; then the exit code: 0 when every one not removed on purpose completed
-  /// with 0 (as far as Slurm still remembers them).
+  /// Tends the removals under way (one squeue): cancels a preempting job once the allocation it
+  /// preempted is gone, frees the nodes whose jobs are all gone. Throws: std::runtime_error when
+  /// an allocation was not preempted within 120 s of the preempting job.
+  void poll();
+  /// Whether every allocation made is gone from the queue (the job ended), waiting (and tending
+  /// the removals) until `until` at most; then the exit code: 0 when every one not removed on
+  /// purpose completed with 0 (as far as Slurm still remembers them).
   std::optional<int> ended(Clock::time_point until);
-  /// Cancels every allocation still there.
+  /// Cancels every allocation and preempting job still there.
   void cancel_all();
   /// The output of every allocation, in the order they were made.
   std::string output() const;
@@ -80,7 +88,17 @@ class SlurmFleet {
   std::string agent_;
   std::vector<std::string> env_;
   std::filesystem::path dir_;
+  // A node whose allocation is being removed: the allocation, the job preempting it (if any)
+  // and when a preemption that has not happened is given up.
+  struct Leaving {
+    std::string id;
+    std::string preemptor;
+    Clock::time_point give_up;
+    bool preemptor_cancelled = false;
+  };
+
   std::map<std::string, std::string> on_node_;  // node -> job id, while allocated
+  std::map<std::string, Leaving> leaving_;      // node -> its removal, until the node is free
   std::vector<std::string> made_;               // every job id, in order
   std::set<std::string> removed_;               // preempted, killed or cancelled on purpose
   std::vector<std::filesystem::path> outputs_;
