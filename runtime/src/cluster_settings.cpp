@@ -110,6 +110,12 @@ const std::vector<Rule>& rules() {
          s.stop = v.get<bool>();
          return true;
        }},
+      {"suspended", "true or false",
+       [](const json& v, ClusterSettings& s) {
+         if (!v.is_boolean()) return false;
+         s.suspended = v.get<bool>();
+         return true;
+       }},
   };
   return kRules;
 }

@@ -177,8 +177,14 @@ bool Session::join() {
     }
     if (spare) greeter_->greet(*peer_, newest.workers);
     was_spare = was_spare || spare;
-    if (parse_cluster_settings(newest.settings).typed.finished) {
+    const ClusterSettings typed = parse_cluster_settings(newest.settings).typed;
+    if (typed.finished) {
       KF_LOG(info, "session", "{}: the job finished (v{}) before this worker joined", self.str(),
+             newest.version);
+      return false;
+    }
+    if (typed.suspended) {
+      KF_LOG(info, "session", "{}: the job is suspended (v{}); not joining", self.str(),
              newest.version);
       return false;
     }

@@ -11,8 +11,11 @@
 #include <signal.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <random>
+#include <regex>
+#include <set>
 #include <string>
 
 #include "support/elastic_job.hpp"
@@ -115,6 +118,72 @@ TEST(Notice, KfMemberNoticeForAHostDrainsItWhileTheJobTrains) {
   job.finish_soon();
   job.expect_clean_finish(job.wait(), 2);
   expect_left_cleanly(job, leavers);
+}
+
+// The steps at which the workers in `out` left ("left step S" lines).
+std::vector<long> left_steps(const std::string& out) {
+  std::vector<long> steps;
+  const std::regex left(R"(left step (\d+))");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), left); it != std::sregex_iterator();
+       ++it) {
+    steps.push_back(std::stol((*it)[1]));
+  }
+  return steps;
+}
+
+// Every worker of the job given notice at once (its one agent signalled): the job cannot keep a
+// worker, so it is suspended; rank 0 writes the last commit to the checkpoint and every worker
+// leaves at that step. An agent started later with workers (on another host) resumes the job:
+// its workers load the checkpoint and train on from that step, every sample of each epoch still
+// used once, and the job finishes clean.
+TEST(Suspend, ANoticeToEveryWorkerSuspendsTheJobAndANewAgentResumesItFromTheCheckpoint) {
+  ElasticJob job("suspend");
+  const auto checkpoint = job.dir() / "checkpoint";
+  // No periodic checkpoint: the one the job resumes from is the suspension's.
+  const std::vector<std::string> env{"KF_CHECKPOINT=" + checkpoint.string(),
+                                     "KF_CHECKPOINT_EVERY=1000000000"};
+  job.set_agent_options("--notice-signal USR1");
+  job.start(2, kArgs, env);
+  ASSERT_TRUE(job.wait_progress(50)) << job.err();
+  ASSERT_EQ(::kill(job.agent_pid(), SIGUSR1), 0);
+  ASSERT_EQ(job.wait(), 0) << job.err();
+  EXPECT_NE(job.err().find("kfrun: suspended the job (SIGUSR1"), std::string::npos) << job.err();
+  EXPECT_EQ(job.err().find("job finished"), std::string::npos) << job.err();
+  EXPECT_EQ(job.client().get_cluster().settings.value("suspended", false), true);
+  const auto left = left_steps(job.out());
+  ASSERT_EQ(left.size(), 2u) << job.out();
+  EXPECT_EQ(left[0], left[1]) << "both workers leave at the same commit";
+  ASSERT_TRUE(std::filesystem::exists(checkpoint));
+  EXPECT_TRUE(job.has_event([&](const ConfigEvent& e) {
+    return e.type == "suspended" && e.detail.find("at commit ") == 0 &&
+           e.detail.find("checkpoint " + checkpoint.string() + " written") != std::string::npos;
+  })) << "rank 0 says where the commit is kept";
+
+  const auto other = job.start_other_agent(kOther, "-np 2", env);
+  ASSERT_TRUE(job.wait_progress(left[0] + 50)) << job.other_err(kOther);
+  const std::string resumed_out = job.other_out(kOther);
+  std::smatch m;
+  ASSERT_TRUE(
+      std::regex_search(resumed_out, m, std::regex(R"(joined v\d+ rank 0 size 2 step (\d+))")))
+      << resumed_out;
+  EXPECT_EQ(std::stol(m[1]), left[0]) << "the resumed job starts at the suspension's step";
+  EXPECT_NE(job.other_err(kOther).find("kfrun: resumed the suspended job: 2 workers on 127.0.0.2"),
+            std::string::npos)
+      << job.other_err(kOther);
+  job.finish_soon();
+  EXPECT_EQ(job.wait_other_agent(other), 0) << job.other_err(kOther);
+  EXPECT_EQ(resumed_out.find("BROKEN"), std::string::npos);
+  const std::string finals = job.other_out(kOther);
+  const std::regex final_line(R"(final step=(\d+) workers=2 hash=([0-9a-f]+))");
+  std::set<std::string> hashes;
+  int count = 0;
+  for (auto it = std::sregex_iterator(finals.begin(), finals.end(), final_line);
+       it != std::sregex_iterator(); ++it, ++count) {
+    hashes.insert((*it)[2]);
+  }
+  EXPECT_EQ(count, 2) << finals;
+  EXPECT_EQ(hashes.size(), 1u) << finals;
+  EXPECT_EQ(finals.find("BROKEN"), std::string::npos) << finals;
 }
 
 // The agent killed and the service stopped: nothing can adopt the workers or change their job,

@@ -16,6 +16,7 @@ TEST(ClusterSettings, ReadsEveryKnownKeyIntoItsType) {
                                          {"max_workers", 8},
                                          {"finished", true},
                                          {"stop", false},
+                                         {"suspended", true},
                                          {"mine", "kept"}});
   EXPECT_TRUE(p.errors.empty());
   EXPECT_EQ(p.typed.algorithm, Algorithm::ring);
@@ -25,6 +26,7 @@ TEST(ClusterSettings, ReadsEveryKnownKeyIntoItsType) {
   EXPECT_EQ(p.typed.max_workers, 8);
   EXPECT_TRUE(p.typed.finished);
   EXPECT_FALSE(p.typed.stop);
+  EXPECT_TRUE(p.typed.suspended);
   EXPECT_EQ(p.valid["mine"], "kept");
 }
 

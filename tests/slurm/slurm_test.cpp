@@ -481,26 +481,35 @@ TEST_F(Slurm, KfReplayTurnsATraceIntoRealPreemptionsAndAllocations) {
   std::cout << r.output << std::flush;  // the changes and the figures, for the test log
 }
 
-// A requeueable allocation (partition `requeue`, PreemptMode=REQUEUE) started with --requeue:
-// preempted, its workers leave on Slurm's signal and the agent asks Slurm to requeue it instead
-// of ending; when it runs again (Slurm holds a requeued job for about two minutes; the test lets
-// it start at once, as `scontrol update JobId=ID StartTime=now` lets a user), its agent rejoins
-// the job, which finishes with one model.
-TEST_F(Slurm, ARequeuedAllocationRunsAgainAndRejoinsTheJob) {
+// The whole job preempted at once: two allocations, one of them requeueable (partition
+// `requeue`, PreemptMode=REQUEUE, started with --requeue). The notices reach every worker, so the
+// job is suspended: rank 0 writes the last commit to the checkpoint (KF_CHECKPOINT, on storage
+// every node reads) and every worker leaves at that step; the requeueable allocation's agent asks
+// Slurm to requeue it. When it runs again (Slurm holds a requeued job for about two minutes; the
+// test lets it start at once, as `scontrol update JobId=ID StartTime=now` lets a user), its agent
+// resumes the job, whose workers load the checkpoint and go on from that step to a clean finish.
+TEST_F(Slurm, AWholeJobPreemptedIsSuspendedAndItsRequeuedAllocationResumesIt) {
   const auto kept_out = (job_ / "kept.out").string();
   const auto rq_out = (job_ / "requeued.out").string();
-  const std::string kept =
-      sbatch("-N1 -w h2 --exclusive --signal=USR1@5 --output=" + kept_out, agents("1000"));
-  const std::string rq = sbatch(
-      "-p requeue --requeue -N1 -w h1 --exclusive --signal=USR1@5 "
-      "--open-mode=append --output=" +
-          rq_out,
-      agents("1000", "--requeue"));
+  const std::string checkpoint = "--export=ALL,KF_CHECKPOINT=" + (job_ / "checkpoint").string() +
+                                 ",KF_CHECKPOINT_EVERY=1000000000 ";
+  const std::string kept = sbatch(
+      checkpoint + "-N1 -w h2 --exclusive --signal=USR1@5 --output=" + kept_out, agents("1000"));
+  const std::string rq = sbatch(checkpoint +
+                                    "-p requeue --requeue -N1 -w h1 --exclusive --signal=USR1@5 "
+                                    "--open-mode=append --output=" +
+                                    rq_out,
+                                agents("1000", "--requeue"));
   ASSERT_FALSE(kept.empty());
   ASSERT_FALSE(rq.empty());
-  ASSERT_TRUE(eventually([&] { return size() == 2; }, 60s)) << slurm_state(rq_out);
-  const std::string prio = sbatch("-p prio -N1 -w h1 --exclusive --output=/dev/null", "sleep 120");
-  ASSERT_FALSE(prio.empty());
+  ASSERT_TRUE(eventually([&] { return size() == 2 && running(2); }, 60s)) << slurm_state(rq_out);
+  ASSERT_TRUE(eventually([&] { return progress() > 20; }, 60s)) << slurm_state(rq_out);
+  std::vector<std::string> prio;
+  for (const char* node : {"h1", "h2"}) {
+    prio.push_back(sbatch("-p prio -N1 -w " + std::string(node) + " --exclusive --output=/dev/null",
+                          "sleep 120"));
+    ASSERT_FALSE(prio.back().empty());
+  }
   ASSERT_TRUE(eventually(
       [&] {
         return slurp(job_ / "requeued.out").find("kfrun: requeued allocation " + rq) !=
@@ -508,23 +517,43 @@ TEST_F(Slurm, ARequeuedAllocationRunsAgainAndRejoinsTheJob) {
       },
       60s))
       << slurm_state(rq_out);
-  ASSERT_TRUE(eventually([&] { return size() == 1; }, 60s)) << slurm_state(rq_out);
-  ASSERT_EQ(run_shell("scancel " + prio).exit_code, 0);
-  ASSERT_TRUE(wait_gone(prio, 60s));
+  ASSERT_TRUE(wait_gone(kept, 60s)) << slurm_state(kept_out);
+  EXPECT_EQ(client().get_cluster().settings.value("suspended", false), true);
+  EXPECT_TRUE(has_event([](const ConfigEvent& e) {
+    return e.type == "suspended" && e.detail.find("checkpoint ") != std::string::npos &&
+           e.detail.find(" written") != std::string::npos;
+  })) << "rank 0 wrote the checkpoint";
+  const std::string before = slurp(job_ / "kept.out") + slurp(job_ / "requeued.out");
+  const std::regex left_line(R"(left step (\d+))");
+  std::set<long> left;
+  for (auto it = std::sregex_iterator(before.begin(), before.end(), left_line);
+       it != std::sregex_iterator(); ++it) {
+    left.insert(std::stol((*it)[1]));
+  }
+  ASSERT_FALSE(left.empty()) << before;
+  for (const auto& id : prio) ASSERT_EQ(run_shell("scancel " + id).exit_code, 0);
+  for (const auto& id : prio) ASSERT_TRUE(wait_gone(id, 60s));
   // Requeued, not gone: pending until Slurm lets it start.
   ASSERT_TRUE(eventually(
       [&] { return run_shell("squeue -h -j " + rq + " -o %T").output.find("PENDING") == 0; }, 60s))
       << slurm_state(rq_out);
   ASSERT_EQ(run_shell("scontrol update JobId=" + rq + " StartTime=now").exit_code, 0);
-  ASSERT_TRUE(eventually([&] { return size() == 2; }, 60s)) << slurm_state(rq_out);
-  const long before = progress();
-  ASSERT_TRUE(eventually([&] { return progress() > before + 20; }, 60s)) << "training stopped";
+  ASSERT_TRUE(eventually(
+      [&] { return has_event([](const ConfigEvent& e) { return e.type == "resumed"; }); }, 60s))
+      << slurm_state(rq_out);
+  const long at = *left.rbegin();
+  ASSERT_TRUE(eventually([&] { return progress() > at + 20; }, 60s)) << slurm_state(rq_out);
   finish_soon();
-  ASSERT_TRUE(wait_gone(kept, 120s)) << slurm_state(kept_out);
   ASSERT_TRUE(wait_gone(rq, 120s)) << slurm_state(rq_out);
   const std::string requeued = slurp(job_ / "requeued.out");
-  EXPECT_NE(requeued.find("kfrun: left on the notice"), std::string::npos) << requeued;
-  expect_clean_finish(slurp(job_ / "kept.out") + requeued, 2);
+  const auto resumed_at = requeued.find("kfrun: resumed the suspended job");
+  ASSERT_NE(resumed_at, std::string::npos) << requeued;
+  const std::string resumed = requeued.substr(resumed_at);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(resumed, m, std::regex(R"(joined v\d+ rank 0 size 1 step (\d+))")))
+      << requeued;
+  EXPECT_EQ(std::stol(m[1]), at) << "the resumed job goes on from the suspension's step";
+  expect_clean_finish(resumed, 1);
 }
 
 // Autoscale on Slurm: three allocations offer their nodes' slots; with autoscale's target at 3,

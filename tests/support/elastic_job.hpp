@@ -131,14 +131,17 @@ class ElasticJob {
   /// Starts one more agent of the job, on `host` (another loopback address, such as
   /// 127.0.0.2, stands for another machine), with `options` and the first agent's program; its
   /// output goes to out-HOST and err-HOST. Call after start(). Returns its index for
-  /// wait_other_agent().
-  std::size_t start_other_agent(const std::string& host, const std::string& options) {
+  /// wait_other_agent(). `env` ("NAME=VALUE") is added to its environment and its workers'.
+  std::size_t start_other_agent(const std::string& host, const std::string& options,
+                                const std::vector<std::string>& env = {}) {
     const std::string cmd = "exec " + env_or_empty("KFRUN") + " --watch --config-server " + url() +
                             " --host " + host + " --slots 8 --job-token-file " +
                             (dir_ / "token").string() + " " + options + " -- " + program_ + " " +
                             args_ + " > " + (dir_ / ("out-" + host)).string() + " 2> " +
                             (dir_ / ("err-" + host)).string();
-    other_agents_.push_back(spawn({"/bin/sh", "-c", cmd}, {"KF_LOG_LEVEL=info"}));
+    std::vector<std::string> full{"KF_LOG_LEVEL=info"};
+    full.insert(full.end(), env.begin(), env.end());
+    other_agents_.push_back(spawn({"/bin/sh", "-c", cmd}, full));
     return other_agents_.size() - 1;
   }
   pid_t other_agent_pid(std::size_t index) const { return other_agents_.at(index).pid; }
@@ -152,6 +155,8 @@ class ElasticJob {
   }
   std::string other_err(const std::string& host) const { return slurp(dir_ / ("err-" + host)); }
   std::string other_out(const std::string& host) const { return slurp(dir_ / ("out-" + host)); }
+
+  pid_t agent_pid() const { return agent_.pid; }
 
   /// Kills the first agent with SIGKILL (its workers live on: they are orphans).
   void kill_agent() {

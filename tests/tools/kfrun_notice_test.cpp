@@ -231,17 +231,25 @@ TEST_F(KfrunNotice, KfMemberNoticeRefusesWhatIsNotInTheJobAndChangesNothing) {
   EXPECT_EQ(client().get_cluster().size(), 1);
 }
 
-// One agent that holds every worker of the job: they cannot leave it (nothing would be left), so
-// the notice stops them, as --on-sigterm stop would.
-TEST_F(KfrunWatch, ANoticeForEveryWorkerOfTheJobStopsThem) {
+// One agent that holds every worker of the job: they cannot leave it (a job keeps a worker), so
+// the notice suspends the job instead; the workers leave at their next step (here: exit 0 when
+// released), and the agent exits 0 as after any leave.
+TEST_F(KfrunWatch, ANoticeForEveryWorkerOfTheJobSuspendsIt) {
   start_builtin(2, 2);
   ASSERT_EQ(::kill(agent_->pid(), SIGTERM), 0);
-  EXPECT_EQ(wait_exit(), 128 + SIGTERM) << agent_->output();
-  EXPECT_TRUE(contains(agent_->output(), "kfrun: notice from SIGTERM: ")) << agent_->output();
-  EXPECT_TRUE(contains(agent_->output(),
-                       "kfrun: error: the workers cannot leave on the notice: the job has no "
-                       "workers but this host's"))
+  ASSERT_TRUE(agent_->eventually(
+      [&] { return contains(agent_->output(), "kfrun: suspended the job (SIGTERM, notice "); },
+      Clock::now() + kWait))
       << agent_->output();
+  const kf::Cluster c = client().get_cluster();
+  EXPECT_EQ(c.settings.value("suspended", false), true) << c.to_json().dump();
+  EXPECT_EQ(c.size(), 2) << "the suspended job keeps its workers listed";
+  release(self_of_rank(0), 0);
+  release(self_of_rank(1), 0);
+  EXPECT_EQ(wait_exit(), 0) << agent_->output();
+  EXPECT_TRUE(contains(agent_->output(), "kfrun: left on the notice: no worker of this host runs"))
+      << agent_->output();
+  EXPECT_FALSE(contains(agent_->output(), "job finished")) << agent_->output();
 }
 
 }  // namespace

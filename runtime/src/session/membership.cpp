@@ -184,6 +184,7 @@ void Session::drop_unreachable_joiners() {
 
 Session::Outcome Session::switch_to(const Cluster& target, ChangeRecord rec) {
   count_change_without_progress();
+  if (parse_cluster_settings(target.settings).typed.suspended) return suspend(target, rec);
   const Cluster previous = peer_->cluster();
   if (!contains(target, peer_->endpoint())) {
     rec.kind = "left";
@@ -225,6 +226,35 @@ Session::Outcome Session::switch_to(const Cluster& target, ChangeRecord rec) {
   }
   resuming_ = rec;
   return Outcome::committed;
+}
+
+// Every worker reaches this boundary with the same target (the version is agreed), so they all
+// leave at the same commit, and rank 0's checkpoint holds it.
+Session::Outcome Session::suspend(const Cluster& target, ChangeRecord rec) {
+  rec.kind = "suspended";
+  const std::string self = peer_->endpoint().str();
+  std::string kept = "no checkpoint (KF_CHECKPOINT is not set): the job resumes from its start";
+  if (options_.checkpoint_path && peer_->rank() == 0) {
+    try {
+      state_.save(*options_.checkpoint_path);
+      kept = "checkpoint " + *options_.checkpoint_path + " written";
+    } catch (const std::exception& e) {
+      kept = "the checkpoint could not be written (" + std::string(e.what()) +
+             "): the job resumes from its previous checkpoint";
+      KF_LOG(err, "session", "{} (rank 0, v{}): {}", self, peer_->version(), kept);
+    }
+  } else if (options_.checkpoint_path) {
+    kept = "rank 0 writes checkpoint " + *options_.checkpoint_path;
+  }
+  KF_LOG(info, "session", "{} (rank {}, v{}): the job is suspended (v{}) at commit {}; {}; leaving",
+         self, peer_->rank(), peer_->version(), target.version, *commits_, kept);
+  if (link_ && peer_->rank() == 0) {
+    link_->post("suspended", self, "at commit " + std::to_string(*commits_) + ", " + kept,
+                target.version);
+  }
+  changes_.push_back(rec);
+  invites_.clear();
+  return Outcome::left;
 }
 
 Session::Outcome Session::recover(const std::exception& error) {

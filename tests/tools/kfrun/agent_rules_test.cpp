@@ -55,6 +55,30 @@ TEST(MarkedFinished, NeedsTheBooleanTrue) {
   EXPECT_TRUE(marked_finished(c));
 }
 
+TEST(Suspend, MarksTheJobAndResumingPutsTheResumersWorkersInPlaceOfTheOld) {
+  Cluster c = two_hosts();
+  c.settings = {{"lr", 0.1}};
+  c.spares = {{{"10.0.0.3", 5000}, 0}};
+  EXPECT_FALSE(marked_suspended(c));
+  const Cluster s = suspended_cluster(c);
+  EXPECT_TRUE(marked_suspended(s));
+  EXPECT_EQ(s.workers, c.workers) << "a job keeps its workers listed while suspended";
+  EXPECT_EQ(s.settings["lr"], 0.1);
+  Cluster odd = c;
+  odd.settings["suspended"] = "yes";
+  EXPECT_FALSE(marked_suspended(odd));
+
+  const Cluster r = resumed_cluster(s, "10.0.0.7", {6000, 6001});
+  EXPECT_FALSE(marked_suspended(r));
+  EXPECT_EQ(r.version, 4u) << "the resume is a compare-and-swap on the suspended version";
+  ASSERT_EQ(r.size(), 2);
+  EXPECT_EQ(r.workers[0], (WorkerSpec{{"10.0.0.7", 6000}, 0}));
+  EXPECT_EQ(r.workers[1], (WorkerSpec{{"10.0.0.7", 6001}, 1}));
+  EXPECT_TRUE(r.spares.empty());
+  EXPECT_EQ(r.settings, (nlohmann::json{{"lr", 0.1}}));
+  EXPECT_EQ(r.validate(), "");
+}
+
 TEST(WithoutWorker, DropsOnlyThatWorkerAndKeepsTheVersion) {
   const Cluster c = without_worker(two_hosts(), "10.0.0.2:5000");
   EXPECT_EQ(c.version, 4u);

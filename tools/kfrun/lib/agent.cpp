@@ -159,20 +159,13 @@ void Agent::on_message(ClusterSeen& m) {
     say("job finished: " + v_text(cluster_->version) +
         " is marked finished; starting no more workers");
   }
-  start_missing();
-}
-
-// The job cannot go on without this host's workers: they are stopped as --on-sigterm stop
-// would, and the job ends (its last checkpoint holds its progress).
-void Agent::on_message(LeaveRefused& m) {
-  if (stopping_) return;
-  say("error: the workers cannot leave on the notice: " + m.why + "; stopping them");
-  if (notice_signal_) {
-    stop_signal_ = notice_signal_;
-  } else {
-    failure_ = true;
+  const bool suspended = marked_suspended(*cluster_);
+  if (suspended && !suspended_said_) {
+    say("job suspended: " + v_text(cluster_->version) +
+        " is marked suspended; starting no workers until an agent resumes it");
   }
-  begin_stop();
+  suspended_said_ = suspended;
+  start_missing();
 }
 
 void Agent::on_message(LinkFailed& m) {

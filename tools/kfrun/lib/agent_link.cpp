@@ -132,6 +132,28 @@ class Bootstrapper {
     }
   }
 
+  // The job is suspended (every worker it had was given notice and left, having written a
+  // checkpoint): this host's workers take their place by compare-and-swap; they form the job
+  // anew and load its checkpoint. When another agent resumed it first, its document is followed.
+  Cluster resume(ConfigClient& client, const Cluster& current) {
+    const auto& ports = *bootstrap_.initial_ports;
+    const std::string what = std::to_string(ports.size()) + " workers on " + config_.host;
+    try {
+      Cluster stored =
+          call([&] { return client.put_cluster(resumed_cluster(current, config_.host, ports)); });
+      post(LinkNote{"resumed the suspended job: " + what + ", v" + std::to_string(current.version) +
+                    " -> v" + std::to_string(stored.version)});
+      call([&] {
+        return client.post_event("resumed", "", host_detail(config_.host, what), stored.version);
+      });
+      return stored;
+    } catch (const ConflictError& e) {
+      post(LinkNote{"the suspended job was changed meanwhile (v" +
+                    std::to_string(e.current().version) + "); following it"});
+      return e.current();
+    }
+  }
+
   // Adds this host's workers to the job's cluster by compare-and-swap (rebasing on a conflict),
   // unless the cluster has workers here already; posts `added` for each.
   Cluster join_cluster(ConfigClient& client, Cluster current) {
@@ -175,6 +197,7 @@ class Bootstrapper {
       call([&] { return client.post_event("note", "", hello, std::nullopt); });
       Cluster current = call([&] { return client.get_cluster(); });
       if (bootstrap_.initial_ports && current.version == 0) current = write_initial(client);
+      if (bootstrap_.initial_ports && marked_suspended(current)) current = resume(client, current);
       if (bootstrap_.initial_ports && bootstrap_.join &&
           owned_ranks(current, config_.host).empty()) {
         current = join_cluster(client, std::move(current));
@@ -300,7 +323,9 @@ class Reporter::Runner {
     post_event(ok ? "exited" : "failed", worker, detail, version);
     Cluster current = call([&] { return client_.get_cluster(); });
     ExitVerdict verdict = ExitVerdict::left;
-    if (is_member(current, worker) && ok) {
+    if (is_member(current, worker) && ok && marked_suspended(current)) {
+      verdict = ExitVerdict::left;  // it left the suspended job, as every worker of it does
+    } else if (is_member(current, worker) && ok) {
       verdict = ExitVerdict::finished;
     } else if (is_member(current, worker)) {
       // A failed member's connections broke with it, so the job's survivors are recovering and
@@ -321,11 +346,14 @@ class Reporter::Runner {
   // moment before the survivors removed it: the document is watched for either for a while.
   // Still a member of a running job after that, it failed and is removed like any failed worker.
   void judge_adopted_exit(const std::string& worker, std::uint64_t version) {
-    const Cluster current =
-        watch_while(call([&] { return client_.get_cluster(); }), kAdoptedExitWindow,
-                    [&](const Cluster& c) { return is_member(c, worker) && !marked_finished(c); });
+    const Cluster current = watch_while(
+        call([&] { return client_.get_cluster(); }), kAdoptedExitWindow, [&](const Cluster& c) {
+          return is_member(c, worker) && !marked_finished(c) && !marked_suspended(c);
+        });
     ExitVerdict verdict = ExitVerdict::left;
-    if (is_member(current, worker) && marked_finished(current)) {
+    if (is_member(current, worker) && marked_suspended(current)) {
+      post_event("exited", worker, "status unknown (adopted), the job is suspended", version);
+    } else if (is_member(current, worker) && marked_finished(current)) {
       post_event("exited", worker, "status unknown (adopted), the job is finished", version);
       verdict = ExitVerdict::finished;
     } else if (is_member(current, worker)) {
@@ -376,6 +404,7 @@ class Reporter::Runner {
                version);
     Cluster current = call([&] { return client_.get_cluster(); });
     for (int attempt = 1; attempt <= kMaxRemoveAttempts; ++attempt) {
+      if (marked_suspended(current)) return;  // every worker was given notice already
       Cluster next = current;
       std::vector<std::string> leaving;
       for (const auto& w : workers) {
@@ -387,11 +416,11 @@ class Reporter::Runner {
       // Hot spares on other hosts take the places of the workers (not spares) that leave.
       const auto promoted =
           promote_spares(next, current.workers.size() - next.workers.size(), {config_.host});
-      if (next.workers.empty()) {
-        post(LeaveRefused{"the job has no workers but this host's: without them it cannot go on"});
-        return;
-      }
       try {
+        if (next.workers.empty()) {
+          suspend(current, source, within);
+          return;
+        }
         const Cluster stored = call([&] { return client_.put_cluster(next); });
         std::string names;
         for (const auto& w : leaving) names.append(names.empty() ? "" : ", ").append(w);
@@ -416,6 +445,21 @@ class Reporter::Runner {
     }
     post(LinkNote{"error: gave up revoking this host's workers after " +
                   std::to_string(kMaxRemoveAttempts) + " compare-and-swap conflicts"});
+  }
+
+  // Every worker the job has left was given notice: a job keeps at least one worker, so instead
+  // of leaving it the job is suspended (its workers write a checkpoint and leave at their next
+  // step), for the next agent that starts workers to resume. Throws: ConflictError.
+  void suspend(const Cluster& current, const std::string& source, const std::string& within) {
+    const Cluster stored = call([&] { return client_.put_cluster(suspended_cluster(current)); });
+    post(LinkNote{"suspended the job (" + source + ", " + within +
+                  "): every worker it has was given notice; they write a checkpoint and leave at "
+                  "their next step, and the next agent started with workers resumes the job: v" +
+                  std::to_string(current.version) + " -> v" + std::to_string(stored.version)});
+    post_event(
+        "suspended", "",
+        host_detail(config_.host, source + ", every worker of the job was given notice, " + within),
+        stored.version);
   }
 
   void judge_departure(const std::string& worker, std::uint64_t after_version) {

@@ -67,16 +67,12 @@ struct DepartureJudged {
 struct NoticeSeen {
   Notice notice;
 };
-/// The agent's workers cannot leave on its notice: they are all the job has left.
-struct LeaveRefused {
-  std::string why;
-};
 /// An error that ends the agent (the token was rejected, the service answers nonsense).
 struct LinkFailed {
   std::string what;
 };
-using LinkMessage = std::variant<ClusterSeen, LinkNote, ExitJudged, DepartureJudged, NoticeSeen,
-                                 LeaveRefused, LinkFailed>;
+using LinkMessage =
+    std::variant<ClusterSeen, LinkNote, ExitJudged, DepartureJudged, NoticeSeen, LinkFailed>;
 
 /// Messages from the link threads to the agent's poll loop.
 class Mailbox {
@@ -179,8 +175,9 @@ class Reporter {
   void judge_departure(std::string worker, std::uint64_t after_version);
   /// Leaves on a notice from `source`: posts `draining` for this host, removes those of
   /// `workers` still in the cluster by compare-and-swap and posts `revoked` for each with the
-  /// notice ("agent of HOST, SOURCE, notice Ns"). Answers LeaveRefused instead when that would
-  /// leave the cluster empty.
+  /// notice ("agent of HOST, SOURCE, notice Ns"). When that would leave the cluster empty (they
+  /// are all the job has), suspends the job instead (settings "suspended", a `suspended` event):
+  /// the workers write a checkpoint and leave at their next step.
   void leave_on_notice(std::vector<std::string> workers, std::string source,
                        std::chrono::seconds notice, std::uint64_t version);
   /// Gives `worker` (not started: its port is in use on this host) the address `to` in the

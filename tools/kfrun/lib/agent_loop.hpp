@@ -128,7 +128,6 @@ class Agent {
 
   void on_message(NoticeSeen& m) { on_notice(m.notice); }
 
-  void on_message(LeaveRefused& m);
   void on_message(LinkFailed& m);
   void on_message(DepartureJudged& m);
   void on_message(ExitJudged& m);
@@ -191,6 +190,7 @@ class Agent {
   // A notice came: this host's workers leave, nothing starts, the agent ends when none runs.
   bool draining_ = false;
   bool drained_said_ = false;
+  bool suspended_said_ = false;  // "job suspended" said for the suspension in force
   Clock::time_point notice_at_{};
   std::optional<Clock::time_point> drain_term_at_;  // the notice's SIGTERM to what still runs
   std::optional<int> notice_signal_;                // the signal the first notice came by

@@ -35,6 +35,29 @@ bool marked_finished(const Cluster& cluster) {
   return it != cluster.settings.end() && it->is_boolean() && it->get<bool>();
 }
 
+bool marked_suspended(const Cluster& cluster) {
+  if (!cluster.settings.is_object()) return false;
+  const auto it = cluster.settings.find("suspended");
+  return it != cluster.settings.end() && it->is_boolean() && it->get<bool>();
+}
+
+Cluster suspended_cluster(Cluster current) {
+  if (!current.settings.is_object()) current.settings = nlohmann::json::object();
+  current.settings["suspended"] = true;
+  return current;
+}
+
+Cluster resumed_cluster(Cluster current, const std::string& host,
+                        const std::vector<std::uint16_t>& ports) {
+  current.workers.clear();
+  current.spares.clear();
+  for (std::size_t i = 0; i < ports.size(); ++i) {
+    current.workers.push_back(WorkerSpec{Endpoint{host, ports[i]}, static_cast<int>(i)});
+  }
+  if (current.settings.is_object()) current.settings.erase("suspended");
+  return current;
+}
+
 std::vector<WorkerSpec> owned_spares(const Cluster& cluster, const std::string& host) {
   std::vector<WorkerSpec> spares;
   std::copy_if(cluster.spares.begin(), cluster.spares.end(), std::back_inserter(spares),

@@ -31,6 +31,19 @@ Cluster initial_cluster(const std::string& host, const std::vector<std::uint16_t
 /// writes after the last step. Agents start no more workers then.
 bool marked_finished(const Cluster& cluster);
 
+/// Whether the job is suspended: settings {"suspended": true}, which an agent writes when a
+/// notice reaches every worker of the job (docs/elastic.md, "Suspend and resume").
+bool marked_suspended(const Cluster& cluster);
+
+/// `current` suspended: the same workers (the job keeps at least one), settings "suspended".
+Cluster suspended_cluster(Cluster current);
+
+/// The suspended `current` resumed by the agent of `host`: its workers at `ports` (local ranks in
+/// order) replace those of the suspension, no spares, "suspended" dropped; the version stays
+/// (the write is a compare-and-swap on it). The workers form the job anew and load its checkpoint.
+Cluster resumed_cluster(Cluster current, const std::string& host,
+                        const std::vector<std::uint16_t>& ports);
+
 /// The hot spares of `cluster` on `host` (its agent starts them too; docs/elastic.md).
 std::vector<WorkerSpec> owned_spares(const Cluster& cluster, const std::string& host);
 

@@ -40,7 +40,7 @@ void Agent::adopt_orphans(const Cluster& c) {
 // last: workers of the cluster that run count against --slots; leaving workers make a new one
 // wait until they exit.
 void Agent::start_missing() {
-  if (!cluster_ || finished_ || stopping_) return;
+  if (!cluster_ || finished_ || stopping_ || marked_suspended(*cluster_)) return;
   if (draining_) {
     for (const int rank : owned_ranks(*cluster_, options_.host)) {
       const std::string name = cluster_->workers[static_cast<std::size_t>(rank)].endpoint.str();

@@ -80,7 +80,7 @@ void Autoscaler::run() {
       const ParsedSettings parsed = parse_cluster_settings(c.settings);
       const bool spares = parsed.typed.spares > 0 || !c.spares.empty();
       if (c.version == 0 || c.workers.empty() || (!parsed.typed.autoscale && !spares) ||
-          parsed.typed.finished || parsed.typed.stop) {
+          parsed.typed.finished || parsed.typed.stop || parsed.typed.suspended) {
         continue;
       }
       const std::vector<AgentOffer> offers = client_.live_agents();

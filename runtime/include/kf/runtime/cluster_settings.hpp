@@ -55,6 +55,9 @@ struct ClusterSettings {
   bool balance = false;   ///< "balance": batch parts by measured speed (Session::batch_part)
   bool finished = false;  ///< "finished": true once Session::finish() ended the job
   bool stop = false;      ///< "stop": true once a policy (or anyone) asked the job to stop
+  /// "suspended": true while the job is suspended: its workers wrote a checkpoint and left, and
+  /// the next agent that starts workers for it resumes it from there (docs/elastic.md).
+  bool suspended = false;
   std::optional<AutoscaleSettings> autoscale;  ///< "autoscale": see AutoscaleSettings
 };
 

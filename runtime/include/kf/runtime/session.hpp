@@ -170,7 +170,8 @@ class Session {
   enum class Outcome {
     committed,    ///< the step is done on every worker and committed
     rolled_back,  ///< the step failed: the state is back at the last commit (re-read counters)
-    left,         ///< this worker is no longer a member (revoked or removed): exit cleanly
+    left,         ///< this worker is no longer a member (revoked or removed), or the job is
+                  ///< suspended (its checkpoint written): exit cleanly
   };
 
   /// `peer` must not be started yet; `initial` is the cluster this worker was started with
@@ -199,7 +200,8 @@ class Session {
   /// A hot spare (listed in the cluster's `spares`, docs/elastic.md) waits here while it is
   /// one, taking the commits rank 0 sends it into the state, until a loss or a notice moves it
   /// into the workers (then it joins holding the state the survivors hold) or it is removed.
-  /// Returns false when this worker was removed from the cluster before it could join (exit 0).
+  /// Returns false when this worker was removed from the cluster before it could join, or the
+  /// job finished or is suspended (exit 0).
   /// Throws: kf::Error(errc::timeout) after join_timeout; std::runtime_error when the workers'
   /// state layouts differ.
   bool join();
@@ -312,6 +314,9 @@ class Session {
   void take_spare_piece(detail::SnapshotAssembler& snapshots, const Invitation& inv);
   bool form(const Cluster& target, const Cluster* previous, bool fresh, ChangeRecord& rec);
   Outcome switch_to(const Cluster& target, ChangeRecord rec);
+  /// `target` suspends the job (settings "suspended", written by an agent whose notice reached
+  /// every worker): rank 0 writes the last commit to the checkpoint, and every worker leaves.
+  Outcome suspend(const Cluster& target, ChangeRecord rec);
   /// The cluster without `lost`, written by compare-and-swap (runtime/src/session/membership.cpp).
   /// `edit_newer`: the edit may apply to a document newer than this worker's version (joiners
   /// of a pending version); otherwise a newer document is formed as it is.
