@@ -87,7 +87,9 @@ void SlurmFleet::preempt(const std::string& node) {
   std::string cmd =
       "sbatch --parsable -N1 -w " + shell_quoted(node) + " --exclusive --output=/dev/null";
   if (!options_.preempt_partition.empty()) cmd += " -p " + shell_quoted(options_.preempt_partition);
-  cmd += " --wrap 'sleep 600'";
+  // It runs `true` once Slurm has taken the node back and ends by itself: a scancel that meets
+  // a job while it starts can make Slurm 22.05 keep the node's resources as in use.
+  cmd += " --wrap true";
   const CommandResult r = run_command(cmd);
   std::smatch m;
   if (r.code != 0 || !std::regex_search(r.output, m, std::regex(R"(^(\d+))"))) {
@@ -95,7 +97,7 @@ void SlurmFleet::preempt(const std::string& node) {
   }
   removed_.insert(id);
   on_node_.erase(node);
-  leaving_[node] = Leaving{id, m[1], Clock::now() + std::chrono::seconds(120), false};
+  leaving_[node] = Leaving{id, m[1], Clock::now() + std::chrono::seconds(120)};
 }
 
 void SlurmFleet::kill(const std::string& node) {
@@ -103,7 +105,7 @@ void SlurmFleet::kill(const std::string& node) {
   removed_.insert(id);
   run_command("scancel --signal=KILL --full " + id);
   on_node_.erase(node);
-  leaving_[node] = Leaving{id, "", Clock::now() + std::chrono::seconds(60), false};
+  leaving_[node] = Leaving{id, "", Clock::now() + std::chrono::seconds(60)};
 }
 
 void SlurmFleet::poll() {
@@ -128,10 +130,13 @@ void SlurmFleet::poll() {
       ++it;
       continue;
     }
-    // The allocation is gone; so is the node's preempting job once cancelled.
+    // The allocation is gone; the preempting job runs on the node and ends by itself.
     if (!l.preemptor.empty() && q->contains(l.preemptor)) {
-      if (!l.preemptor_cancelled) run_command("scancel " + l.preemptor);
-      l.preemptor_cancelled = true;
+      if (Clock::now() >= l.give_up) {
+        run_command("scancel " + l.preemptor);
+        throw std::runtime_error("the preempting job " + l.preemptor + " on " + node +
+                                 " did not end within 120 s of the preemption");
+      }
       ++it;
       continue;
     }

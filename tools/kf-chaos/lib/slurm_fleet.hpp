@@ -55,9 +55,9 @@ class SlurmFleet {
   std::optional<std::string> wait_free_node(Clock::time_point until);
   /// Allocates `node` for one more worker. Throws: std::runtime_error with sbatch's answer.
   void allocate(const std::string& node);
-  /// Preempts the allocation on `node` with a job of the preempting partition and returns at
-  /// once: poll() cancels the preempting job once the allocation is gone (its agent left on the
-  /// notice), and frees the node once both are. Throws: std::runtime_error with sbatch's answer.
+  /// Preempts the allocation on `node` with a job of the preempting partition (it runs `true`
+  /// once it has the node) and returns at once: poll() frees the node once both are gone (the
+  /// allocation's agent left on the notice). Throws: std::runtime_error with sbatch's answer.
   void preempt(const std::string& node);
   /// scancel --signal=KILL of the allocation on `node` (no notice: every process of it dies);
   /// returns at once, poll() frees the node once Slurm has ended the allocation.
@@ -65,9 +65,9 @@ class SlurmFleet {
   /// scancel of the allocation on `node` (SIGTERM, a notice for `kfrun --slurm`); waits until it
   /// is gone (60 s at most).
   void cancel(const std::string& node);
-  /// Tends the removals under way (one squeue): cancels a preempting job once the allocation it
-  /// preempted is gone, frees the nodes whose jobs are all gone. Throws: std::runtime_error when
-  /// an allocation was not preempted within 120 s of the preempting job.
+  /// Tends the removals under way (one squeue): frees the nodes whose jobs are all gone.
+  /// Throws: std::runtime_error when an allocation was not preempted, or its preempting job did
+  /// not end, within 120 s of the preempting job.
   void poll();
   /// Whether every allocation made is gone from the queue (the job ended), waiting (and tending
   /// the removals) until `until` at most; then the exit code: 0 when every one not removed on
@@ -94,7 +94,6 @@ class SlurmFleet {
     std::string id;
     std::string preemptor;
     Clock::time_point give_up;
-    bool preemptor_cancelled = false;
   };
 
   std::map<std::string, std::string> on_node_;  // node -> job id, while allocated
