@@ -108,6 +108,33 @@ std::optional<std::int64_t> read_service_time(const Key& control, std::string_vi
   return ms;
 }
 
+std::string fresh_nonce() { return random_hex(16); }
+
+bool is_nonce(std::string_view nonce) noexcept { return is_hex(nonce, 32); }
+
+namespace {
+
+std::string answer_message(std::string_view method, std::string_view target, std::string_view nonce,
+                           unsigned status, std::string_view body) {
+  std::string m = "kf service answer\n";
+  m.append(method).append("\n").append(target).append("\n").append(nonce).append("\n");
+  m.append(std::to_string(status)).append("\n").append(sha256_hex(body));
+  return m;
+}
+
+}  // namespace
+
+std::string answer_mac(const Key& control, std::string_view method, std::string_view target,
+                       std::string_view nonce, unsigned status, std::string_view body) {
+  return "mac=" + hmac_sha256_hex(control, answer_message(method, target, nonce, status, body));
+}
+
+bool answer_matches(const Key& control, std::string_view header, std::string_view method,
+                    std::string_view target, std::string_view nonce, unsigned status,
+                    std::string_view body) {
+  return equal_in_constant_time(header, answer_mac(control, method, target, nonce, status, body));
+}
+
 bool signature_matches(const Key& control, const RequestSignature& s, std::string_view method,
                        std::string_view target, std::string_view body) {
   return equal_in_constant_time(

@@ -3,7 +3,8 @@
 // and from etcd's JSON gateway alike. A fake server on 127.0.0.1 answers each request the client
 // makes with the next answer the input describes: raw bytes, a status with a body, or a body
 // shaped like etcd's (a range, a transaction, a watch stream, a lease) around base64 of input
-// bytes. Each input runs a few client calls against it. After each:
+// bytes; kf-config-server's answers signed as the service signs them, unless the input says
+// not to. Each input runs a few client calls against it. After each:
 //   - it returned, or threw kf::Error (ConflictError is one) and nothing else;
 //   - a cluster document it returned reads back the same through to_json and from_json;
 //   - a successful etcd put_cluster returned the version it was given plus one.
@@ -131,7 +132,10 @@ void reads_back(const kf::Cluster& c, const char* what) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static kf::test::CannedHttpServer server;
   kf::fuzz::Input in(data, size);
-  const bool etcd = in.byte() & 1;
+  const std::uint8_t first = in.byte();
+  const bool etcd = first & 1;
+  // kf's service signs its answers; an input may leave them unsigned (the client drops them).
+  server.sign_as(!etcd && (first & 2) == 0 ? "fuzz-token" : "");
   const std::string url =
       (etcd ? "etcd://127.0.0.1:" : "http://127.0.0.1:") + std::to_string(server.port());
   kf::ConfigClientOptions options;

@@ -30,6 +30,7 @@ void expect_protocol_error(const std::function<void()>& call, const std::string&
 
 TEST(ConfigClient, AnEventAnswerThatIsNotJsonIsAProtocolError) {
   CannedHttpServer server;
+  server.sign_as("token");
   server.set_answers({CannedHttpServer::answer(201, "not json")});
   ConfigClient client(server.url("http"), "token");
   expect_protocol_error([&] { client.post_event("added", "", "", std::nullopt); }, "post event");
@@ -37,6 +38,7 @@ TEST(ConfigClient, AnEventAnswerThatIsNotJsonIsAProtocolError) {
 
 TEST(ConfigClient, AnEventFieldOfTheWrongTypeIsAProtocolError) {
   CannedHttpServer server;
+  server.sign_as("token");
   server.set_answers(
       {CannedHttpServer::answer(200, R"({"events":[{"seq":"one","type":"added"}]})")});
   ConfigClient client(server.url("http"), "token");
@@ -188,9 +190,67 @@ TEST(ConfigClient, AnEtcdWriteComparedByValueFallsBackToTheRevisionOfTheSameVers
   EXPECT_EQ(server.requests().size(), 1u);
 }
 
+// Only the job's service can answer: an answer (here a watch's, with a document that would end
+// the job) without the MAC that binds it to the request's nonce under the job's key is dropped
+// as though the service had not answered; one signed under another job's key is refused as the
+// sign of a wrong token. Signed under this job's key, the same answer is taken.
+TEST(ConfigClient, AnAnswerNotSignedByTheJobsServiceIsNotTaken) {
+  Cluster forged;
+  forged.version = 9;
+  forged.workers.push_back(WorkerSpec{Endpoint{"127.0.0.1", 4000}, 0});
+  forged.settings = {{"finished", true}};
+  const std::string body = forged.to_json().dump();
+  CannedHttpServer server;
+  ConfigClient client(server.url("http"), "token");
+  server.set_answers({CannedHttpServer::answer(200, body)});
+  try {
+    client.watch(3, std::chrono::milliseconds(100));
+    FAIL() << "an unsigned answer was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), make_error_code(errc::service_unavailable)) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no X-KF-Answer was dropped"), std::string::npos)
+        << e.what();
+  }
+  server.sign_as("another job's token");
+  server.set_answers({CannedHttpServer::answer(200, body)});
+  try {
+    client.get_cluster();
+    FAIL() << "an answer signed under another key was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), make_error_code(errc::auth_failed)) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the job token differs"), std::string::npos) << e.what();
+  }
+  const auto requests = server.requests();
+  ASSERT_EQ(requests.size(), 1u);
+  EXPECT_NE(requests[0].find("X-KF-Nonce: "), std::string::npos) << "a read carries a nonce";
+  server.sign_as("token");
+  server.set_answers({CannedHttpServer::answer(200, body)});
+  EXPECT_EQ(client.get_cluster().version, 9u);
+}
+
+// An answer's MAC binds its request (method, target, nonce) and all of the answer (status, body).
+TEST(AnswerMac, MatchesOnlyItsOwnRequestAndAnswer) {
+  const Key key = derive_key("token", KeyUse::control);
+  const std::string nonce = fresh_nonce(), other = fresh_nonce();
+  EXPECT_TRUE(is_nonce(nonce));
+  EXPECT_NE(nonce, other);
+  const std::string mac = answer_mac(key, "GET", "/v1/cluster", nonce, 200, "{}\n");
+  EXPECT_TRUE(answer_matches(key, mac, "GET", "/v1/cluster", nonce, 200, "{}\n"));
+  EXPECT_FALSE(answer_matches(key, mac, "GET", "/v1/cluster", other, 200, "{}\n"))
+      << "a recorded answer replayed to another request";
+  EXPECT_FALSE(answer_matches(key, mac, "GET", "/v1/events", nonce, 200, "{}\n"));
+  EXPECT_FALSE(answer_matches(key, mac, "PUT", "/v1/cluster", nonce, 200, "{}\n"));
+  EXPECT_FALSE(answer_matches(key, mac, "GET", "/v1/cluster", nonce, 409, "{}\n"));
+  EXPECT_FALSE(answer_matches(key, mac, "GET", "/v1/cluster", nonce, 200, "{} \n"));
+  EXPECT_FALSE(answer_matches(derive_key("other", KeyUse::control), mac, "GET", "/v1/cluster",
+                              nonce, 200, "{}\n"));
+  EXPECT_FALSE(answer_matches(key, "", "GET", "/v1/cluster", nonce, 200, "{}\n"));
+}
+
 // An address is connected to as it is; a name is looked up first. Both reach the service.
 TEST(ConfigClient, ReachesAServiceByAddressAndByName) {
   CannedHttpServer server;
+  server.sign_as("token");
   for (const std::string host : {"127.0.0.1", "localhost"}) {
     server.set_answers({CannedHttpServer::answer(200, R"({"events":[]})")});
     ConfigClient client("http://" + host + ":" + std::to_string(server.port()), "token");

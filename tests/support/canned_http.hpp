@@ -2,7 +2,8 @@
 // An HTTP server on 127.0.0.1 that answers each connection's one request with the next of the
 // answers it was given (whole responses, bytes as they are), then closes the connection; once
 // they are used up it answers 503. For testing clients against answers a real service would not
-// give (tests/runtime/config_client_test.cpp, the config_client fuzz harness).
+// give (tests/runtime/config_client_test.cpp, the config_client fuzz harness). With sign_as() it
+// signs its answers as kf-config-server does, so that kf's client takes them.
 // Thread-safety: set_answers() from any thread; the server runs on a thread of its own until
 // destruction.
 #pragma once
@@ -18,10 +19,14 @@
 #include <cstdlib>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "kf/common/keys.hpp"
+#include "kf/runtime/request_signature.hpp"
 
 namespace kf::test {
 
@@ -63,6 +68,16 @@ class CannedHttpServer {
     requests_.clear();
   }
 
+  /// From now on, signs each answer as kf's config service does for the job of `token` (an
+  /// X-KF-Answer header bound to the request's nonce), so that kf's client takes it; "" stops
+  /// signing. An answer without a status line and a head, or to a request without a nonce, is
+  /// sent as it is.
+  void sign_as(const std::string& token) {
+    std::lock_guard lock(mu_);
+    key_.reset();
+    if (!token.empty()) key_ = derive_key(token, KeyUse::control);
+  }
+
   /// The requests answered so far (head and body), oldest first.
   std::vector<std::string> requests() {
     std::lock_guard lock(mu_);
@@ -99,6 +114,7 @@ class CannedHttpServer {
             answer = std::move(answers_.front());
             answers_.pop_front();
           }
+          if (key_) answer = signed_answer(*key_, requests_.back(), std::move(answer));
         }
         for (std::size_t sent = 0; sent < answer.size();) {
           const ssize_t n = ::send(s, answer.data() + sent, answer.size() - sent, MSG_NOSIGNAL);
@@ -109,6 +125,39 @@ class CannedHttpServer {
       ::shutdown(s, SHUT_WR);
       ::close(s);
     }
+  }
+
+  // The value of header `name` (lower case) in the head of `request`, or "".
+  static std::string header(const std::string& request, const std::string& name) {
+    std::string lower = request.substr(0, request.find("\r\n\r\n")) + "\r\n";
+    std::transform(lower.begin(), lower.end(), lower.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    const auto at = lower.find("\r\n" + name + ":");
+    if (at == std::string::npos) return {};
+    std::size_t from = at + 3 + name.size();
+    while (from < lower.size() && lower[from] == ' ') ++from;
+    return request.substr(from, lower.find("\r\n", from) - from);
+  }
+
+  // `answer` with the X-KF-Answer header kf-config-server would give it for `request`.
+  static std::string signed_answer(const Key& key, const std::string& request, std::string answer) {
+    const auto head_end = answer.find("\r\n\r\n");
+    const auto sp1 = request.find(' ');
+    const auto sp2 = sp1 == std::string::npos ? sp1 : request.find(' ', sp1 + 1);
+    if (head_end == std::string::npos || !answer.starts_with("HTTP/1.1 ") ||
+        sp2 == std::string::npos) {
+      return answer;
+    }
+    std::string why;
+    const auto sig = parse_request_signature(header(request, "authorization"), why);
+    const std::string nonce = sig ? sig->nonce : header(request, "x-kf-nonce");
+    if (!is_nonce(nonce)) return answer;
+    const auto status = static_cast<unsigned>(std::strtoul(answer.c_str() + 9, nullptr, 10));
+    const std::string mac =
+        answer_mac(key, request.substr(0, sp1), request.substr(sp1 + 1, sp2 - sp1 - 1), nonce,
+                   status, std::string_view(answer).substr(head_end + 4));
+    answer.insert(head_end, "\r\n" + std::string(kAnswerHeader) + ": " + mac);
+    return answer;
   }
 
   // Reads the head and the Content-Length bytes of body that follow it into `in`. False when
@@ -141,6 +190,7 @@ class CannedHttpServer {
   std::mutex mu_;
   std::deque<std::string> answers_;
   std::vector<std::string> requests_;
+  std::optional<Key> key_;
 };
 
 }  // namespace kf::test

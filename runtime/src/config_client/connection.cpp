@@ -104,12 +104,26 @@ struct StreamExchange {
   bool done = false;
 };
 
-// Hands the complete lines of the body received so far to on_message. Returns true to stop.
+// A streamed message may be at most this long; a stream itself may go on for ever.
+constexpr std::size_t kMaxStreamedMessage = std::size_t{64} << 20;
+
+// Hands the complete lines of the body received so far to on_message, and drops them from the
+// body, so that a long watch holds no more than the message being received. Returns true to
+// stop.
 bool take_lines(StreamExchange& x) {
-  const std::string& body = x.parser.get().body();
+  std::string& body = x.parser.get().body();
   for (;;) {
     const auto end = body.find('\n', x.consumed);
-    if (end == std::string::npos) return false;
+    if (end == std::string::npos) {
+      body.erase(0, x.consumed);
+      x.consumed = 0;
+      if (body.size() > kMaxStreamedMessage) {
+        x.bad_message = "(a message longer than " + std::to_string(kMaxStreamedMessage >> 20) +
+                        " MiB, cut off)";
+        return true;
+      }
+      return false;
+    }
     const std::string_view line(body.data() + x.consumed, end - x.consumed);
     x.consumed = end + 1;
     if (line.find_first_not_of(" \r\t") == std::string_view::npos) continue;
@@ -140,8 +154,35 @@ void read_stream(const std::shared_ptr<StreamExchange>& x) {
 }
 
 void start_stream(const std::shared_ptr<StreamExchange>& x, const Endpoint& server) {
-  x->parser.body_limit(std::uint64_t{256} << 20);
+  x->parser.body_limit(boost::none);  // take_lines() bounds what is held
   connect_and_send(x, server, [](const std::shared_ptr<StreamExchange>& sx) { read_stream(sx); });
+}
+
+// Takes an answer of kf's service only when its X-KF-Answer MAC matches (under the job's control
+// key, bound to the request's nonce): anything else did not come from the job's service. A MAC
+// that does not match is what a wrong token gives (the service signs under its own key), and is
+// refused as such; an answer without one (a proxy's page, another server at the address, or
+// one forged on the way) is dropped as though the service had not answered. Either way whoever
+// sends it can delay the job but never steer it. Throws: Error (auth_failed,
+// service_unavailable).
+void check_answer(const Key& control, const std::string& what, http::verb verb,
+                  const std::string& target, const std::string& nonce,
+                  const http::response<http::string_body>& response) {
+  const unsigned status = response.result_int();
+  const auto mac = response.find(kAnswerHeader);
+  if (mac == response.end()) {
+    throw Error(make_error_code(errc::service_unavailable),
+                what + ": an answer (" + std::to_string(status) + ") with no " +
+                    std::string(kAnswerHeader) +
+                    " was dropped: it is not from this job's config service");
+  }
+  if (!answer_matches(control, mac->value(), http::to_string(verb), target, nonce, status,
+                      response.body())) {
+    throw Error(make_error_code(errc::auth_failed),
+                what + ": the answer (" + std::to_string(status) + ") is not signed with this " +
+                    "job's key: the job token differs from the config service's (or the answer " +
+                    "was altered on the way)");
+  }
 }
 
 }  // namespace
@@ -185,13 +226,19 @@ Answer ConfigConnection::call(const Endpoint& server, const Key* control, http::
       req.body() = body->dump();
     }
     const std::int64_t offset = offset_ms_;
-    std::string nonce;  // of a signed request: the service's clock comes back bound to it
+    // Every request to kf's service has a fresh nonce, which its answer's MAC (and, for a
+    // signed request, the service's clock) comes back bound to: a signed request's own, a
+    // read's in a header of its own.
+    std::string nonce;
     if (control != nullptr && verb != http::verb::get) {
       const std::string auth = sign_request(*control, std::string(http::to_string(verb)), target,
                                             req.body(), local_ms() + offset);
       std::string why;
       if (const auto sig = parse_request_signature(auth, why)) nonce = sig->nonce;
       req.set(http::field::authorization, auth);
+    } else if (control != nullptr) {
+      nonce = fresh_nonce();
+      req.set(kNonceHeader, nonce);
     }
     req.prepare_payload();
     start(x, server);
@@ -206,6 +253,7 @@ Answer ConfigConnection::call(const Endpoint& server, const Key* control, http::
       throw Error(make_error_code(errc::service_unavailable),
                   what + ": cannot reach the config service: " + ec.message());
     }
+    if (control != nullptr) check_answer(*control, what, verb, target, nonce, x->response);
     // The service's clock, told in the answer to a signed request and bound to its nonce:
     // later requests are signed in the service's time.
     const auto told = x->response.find(kServiceTimeHeader);

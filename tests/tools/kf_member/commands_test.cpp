@@ -146,6 +146,7 @@ TEST(MemberMutate, AnEventThatCannotBeRecordedAfterTheChangeIsANote) {
   stored.version = 8;
   stored.settings["stop"] = true;
   // GET and PUT are answered; the event's POST then gets 503, as long as the client retries.
+  server.sign_as("token");
   server.set_answers({kf::test::CannedHttpServer::answer(200, three_workers().to_json().dump()),
                       kf::test::CannedHttpServer::answer(200, stored.to_json().dump())});
   kf::ConfigClientOptions options;

@@ -70,6 +70,21 @@ void log_exception(std::exception_ptr e) noexcept {
 
 using RequestParser = http::request_parser<http::string_body>;
 
+// What an answer is bound to: the request's method and target, its signature (a mutation's) and
+// its nonce header (a read's).
+struct AnswerTo {
+  std::string method;
+  std::string target;
+  std::string authorization;
+  std::string nonce;
+};
+
+template <class Fields>
+AnswerTo answer_to(const http::request_header<Fields>& req) {
+  return AnswerTo{std::string(req.method_string()), std::string(req.target()),
+                  std::string(req[http::field::authorization]), std::string(req[kNonceHeader])};
+}
+
 // Reads a request's header into a new `parser`. The bytes of each read are put, with the
 // header's earlier bytes, to a fresh parser, so that what the header is found to be (whole,
 // malformed, or not yet whole) depends on its bytes alone and not on how they were split into
@@ -149,10 +164,11 @@ class Server {
   asio::awaitable<void> async_refuse(tcp::socket socket, std::string why);
   asio::awaitable<Response> async_handle(const Request& request, const std::string& source);
   // `head`: the answer to a HEAD request, which states the length of its body without it.
-  // `time_proof`: the X-KF-Time value (Service::time_proof), if any.
+  // `to`: the request answered, when its head was read: the answer then carries the service's
+  // clock for a signed request (X-KF-Time) and its MAC for a request with a nonce (X-KF-Answer).
   asio::awaitable<beast::error_code> async_write(beast::tcp_stream& stream, const Response& r,
                                                  unsigned version, bool keep_alive,
-                                                 bool head = false, std::string time_proof = {});
+                                                 bool head = false, const AnswerTo* to = nullptr);
   void on_change() noexcept;
 
   Service& service_;
@@ -220,9 +236,10 @@ asio::awaitable<void> Server::async_session(tcp::socket socket, std::string sour
     if (!ec && reads && (parser.chunked() || parser.content_length().value_or(0) > 0)) {
       // Nobody needs to send a body with a read, and nobody may make the server take one in
       // (a long-poll would hold it for the whole wait): refused from the header, unread.
+      const AnswerTo to = answer_to(parser.get());
       co_await async_write(stream, error_response(400, "a GET or HEAD request may not have a body"),
-                           parser.get().version(), false,
-                           parser.get().method() == http::verb::head);
+                           parser.get().version(), false, parser.get().method() == http::verb::head,
+                           &to);
       break;
     }
     if (!ec && !reads) {
@@ -232,9 +249,9 @@ asio::awaitable<void> Server::async_session(tcp::socket socket, std::string sour
       const std::string why =
           service_.unauthorized_before_body(std::string(parser.get()[http::field::authorization]));
       if (!why.empty()) {
-        co_await async_write(
-            stream, error_response(401, why), parser.get().version(), false, false,
-            service_.time_proof(std::string(parser.get()[http::field::authorization])));
+        const AnswerTo to = answer_to(parser.get());
+        co_await async_write(stream, error_response(401, why), parser.get().version(), false, false,
+                             &to);
         break;
       }
     }
@@ -247,12 +264,15 @@ asio::awaitable<void> Server::async_session(tcp::socket socket, std::string sour
     }
     if (ec == http::error::body_limit) {
       const auto why = "body is over " + std::to_string(options_.max_body_bytes) + " bytes";
-      co_await async_write(stream, error_response(413, why), 11, false);
+      const AnswerTo to = answer_to(parser.get());
+      co_await async_write(stream, error_response(413, why), 11, false, false, &to);
       break;
     }
     if (ec && ec != http::error::end_of_stream && ec != http::error::partial_message &&
         ec.category() == http::make_error_code(http::error::bad_target).category()) {
-      co_await async_write(stream, error_response(400, "bad request: " + ec.message()), 11, false);
+      const AnswerTo to = answer_to(parser.get());
+      co_await async_write(stream, error_response(400, "bad request: " + ec.message()), 11, false,
+                           false, &to);
       break;
     }
     if (ec) break;  // closed by the client, timed out or reset
@@ -262,10 +282,9 @@ asio::awaitable<void> Server::async_session(tcp::socket socket, std::string sour
     const bool keep_alive = req.keep_alive();
     const unsigned version = req.version();
     const bool head = req.method() == http::verb::head;
+    const AnswerTo to = answer_to(req);
     const Response response = co_await async_handle(request, source);
-    if (co_await async_write(stream, response, version, keep_alive, head,
-                             service_.time_proof(request.authorization)) ||
-        !keep_alive) {
+    if (co_await async_write(stream, response, version, keep_alive, head, &to) || !keep_alive) {
       break;
     }
   }
@@ -299,17 +318,27 @@ asio::awaitable<Response> Server::async_handle(const Request& request, const std
 
 asio::awaitable<beast::error_code> Server::async_write(beast::tcp_stream& stream, const Response& r,
                                                        unsigned version, bool keep_alive, bool head,
-                                                       std::string time_proof) {
+                                                       const AnswerTo* to) {
   http::response<http::string_body> res{static_cast<http::status>(r.status), version};
   res.set(http::field::server, "kf-config-server");
   res.set(http::field::content_type, r.content_type);
   res.set(http::field::cache_control, "no-store");
-  // The clock signatures are checked against, for the client of a signed request to sign in
-  // the service's time should its own clock be off (docs/config-server.md).
-  if (!time_proof.empty()) res.set(kServiceTimeHeader, time_proof);
+  res.body() = r.body + "\n";
+  if (to != nullptr) {
+    // The clock signatures are checked against, for the client of a signed request to sign in
+    // the service's time should its own clock be off (docs/config-server.md).
+    const std::string time_proof = service_.time_proof(to->authorization);
+    if (!time_proof.empty()) res.set(kServiceTimeHeader, time_proof);
+    // The answer's MAC, bound to the request's nonce: nobody on the way can answer in the
+    // service's place (docs/security.md).
+    const std::string nonce = service_.nonce_of(to->authorization, to->nonce);
+    if (!nonce.empty()) {
+      res.set(kAnswerHeader, service_.answer_mac(to->method, to->target, nonce,
+                                                 static_cast<unsigned>(r.status), res.body()));
+    }
+  }
   if (!r.allow.empty()) res.set(http::field::allow, r.allow);
   res.keep_alive(keep_alive);
-  res.body() = r.body + "\n";
   res.prepare_payload();
   if (head) res.body().clear();  // Content-Length stays that of the body left out
   stream.expires_after(options_.idle_timeout);

@@ -192,7 +192,13 @@ Response Service::get_cluster(const std::string& query) const {
   bool watch = false;
   std::uint64_t after = 0;
   if (auto why = check_cluster_query(query, watch, after); !why.empty()) return error(400, why);
-  return ok(200, state_.cluster.to_json());
+  // Every read and long-poll of one version gets the same bytes, made once (every change makes
+  // a new version).
+  if (served_version_ != state_.cluster.version || served_body_.empty()) {
+    served_body_ = dump(state_.cluster.to_json());
+    served_version_ = state_.cluster.version;
+  }
+  return Response{200, served_body_, "application/json", {}};
 }
 
 Response Service::put_cluster(const std::string& body) {
@@ -334,6 +340,18 @@ std::string Service::time_proof(std::string_view authorization) const {
       std::chrono::duration_cast<std::chrono::milliseconds>(options_.now().time_since_epoch())
           .count();
   return service_time_proof(control_key_, ms, sig->nonce);
+}
+
+std::string Service::nonce_of(std::string_view authorization, std::string_view nonce_header) {
+  std::string why;
+  if (const auto sig = parse_request_signature(authorization, why)) return sig->nonce;
+  return is_nonce(nonce_header) ? std::string(nonce_header) : std::string();
+}
+
+std::string Service::answer_mac(std::string_view method, std::string_view target,
+                                std::string_view nonce, unsigned status,
+                                std::string_view body) const {
+  return kf::answer_mac(control_key_, method, target, nonce, status, body);
 }
 
 std::string Service::unauthorized(const Request& request) {

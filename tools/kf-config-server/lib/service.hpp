@@ -92,6 +92,13 @@ class Service {
   /// service's clock, under a MAC bound to the request's nonce (request_signature.hpp); empty
   /// when the request is not signed in kf's scheme.
   std::string time_proof(std::string_view authorization) const;
+  /// The nonce an answer is bound to: a signed request's (in `authorization`), else the
+  /// request's X-KF-Nonce header `nonce_header` when it is one; "" when the request has none.
+  static std::string nonce_of(std::string_view authorization, std::string_view nonce_header);
+  /// The X-KF-Answer value of an answer with `status` and `body` (as sent) to the request
+  /// `method` `target` with `nonce` (request_signature.hpp).
+  std::string answer_mac(std::string_view method, std::string_view target, std::string_view nonce,
+                         unsigned status, std::string_view body) const;
   const State& state() const noexcept { return state_; }
 
  private:
@@ -114,6 +121,9 @@ class Service {
   // Nonces of accepted signatures, until they are older than twice the signature window.
   std::map<std::string, std::chrono::system_clock::time_point> seen_nonces_;
   State state_;
+  // The document as last served, and its version: serialised once per version.
+  mutable std::uint64_t served_version_ = 0;
+  mutable std::string served_body_;
   AgentTable agents_;  // in memory only: agents renew their leases every few seconds
 };
 

@@ -55,4 +55,26 @@ std::string service_time_proof(const Key& control, std::int64_t unix_ms, std::st
 std::optional<std::int64_t> read_service_time(const Key& control, std::string_view header,
                                               std::string_view nonce);
 
+/// Every answer of the service is authenticated, so that nobody on the way can stand in for it
+/// (docs/security.md). A client gives each request a fresh nonce: a signed request's own, a read
+/// the header below. The service answers a request that has one with
+///   X-KF-Answer: mac=HEX64   (HMAC under the control key of the method, target, nonce, status
+///                             and SHA-256 of the body as sent)
+/// and the client takes no answer whose MAC does not match.
+inline constexpr std::string_view kNonceHeader = "X-KF-Nonce";
+inline constexpr std::string_view kAnswerHeader = "X-KF-Answer";
+
+/// 32 lowercase hex digits from the system's random source. Throws: std::runtime_error when no
+/// random bytes can be had.
+std::string fresh_nonce();
+/// Whether `nonce` has the form fresh_nonce() gives (32 lowercase hex digits).
+bool is_nonce(std::string_view nonce) noexcept;
+/// The X-KF-Answer value for this answer to this request.
+std::string answer_mac(const Key& control, std::string_view method, std::string_view target,
+                       std::string_view nonce, unsigned status, std::string_view body);
+/// Whether `header` (an X-KF-Answer value) authenticates this answer (compared in constant time).
+bool answer_matches(const Key& control, std::string_view header, std::string_view method,
+                    std::string_view target, std::string_view nonce, unsigned status,
+                    std::string_view body);
+
 }  // namespace kf
