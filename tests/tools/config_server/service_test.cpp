@@ -254,6 +254,31 @@ TEST_F(ServiceTest, SignedMutationsAreCheckedAndNotReplayable) {
   EXPECT_EQ(post_event(lenient, R"({"type":"note"})", std::string("Bearer x")).status, 401);
 }
 
+// The nonces a service accepted are not kept across a restart: a request signed before the
+// service (re)started is refused with 503, to be signed again, rather than taken as new, so a
+// mutation recorded before a restart cannot be replayed after it (nor an event stored twice).
+TEST_F(ServiceTest, ARequestSignedBeforeARestartIsNotTakenAfterIt) {
+  const std::string event = R"({"type":"note","detail":"once"})";
+  const std::string auth = signed_for("POST", "/v1/events", event, kNowMs - 5'000);
+  ServiceOptions before = options();
+  before.now = [] { return kNow - std::chrono::seconds(10); };
+  {
+    Service s(before);
+    EXPECT_EQ(post_event(s, event, auth).status, 201);
+    EXPECT_EQ(post_event(s, event, auth).status, 401) << "a replay, while it remembers the nonce";
+  }
+  Service restarted(options());  // the same state file, started at kNow
+  const Response replayed = post_event(restarted, event, auth);
+  EXPECT_EQ(replayed.status, 503);
+  EXPECT_NE(replayed.body.find("before this service started"), std::string::npos) << replayed.body;
+  const json events = json::parse(get(restarted, "/v1/events").body)["events"];
+  int notes = 0;
+  for (const auto& e : events) notes += e["type"] == "note";
+  EXPECT_EQ(notes, 1) << events.dump();
+  // Signed again, now: taken.
+  EXPECT_EQ(post_event(restarted, event).status, 201);
+}
+
 TEST_F(ServiceTest, BodyOverTheLimitIs413) {
   Service s(options());
   json doc = two_workers(0);

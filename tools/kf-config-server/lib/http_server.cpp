@@ -246,12 +246,14 @@ asio::awaitable<void> Server::async_session(tcp::socket socket, std::string sour
       // A mutation: its credentials are looked at before its body is read (the signature itself
       // covers the body and is checked after), so that nobody without them gets the server to
       // take in a body.
+      const std::string auth(parser.get()[http::field::authorization]);
+      const std::string before_start = service_.signed_before_start(auth);
       const std::string why =
-          service_.unauthorized_before_body(std::string(parser.get()[http::field::authorization]));
+          before_start.empty() ? service_.unauthorized_before_body(auth) : before_start;
       if (!why.empty()) {
         const AnswerTo to = answer_to(parser.get());
-        co_await async_write(stream, error_response(401, why), parser.get().version(), false, false,
-                             &to);
+        co_await async_write(stream, error_response(before_start.empty() ? 401 : 503, why),
+                             parser.get().version(), false, false, &to);
         break;
       }
     }

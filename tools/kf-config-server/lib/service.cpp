@@ -133,6 +133,9 @@ std::map<std::string, std::string> parse_query(const std::string& query) {
 Service::Service(ServiceOptions options)
     : options_(std::move(options)),
       control_key_(derive_key(options_.token, KeyUse::control)),
+      started_ms_(
+          std::chrono::duration_cast<std::chrono::milliseconds>(options_.now().time_since_epoch())
+              .count()),
       state_(load_state(options_.state_file)) {
   // A log that ends in a record cut short: a fresh snapshot, so that the next record does not
   // land behind the fragment.
@@ -160,6 +163,9 @@ Response Service::handle(const Request& request) {
   const std::string write_method = is_cluster || path == "/v1/agents" ? "PUT" : "POST";
   if (m != "GET" && m != write_method) return method_not_allowed("GET, " + write_method);
   if (mutation) {
+    if (const std::string why = signed_before_start(request.authorization); !why.empty()) {
+      return error(503, why);
+    }
     if (const std::string why = unauthorized(request); !why.empty()) return error(401, why);
     if (request.body.size() > options_.max_body_bytes) {
       return error(413, "body is over " + std::to_string(options_.max_body_bytes) + " bytes");
@@ -330,6 +336,19 @@ std::string Service::unauthorized_before_body(const std::string& auth) const {
   }
   if (seen_nonces_.contains(sig->nonce)) return "the request's nonce was used before (a replay)";
   return {};
+}
+
+std::string Service::signed_before_start(const std::string& authorization) const {
+  std::string why;
+  const auto sig = parse_request_signature(authorization, why);
+  if (!sig || sig->unix_ms >= started_ms_) return {};
+  const auto off = std::chrono::duration_cast<std::chrono::milliseconds>(
+      options_.now() -
+      std::chrono::system_clock::time_point(std::chrono::milliseconds(sig->unix_ms)));
+  if (off > options_.signature_window) return {};  // refused for its time alone (401)
+  return "the request was signed " + std::to_string(started_ms_ - sig->unix_ms) +
+         " ms before this service started: the nonces it saw before are not known to it; sign "
+         "the request again";
 }
 
 std::string Service::time_proof(std::string_view authorization) const {

@@ -87,6 +87,12 @@ class Service {
   /// The signature itself, which covers the body, is checked by handle().
   std::string unauthorized_before_body(const std::string& authorization) const;
 
+  /// Why a signed request is refused with 503 (to be signed again), or "": it was signed before
+  /// this service started, within the signature window. The nonces of requests accepted before
+  /// a restart are not kept, so such a request might be a replay of one; a client that sent it
+  /// in good faith signs it again, in the time this answer tells it.
+  std::string signed_before_start(const std::string& authorization) const;
+
   std::uint64_t version() const noexcept { return state_.cluster.version; }
   /// The X-KF-Time value for the answer to a request whose Authorization is `authorization`: the
   /// service's clock, under a MAC bound to the request's nonce (request_signature.hpp); empty
@@ -117,7 +123,8 @@ class Service {
   nlohmann::json append_event(nlohmann::json event, bool with_cluster = false);
 
   ServiceOptions options_;
-  Key control_key_;  // derive_key(options_.token, KeyUse::control)
+  Key control_key_;          // derive_key(options_.token, KeyUse::control)
+  std::int64_t started_ms_;  // options_.now() when this service started, Unix milliseconds
   // Nonces of accepted signatures, until they are older than twice the signature window.
   std::map<std::string, std::chrono::system_clock::time_point> seen_nonces_;
   State state_;
