@@ -311,6 +311,13 @@ std::shared_ptr<SendReq> Mesh::post_send(int peer, const FrameHeader& h, std::st
     if (written == header.size() + name.size() + h.payload_bytes + (tagged ? tag.size() : 0)) {
       return sent_;
     }
+    // Nothing went: the frame is not numbered yet. Queued, it may still be cancelled, and a
+    // number taken by a frame never sent would make the receiver refuse the next one's tag; the
+    // writer tags it when its first byte goes.
+    if (tagged && written == 0) {
+      out.mac->rewind();
+      tagged = false;
+    }
   }
   auto req = std::make_shared<SendReq>(ex());
   if (tagged) {

@@ -56,6 +56,14 @@ class FrameMac {
   void update(const void* data, std::size_t bytes);
   /// The frame's tag; the next frame needs begin() again.
   Tag finish();
+  /// Gives back the number of the last frame begun, whose bytes were never written (a frame
+  /// tagged ahead of a write that took nothing, then cancelled): the next frame takes that
+  /// number, which is the one the receiver expects. Frames are numbered in the order their
+  /// first bytes enter the connection.
+  void rewind() noexcept {
+    if (seq_ > 0) --seq_;
+    active_ = false;
+  }
   /// Between begin() and finish().
   bool active() const noexcept { return active_; }
   /// Frames tagged so far.

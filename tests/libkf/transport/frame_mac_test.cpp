@@ -94,5 +94,21 @@ TEST(FrameMac, AnyChangedBitChangesTheTag) {
   EXPECT_NE(hex(tag_of(b, frame, rng)), hex(tag_of(b, frame, rng)));
 }
 
+// A frame tagged but never written (the socket took nothing, then the send was cancelled) gives
+// its number back: the next frame gets the tag the receiver, which never saw the first, expects.
+// Without it, the receiver refuses that frame's tag and counts a healthy sender as lost.
+TEST(FrameMac, AFrameNeverWrittenGivesItsNumberBack) {
+  FrameMac sender(Key{}), receiver(Key{}), without(Key{});
+  std::vector<std::byte> dropped(100, std::byte{1}), next(60, std::byte{2});
+  std::mt19937_64 rng(5);
+  (void)tag_of(sender, dropped, rng);
+  sender.rewind();
+  EXPECT_EQ(sender.frames(), 0u);
+  const Tag sent = tag_of(sender, next, rng);
+  EXPECT_EQ(hex(sent), hex(tag_of(receiver, next, rng)));
+  (void)tag_of(without, dropped, rng);
+  EXPECT_NE(hex(tag_of(without, next, rng)), hex(sent)) << "a number lost: the tags part ways";
+}
+
 }  // namespace
 }  // namespace kf::transport
