@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "check.hpp"
+#include "config_client/etcd.hpp"
 #include "kf/runtime/config_client.hpp"
 #include "support/canned_http.hpp"
 
@@ -43,10 +44,14 @@ json revision(kf::fuzz::Input& in) {
   }
 }
 
-// A kv of an etcd range answer whose value is base64 of input bytes (or the bytes as they are).
+// A kv of an etcd range answer whose value is base64 of input bytes, sealed as the job's
+// processes seal a document (sealed_text) or not, or the bytes as they are.
 json kv(kf::fuzz::Input& in, const std::string& key) {
+  static const kf::Key control = kf::derive_key("fuzz-token", kf::KeyUse::control);
+  static const std::string prefix = kf::detail::prefix_for_token("fuzz-token");
   const std::uint8_t b = in.byte();
-  const std::string value = in.piece();
+  std::string value = in.piece();
+  if (b & 2) value = kf::detail::sealed_text(control, prefix, value);
   return json{{"key", base64(key)},
               {"value", b & 1 ? value : base64(value)},
               {"mod_revision", revision(in)},

@@ -9,8 +9,10 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 
+#include "config_client/etcd.hpp"
 #include "support/canned_http.hpp"
 
 namespace kf {
@@ -61,12 +63,15 @@ TEST(ConfigClient, AnEtcdKeyOutsideTheJobsPrefixIsAProtocolError) {
 }
 
 // The cluster key as etcd gives it: the document of `version` (one worker), written at
-// `revision`.
-std::string etcd_kv(std::uint64_t revision, std::uint64_t version) {
+// `revision`, sealed by a process of the job of `token` (or given as `value` itself).
+std::string etcd_kv(std::uint64_t revision, std::uint64_t version,
+                    const std::string& token = "token", std::optional<std::string> raw = {}) {
   Cluster c;
   c.version = version;
   c.workers.push_back(WorkerSpec{Endpoint{"127.0.0.1", 4000}, 0});
-  const std::string doc = c.to_json().dump();
+  const std::string doc = raw ? *raw
+                              : detail::sealed_document(derive_key(token, KeyUse::control),
+                                                        detail::prefix_for_token("token"), c);
   std::string value(4 * ((doc.size() + 2) / 3) + 1, '\0');
   value.resize(static_cast<std::size_t>(EVP_EncodeBlock(
       reinterpret_cast<unsigned char*>(value.data()),
@@ -76,10 +81,39 @@ std::string etcd_kv(std::uint64_t revision, std::uint64_t version) {
 }
 
 // etcd's answer to a range of the cluster key at store revision `revision`, where the document
-// of `version` was written.
-std::string etcd_range(std::uint64_t revision, std::uint64_t version) {
+// of `version` was written (as etcd_kv writes it).
+std::string etcd_range(std::uint64_t revision, std::uint64_t version,
+                       const std::string& token = "token", std::optional<std::string> raw = {}) {
   return R"({"header":{"revision":")" + std::to_string(revision) + R"("},"kvs":[)" +
-         etcd_kv(revision, version) + "]}";
+         etcd_kv(revision, version, token, std::move(raw)) + "]}";
+}
+
+// A document in etcd is taken only sealed with this job's key, and never older than one taken:
+// one written plain (as anyone who reaches etcd could), one sealed under another job's key and
+// an old one written again are not taken; the client says why, as though etcd had not
+// answered, so that the job trains on.
+TEST(ConfigClient, AnEtcdDocumentNotSealedByTheJobIsNotTaken) {
+  Cluster plain;
+  plain.version = 7;
+  plain.workers.push_back(WorkerSpec{Endpoint{"127.0.0.1", 4000}, 0});
+  plain.settings = {{"finished", true}};
+  CannedHttpServer server;
+  ConfigClient client(server.url("etcd"), "token");
+  const auto refused = [&](const std::string& range, const std::string& why) {
+    server.set_answers({CannedHttpServer::answer(200, range)});
+    try {
+      client.get_cluster();
+      ADD_FAILURE() << "taken: " << range;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), make_error_code(errc::service_unavailable)) << e.what();
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  refused(etcd_range(5, 7, "token", plain.to_json().dump()), "not one kf sealed");
+  refused(etcd_range(5, 7, "another job's token"), "not sealed with this job's key");
+  server.set_answers({CannedHttpServer::answer(200, etcd_range(6, 7))});
+  EXPECT_EQ(client.get_cluster().version, 7u);
+  refused(etcd_range(8, 6), "went back from version 7 to 6");
 }
 
 // The first message of an etcd watch: created, at store revision `revision`.

@@ -87,6 +87,19 @@ std::string prefix_end(std::string prefix) {
   return std::string(1, '\0');
 }
 
+std::string workers_text(const Cluster& c) {
+  return std::to_string(c.size()) + (c.size() == 1 ? " worker" : " workers");
+}
+
+// The document without its version, to tell whether a stored one is the one we wrote.
+json content_of(const Cluster& c) {
+  json j = c.to_json();
+  j.erase("version");
+  return j;
+}
+
+}  // namespace
+
 // "/kf/" and 16 hex digits of SHA-256 of the token: every process of a job holds the token, so
 // they all find the same keys, and the keys do not reveal it.
 std::string prefix_for_token(const std::string& token) {
@@ -101,18 +114,15 @@ std::string prefix_for_token(const std::string& token) {
   return out;
 }
 
-std::string workers_text(const Cluster& c) {
-  return std::to_string(c.size()) + (c.size() == 1 ? " worker" : " workers");
+std::string sealed_text(const Key& control, const std::string& prefix, const std::string& text) {
+  return json{{"document", text},
+              {"mac", hmac_sha256_hex(control, "kf etcd document\n" + prefix + "\n" + text)}}
+      .dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-// The document without its version, to tell whether a stored one is the one we wrote.
-json content_of(const Cluster& c) {
-  json j = c.to_json();
-  j.erase("version");
-  return j;
+std::string sealed_document(const Key& control, const std::string& prefix, const Cluster& c) {
+  return sealed_text(control, prefix, c.to_json().dump());
 }
-
-}  // namespace
 
 EtcdBackend::EtcdBackend(ServiceUrl url, const std::string& token, ConfigConnection& connection,
                          ConfigClientOptions options)
@@ -123,7 +133,8 @@ EtcdBackend::EtcdBackend(ServiceUrl url, const std::string& token, ConfigConnect
       agents_prefix_(prefix_ + "/agents/"),
       connection_(connection),
       beside_(connection.clock()),
-      options_(options) {}
+      options_(options),
+      control_(derive_key(token, KeyUse::control)) {}
 
 Cluster EtcdBackend::put_cluster(const Cluster& next, const Cluster* from) {
   if (next.workers.empty()) {
@@ -163,7 +174,7 @@ Cluster EtcdBackend::put_cluster(const Cluster& next, const Cluster* from) {
   const json compare = by_value ? json{{"key", base64(cluster_key_)},
                                        {"target", "VALUE"},
                                        {"result", "EQUAL"},
-                                       {"value", base64(from->to_json().dump())}}
+                                       {"value", base64(sealed_document(control_, prefix_, *from))}}
                        : current->mod_revision == 0
                            ? json{{"key", base64(cluster_key_)},
                                   {"target", "CREATE"},
@@ -175,7 +186,7 @@ Cluster EtcdBackend::put_cluster(const Cluster& next, const Cluster* from) {
                                   {"mod_revision", std::to_string(current->mod_revision)}};
   const json txn = {
       {"compare", json::array({compare})},
-      {"success", json::array({put_op(cluster_key_, stored.to_json().dump()),
+      {"success", json::array({put_op(cluster_key_, sealed_document(control_, prefix_, stored)),
                                put_op(events_prefix_ + random_hex(8), event.dump())})},
       {"failure", json::array({json{{"request_range", {{"key", base64(cluster_key_)}}}}})}};
   json answer;
@@ -416,10 +427,38 @@ json EtcdBackend::put_op(const std::string& key, const std::string& value) {
   return json{{"request_put", {{"key", base64(key)}, {"value", base64(value)}}}};
 }
 
+// A document is taken only sealed under this job's key (sealed_document) and never older than
+// one taken before. Anything else was written by someone without the token (or is an old one
+// written again): it is not taken, and the client goes on as though etcd had not answered, so
+// that the job trains on and takes the next document the job's own processes write.
 Cluster EtcdBackend::parse_document(const json& kv, const std::string& what) const {
   const std::string value = unbase64(kv.value("value", std::string()), what);
   const json j = parse_json_or_discard(value);
-  return cluster_from(Answer{200, j}, what + " " + cluster_key_);
+  const std::string where = what + " " + cluster_key_;
+  if (!j.is_object() || !j.contains("document") || !j["document"].is_string() ||
+      !j.contains("mac") || !j["mac"].is_string()) {
+    throw Error(make_error_code(errc::service_unavailable),
+                where +
+                    ": the document is not one kf sealed (no \"document\" and \"mac\"): "
+                    "not taken");
+  }
+  const std::string text = j["document"].get<std::string>();
+  if (!equal_in_constant_time(
+          j["mac"].get<std::string>(),
+          hmac_sha256_hex(control_, "kf etcd document\n" + prefix_ + "\n" + text))) {
+    throw Error(make_error_code(errc::service_unavailable),
+                where +
+                    ": the document is not sealed with this job's key (written without the "
+                    "job token, or with another): not taken");
+  }
+  Cluster c = cluster_from(Answer{200, parse_json_or_discard(text)}, where);
+  if (c.version < highest_) {
+    throw Error(make_error_code(errc::service_unavailable),
+                where + ": the document went back from version " + std::to_string(highest_) +
+                    " to " + std::to_string(c.version) + " (an old one written again): not taken");
+  }
+  highest_ = c.version;
+  return c;
 }
 
 EtcdBackend::Stored EtcdBackend::from_range(const json& answer, const std::string& what) const {

@@ -13,15 +13,28 @@
 
 #include "config_client/connection.hpp"
 #include "kf/cluster/cluster.hpp"
+#include "kf/common/keys.hpp"
 #include "kf/runtime/config_client.hpp"
 
 namespace kf::detail {
 
-// The job's keys under PREFIX: PREFIX/cluster holds the document (JSON) and PREFIX/events/ID one
-// event each, its seq being the etcd revision that created it. Changes are transactions that
-// compare the key's mod_revision (compare-and-swap) and write the document together with its
-// cluster_changed event; a watch streams the document's next change. The members are tried in
-// turn (call()).
+/// PREFIX for a job token (an etcd:// URL without a path): "/kf/" and 16 hex digits of a SHA-256
+/// of the token.
+std::string prefix_for_token(const std::string& token);
+
+/// The value a cluster document is stored under in etcd at `prefix`/cluster:
+/// {"document": TEXT, "mac": HEX64}, TEXT the document's JSON text and the MAC an HMAC-SHA256
+/// under the job's control key of "kf etcd document", the prefix and TEXT, one per line. Only a
+/// holder of the token can make one that readers take.
+std::string sealed_document(const Key& control, const std::string& prefix, const Cluster& c);
+/// The same for any TEXT (what sealed_document seals is the document's JSON text).
+std::string sealed_text(const Key& control, const std::string& prefix, const std::string& text);
+
+// The job's keys under PREFIX: PREFIX/cluster holds the document (sealed_document) and
+// PREFIX/events/ID one event each, its seq being the etcd revision that created it. Changes are
+// transactions that compare the key's mod_revision (compare-and-swap) and write the document
+// together with its cluster_changed event; a watch streams the document's next change. The members
+// are tried in turn (call()).
 class EtcdBackend {
  public:
   EtcdBackend(ServiceUrl url, const std::string& token, ConfigConnection& connection,
@@ -69,6 +82,10 @@ class EtcdBackend {
   ConfigConnection& connection_;
   ConfigConnection beside_;  // for a read while a watch's stream holds connection_ (read_beside)
   ConfigClientOptions options_;
+  Key control_;  // derive_key(token, KeyUse::control): seals the documents
+  // The highest version of a document taken: an older one read later (a sealed document written
+  // again by someone who recorded it) is not taken.
+  mutable std::uint64_t highest_ = 0;
   std::optional<Stored> last_;  // the document as this client last read or wrote it
   std::uint64_t lease_ = 0;     // announce_agent's
   std::string agent_host_;
