@@ -33,6 +33,12 @@ std::string base64(std::string_view s) {
   return out;
 }
 
+// The job's cluster key in etcd (the client's prefix is derived from its token).
+const std::string& cluster_key() {
+  static const std::string key = kf::detail::prefix_for_token("fuzz-token") + "/cluster";
+  return key;
+}
+
 // A revision or lease field as etcd writes it (an int64 in a string), or something else.
 json revision(kf::fuzz::Input& in) {
   const std::uint8_t b = in.byte();
@@ -48,10 +54,9 @@ json revision(kf::fuzz::Input& in) {
 // processes seal a document (sealed_text) or not, or the bytes as they are.
 json kv(kf::fuzz::Input& in, const std::string& key) {
   static const kf::Key control = kf::derive_key("fuzz-token", kf::KeyUse::control);
-  static const std::string prefix = kf::detail::prefix_for_token("fuzz-token");
   const std::uint8_t b = in.byte();
   std::string value = in.piece();
-  if (b & 2) value = kf::detail::sealed_text(control, prefix, value);
+  if (b & 2) value = kf::detail::sealed_text(control, key, value);
   return json{{"key", base64(key)},
               {"value", b & 1 ? value : base64(value)},
               {"mod_revision", revision(in)},
@@ -60,7 +65,7 @@ json kv(kf::fuzz::Input& in, const std::string& key) {
 
 json range(kf::fuzz::Input& in) {
   json kvs = json::array();
-  for (int n = in.byte() % 3; n > 0; --n) kvs.push_back(kv(in, "/kf/x/cluster"));
+  for (int n = in.byte() % 3; n > 0; --n) kvs.push_back(kv(in, cluster_key()));
   return json{{"header", {{"revision", revision(in)}}}, {"kvs", kvs}};
 }
 
@@ -83,7 +88,7 @@ std::string etcd_body(kf::fuzz::Input& in, int shape) {
       for (int n = in.byte() % 4; n > 0; --n) {
         const std::uint8_t b = in.byte();
         json events = json::array();
-        events.push_back(json{{"type", b & 1 ? "DELETE" : "PUT"}, {"kv", kv(in, "/kf/x/cluster")}});
+        events.push_back(json{{"type", b & 1 ? "DELETE" : "PUT"}, {"kv", kv(in, cluster_key())}});
         json m = {{"result", {{"events", events}, {"canceled", (b & 2) != 0}}}};
         // The watch's first message: created, at a revision (the client reads again when it
         // is past the revision it read).

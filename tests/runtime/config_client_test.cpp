@@ -109,7 +109,7 @@ TEST(ConfigClient, AnEtcdDocumentNotSealedByTheJobIsNotTaken) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
     }
   };
-  refused(etcd_range(5, 7, "token", plain.to_json().dump()), "not one kf sealed");
+  refused(etcd_range(5, 7, "token", plain.to_json().dump()), "not a value kf sealed");
   refused(etcd_range(5, 7, "another job's token"), "not sealed with this job's key");
   server.set_answers({CannedHttpServer::answer(200, etcd_range(6, 7))});
   EXPECT_EQ(client.get_cluster().version, 7u);

@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "config_client/etcd.hpp"
 #include "kf/runtime/config_client.hpp"
 #include "support/elastic_job.hpp"
 #include "support/etcd_process.hpp"
@@ -146,6 +147,42 @@ TEST_F(EtcdClient, RejectsWhatTheServiceRejects) {
   EXPECT_THROW(c.post_event("nonsense", "", "", std::nullopt), Error);
   EXPECT_THROW(c.post_event("note", "not-an-endpoint", "", std::nullopt), Error);
   EXPECT_EQ(c.get_cluster().version, 0u);
+}
+
+// Someone who reaches etcd without the token writes the job's keys as kf would, but plain: a
+// document that would end the job, an event that would have an agent take a leave for a kill,
+// an agent offering slots. No process of the job takes any of them; a document it sealed is
+// taken again once one is written.
+TEST_F(EtcdClient, KeysWrittenWithoutTheTokenAreNotTaken) {
+  if (test::run_shell("command -v etcdctl").exit_code != 0) GTEST_SKIP() << "no etcdctl here";
+  ConfigClient c = client();
+  c.put_cluster(cluster_of(0, {7001}));
+  c.announce_agent("10.0.0.1", std::chrono::seconds(30), 2);
+  const std::string prefix = detail::prefix_for_token("job-token");
+  const auto put = [&](const std::string& key, const std::string& value) {
+    const test::Ran r = test::run_shell("ETCDCTL_API=3 etcdctl --endpoints=" + etcd_->member() +
+                                        " put '" + key + "' '" + value + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  };
+  put(prefix + "/events/ffffffffffffffff", R"({"type":"killed","worker":"127.0.0.1:7001"})");
+  put(prefix + "/agents/10.9.9.9", R"({"host":"10.9.9.9","slots":64})");
+  for (const auto& e : c.get_events()) EXPECT_NE(e.type, "killed") << e.detail;
+  const auto agents = c.live_agents();
+  ASSERT_EQ(agents.size(), 1u);
+  EXPECT_EQ(agents[0].host, "10.0.0.1");
+  Cluster forged = cluster_of(5, {7009});
+  forged.settings["finished"] = true;
+  put(prefix + "/cluster", forged.to_json().dump());
+  ConfigClient fresh = client();
+  for (ConfigClient* reader : {&c, &fresh}) {
+    try {
+      reader->get_cluster();
+      ADD_FAILURE() << "a document written without the token was taken";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), make_error_code(errc::service_unavailable)) << e.what();
+      EXPECT_NE(std::string(e.what()).find("not a value kf sealed"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST_F(EtcdClient, KeepsTheAuditTrailInOrder) {

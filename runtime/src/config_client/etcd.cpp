@@ -6,6 +6,7 @@
 #include <openssl/evp.h>
 #include <openssl/sha.h>
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cstdio>
@@ -114,14 +115,31 @@ std::string prefix_for_token(const std::string& token) {
   return out;
 }
 
-std::string sealed_text(const Key& control, const std::string& prefix, const std::string& text) {
+std::string sealed_text(const Key& control, const std::string& key, const std::string& text) {
   return json{{"document", text},
-              {"mac", hmac_sha256_hex(control, "kf etcd document\n" + prefix + "\n" + text)}}
+              {"mac", hmac_sha256_hex(control, "kf etcd value\n" + key + "\n" + text)}}
       .dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::string sealed_document(const Key& control, const std::string& prefix, const Cluster& c) {
-  return sealed_text(control, prefix, c.to_json().dump());
+  return sealed_text(control, prefix + "/cluster", c.to_json().dump());
+}
+
+std::optional<std::string> unsealed_text(const Key& control, const std::string& key,
+                                         const std::string& value, std::string& why) {
+  const json j = parse_json_or_discard(value);
+  if (!j.is_object() || !j.contains("document") || !j["document"].is_string() ||
+      !j.contains("mac") || !j["mac"].is_string()) {
+    why = "not a value kf sealed (no \"document\" and \"mac\")";
+    return std::nullopt;
+  }
+  std::string text = j["document"].get<std::string>();
+  if (!equal_in_constant_time(j["mac"].get<std::string>(),
+                              hmac_sha256_hex(control, "kf etcd value\n" + key + "\n" + text))) {
+    why = "not sealed with this job's key (written without the job token, or with another)";
+    return std::nullopt;
+  }
+  return text;
 }
 
 EtcdBackend::EtcdBackend(ServiceUrl url, const std::string& token, ConfigConnection& connection,
@@ -184,10 +202,11 @@ Cluster EtcdBackend::put_cluster(const Cluster& next, const Cluster* from) {
                                   {"target", "MOD"},
                                   {"result", "EQUAL"},
                                   {"mod_revision", std::to_string(current->mod_revision)}};
+  const std::string event_key = events_prefix_ + random_hex(8);
   const json txn = {
       {"compare", json::array({compare})},
       {"success", json::array({put_op(cluster_key_, sealed_document(control_, prefix_, stored)),
-                               put_op(events_prefix_ + random_hex(8), event.dump())})},
+                               put_op(event_key, sealed_text(control_, event_key, event.dump()))})},
       {"failure", json::array({json{{"request_range", {{"key", base64(cluster_key_)}}}}})}};
   json answer;
   try {
@@ -315,12 +334,13 @@ ConfigEvent EtcdBackend::post_event(const std::string& type, const std::string& 
   if (version) event["version"] = *version;
   const std::string key = events_prefix_ + random_hex(8);
   // Created only if absent: a retry after a lost answer finds it there and writes nothing.
-  const json txn = {{"compare", json::array({json{{"key", base64(key)},
-                                                  {"target", "CREATE"},
-                                                  {"result", "EQUAL"},
-                                                  {"create_revision", "0"}}})},
-                    {"success", json::array({put_op(key, event.dump())})},
-                    {"failure", json::array({json{{"request_range", {{"key", base64(key)}}}}})}};
+  const json txn = {
+      {"compare", json::array({json{{"key", base64(key)},
+                                    {"target", "CREATE"},
+                                    {"result", "EQUAL"},
+                                    {"create_revision", "0"}}})},
+      {"success", json::array({put_op(key, sealed_text(control_, key, event.dump()))})},
+      {"failure", json::array({json{{"request_range", {{"key", base64(key)}}}}})}};
   const json answer = call("/v3/kv/txn", txn);
   std::uint64_t seq = int_field(answer.value("header", json::object()), "revision");
   if (!answer.value("succeeded", false) && answer.contains("responses")) {
@@ -348,9 +368,17 @@ std::vector<ConfigEvent> EtcdBackend::get_events(std::uint64_t after_seq) {
         {"limit", std::to_string(kPage)}, {"min_create_revision", std::to_string(after + 1)}};
     const json answer = call("/v3/kv/range", request);
     const json kvs = answer.value("kvs", json::array());
+    std::uint64_t last = after;  // the page's last event, taken or not
     for (const auto& kv : kvs) {
+      last = std::max(last, int_field(kv, "create_revision"));
+      const std::string key = unbase64(kv.value("key", std::string()), "etcd events");
       const std::string value = unbase64(kv.value("value", std::string()), "etcd events");
-      const json j = parse_json_or_discard(value);
+      // An event not sealed by a process of the job (written by someone without the token) is
+      // no part of the job's record: it is passed over.
+      std::string why;
+      const auto text = unsealed_text(control_, key, value, why);
+      if (!text) continue;
+      const json j = parse_json_or_discard(*text);
       if (!j.is_object()) {
         throw Error(make_error_code(errc::protocol_error), "etcd events: an event is not JSON");
       }
@@ -359,11 +387,11 @@ std::vector<ConfigEvent> EtcdBackend::get_events(std::uint64_t after_seq) {
       events.push_back(std::move(e));
     }
     if (!answer.value("more", false)) return events;
-    if (kvs.empty() || events.back().seq <= after) {
+    if (kvs.empty() || last <= after) {
       throw Error(make_error_code(errc::protocol_error),
                   "etcd events: \"more\" follow, but the page does not move on");
     }
-    after = events.back().seq;
+    after = last;
   }
 }
 
@@ -378,7 +406,7 @@ void EtcdBackend::announce_agent(const std::string& host, std::chrono::seconds t
   }
   const json record = {{"host", host}, {"slots", slots}, {"since", now_rfc3339()}};
   json put = {{"key", base64(agents_prefix_ + host)},
-              {"value", base64(record.dump())},
+              {"value", base64(sealed_text(control_, agents_prefix_ + host, record.dump()))},
               {"lease", std::to_string(lease_)}};
   call("/v3/kv/put", put);
 }
@@ -412,9 +440,13 @@ std::vector<AgentOffer> EtcdBackend::live_agents() {
       throw Error(make_error_code(errc::protocol_error),
                   "etcd agents: the answer holds a key outside " + agents_prefix_);
     }
-    // The key names the host; the value tells its slots (an agent that predates offers has
-    // none: 0).
-    const json j = parse_json_or_discard(unbase64(kv.value("value", std::string()), "etcd agents"));
+    // The key names the host; the value tells its slots. An offer not sealed by a process of the
+    // job (written by someone without the token) is passed over.
+    std::string why;
+    const auto text = unsealed_text(control_, key,
+                                    unbase64(kv.value("value", std::string()), "etcd agents"), why);
+    if (!text) continue;
+    const json j = parse_json_or_discard(*text);
     AgentOffer offer;
     if (j.is_object()) offer = agent_offer_from(j, "etcd agents");
     offer.host = key.substr(agents_prefix_.size());
@@ -433,25 +465,14 @@ json EtcdBackend::put_op(const std::string& key, const std::string& value) {
 // that the job trains on and takes the next document the job's own processes write.
 Cluster EtcdBackend::parse_document(const json& kv, const std::string& what) const {
   const std::string value = unbase64(kv.value("value", std::string()), what);
-  const json j = parse_json_or_discard(value);
   const std::string where = what + " " + cluster_key_;
-  if (!j.is_object() || !j.contains("document") || !j["document"].is_string() ||
-      !j.contains("mac") || !j["mac"].is_string()) {
+  std::string why;
+  const auto text = unsealed_text(control_, cluster_key_, value, why);
+  if (!text) {
     throw Error(make_error_code(errc::service_unavailable),
-                where +
-                    ": the document is not one kf sealed (no \"document\" and \"mac\"): "
-                    "not taken");
+                where + ": the document is " + why + ": not taken");
   }
-  const std::string text = j["document"].get<std::string>();
-  if (!equal_in_constant_time(
-          j["mac"].get<std::string>(),
-          hmac_sha256_hex(control_, "kf etcd document\n" + prefix_ + "\n" + text))) {
-    throw Error(make_error_code(errc::service_unavailable),
-                where +
-                    ": the document is not sealed with this job's key (written without the "
-                    "job token, or with another): not taken");
-  }
-  Cluster c = cluster_from(Answer{200, parse_json_or_discard(text)}, where);
+  Cluster c = cluster_from(Answer{200, parse_json_or_discard(*text)}, where);
   if (c.version < highest_) {
     throw Error(make_error_code(errc::service_unavailable),
                 where + ": the document went back from version " + std::to_string(highest_) +

@@ -22,13 +22,17 @@ namespace kf::detail {
 /// of the token.
 std::string prefix_for_token(const std::string& token);
 
-/// The value a cluster document is stored under in etcd at `prefix`/cluster:
-/// {"document": TEXT, "mac": HEX64}, TEXT the document's JSON text and the MAC an HMAC-SHA256
-/// under the job's control key of "kf etcd document", the prefix and TEXT, one per line. Only a
-/// holder of the token can make one that readers take.
+/// The value kf stores at etcd key `key` (the document, an event, an agent's offer), sealed:
+/// {"document": TEXT, "mac": HEX64}, TEXT the JSON text and the MAC an HMAC-SHA256 under the
+/// job's control key of "kf etcd value", the key and TEXT, one per line. Only a holder of the
+/// token can make one that readers take, and only for that key.
+std::string sealed_text(const Key& control, const std::string& key, const std::string& text);
+/// The cluster document sealed for `prefix`/cluster.
 std::string sealed_document(const Key& control, const std::string& prefix, const Cluster& c);
-/// The same for any TEXT (what sealed_document seals is the document's JSON text).
-std::string sealed_text(const Key& control, const std::string& prefix, const std::string& text);
+/// The TEXT of a value sealed_text made for `key` under `control`, or nullopt (with `why`) when
+/// it is not one.
+std::optional<std::string> unsealed_text(const Key& control, const std::string& key,
+                                         const std::string& value, std::string& why);
 
 // The job's keys under PREFIX: PREFIX/cluster holds the document (sealed_document) and
 // PREFIX/events/ID one event each, its seq being the etcd revision that created it. Changes are
