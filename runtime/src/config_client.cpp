@@ -145,6 +145,9 @@ ConfigClient::ConfigClient(std::string_view url, std::string token, ConfigClient
   ServiceUrl parsed = parse_service_url(url);
   server_ = parsed.endpoints.front();
   if (parsed.kind == ServiceUrl::Kind::etcd) {
+    if (options_.etcd_user.empty() && options_.etcd_password.empty()) {
+      detail::etcd_credentials_from_environment(options_.etcd_user, options_.etcd_password);
+    }
     etcd_ = std::make_unique<Etcd>(std::move(parsed), token_, *connection_, options_);
   }
 }

@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <set>
 #include <thread>
@@ -183,6 +185,64 @@ TEST_F(EtcdClient, KeysWrittenWithoutTheTokenAreNotTaken) {
       EXPECT_NE(std::string(e.what()).find("not a value kf sealed"), std::string::npos) << e.what();
     }
   }
+}
+
+// An etcd with its authentication on: kf's client authenticates as the user it is given
+// (KF_ETCD_USER, KF_ETCD_PASSWORD_FILE) and sends etcd's token with every request, the watch
+// and the lease's keep-alive too. Without a user it says what to set; a wrong password is
+// refused, saying which user.
+TEST_F(EtcdClient, AnEtcdWithAuthenticationOnIsUsedAsItsUser) {
+  if (test::run_shell("command -v etcdctl").exit_code != 0) GTEST_SKIP() << "no etcdctl here";
+  const std::string etcdctl = "ETCDCTL_API=3 etcdctl --endpoints=" + etcd_->member();
+  const test::Ran on = test::run_shell(etcdctl + " user add root --new-user-password=s3cret && " +
+                                       etcdctl + " auth enable");
+  ASSERT_EQ(on.exit_code, 0) << on.output;
+  try {
+    client().get_cluster();
+    FAIL() << "an etcd with authentication on answered without a user";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), make_error_code(errc::auth_failed)) << e.what();
+    EXPECT_NE(std::string(e.what()).find("KF_ETCD_USER"), std::string::npos) << e.what();
+  }
+  ConfigClientOptions wrong;
+  wrong.etcd_user = "root";
+  wrong.etcd_password = "guess";
+  try {
+    ConfigClient(etcd_->url(), "job-token", wrong).get_cluster();
+    FAIL() << "a wrong password was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), make_error_code(errc::auth_failed)) << e.what();
+    EXPECT_NE(std::string(e.what()).find("refused the user 'root'"), std::string::npos) << e.what();
+  }
+  ConfigClientOptions o;
+  o.etcd_user = "root";
+  o.etcd_password = "s3cret";
+  ConfigClient c(etcd_->url(), "job-token", o);
+  EXPECT_EQ(c.put_cluster(cluster_of(0, {7001})).version, 1u);
+  c.post_event("note", "", "as root", std::nullopt);
+  c.announce_agent("10.0.0.1", std::chrono::seconds(30), 2);
+  c.keep_agent_alive();
+  EXPECT_EQ(c.live_agents().size(), 1u);
+  ConfigClient watcher(etcd_->url(), "job-token", o);
+  auto seen = std::async(std::launch::async, [&] { return watcher.watch(1, 10s).version; });
+  ASSERT_EQ(seen.wait_for(200ms), std::future_status::timeout) << "the watch did not wait";
+  c.put_cluster(cluster_of(1, {7001, 7002}));
+  ASSERT_EQ(seen.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(seen.get(), 2u);
+  bool noted = false;
+  for (const auto& e : c.get_events()) noted = noted || e.detail == "as root";
+  EXPECT_TRUE(noted);
+  // The same from the environment, as kfrun's workers and kf-member get it.
+  const auto file =
+      std::filesystem::temp_directory_path() / ("kf-etcd-password-" + std::to_string(::getpid()));
+  std::ofstream(file) << "s3cret\n";
+  ::setenv("KF_ETCD_USER", "root", 1);
+  EXPECT_THROW(client(), std::invalid_argument) << "a user without a password file";
+  ::setenv("KF_ETCD_PASSWORD_FILE", file.c_str(), 1);
+  EXPECT_EQ(client().get_cluster().version, 2u);
+  ::unsetenv("KF_ETCD_USER");
+  ::unsetenv("KF_ETCD_PASSWORD_FILE");
+  std::filesystem::remove(file);
 }
 
 TEST_F(EtcdClient, KeepsTheAuditTrailInOrder) {

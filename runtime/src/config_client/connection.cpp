@@ -211,7 +211,8 @@ beast::error_code ConfigConnection::run(const std::shared_ptr<X>& x,
 
 Answer ConfigConnection::call(const Endpoint& server, const Key* control, http::verb verb,
                               const std::string& target, const json* body,
-                              std::chrono::milliseconds deadline) {
+                              std::chrono::milliseconds deadline,
+                              const std::string* authorization) {
   const std::string what = std::string(http::to_string(verb)) + " http://" + server.str() + target;
   std::shared_ptr<Exchange> x;
   for (int attempt = 0;; ++attempt) {
@@ -225,6 +226,7 @@ Answer ConfigConnection::call(const Endpoint& server, const Key* control, http::
       req.set(http::field::content_type, "application/json");
       req.body() = body->dump();
     }
+    if (authorization != nullptr) req.set(http::field::authorization, *authorization);
     const std::int64_t offset = offset_ms_;
     // Every request to kf's service has a fresh nonce, which its answer's MAC (and, for a
     // signed request, the service's clock) comes back bound to: a signed request's own, a
@@ -292,7 +294,8 @@ Answer ConfigConnection::call(const Endpoint& server, const Key* control, http::
 
 bool ConfigConnection::stream(const Endpoint& server, const std::string& target, const json& body,
                               std::chrono::milliseconds wait,
-                              const std::function<bool(const json&)>& on_message) {
+                              const std::function<bool(const json&)>& on_message,
+                              const std::string* authorization) {
   const std::string what = "POST http://" + server.str() + target;
   if (cancelled_.load()) throw Error(make_error_code(errc::cancelled), what + ": cancelled");
   auto x = std::make_shared<StreamExchange>(ioc_);
@@ -304,6 +307,7 @@ bool ConfigConnection::stream(const Endpoint& server, const std::string& target,
   // etcd's gateway passes this on as gRPC metadata: a watch then ends with an error on a member
   // that has lost its leader (a minority in a partition) instead of staying silent.
   req.set("Grpc-Metadata-hasleader", "true");
+  if (authorization != nullptr) req.set(http::field::authorization, *authorization);
   req.body() = body.dump();
   req.prepare_payload();
   bool stopped = false;
@@ -319,7 +323,9 @@ bool ConfigConnection::stream(const Endpoint& server, const std::string& target,
   const unsigned status = x->parser.get().result_int();
   if (status < 200 || status >= 300) {
     Answer a{status, parse_json_or_discard(x->parser.get().body())};
-    throw Error(make_error_code(status >= 500 ? errc::service_unavailable : errc::protocol_error),
+    throw Error(make_error_code(status >= 500   ? errc::service_unavailable
+                                : status == 401 ? errc::auth_failed
+                                                : errc::protocol_error),
                 what + ": " + std::to_string(status) + " " + reason_of(a));
   }
   if (!x->bad_message.empty()) {

@@ -108,14 +108,17 @@ class ConfigConnection {
   // Sends one request and maps transport failures and error statuses to kf::Error. Returns the
   // answer for 2xx and 409 (the caller handles the conflict).
   // A mutation (not GET) is signed with `control` when given (request_signature.hpp).
+  // `authorization`: an Authorization header to send as it is (etcd's auth token).
   Answer call(const Endpoint& server, const Key* control, http::verb verb,
-              const std::string& target, const json* body, std::chrono::milliseconds deadline);
+              const std::string& target, const json* body, std::chrono::milliseconds deadline,
+              const std::string* authorization = nullptr);
 
   // POSTs `body` to `target` and hands each message of the streamed answer to `on_message`
   // until it returns true (then returns true) or `wait` has passed (then returns false). Throws
   // as call() when the service cannot be reached or answers an error status.
   bool stream(const Endpoint& server, const std::string& target, const json& body,
-              std::chrono::milliseconds wait, const std::function<bool(const json&)>& on_message);
+              std::chrono::milliseconds wait, const std::function<bool(const json&)>& on_message,
+              const std::string* authorization = nullptr);
 
   void cancel() noexcept {
     cancelled_.store(true);

@@ -10,7 +10,9 @@
 #include <array>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#include <fstream>
 #include <stdexcept>
 #include <string_view>
 #include <utility>
@@ -152,7 +154,69 @@ EtcdBackend::EtcdBackend(ServiceUrl url, const std::string& token, ConfigConnect
       connection_(connection),
       beside_(connection.clock()),
       options_(options),
-      control_(derive_key(token, KeyUse::control)) {}
+      control_(derive_key(token, KeyUse::control)),
+      user_(options.etcd_user),
+      password_(options.etcd_password) {}
+
+void etcd_credentials_from_environment(std::string& user, std::string& password) {
+  const char* u = std::getenv("KF_ETCD_USER");
+  const char* f = std::getenv("KF_ETCD_PASSWORD_FILE");
+  const bool has_user = u != nullptr && *u != '\0';
+  const bool has_file = f != nullptr && *f != '\0';
+  if (!has_user && !has_file) return;
+  if (!has_user)
+    throw std::invalid_argument("KF_ETCD_PASSWORD_FILE is set but KF_ETCD_USER is not");
+  if (!has_file)
+    throw std::invalid_argument("KF_ETCD_USER is set but KF_ETCD_PASSWORD_FILE is not");
+  std::ifstream in(f);
+  std::string line;
+  if (!in || !std::getline(in, line)) {
+    throw std::invalid_argument("KF_ETCD_PASSWORD_FILE: cannot read a password from " +
+                                std::string(f));
+  }
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+  user = u;
+  password = std::move(line);
+}
+
+void EtcdBackend::authenticate(ConfigConnection& on) {
+  const json request = {{"name", user_}, {"password", password_}};
+  try {
+    const json answer = on.call(endpoints_[current_], nullptr, http::verb::post,
+                                "/v3/auth/authenticate", &request, options_.deadline)
+                            .body;
+    auth_token_ = answer.value("token", std::string());
+  } catch (const Error& e) {
+    if (e.code() == errc::service_unavailable || e.code() == errc::cancelled) throw;
+    throw Error(make_error_code(errc::auth_failed),
+                "etcd refused the user '" + user_ + "' (KF_ETCD_USER): " + e.what());
+  }
+  if (auth_token_.empty()) {
+    throw Error(make_error_code(errc::protocol_error), "etcd authenticate: no token in the answer");
+  }
+}
+
+template <class Request>
+auto EtcdBackend::authorized(ConfigConnection& on, Request request) {
+  if (!user_.empty() && auth_token_.empty()) authenticate(on);
+  try {
+    return request(auth());
+  } catch (const Error& e) {
+    if (!user_.empty() && e.code() == errc::auth_failed) {
+      auth_token_.clear();
+      authenticate(on);
+      return request(auth());
+    }
+    if (user_.empty() &&
+        std::string_view(e.what()).find("user name is empty") != std::string_view::npos) {
+      throw Error(make_error_code(errc::auth_failed),
+                  std::string(e.what()) +
+                      " (this etcd has authentication on: give kf its user with KF_ETCD_USER and "
+                      "KF_ETCD_PASSWORD_FILE)");
+    }
+    throw;
+  }
+}
 
 Cluster EtcdBackend::put_cluster(const Cluster& next, const Cluster* from) {
   if (next.workers.empty()) {
@@ -278,31 +342,38 @@ Cluster EtcdBackend::watch(std::uint64_t after_version, std::chrono::millisecond
     bool lost = false;    // the member ended the watch: no leader, or cancelled it
     bool unread = false;  // the store moved on before the watch began and could not be read
     try {
-      connection_.stream(endpoints_[current_], "/v3/watch", request, left, [&](const json& m) {
-        if (m.contains("error")) return lost = true;
-        const json& result = m.contains("result") ? m["result"] : m;
-        if (result.value("canceled", false)) return lost = true;
-        // A created message without its revision cannot say that nothing moved: read too.
-        const auto began = int_field(result.value("header", json::object()), "revision");
-        if (result.value("created", false) && (began == 0 || began > s.revision)) {
-          try {
-            Cluster now = read_beside().cluster;
-            if (now.version > after_version) seen = std::move(now);
-          } catch (const Error& e) {
-            if (e.code() != errc::service_unavailable) throw;
-            unread = true;
-          }
-          return seen.has_value() || unread;
-        }
-        if (!result.contains("events") || !result["events"].is_array()) return false;
-        for (const auto& e : result["events"]) {
-          if (e.value("type", std::string()) == "DELETE" || !e.contains("kv")) continue;
-          Cluster c = parse_document(e["kv"], "etcd watch");
-          if (c.version > after_version) seen = std::move(c);
-        }
-        return seen.has_value();
-      });
+      connection_.stream(
+          endpoints_[current_], "/v3/watch", request, left,
+          [&](const json& m) {
+            if (m.contains("error")) return lost = true;
+            const json& result = m.contains("result") ? m["result"] : m;
+            if (result.value("canceled", false)) return lost = true;
+            // A created message without its revision cannot say that nothing moved: read too.
+            const auto began = int_field(result.value("header", json::object()), "revision");
+            if (result.value("created", false) && (began == 0 || began > s.revision)) {
+              try {
+                Cluster now = read_beside().cluster;
+                if (now.version > after_version) seen = std::move(now);
+              } catch (const Error& e) {
+                if (e.code() != errc::service_unavailable) throw;
+                unread = true;
+              }
+              return seen.has_value() || unread;
+            }
+            if (!result.contains("events") || !result["events"].is_array()) return false;
+            for (const auto& e : result["events"]) {
+              if (e.value("type", std::string()) == "DELETE" || !e.contains("kv")) continue;
+              Cluster c = parse_document(e["kv"], "etcd watch");
+              if (c.version > after_version) seen = std::move(c);
+            }
+            return seen.has_value();
+          },
+          auth());
     } catch (const Error& e) {
+      if (e.code() == errc::auth_failed && !user_.empty()) {
+        auth_token_.clear();  // expired meanwhile: read() authenticates again
+        continue;
+      }
       if (e.code() != errc::service_unavailable) throw;
       next_endpoint();
       continue;  // read again, from another member
@@ -415,11 +486,15 @@ void EtcdBackend::keep_agent_alive() {
   if (lease_ == 0) return;
   std::uint64_t ttl = 0;
   const json request = {{"ID", std::to_string(lease_)}};
-  connection_.stream(endpoints_[current_], "/v3/lease/keepalive", request, options_.deadline,
-                     [&](const json& m) {
-                       ttl = int_field(m.value("result", json::object()), "TTL");
-                       return true;
-                     });
+  authorized(connection_, [&](const std::string* a) {
+    return connection_.stream(
+        endpoints_[current_], "/v3/lease/keepalive", request, options_.deadline,
+        [&](const json& m) {
+          ttl = int_field(m.value("result", json::object()), "TTL");
+          return true;
+        },
+        a);
+  });
   // A lease that had expired (the agent was away for longer than its TTL) renews to nothing.
   if (ttl == 0) announce_agent(agent_host_, agent_ttl_, agent_slots_);
 }
@@ -499,10 +574,13 @@ EtcdBackend::Stored EtcdBackend::read() {
 
 EtcdBackend::Stored EtcdBackend::read_beside() {
   const json range = {{"key", base64(cluster_key_)}};
-  last_ = from_range(beside_
-                         .call(endpoints_[current_], nullptr, http::verb::post, "/v3/kv/range",
-                               &range, options_.deadline)
-                         .body,
+  last_ = from_range(authorized(beside_,
+                                [&](const std::string* a) {
+                                  return beside_
+                                      .call(endpoints_[current_], nullptr, http::verb::post,
+                                            "/v3/kv/range", &range, options_.deadline, a)
+                                      .body;
+                                }),
                      "etcd");
   return *last_;
 }
@@ -511,9 +589,12 @@ json EtcdBackend::call(const std::string& target, const json& body) {
   std::string reasons;
   for (std::size_t tried = 0; tried < endpoints_.size(); ++tried) {
     try {
-      return connection_
-          .call(endpoints_[current_], nullptr, http::verb::post, target, &body, options_.deadline)
-          .body;
+      return authorized(connection_, [&](const std::string* a) {
+        return connection_
+            .call(endpoints_[current_], nullptr, http::verb::post, target, &body, options_.deadline,
+                  a)
+            .body;
+      });
     } catch (const Error& e) {
       if (e.code() != errc::service_unavailable) throw;
       reasons += (reasons.empty() ? "" : "; ") + std::string(e.what());

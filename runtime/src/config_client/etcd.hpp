@@ -18,6 +18,11 @@
 
 namespace kf::detail {
 
+/// KF_ETCD_USER into `user` and the first line of the file KF_ETCD_PASSWORD_FILE into
+/// `password`, when set. Throws: std::invalid_argument naming the variable when one is set
+/// without the other, or the file cannot be read.
+void etcd_credentials_from_environment(std::string& user, std::string& password);
+
 /// PREFIX for a job token (an etcd:// URL without a path): "/kf/" and 16 hex digits of a SHA-256
 /// of the token.
 std::string prefix_for_token(const std::string& token);
@@ -76,6 +81,15 @@ class EtcdBackend {
   // POSTs to the current member; a member that cannot be reached (or has no quorum: etcd then
   // answers 5xx) is left for the next, each tried once.
   json call(const std::string& target, const json& body);
+  // `request(authorization)` with etcd's auth token when a user is set: taken first if there
+  // is none yet, and once more if etcd no longer knows it (401: it expired, or the member
+  // restarted). Without a user, an etcd whose authentication is on is said to need one.
+  template <class Request>
+  auto authorized(ConfigConnection& on, Request request);
+  // /v3/auth/authenticate as the user, on the current member. Throws: Error(auth_failed) when
+  // etcd refuses the user or its password.
+  void authenticate(ConfigConnection& on);
+  const std::string* auth() const { return auth_token_.empty() ? nullptr : &auth_token_; }
 
   std::vector<Endpoint> endpoints_;
   std::size_t current_ = 0;
@@ -86,7 +100,10 @@ class EtcdBackend {
   ConfigConnection& connection_;
   ConfigConnection beside_;  // for a read while a watch's stream holds connection_ (read_beside)
   ConfigClientOptions options_;
-  Key control_;  // derive_key(token, KeyUse::control): seals the documents
+  Key control_;             // derive_key(token, KeyUse::control): seals the documents
+  std::string user_;        // etcd's user (options.etcd_user), empty without authentication
+  std::string password_;    // its password
+  std::string auth_token_;  // what /v3/auth/authenticate gave, empty before
   // The highest version of a document taken: an older one read later (a sealed document written
   // again by someone who recorded it) is not taken.
   mutable std::uint64_t highest_ = 0;

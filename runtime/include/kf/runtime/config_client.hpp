@@ -78,6 +78,11 @@ struct ConfigClientOptions {
   /// because this clock is off (or jumped) is signed again in the service's time and sent once
   /// more.
   std::function<std::chrono::system_clock::time_point()> now;
+  /// An etcd whose authentication is on: the user kf's requests are made as, and its password
+  /// (etcd's /v3/auth/authenticate gives the token each request then carries). Both empty: from
+  /// KF_ETCD_USER and the first line of the file KF_ETCD_PASSWORD_FILE, when set.
+  std::string etcd_user;
+  std::string etcd_password;
 };
 
 class ConfigClient {
@@ -86,7 +91,9 @@ class ConfigClient {
   /// "etcd://HOST:PORT[,HOST:PORT...][/PREFIX]"; `token` is the job token, from which the key
   /// that signs mutations (kf-config-server; the token itself is never sent) and the job's key
   /// prefix (etcd, without PREFIX) are derived.
-  /// Throws: std::invalid_argument naming the URL when it is not of either form.
+  /// Throws: std::invalid_argument naming the URL when it is not of either form, or naming
+  /// KF_ETCD_USER or KF_ETCD_PASSWORD_FILE when one is set without the other or the file
+  /// cannot be read.
   ConfigClient(std::string_view url, std::string token, ConfigClientOptions options = {});
   ~ConfigClient();
   ConfigClient(ConfigClient&&) noexcept;
