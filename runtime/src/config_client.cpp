@@ -99,18 +99,20 @@ Endpoint ConfigClient::parse_url(std::string_view url) {
 }
 
 ServiceUrl ConfigClient::parse_service_url(std::string_view url) {
-  constexpr std::string_view kEtcd = "etcd://";
-  if (!url.starts_with(kEtcd)) {
+  constexpr std::string_view kEtcd = "etcd://", kEtcds = "etcds://";
+  const bool tls = url.starts_with(kEtcds);
+  if (!url.starts_with(kEtcd) && !tls) {
     if (!url.starts_with("http://")) {
       throw std::invalid_argument("config service URL '" + std::string(url) +
-                                  "' starts with neither http:// nor etcd:// (expected "
+                                  "' starts with neither http://, etcd:// nor etcds:// (expected "
                                   "http://HOST:PORT or etcd://HOST:PORT[,HOST:PORT...][/PREFIX])");
     }
-    return ServiceUrl{ServiceUrl::Kind::http, {parse_url(url)}, {}};
+    return ServiceUrl{ServiceUrl::Kind::http, {parse_url(url)}, {}, false};
   }
   ServiceUrl out;
   out.kind = ServiceUrl::Kind::etcd;
-  std::string_view rest = url.substr(kEtcd.size());
+  out.tls = tls;
+  std::string_view rest = url.substr(tls ? kEtcds.size() : kEtcd.size());
   if (const auto slash = rest.find('/'); slash != std::string_view::npos) {
     out.prefix = std::string(rest.substr(slash));
     rest = rest.substr(0, slash);
@@ -147,6 +149,20 @@ ConfigClient::ConfigClient(std::string_view url, std::string token, ConfigClient
   if (parsed.kind == ServiceUrl::Kind::etcd) {
     if (options_.etcd_user.empty() && options_.etcd_password.empty()) {
       detail::etcd_credentials_from_environment(options_.etcd_user, options_.etcd_password);
+    }
+    if (parsed.tls) {
+      if (options_.etcd_ca_file.empty() && options_.etcd_cert_file.empty() &&
+          options_.etcd_key_file.empty()) {
+        const auto env = [](const char* name) {
+          const char* v = std::getenv(name);
+          return std::string(v != nullptr ? v : "");
+        };
+        options_.etcd_ca_file = env("KF_ETCD_CA_FILE");
+        options_.etcd_cert_file = env("KF_ETCD_CERT_FILE");
+        options_.etcd_key_file = env("KF_ETCD_KEY_FILE");
+      }
+      connection_->set_tls(detail::make_tls_context(options_.etcd_ca_file, options_.etcd_cert_file,
+                                                    options_.etcd_key_file));
     }
     etcd_ = std::make_unique<Etcd>(std::move(parsed), token_, *connection_, options_);
   }

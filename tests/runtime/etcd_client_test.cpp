@@ -245,6 +245,71 @@ TEST_F(EtcdClient, AnEtcdWithAuthenticationOnIsUsedAsItsUser) {
   std::filesystem::remove(file);
 }
 
+// An etcd whose clients come over TLS with a certificate (etcds://): kf's client checks the
+// member's certificate against the authority it is given and the address it dialled, and shows
+// its own; the document, events, leases and the watch all go that way. Without its certificate,
+// or trusting another authority, it does not get through, and plain etcd:// finds no etcd there.
+TEST(EtcdTls, AnEtcdOverTlsWithClientCertificatesIsUsed) {
+  if (test::run_shell("command -v openssl").exit_code != 0) GTEST_SKIP() << "no openssl here";
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("kf-etcd-tls-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string d = dir.string() + "/";
+  const std::string key = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  const test::Ran made = test::run_shell(
+      "{ cd '" + d + "' && printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext && " +
+      "openssl req -x509" + key + " -keyout ca.key -out ca.pem -days 1 -subj /CN=kf-test-ca && " +
+      "openssl req -x509" + key + " -keyout other.key -out other.pem -days 1 -subj /CN=other && " +
+      "openssl req" + key + " -keyout server.key -out server.csr -subj /CN=etcd && " +
+      "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 " +
+      "-extfile san.ext -out server.pem && " + "openssl req" + key +
+      " -keyout client.key -out client.csr -subj /CN=kf && " +
+      "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 " +
+      "-out client.pem; } 2>&1");
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  ConfigClientOptions o;
+  o.etcd_ca_file = d + "ca.pem";
+  o.etcd_cert_file = d + "client.pem";
+  o.etcd_key_file = d + "client.key";
+  const test::EtcdTls tls{d + "server.pem", d + "server.key", d + "ca.pem", o};
+  test::EtcdProcess etcd(&tls);
+  if (!etcd.error().empty()) GTEST_SKIP() << etcd.error();
+  ASSERT_TRUE(etcd.url().starts_with("etcds://"));
+  ConfigClient c(etcd.url(), "job-token", o);
+  EXPECT_EQ(c.put_cluster(cluster_of(0, {7001})).version, 1u);
+  c.post_event("note", "", "over TLS", std::nullopt);
+  c.announce_agent("10.0.0.1", std::chrono::seconds(30), 2);
+  c.keep_agent_alive();
+  EXPECT_EQ(c.live_agents().size(), 1u);
+  ConfigClient watcher(etcd.url(), "job-token", o);
+  auto seen = std::async(std::launch::async, [&] { return watcher.watch(1, 10s).version; });
+  ASSERT_EQ(seen.wait_for(200ms), std::future_status::timeout) << "the watch did not wait";
+  c.put_cluster(cluster_of(1, {7001, 7002}));
+  ASSERT_EQ(seen.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(seen.get(), 2u);
+
+  const auto fails = [&](ConfigClientOptions options, const std::string& url, const char* what) {
+    options.deadline = std::chrono::milliseconds(2000);
+    try {
+      ConfigClient(url, "job-token", options).get_cluster();
+      ADD_FAILURE() << what << ": got through";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), make_error_code(errc::service_unavailable)) << what << ": " << e.what();
+    }
+  };
+  ConfigClientOptions no_certificate = o;
+  no_certificate.etcd_cert_file.clear();
+  no_certificate.etcd_key_file.clear();
+  fails(no_certificate, etcd.url(), "without a client certificate");
+  ConfigClientOptions other_authority = o;
+  other_authority.etcd_ca_file = d + "other.pem";
+  fails(other_authority, etcd.url(), "trusting another authority");
+  fails(ConfigClientOptions{}, "etcd://" + etcd.url().substr(8), "plain etcd://");
+  o.etcd_key_file.clear();
+  EXPECT_THROW(ConfigClient(etcd.url(), "job-token", o), std::invalid_argument);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(EtcdClient, KeepsTheAuditTrailInOrder) {
   ConfigClient c = client();
   c.put_cluster(cluster_of(0, {7001}));

@@ -43,9 +43,20 @@ inline std::string etcd_executable() {
   return path;
 }
 
+/// An etcd that serves its clients over TLS (etcds://) and asks them for a certificate: the
+/// PEM files of its certificate and key, and of the authority its clients' certificates are
+/// signed by.
+struct EtcdTls {
+  std::string cert_file;
+  std::string key_file;
+  std::string client_ca_file;
+  /// What the readiness probe connects with: the authority of cert_file, a client certificate.
+  ConfigClientOptions probe;
+};
+
 class EtcdProcess {
  public:
-  EtcdProcess() {
+  explicit EtcdProcess(const EtcdTls* tls = nullptr) {
     const std::string exe = etcd_executable();
     if (exe.empty()) {
       error_ = "no etcd here (install etcd-server, or set ETCD_EXE)";
@@ -57,19 +68,25 @@ class EtcdProcess {
     std::filesystem::create_directories(dir_);
     const std::uint16_t client = free_tcp_port();
     const std::uint16_t peer = free_tcp_port();
-    client_url_ = "http://127.0.0.1:" + std::to_string(client);
+    client_url_ = (tls ? "https://127.0.0.1:" : "http://127.0.0.1:") + std::to_string(client);
     const std::string peer_url = "http://127.0.0.1:" + std::to_string(peer);
-    child_ = spawn(
-        {"/bin/sh", "-c",
-         "exec '" + exe + "' --name t --data-dir '" + (dir_ / "data").string() +
-             "' --listen-client-urls " + client_url_ + " --advertise-client-urls " + client_url_ +
-             " --listen-peer-urls " + peer_url + " --initial-advertise-peer-urls " + peer_url +
-             " --initial-cluster t=" + peer_url + " > '" + (dir_ / "etcd.log").string() + "' 2>&1"},
-        {});
-    url_ = "etcd://127.0.0.1:" + std::to_string(client);
+    const std::string tls_flags =
+        tls ? " --cert-file '" + tls->cert_file + "' --key-file '" + tls->key_file +
+                  "' --client-cert-auth --trusted-ca-file '" + tls->client_ca_file + "'"
+            : "";
+    child_ = spawn({"/bin/sh", "-c",
+                    "exec '" + exe + "' --name t --data-dir '" + (dir_ / "data").string() +
+                        "' --listen-client-urls " + client_url_ + " --advertise-client-urls " +
+                        client_url_ + " --listen-peer-urls " + peer_url +
+                        " --initial-advertise-peer-urls " + peer_url + " --initial-cluster t=" +
+                        peer_url + tls_flags + " > '" + (dir_ / "etcd.log").string() + "' 2>&1"},
+                   {});
+    url_ = (tls ? "etcds://127.0.0.1:" : "etcd://127.0.0.1:") + std::to_string(client);
     // Ready when it answers a read.
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    ConfigClient c(url_, "probe", ConfigClientOptions{std::chrono::milliseconds(1000)});
+    ConfigClientOptions probe = tls ? tls->probe : ConfigClientOptions{};
+    probe.deadline = std::chrono::milliseconds(1000);
+    ConfigClient c(url_, "probe", probe);
     for (;;) {
       try {
         c.get_cluster();

@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   int timeout_ms = 5000;
   app.add_option("--server", server,
                  "config service URL: http://HOST:PORT (kf-config-server) or "
-                 "etcd://HOST:PORT[,HOST:PORT...][/PREFIX]")
+                 "etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (etcds:// over TLS)")
       ->envname(kf::env::kConfigServer)
       ->required();
   app.add_option("--token-file", token_file, "file holding the job token (needed to change)")

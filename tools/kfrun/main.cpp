@@ -104,8 +104,8 @@ int main(int argc, char** argv) {
                     ->excludes(bind_option);
   app.add_option("--config-server", agent.config_server,
                  "config service URL: http://HOST:PORT (kf-config-server), "
-                 "etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (etcd), or 'builtin' to run one in "
-                 "kfrun")
+                 "etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (etcd; etcds:// over TLS), or "
+                 "'builtin' to run one in kfrun")
       ->needs(watch);
   app.add_option("--slots", agent.slots, "most workers running at once on this host")->needs(watch);
   app.add_option("--state", agent.state_file, "state file of the builtin config service")

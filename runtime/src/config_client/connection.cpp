@@ -11,8 +11,11 @@
 #include <boost/asio/connect.hpp>
 #include <boost/asio/error.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#include <openssl/ssl.h>
 
 #include "kf/common/fd.hpp"
 #include "kf/common/json.hpp"
@@ -24,14 +27,33 @@ namespace kf::detail {
 namespace {
 
 using tcp = asio::ip::tcp;
+using PlainStream = beast::tcp_stream;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;  // etcds://
+
+template <typename S>
+S make_stream(asio::io_context& ioc, asio::ssl::context* tls) {
+  if constexpr (std::is_same_v<S, TlsStream>) {
+    return S(ioc, *tls);
+  } else {
+    return S(ioc);
+  }
+}
+
+// The TCP stream under `s` (itself, or what TLS runs on).
+template <typename S>
+beast::tcp_stream& tcp_of(S& s) {
+  return beast::get_lowest_layer(s);
+}
 
 // One request on a fresh connection: everything it touches, shared with its handlers so that a
 // request cut short (deadline, cancel) leaves nothing dangling in the io_context; its handlers run,
 // harmlessly, during a later request.
-struct Exchange {
-  explicit Exchange(asio::io_context& ioc) : resolver(ioc), stream(ioc) {}
+template <typename S>
+struct BasicExchange {
+  BasicExchange(asio::io_context& ioc, asio::ssl::context* tls)
+      : resolver(ioc), stream(make_stream<S>(ioc, tls)) {}
   tcp::resolver resolver;
-  beast::tcp_stream stream;
+  S stream;
   beast::flat_buffer buffer;
   http::request<http::string_body> request;
   http::response<http::string_body> response;
@@ -46,43 +68,61 @@ void fail(const std::shared_ptr<X>& x, beast::error_code ec) {
   x->done = true;
 }
 
-// Resolves, connects and writes x's request, then calls `read(x)` to take the answer; a failure
-// on the way ends `x` (either kind of exchange below). An address (what kf writes in URLs it
-// makes) is connected to as it is: asio looks names up on a thread of its own, which would cost
-// a thread per client and a hop to it per request.
+// Resolves, connects (and over TLS shakes hands, checking the member's certificate against the
+// host it was dialled as) and writes x's request, then calls `read(x)` to take the answer; a
+// failure on the way ends `x` (either kind of exchange below). An address (what kf writes in URLs
+// it makes) is connected to as it is: asio looks names up on a thread of its own, which would
+// cost a thread per client and a hop to it per request.
 template <typename X, typename Read>
 void connect_and_send(const std::shared_ptr<X>& x, const Endpoint& server, Read read) {
-  auto send = [x, read](beast::error_code connect_ec) {
-    if (connect_ec) return fail(x, connect_ec);
-    set_close_on_exec(x->stream.socket().native_handle());
+  auto write = [x, read] {
     http::async_write(x->stream, x->request, [x, read](beast::error_code write_ec, std::size_t) {
       if (write_ec) return fail(x, write_ec);
       read(x);
     });
   };
+  auto send = [x, write, host = server.host](beast::error_code connect_ec) {
+    if (connect_ec) return fail(x, connect_ec);
+    set_close_on_exec(tcp_of(x->stream).socket().native_handle());
+    if constexpr (std::is_same_v<std::decay_t<decltype(x->stream)>, TlsStream>) {
+      beast::error_code not_an_address;
+      asio::ip::make_address(host, not_an_address);
+      // A name goes as SNI; an address is checked against the certificate's IP names.
+      if (not_an_address) SSL_set_tlsext_host_name(x->stream.native_handle(), host.c_str());
+      x->stream.set_verify_callback(asio::ssl::host_name_verification(host));
+      x->stream.async_handshake(asio::ssl::stream_base::client, [x, write](beast::error_code ec) {
+        if (ec) return fail(x, ec);
+        write();
+      });
+    } else {
+      write();
+    }
+  };
   beast::error_code not_an_address;
   const auto address = asio::ip::make_address(server.host, not_an_address);
   if (!not_an_address) {
-    x->stream.async_connect(tcp::endpoint(address, server.port), std::move(send));
+    tcp_of(x->stream).async_connect(tcp::endpoint(address, server.port), std::move(send));
     return;
   }
   x->resolver.async_resolve(
       server.host, std::to_string(server.port),
       [x, send](beast::error_code resolve_ec, tcp::resolver::results_type results) {
         if (resolve_ec) return fail(x, resolve_ec);
-        x->stream.async_connect(results, [send](beast::error_code connect_ec,
-                                                const tcp::endpoint&) { send(connect_ec); });
+        tcp_of(x->stream).async_connect(
+            results,
+            [send](beast::error_code connect_ec, const tcp::endpoint&) { send(connect_ec); });
       });
 }
 
 // Starts resolve, connect, write and read; `x->done` is set when they have ended.
-void start(const std::shared_ptr<Exchange>& x, const Endpoint& server) {
-  connect_and_send(x, server, [](const std::shared_ptr<Exchange>& ex) {
+template <typename X>
+void start(const std::shared_ptr<X>& x, const Endpoint& server) {
+  connect_and_send(x, server, [](const std::shared_ptr<X>& ex) {
     http::async_read(ex->stream, ex->buffer, ex->response,
                      [ex](beast::error_code read_ec, std::size_t) {
                        if (read_ec) return fail(ex, read_ec);
                        beast::error_code ignored;
-                       ex->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+                       tcp_of(ex->stream).socket().shutdown(tcp::socket::shutdown_both, ignored);
                        ex->done = true;
                      });
   });
@@ -90,10 +130,12 @@ void start(const std::shared_ptr<Exchange>& x, const Endpoint& server) {
 
 // A request whose answer is a stream of JSON messages, one per line (etcd's watch through its
 // JSON gateway): each complete line goes to on_message, which returns true to stop reading.
-struct StreamExchange {
-  explicit StreamExchange(asio::io_context& ioc) : resolver(ioc), stream(ioc) {}
+template <typename S>
+struct BasicStreamExchange {
+  BasicStreamExchange(asio::io_context& ioc, asio::ssl::context* tls)
+      : resolver(ioc), stream(make_stream<S>(ioc, tls)) {}
   tcp::resolver resolver;
-  beast::tcp_stream stream;
+  S stream;
   beast::flat_buffer buffer;
   http::request<http::string_body> request;
   http::response_parser<http::string_body> parser;
@@ -110,7 +152,8 @@ constexpr std::size_t kMaxStreamedMessage = std::size_t{64} << 20;
 // Hands the complete lines of the body received so far to on_message, and drops them from the
 // body, so that a long watch holds no more than the message being received. Returns true to
 // stop.
-bool take_lines(StreamExchange& x) {
+template <typename X>
+bool take_lines(X& x) {
   std::string& body = x.parser.get().body();
   for (;;) {
     const auto end = body.find('\n', x.consumed);
@@ -136,7 +179,8 @@ bool take_lines(StreamExchange& x) {
   }
 }
 
-void read_stream(const std::shared_ptr<StreamExchange>& x) {
+template <typename X>
+void read_stream(const std::shared_ptr<X>& x) {
   http::async_read_some(x->stream, x->buffer, x->parser, [x](beast::error_code ec, std::size_t) {
     if (ec) {
       x->ec = ec;
@@ -145,7 +189,7 @@ void read_stream(const std::shared_ptr<StreamExchange>& x) {
     }
     if (take_lines(*x) || x->parser.is_done()) {
       beast::error_code ignored;
-      x->stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+      tcp_of(x->stream).socket().shutdown(tcp::socket::shutdown_both, ignored);
       x->done = true;
       return;
     }
@@ -153,9 +197,10 @@ void read_stream(const std::shared_ptr<StreamExchange>& x) {
   });
 }
 
-void start_stream(const std::shared_ptr<StreamExchange>& x, const Endpoint& server) {
+template <typename X>
+void start_stream(const std::shared_ptr<X>& x, const Endpoint& server) {
   x->parser.body_limit(boost::none);  // take_lines() bounds what is held
-  connect_and_send(x, server, [](const std::shared_ptr<StreamExchange>& sx) { read_stream(sx); });
+  connect_and_send(x, server, [](const std::shared_ptr<X>& sx) { read_stream(sx); });
 }
 
 // Takes an answer of kf's service only when its X-KF-Answer MAC matches (under the job's control
@@ -190,7 +235,7 @@ void check_answer(const Key& control, const std::string& what, http::verb verb,
 template <typename X>
 beast::error_code ConfigConnection::run(const std::shared_ptr<X>& x,
                                         std::chrono::milliseconds deadline) {
-  x->stream.expires_after(deadline);
+  tcp_of(x->stream).expires_after(deadline);
   // The resolver has no deadline of its own: bound the whole run as well.
   const auto end = std::chrono::steady_clock::now() + deadline + std::chrono::milliseconds(100);
   while (!x->done) {
@@ -204,7 +249,7 @@ beast::error_code ConfigConnection::run(const std::shared_ptr<X>& x,
   // Cut short: close what is open; its handlers complete later, on shared state.
   x->resolver.cancel();
   beast::error_code ignored;
-  x->stream.socket().close(ignored);
+  tcp_of(x->stream).socket().close(ignored);
   return cancelled_.load() ? beast::error_code(asio::error::operation_aborted)
                            : beast::error_code(beast::error::timeout);
 }
@@ -213,11 +258,29 @@ Answer ConfigConnection::call(const Endpoint& server, const Key* control, http::
                               const std::string& target, const json* body,
                               std::chrono::milliseconds deadline,
                               const std::string* authorization) {
-  const std::string what = std::string(http::to_string(verb)) + " http://" + server.str() + target;
-  std::shared_ptr<Exchange> x;
+  return tls_ ? call_on<TlsStream>(server, control, verb, target, body, deadline, authorization)
+              : call_on<PlainStream>(server, control, verb, target, body, deadline, authorization);
+}
+
+bool ConfigConnection::stream(const Endpoint& server, const std::string& target, const json& body,
+                              std::chrono::milliseconds wait,
+                              const std::function<bool(const json&)>& on_message,
+                              const std::string* authorization) {
+  return tls_ ? stream_on<TlsStream>(server, target, body, wait, on_message, authorization)
+              : stream_on<PlainStream>(server, target, body, wait, on_message, authorization);
+}
+
+template <typename S>
+Answer ConfigConnection::call_on(const Endpoint& server, const Key* control, http::verb verb,
+                                 const std::string& target, const json* body,
+                                 std::chrono::milliseconds deadline,
+                                 const std::string* authorization) {
+  const std::string what = std::string(http::to_string(verb)) + (tls_ ? " https://" : " http://") +
+                           server.str() + target;
+  std::shared_ptr<BasicExchange<S>> x;
   for (int attempt = 0;; ++attempt) {
     if (cancelled_.load()) throw Error(make_error_code(errc::cancelled), what + ": cancelled");
-    x = std::make_shared<Exchange>(ioc_);
+    x = std::make_shared<BasicExchange<S>>(ioc_, tls_.get());
     auto& req = x->request;
     req = http::request<http::string_body>{verb, target, 11};
     req.set(http::field::host, server.str());
@@ -292,13 +355,15 @@ Answer ConfigConnection::call(const Endpoint& server, const Key* control, http::
   throw Error(make_error_code(errc::protocol_error), message);
 }
 
-bool ConfigConnection::stream(const Endpoint& server, const std::string& target, const json& body,
-                              std::chrono::milliseconds wait,
-                              const std::function<bool(const json&)>& on_message,
-                              const std::string* authorization) {
-  const std::string what = "POST http://" + server.str() + target;
+template <typename S>
+bool ConfigConnection::stream_on(const Endpoint& server, const std::string& target,
+                                 const json& body, std::chrono::milliseconds wait,
+                                 const std::function<bool(const json&)>& on_message,
+                                 const std::string* authorization) {
+  const std::string what =
+      std::string(tls_ ? "POST https://" : "POST http://") + server.str() + target;
   if (cancelled_.load()) throw Error(make_error_code(errc::cancelled), what + ": cancelled");
-  auto x = std::make_shared<StreamExchange>(ioc_);
+  auto x = std::make_shared<BasicStreamExchange<S>>(ioc_, tls_.get());
   auto& req = x->request;
   req = http::request<http::string_body>{http::verb::post, target, 11};
   req.set(http::field::host, server.str());
@@ -333,6 +398,44 @@ bool ConfigConnection::stream(const Endpoint& server, const std::string& target,
                 what + ": a streamed message is not JSON: " + x->bad_message);
   }
   return stopped;
+}
+
+std::shared_ptr<asio::ssl::context> make_tls_context(const std::string& ca_file,
+                                                     const std::string& cert_file,
+                                                     const std::string& key_file) {
+  auto ctx = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_client);
+  ctx->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                   asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                   asio::ssl::context::no_tlsv1_1);
+  ctx->set_verify_mode(asio::ssl::verify_peer);
+  beast::error_code ec;
+  if (ca_file.empty()) {
+    ctx->set_default_verify_paths(ec);
+  } else {
+    ctx->load_verify_file(ca_file, ec);
+  }
+  if (ec) {
+    throw std::invalid_argument("KF_ETCD_CA_FILE: cannot load the certificate authority " +
+                                (ca_file.empty() ? std::string("(the system's)") : ca_file) + ": " +
+                                ec.message());
+  }
+  if (cert_file.empty() != key_file.empty()) {
+    throw std::invalid_argument(
+        "KF_ETCD_CERT_FILE and KF_ETCD_KEY_FILE go together: give both or neither");
+  }
+  if (!cert_file.empty()) {
+    ctx->use_certificate_chain_file(cert_file, ec);
+    if (ec) {
+      throw std::invalid_argument("KF_ETCD_CERT_FILE: cannot load " + cert_file + ": " +
+                                  ec.message());
+    }
+    ctx->use_private_key_file(key_file, asio::ssl::context::pem, ec);
+    if (ec) {
+      throw std::invalid_argument("KF_ETCD_KEY_FILE: cannot load " + key_file + ": " +
+                                  ec.message());
+    }
+  }
+  return ctx;
 }
 
 }  // namespace kf::detail

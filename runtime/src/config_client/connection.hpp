@@ -25,6 +25,10 @@
 #include "kf/common/keys.hpp"
 #include "kf/runtime/config_client.hpp"
 
+namespace boost::asio::ssl {
+class context;
+}
+
 namespace kf::detail {
 
 namespace asio = boost::asio;
@@ -129,7 +133,20 @@ class ConfigConnection {
     return now_;
   }
 
+  // Requests go over TLS with `tls` from now on (an etcds:// URL); null: plain TCP.
+  void set_tls(std::shared_ptr<asio::ssl::context> tls) { tls_ = std::move(tls); }
+  const std::shared_ptr<asio::ssl::context>& tls() const noexcept { return tls_; }
+
  private:
+  template <typename S>
+  Answer call_on(const Endpoint& server, const Key* control, http::verb verb,
+                 const std::string& target, const json* body, std::chrono::milliseconds deadline,
+                 const std::string* authorization);
+  template <typename S>
+  bool stream_on(const Endpoint& server, const std::string& target, const json& body,
+                 std::chrono::milliseconds wait, const std::function<bool(const json&)>& on_message,
+                 const std::string* authorization);
+
   // Runs `x` until it is done, the deadline passes or cancel() is called. Returns the error, or
   // none with x's answer filled in.
   template <typename X>
@@ -145,7 +162,16 @@ class ConfigConnection {
   // The service's clock less this one's, as its last answer said (0 before any): mutations are
   // signed in the service's time.
   std::int64_t offset_ms_ = 0;
+  std::shared_ptr<asio::ssl::context> tls_;  // etcds://: the client's TLS settings
 };
+
+/// The TLS settings of an etcds:// client: the member's certificate checked against `ca_file`
+/// (empty: the system's authorities) and the host dialled; `cert_file` and `key_file` (PEM, both
+/// or neither) the client's own certificate, for an etcd that asks for one. TLS 1.2 or later.
+/// Throws: std::invalid_argument naming the file that cannot be loaded.
+std::shared_ptr<asio::ssl::context> make_tls_context(const std::string& ca_file,
+                                                     const std::string& cert_file,
+                                                     const std::string& key_file);
 
 }  // namespace kf::detail
 

@@ -156,7 +156,9 @@ EtcdBackend::EtcdBackend(ServiceUrl url, const std::string& token, ConfigConnect
       options_(options),
       control_(derive_key(token, KeyUse::control)),
       user_(options.etcd_user),
-      password_(options.etcd_password) {}
+      password_(options.etcd_password) {
+  beside_.set_tls(connection.tls());
+}
 
 void etcd_credentials_from_environment(std::string& user, std::string& password) {
   const char* u = std::getenv("KF_ETCD_USER");

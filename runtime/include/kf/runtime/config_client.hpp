@@ -65,6 +65,8 @@ struct ServiceUrl {
   std::vector<Endpoint> endpoints;  ///< http: one; etcd: the members, in the order given
   /// etcd: the key prefix of the job's keys ("/kf/..."); empty: derived from the job token.
   std::string prefix;
+  /// etcds://: the members are reached over TLS.
+  bool tls = false;
 };
 
 struct ConfigClientOptions {
@@ -83,17 +85,22 @@ struct ConfigClientOptions {
   /// KF_ETCD_USER and the first line of the file KF_ETCD_PASSWORD_FILE, when set.
   std::string etcd_user;
   std::string etcd_password;
+  /// etcds://: the authority that signed the members' certificates (PEM; empty: the system's),
+  /// and this client's certificate and key for an etcd that asks for one (PEM, both or
+  /// neither). All empty: from KF_ETCD_CA_FILE, KF_ETCD_CERT_FILE and KF_ETCD_KEY_FILE.
+  std::string etcd_ca_file;
+  std::string etcd_cert_file;
+  std::string etcd_key_file;
 };
 
 class ConfigClient {
  public:
   /// `url` is "http://HOST:PORT" (optionally with a trailing "/"; IPv6 as "[::1]") or
-  /// "etcd://HOST:PORT[,HOST:PORT...][/PREFIX]"; `token` is the job token, from which the key
-  /// that signs mutations (kf-config-server; the token itself is never sent) and the job's key
-  /// prefix (etcd, without PREFIX) are derived.
-  /// Throws: std::invalid_argument naming the URL when it is not of either form, or naming
-  /// KF_ETCD_USER or KF_ETCD_PASSWORD_FILE when one is set without the other or the file
-  /// cannot be read.
+  /// "etcd://HOST:PORT[,HOST:PORT...][/PREFIX]" ("etcds://" over TLS); `token` is the job token,
+  /// from which the key that signs mutations (kf-config-server; the token itself is never sent) and
+  /// the job's key prefix (etcd, without PREFIX) are derived. Throws: std::invalid_argument naming
+  /// the URL when it is not of either form, or naming KF_ETCD_USER or KF_ETCD_PASSWORD_FILE when
+  /// one is set without the other or the file cannot be read.
   ConfigClient(std::string_view url, std::string token, ConfigClientOptions options = {});
   ~ConfigClient();
   ConfigClient(ConfigClient&&) noexcept;
