@@ -132,6 +132,20 @@ std::string read_token_file(const std::string& path) {
              st.st_mode & 0777);
     }
   }
+  // The job id and etcd's key prefix are hashes of the token: a short one can be found offline.
+  constexpr std::size_t kShortToken = 16;
+  if (token.size() < kShortToken) {
+    static std::mutex mu;
+    static std::set<std::string> warned;
+    std::lock_guard<std::mutex> lk(mu);
+    if (warned.insert(path).second) {
+      KF_LOG(warn, "auth",
+             "job token file '{}' holds a token of {} bytes: the job id and etcd's key prefix are "
+             "hashes of it, so a short one can be found offline; make it 32 random bytes: "
+             "(umask 077; head -c 32 /dev/urandom | base64 > FILE)",
+             printable(path), token.size());
+    }
+  }
   return token;
 }
 

@@ -66,9 +66,10 @@ TEST_F(EnvFile, RefusesWhatIsNoToken) {
 
 TEST_F(EnvFile, WarnsOnceWhenOthersMayReadIt) {
   test::LogCapture log;
-  const std::string open_to_all = write("all", "t\n", 0644);
-  const std::string open_to_group = write("group", "t\n", 0640);
-  const std::string private_file = write("private", "t\n", 0600);
+  const std::string token = "kw7DqS2mZ0pYvB5nLx8rT1eH4cUoGa9f\n";
+  const std::string open_to_all = write("all", token, 0644);
+  const std::string open_to_group = write("group", token, 0640);
+  const std::string private_file = write("private", token, 0600);
   for (int i = 0; i < 2; ++i) {
     read_token_file(open_to_all);
     read_token_file(open_to_group);
@@ -83,6 +84,22 @@ TEST_F(EnvFile, WarnsOnceWhenOthersMayReadIt) {
       << text;
   EXPECT_EQ(text.find(private_file), std::string::npos) << text;
   EXPECT_EQ(text.find(open_to_all), text.rfind(open_to_all)) << "warned twice: " << text;
+}
+
+TEST_F(EnvFile, WarnsOnceAboutAShortToken) {
+  test::LogCapture log;
+  const std::string short_token = write("short", "s3cret\n", 0600);
+  const std::string long_token = write("long", "kw7DqS2mZ0pYvB5n\n", 0600);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(read_token_file(short_token), "s3cret");
+    read_token_file(long_token);
+  }
+  const std::string text = log.text();
+  EXPECT_NE(text.find("job token file '" + short_token + "' holds a token of 6 bytes"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find(long_token), std::string::npos) << text;
+  EXPECT_EQ(text.find(short_token), text.rfind(short_token)) << "warned twice: " << text;
 }
 
 // The worker's reading of its environment: the cluster document inline or, too large for the
