@@ -99,6 +99,18 @@ void read_session_variables(Env& e) {
 
 }  // namespace
 
+namespace {
+
+// Whether this is the first warning of `kind` about the token file `path` in this process.
+bool first_warning(const std::string& path, const char* kind) {
+  static std::mutex mu;
+  static std::set<std::string> warned;
+  std::lock_guard<std::mutex> lk(mu);
+  return warned.insert(std::string(kind) + " " + path).second;
+}
+
+}  // namespace
+
 std::string read_token_file(const std::string& path) {
   constexpr std::size_t kMaxTokenBytes = 4096;
   struct stat st {};
@@ -120,31 +132,21 @@ std::string read_token_file(const std::string& path) {
   }
   while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
   if (token.empty()) throw std::runtime_error("job token file '" + path + "' is empty");
-  if ((st.st_mode & (S_IRGRP | S_IROTH)) != 0) {
-    static std::mutex mu;
-    static std::set<std::string> warned;
-    std::lock_guard<std::mutex> lk(mu);
-    if (warned.insert(path).second) {
-      KF_LOG(warn, "auth",
-             "job token file '{}' may be read by {} (mode {:o}): whoever reads it can join and "
-             "change the job; chmod 600 it",
-             printable(path), (st.st_mode & S_IROTH) != 0 ? "every user" : "its group",
-             st.st_mode & 0777);
-    }
+  if ((st.st_mode & (S_IRGRP | S_IROTH)) != 0 && first_warning(path, "mode")) {
+    KF_LOG(warn, "auth",
+           "job token file '{}' may be read by {} (mode {:o}): whoever reads it can join and "
+           "change the job; chmod 600 it",
+           printable(path), (st.st_mode & S_IROTH) != 0 ? "every user" : "its group",
+           st.st_mode & 0777);
   }
   // The job id and etcd's key prefix are hashes of the token: a short one can be found offline.
   constexpr std::size_t kShortToken = 16;
-  if (token.size() < kShortToken) {
-    static std::mutex mu;
-    static std::set<std::string> warned;
-    std::lock_guard<std::mutex> lk(mu);
-    if (warned.insert(path).second) {
-      KF_LOG(warn, "auth",
-             "job token file '{}' holds a token of {} bytes: the job id and etcd's key prefix are "
-             "hashes of it, so a short one can be found offline; make it 32 random bytes: "
-             "(umask 077; head -c 32 /dev/urandom | base64 > FILE)",
-             printable(path), token.size());
-    }
+  if (token.size() < kShortToken && first_warning(path, "short")) {
+    KF_LOG(warn, "auth",
+           "job token file '{}' holds a token of {} bytes: the job id and etcd's key prefix are "
+           "hashes of it, so a short one can be found offline; make it 32 random bytes: "
+           "(umask 077; head -c 32 /dev/urandom | base64 > FILE)",
+           printable(path), token.size());
   }
   return token;
 }
