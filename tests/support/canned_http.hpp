@@ -25,6 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include <openssl/crypto.h>
+
 #include "kf/common/keys.hpp"
 #include "kf/runtime/request_signature.hpp"
 
@@ -114,7 +116,13 @@ class CannedHttpServer {
             answer = std::move(answers_.front());
             answers_.pop_front();
           }
-          if (key_) answer = signed_answer(*key_, requests_.back(), std::move(answer));
+          if (key_) {
+            answer = signed_answer(*key_, requests_.back(), std::move(answer));
+            // OpenSSL keeps state for each thread that used it until the thread ends; this one
+            // runs until the server goes, and LeakSanitizer (the fuzz harnesses) does not see
+            // where OpenSSL holds it.
+            OPENSSL_thread_stop();
+          }
         }
         for (std::size_t sent = 0; sent < answer.size();) {
           const ssize_t n = ::send(s, answer.data() + sent, answer.size() - sent, MSG_NOSIGNAL);

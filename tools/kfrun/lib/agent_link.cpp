@@ -323,10 +323,9 @@ class Reporter::Runner {
     post_event(ok ? "exited" : "failed", worker, detail, version);
     Cluster current = call([&] { return client_.get_cluster(); });
     ExitVerdict verdict = ExitVerdict::left;
-    if (is_member(current, worker) && ok && marked_suspended(current)) {
-      verdict = ExitVerdict::left;  // it left the suspended job, as every worker of it does
-    } else if (is_member(current, worker) && ok) {
-      verdict = ExitVerdict::finished;
+    if (is_member(current, worker) && ok) {
+      // A member that exits 0 ended the job, or left it suspended as every worker of it does.
+      if (!marked_suspended(current)) verdict = ExitVerdict::finished;
     } else if (is_member(current, worker)) {
       // A failed member's connections broke with it, so the job's survivors are recovering and
       // remove it themselves within milliseconds: the agent writes only when they have not
