@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "kf/common/env.hpp"
+#include "kf/common/fd.hpp"
 #include "peer_impl.hpp"
 
 namespace kf {
@@ -39,6 +40,8 @@ std::unique_ptr<Peer> Peer::from_environment() {
 PeerOptions Peer::options_from(const Env& e) {
   PeerOptions o;
   o.listen = Endpoint{e.self.host, e.self.port};
+  // The first peer of the process takes the inherited socket; a later one binds the port itself.
+  if (e.listen_fd) o.listen_fd = claim_inherited_fd(*e.listen_fd);
   o.job_id = e.job_id;
   o.job_token = e.job_token;
   if (e.timeout) o.timeout = *e.timeout;

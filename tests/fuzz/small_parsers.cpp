@@ -54,6 +54,7 @@ const char* const kVariables[] = {
     "KF_FRAME_AUTH",
     "KF_DEVICE_BACKEND",
     "KF_RECOVERY_WRITER_WAIT_MS",
+    "KF_LISTEN_FD",
 };
 
 }  // namespace

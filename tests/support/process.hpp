@@ -145,11 +145,12 @@ inline bool wait_ended(pid_t pid, std::chrono::steady_clock::time_point until) {
   return ended(pid);
 }
 
-/// What `ls -l /proc/self/fd/` printed, among other lines: the descriptor numbers, and whether
-/// any of them is a socket.
+/// What `ls -l /proc/self/fd/` printed, among other lines: the descriptor numbers, and which of
+/// them are sockets.
 struct ListedFds {
   std::set<int> fds;
-  bool socket = false;
+  std::set<int> sockets;
+  bool socket = false;  ///< !sockets.empty()
 };
 inline ListedFds listed_fds(const std::string& output) {
   ListedFds l;
@@ -159,8 +160,10 @@ inline ListedFds listed_fds(const std::string& output) {
     if (arrow == std::string::npos || arrow == 0) continue;
     const auto name = line.rfind(' ', arrow - 1);
     if (name == std::string::npos) continue;
-    l.fds.insert(std::atoi(line.substr(name + 1, arrow - name - 1).c_str()));
-    l.socket = l.socket || line.find("socket:", arrow) != std::string::npos;
+    const int fd = std::atoi(line.substr(name + 1, arrow - name - 1).c_str());
+    l.fds.insert(fd);
+    if (line.find("socket:", arrow) != std::string::npos) l.sockets.insert(fd);
+    l.socket = !l.sockets.empty();
   }
   return l;
 }

@@ -56,16 +56,23 @@ TEST_F(KfrunWatch, BuiltinStartsTheInitialWorkersWithTheirEnvironment) {
 }
 
 // The agent holds sockets (its config service's, its connections to it) and pipes (its other
-// workers' output); a worker gets none of them.
-TEST_F(KfrunWatch, AWorkerInheritsNothingOfTheAgent) {
-  agent_ = std::make_unique<KfrunProcess>(
-      std::vector<std::string>{"--watch", "--config-server", "builtin", "--slots", "1", "-np", "1",
-                               "--", "ls", "-l", "/proc/self/fd/"});
+// workers' output); a worker gets none of them, only the socket bound to its own port
+// (KF_LISTEN_FD).
+TEST_F(KfrunWatch, AWorkerInheritsNothingOfTheAgentButItsListeningSocket) {
+  agent_ = std::make_unique<KfrunProcess>(std::vector<std::string>{
+      "--watch", "--config-server", "builtin", "--slots", "1", "-np", "1", "--", "sh", "-c",
+      "echo \"listen=$KF_LISTEN_FD\"; exec ls -l /proc/self/fd/"});
   ASSERT_GT(agent_->pid(), 0);
   EXPECT_EQ(wait_exit(), 0) << agent_->output();
-  const auto listed = kf::test::listed_fds(agent_->output());
-  EXPECT_EQ(listed.fds, (std::set<int>{0, 1, 2, 3})) << agent_->output();
-  EXPECT_FALSE(listed.socket) << agent_->output();
+  const std::string out = agent_->output();
+  const auto at = out.find("listen=");
+  ASSERT_NE(at, std::string::npos) << out;
+  const int listen_fd = std::atoi(out.c_str() + at + 7);
+  ASSERT_GT(listen_fd, 2) << out;
+  const auto listed = kf::test::listed_fds(out);
+  // And the directory ls is listing.
+  EXPECT_EQ(listed.fds.size(), 5U) << out;
+  EXPECT_EQ(listed.sockets, (std::set<int>{listen_fd})) << out;
 }
 
 // With the builtin service (which dies with its agent) the default is --orphans kill: workers do

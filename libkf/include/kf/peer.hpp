@@ -57,6 +57,12 @@ std::optional<DeviceBackend> parse_device_backend(std::string_view text) noexcep
 
 struct PeerOptions {
   Endpoint listen{"127.0.0.1", 0};  ///< port 0 picks a free port (see Peer::endpoint())
+  /// A TCP socket already bound to an address of `listen` (and its port, unless that is 0), to
+  /// listen on instead of binding one: kfrun binds each worker's port and hands the socket down
+  /// (KF_LISTEN_FD), so that no other process can take the port between the pick and the
+  /// worker's start. The peer takes it over and closes it (one it refuses is left alone).
+  /// -1: the peer binds `listen` itself.
+  int listen_fd = -1;
   std::string job_id = "kf";
   std::string job_token;  ///< must be non-empty
   /// A collective fails when a peer it waits on shows no progress for this long.

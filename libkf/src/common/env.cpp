@@ -158,6 +158,11 @@ Env Env::from_environment() {
   } catch (const std::invalid_argument& ex) {
     throw std::invalid_argument(std::string(env::kSelf) + ": " + ex.what());
   }
+  // 0-2 are stdin, stdout and stderr.
+  if (auto v = get_integer(env::kListenFd, 3, std::numeric_limits<int>::max(),
+                           "a descriptor number >= 3")) {
+    e.listen_fd = static_cast<int>(*v);
+  }
   // The document in the environment, or (a large one) in the file it names.
   const char* source = env::kCluster;
   std::string cluster_text;

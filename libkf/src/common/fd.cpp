@@ -7,6 +7,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <mutex>
+#include <set>
+
 namespace kf {
 
 bool set_close_on_exec(int fd) noexcept {
@@ -28,6 +31,13 @@ void close_on_exec_from(int first) noexcept {
     const int flags = ::fcntl(fd, F_GETFD);
     if (flags >= 0 && (flags & FD_CLOEXEC) == 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
   }
+}
+
+int claim_inherited_fd(int fd) {
+  static std::mutex mu;
+  static std::set<int> claimed;
+  std::lock_guard<std::mutex> lk(mu);
+  return claimed.insert(fd).second ? fd : -1;
 }
 
 }  // namespace kf

@@ -3,6 +3,10 @@
 // members, and invitations (mesh/mesh.hpp).
 #include "mesh/mesh.hpp"
 
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -44,13 +48,17 @@ Mesh::Mesh(const PeerOptions& opts, asio::io_context& ioc, Driver& driver, Mailb
   sent_->ev.set({});
   const tcp::endpoint ep = resolve_listen(ioc_, opts_.listen);
   boost::system::error_code ec;
-  acceptor_.open(ep.protocol(), ec);
-  if (!ec) set_close_on_exec(acceptor_.native_handle());
-  if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) acceptor_.bind(ep, ec);
-  if (ec) {
-    throw Error(make_error_code(errc::invalid_argument),
-                "cannot listen on " + opts_.listen.str() + ": " + ec.message());
+  if (opts_.listen_fd >= 0) {
+    adopt_listener(ep);
+  } else {
+    acceptor_.open(ep.protocol(), ec);
+    if (!ec) set_close_on_exec(acceptor_.native_handle());
+    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(ep, ec);
+    if (ec) {
+      throw Error(make_error_code(errc::invalid_argument),
+                  "cannot listen on " + opts_.listen.str() + ": " + ec.message());
+    }
   }
   self_ = Endpoint{opts_.listen.host, acceptor_.local_endpoint().port()};
   identity_ = self_.str();
@@ -93,6 +101,58 @@ Mesh::Mesh(const PeerOptions& opts, asio::io_context& ioc, Driver& driver, Mailb
     throw Error(make_error_code(errc::invalid_argument),
                 "cannot listen on " + opts_.listen.str() + ": " + ec.message());
   }
+}
+
+void Mesh::adopt_listener(const tcp::endpoint& ep) {
+  const int fd = opts_.listen_fd;
+  const std::string what =
+      "the listening socket handed down (descriptor " + std::to_string(fd) + ", KF_LISTEN_FD)";
+  // A descriptor that is refused is left open: the number may name something else of this
+  // process (a wrong KF_LISTEN_FD), which is not the peer's to close.
+  const auto refuse = [&](const std::string& why) {
+    throw Error(make_error_code(errc::invalid_argument), what + " " + why);
+  };
+  int domain = 0;
+  int type = 0;
+  socklen_t length = sizeof domain;
+  if (::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &length) != 0) {
+    const int error = errno;
+    refuse(error == EBADF ? "is not an open descriptor"
+                          : std::string("is not a socket: ") + std::strerror(error));
+  }
+  length = sizeof type;
+  if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &length) != 0 ||
+      (domain != AF_INET && domain != AF_INET6) || type != SOCK_STREAM) {
+    refuse("is not a TCP socket");
+  }
+  sockaddr_storage bound{};
+  length = sizeof bound;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) != 0) {
+    refuse(std::string("has no address: ") + std::strerror(errno));
+  }
+  tcp::endpoint at;
+  std::memcpy(at.data(), &bound, std::min<std::size_t>(length, sizeof bound));
+  if (at.port() == 0 || (opts_.listen.port != 0 && at.port() != opts_.listen.port)) {
+    refuse("is bound to port " + std::to_string(at.port()) + ", not to " + opts_.listen.str() +
+           "'s");
+  }
+  // Peers dial the listen address: the socket must be bound to it (or to every address).
+  if (!at.address().is_unspecified() && at.address() != ep.address()) {
+    boost::system::error_code ec;
+    tcp::resolver resolver(ioc_);
+    bool found = false;
+    for (const auto& entry : resolver.resolve(opts_.listen.host, "", ec)) {
+      found = found || entry.endpoint().address() == at.address();
+    }
+    if (!found) {
+      refuse("is bound to " + at.address().to_string() + ", not to an address of " +
+             opts_.listen.host);
+    }
+  }
+  boost::system::error_code ec;
+  acceptor_.assign(domain == AF_INET ? tcp::v4() : tcp::v6(), fd, ec);
+  if (ec) refuse("cannot be used: " + ec.message());
+  set_close_on_exec(fd);
 }
 
 void Mesh::start() {

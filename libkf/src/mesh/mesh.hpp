@@ -145,6 +145,10 @@ class Mesh {
 
  private:
   asio::any_io_executor ex() { return ioc_.get_executor(); }
+  /// Makes PeerOptions::listen_fd the TCP acceptor once it is checked to be a TCP socket bound
+  /// to the port and an address of opts_.listen (`ep`: the address that resolves to). Throws:
+  /// kf::Error saying what the descriptor is instead (left open: it may be something else's).
+  void adopt_listener(const tcp::endpoint& ep);
 
   // ---- accepting (mesh/accept.cpp) ----
   /// Accepts connections on `acceptor` (TCP or Unix-domain) and serves each.

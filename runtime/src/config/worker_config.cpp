@@ -25,6 +25,7 @@ void apply_job_file(const JobFile& job, PeerOptions& peer, SessionOptions& sessi
 void apply_environment(const Env& e, PeerOptions& peer, SessionOptions& session) {
   const PeerOptions from_env = Peer::options_from(e);  // identity, transport, algorithm, ...
   peer.listen = from_env.listen;
+  peer.listen_fd = from_env.listen_fd;
   peer.job_id = from_env.job_id;
   peer.job_token = from_env.job_token;
   if (e.timeout) peer.timeout = from_env.timeout;

@@ -70,6 +70,39 @@ TEST(PickFreePorts, SkipsPortInUse) {
   }
 }
 
+// Whether a socket with `option` (0: none) set can bind `port` of 127.0.0.1.
+bool binds_with(int option, std::uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int on = 1;
+  if (option != 0) EXPECT_EQ(::setsockopt(fd, SOL_SOCKET, option, &on, sizeof on), 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return bound;
+}
+
+// The socket kfrun hands a worker holds its port against every other bind, also one that asks
+// to share it (SO_REUSEADDR, SO_REUSEPORT): nobody can take the port between the worker's start
+// and its listen. One already in use gives no socket.
+TEST(BindWorkerPort, HoldsThePortAgainstEveryOtherBind) {
+  const auto port = pick_free_ports("127.0.0.1", PortRange{20000, 30000}, 1).at(0);
+  {
+    const UniqueFd held = bind_worker_port("127.0.0.1", port);
+    ASSERT_TRUE(held.is_open());
+    EXPECT_GT(held.get(), 2);
+    EXPECT_FALSE(port_is_free("127.0.0.1", port));
+    for (const int option : {0, SO_REUSEADDR, SO_REUSEPORT}) {
+      EXPECT_FALSE(binds_with(option, port)) << "option " << option;
+    }
+    EXPECT_FALSE(bind_worker_port("127.0.0.1", port).is_open());
+  }
+  EXPECT_TRUE(binds_with(0, port));  // closed: free again
+  EXPECT_THROW(bind_worker_port("192.0.2.1", port), std::invalid_argument);
+}
+
 TEST(PickFreePorts, RejectsHostThatIsNotLocal) {
   // 192.0.2.0/24 is TEST-NET-1: never an address of this machine.
   EXPECT_THROW(pick_free_ports("192.0.2.1", PortRange{40000, 40010}, 1), std::invalid_argument);

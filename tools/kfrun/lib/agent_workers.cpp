@@ -149,9 +149,13 @@ bool Agent::start(const WorkerSpec& spec, std::optional<int> rank) {
       return e.rfind(std::string(kAgentPidVariable) + "=", 0) == 0;
     });
     env.push_back(std::string(kAgentPidVariable) + "=" + std::to_string(::getpid()));
-    auto process =
-        WorkerProcess::spawn(options_.command, env, std::nullopt,
-                             orphans_for(options_) == Orphans::kill, ignored_by_workers_);
+    // The port is bound here and the worker listens on this socket: from now on no other
+    // process can take it (one that did, since the pick, makes the start fail).
+    const UniqueFd listener = worker_listener(spec.endpoint);
+    add_listen_fd(env, listener.get());
+    auto process = WorkerProcess::spawn(options_.command, env, std::nullopt,
+                                        orphans_for(options_) == Orphans::kill, ignored_by_workers_,
+                                        listener.get());
     const auto pid = std::to_string(process.pid());
     // Appended piecewise: GCC 12 warns falsely (-Wrestrict) on "[" + std::string&&.
     std::string prefix = "[";

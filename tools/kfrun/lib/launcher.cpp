@@ -49,16 +49,25 @@ class Supervisor {
   }
 
   // Throws: as WorkerProcess::spawn.
-  void start(int rank, const std::vector<std::string>& env) {
+  void start(int rank, const Endpoint& self, std::vector<std::string> env) {
     // Appended piecewise: GCC 12 warns falsely (-Wrestrict) on "[" + std::string&&.
     std::string prefix = "[";
     prefix.append(std::to_string(rank)).append("] ");
     // Worker i is in slot i.
     const auto cpu = cpu_for_slot(options_.bind, rank, options_.np, cpus_);
-    workers_.push_back(
-        Worker{rank, WorkerProcess::spawn(options_.command, env, cpu, /*die_with_parent=*/true),
-               LinePrefixer(prefix, [this](auto line) { out_.write(line); }),
-               LinePrefixer(prefix, [this](auto line) { err_.write(line); })});
+    UniqueFd listener;
+    try {
+      listener = worker_listener(self);
+    } catch (const ExecError& e) {
+      throw ExecError("cannot start rank " + std::to_string(rank) + " at " + self.str() + ": " +
+                      e.what());
+    }
+    add_listen_fd(env, listener.get());
+    workers_.push_back(Worker{rank,
+                              WorkerProcess::spawn(options_.command, env, cpu,
+                                                   /*die_with_parent=*/true, {}, listener.get()),
+                              LinePrefixer(prefix, [this](auto line) { out_.write(line); }),
+                              LinePrefixer(prefix, [this](auto line) { err_.write(line); })});
   }
 
   // Ends the job with exit code `code` (unless a worker failed first) and stops the workers.
@@ -244,7 +253,8 @@ int run_static(const LaunchOptions& options) {
   Supervisor supervisor(options, signals);
   for (int rank = 0; rank < options.np; ++rank) {
     try {
-      supervisor.start(rank, worker_environment(job, rank, base));
+      supervisor.start(rank, job.cluster.workers[static_cast<std::size_t>(rank)].endpoint,
+                       worker_environment(job, rank, base));
     } catch (const ExecError& e) {
       supervisor.say(e.what());
       supervisor.end_job(kExecFailed);

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kfrun/lib/ports.hpp"
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -53,20 +54,31 @@ void set_port(sockaddr_storage& address, std::uint16_t port) {
   }
 }
 
-// True when the port could be bound; false when it is in use. Throws: std::invalid_argument when
-// the address cannot be bound at all (not local), std::system_error when no socket can be made.
-bool try_bind(sockaddr_storage address, socklen_t length, std::uint16_t port,
-              const std::string& host) {
+// A socket bound to the port (not open when the port is in use). Throws: std::invalid_argument
+// when the address cannot be bound at all (not local), std::system_error when no socket can be
+// made.
+UniqueFd bind_port(sockaddr_storage address, socklen_t length, std::uint16_t port,
+                   const std::string& host) {
   set_port(address, port);
-  const int fd = ::socket(address.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::system_error(errno, std::generic_category(), "socket");
-  const int rc = ::bind(fd, reinterpret_cast<const sockaddr*>(&address), length);
+  UniqueFd fd(::socket(address.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.is_open()) throw std::system_error(errno, std::generic_category(), "socket");
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&address), length) == 0) {
+    if (fd.get() > STDERR_FILENO) return fd;
+    // Started with stdin, stdout or stderr closed: move it above them (a worker's 0-2 are set).
+    UniqueFd moved(::fcntl(fd.get(), F_DUPFD_CLOEXEC, STDERR_FILENO + 1));
+    if (!moved.is_open()) throw std::system_error(errno, std::generic_category(), "fcntl");
+    return moved;
+  }
   const int error = errno;
-  ::close(fd);
-  if (rc == 0) return true;
-  if (error == EADDRINUSE || error == EACCES) return false;
+  if (error == EADDRINUSE || error == EACCES) return {};
   throw std::invalid_argument("cannot bind a port on host '" + host +
                               "' (is it an address of this machine?): " + std::strerror(error));
+}
+
+// True when the port could be bound; false when it is in use. Throws: as bind_port.
+bool try_bind(sockaddr_storage address, socklen_t length, std::uint16_t port,
+              const std::string& host) {
+  return bind_port(address, length, port, host).is_open();
 }
 
 }  // namespace
@@ -92,6 +104,12 @@ bool is_local_host(const std::string& host) {
   const int rc = ::bind(fd, reinterpret_cast<const sockaddr*>(&address), length);
   ::close(fd);
   return rc == 0;
+}
+
+UniqueFd bind_worker_port(const std::string& host, std::uint16_t port) {
+  socklen_t length = 0;
+  const sockaddr_storage address = resolve(host, length);
+  return bind_port(address, length, port, host);
 }
 
 bool port_is_free(const std::string& host, std::uint16_t port) {

@@ -1,14 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // Choosing the TCP ports of a static job: a port range ("A-B") and a picker that test-binds
 // candidates on the host, starting at a random offset so that concurrent jobs on one host rarely
-// race for the same ports. A picked port is only known to have been free when it was tested; the
-// worker binds it a little later. Thread-safety: free functions and a value type.
+// race for the same ports. A picked port is only known to have been free when it was tested;
+// kfrun binds it again when it starts the worker (bind_worker_port) and hands the worker that
+// socket, so the port is held from then on. Thread-safety: free functions and a value type.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "kfrun/lib/unique_fd.hpp"
 
 namespace kf::tools {
 
@@ -41,6 +44,12 @@ std::vector<std::uint16_t> pick_free_ports(const std::string& host, PortRange ra
 /// Throws: std::invalid_argument when it does not resolve; std::system_error when a socket
 /// cannot be created.
 bool is_local_host(const std::string& host);
+
+/// A TCP socket (close-on-exec) bound to `port` of `host` (an address of this machine, the first
+/// it resolves to), not listening, for a worker to take over (KF_LISTEN_FD): bound without
+/// SO_REUSEADDR, so no other socket, of any user, can bind the port while it is open. Not open
+/// when the port is in use. Throws: as pick_free_ports.
+UniqueFd bind_worker_port(const std::string& host, std::uint16_t port);
 
 /// Whether `port` can be bound on `host` (an address of this machine) now: false when it is in
 /// use. Throws: as pick_free_ports.

@@ -17,17 +17,19 @@
 #include "kf/common/env.hpp"
 #include "kf/common/log.hpp"
 #include "kfrun/lib/output.hpp"
+#include "kfrun/lib/ports.hpp"
 #include "kfrun/lib/unique_fd.hpp"
+#include "kfrun/lib/worker_process.hpp"
 
 namespace kf::tools {
 
 namespace {
 
 // Every variable worker_environment() may set; inherited values of these are dropped.
-constexpr std::array kManaged = {env::kSelf,      env::kCluster,     env::kClusterFile,
-                                 env::kJobId,     env::kJobToken,    env::kJobTokenFile,
-                                 env::kAlgorithm, env::kTimeoutMs,   env::kRank,
-                                 env::kSize,      env::kMetricsPort, env::kJobFile};
+constexpr std::array kManaged = {
+    env::kSelf,     env::kListenFd,     env::kCluster,   env::kClusterFile, env::kJobId,
+    env::kJobToken, env::kJobTokenFile, env::kAlgorithm, env::kTimeoutMs,   env::kRank,
+    env::kSize,     env::kMetricsPort,  env::kJobFile};
 
 bool is_managed(std::string_view entry, bool sets_config_server) {
   const auto name = entry.substr(0, entry.find('='));
@@ -36,11 +38,35 @@ bool is_managed(std::string_view entry, bool sets_config_server) {
                      [&](const char* managed) { return name == managed; });
 }
 
+bool has_name(std::string_view entry, const char* name) {
+  return entry.substr(0, entry.find('=')) == name;
+}
+
 std::string assign(const char* name, const std::string& value) {
   return std::string(name) + "=" + value;
 }
 
 }  // namespace
+
+UniqueFd worker_listener(const Endpoint& self) {
+  try {
+    UniqueFd fd = bind_worker_port(self.host, self.port);
+    if (!fd.is_open()) {
+      throw ExecError("its port " + std::to_string(self.port) +
+                      " is in use on this host (taken since it was picked)");
+    }
+    return fd;
+  } catch (const std::invalid_argument& e) {
+    throw ExecError(e.what());
+  } catch (const std::system_error& e) {
+    throw ExecError(std::string("cannot bind its port: ") + e.what());
+  }
+}
+
+void add_listen_fd(std::vector<std::string>& env, int fd) {
+  std::erase_if(env, [](const std::string& entry) { return has_name(entry, env::kListenFd); });
+  env.push_back(assign(env::kListenFd, std::to_string(fd)));
+}
 
 Cluster static_cluster(const std::string& host, const std::vector<std::uint16_t>& ports,
                        const std::optional<std::string>& algorithm) {

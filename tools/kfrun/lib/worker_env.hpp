@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kf/cluster/cluster.hpp"
+#include "kfrun/lib/unique_fd.hpp"
 
 namespace kf::tools {
 
@@ -43,6 +44,14 @@ bool fits_environment(const Cluster& cluster);
 /// Writes `cluster`'s document to DIR/cluster-vVERSION.json (0600; kept when it exists: one file
 /// per version) and returns its path. Throws: std::system_error naming the file.
 std::string write_cluster_file(const Cluster& cluster, const std::filesystem::path& dir);
+
+/// The socket to hand the worker listening at `self` (ports.hpp bind_worker_port): its port,
+/// bound on this machine. Throws: ExecError (worker_process.hpp) when the port is in use or
+/// `self`'s host is not an address of this machine.
+UniqueFd worker_listener(const Endpoint& self);
+/// `env` with KF_LISTEN_FD naming `fd` (a worker_listener(), which WorkerProcess::spawn hands
+/// down) in place of any it had.
+void add_listen_fd(std::vector<std::string>& env, int fd);
 
 /// The cluster of a static job: version 1, one worker per port on `host` in rank order with
 /// slot = rank, and settings {"algorithm": algorithm} when an algorithm is given.

@@ -55,7 +55,8 @@ bool install_fd(int fd, int target) noexcept {
 // blocked on entry; `mask` is the mask to restore once the dispositions are back to default.
 [[noreturn]] void exec_child(char* const* argv, char* const* envp, int stdin_fd, int out_fd,
                              int err_fd, int status_fd, const sigset_t& mask, const cpu_set_t* cpus,
-                             pid_t die_with, const int* ignored, std::size_t count_ignored) {
+                             pid_t die_with, const int* ignored, std::size_t count_ignored,
+                             int inherited_fd) {
   ::setpgid(0, 0);
   // SIGKILL when the thread that forked this child ends (kfrun's main thread: kfrun itself),
   // even by kill -9. Checked once more after: kfrun may have died before this call.
@@ -86,6 +87,11 @@ bool install_fd(int fd, int target) noexcept {
   // Nothing of kfrun's but stdin, stdout and stderr reaches the worker: not the builtin config
   // service's sockets, not another worker's pipes (status_fd has the flag already).
   close_on_exec_from(3);
+  if (inherited_fd >= 0 && ::fcntl(inherited_fd, F_SETFD, 0) != 0) {
+    const int error = errno;
+    [[maybe_unused]] auto n = ::write(status_fd, &error, sizeof error);
+    ::_exit(127);
+  }
   ::execvpe(argv[0], argv, envp);
   const int error = errno;
   [[maybe_unused]] auto n = ::write(status_fd, &error, sizeof error);
@@ -130,8 +136,11 @@ std::string describe_exit(int wait_status) {
 
 WorkerProcess WorkerProcess::spawn(const std::vector<std::string>& argv,
                                    const std::vector<std::string>& env, std::optional<int> cpu,
-                                   bool die_with_parent, const std::vector<int>& ignored) {
+                                   bool die_with_parent, const std::vector<int>& ignored,
+                                   int inherited_fd) {
   KF_CHECK(!argv.empty(), "WorkerProcess::spawn: empty argv");
+  KF_CHECK(inherited_fd < 0 || inherited_fd > STDERR_FILENO,
+           "WorkerProcess::spawn: the inherited descriptor would replace stdin, stdout or stderr");
   // Built before the fork: the child makes only async-signal-safe calls.
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
@@ -161,7 +170,7 @@ WorkerProcess WorkerProcess::spawn(const std::vector<std::string>& argv,
   if (pid == 0) {
     exec_child(c_argv.data(), c_env.data(), dev_null.get(), out.write.get(), err.write.get(),
                status.write.get(), previous, cpu ? &cpus : nullptr, die_with_parent ? self : 0,
-               ignored.data(), ignored.size());
+               ignored.data(), ignored.size(), inherited_fd);
   }
   const int fork_error = errno;
   ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);

@@ -28,17 +28,19 @@ class WorkerProcess {
   /// Starts argv[0] (searched in PATH as execvp does) with argv and the environment `env`
   /// ("NAME=VALUE" strings), held to CPU `cpu` when one is given (its affinity mask, set before
   /// the exec; see binding.hpp). It inherits no descriptor of this process but its stdin
-  /// (/dev/null) and the pipes of its stdout and stderr. With `die_with_parent` it gets SIGKILL
-  /// when the calling thread ends (PR_SET_PDEATHSIG; call it from the main thread): even kfrun
-  /// killed by kill -9 leaves no worker behind. The signals in `ignored` start ignored in the
-  /// worker (an agent's notice signals, which a scheduler may send to every process). Returns once
-  /// the program runs, i.e. after the exec succeeded. Throws: ExecError naming the program and the
-  /// reason when the exec fails or the CPU cannot be set (the child is reaped); std::system_error
-  /// when a pipe cannot be made or fork fails.
+  /// (/dev/null), the pipes of its stdout and stderr, and `inherited_fd`. With `die_with_parent` it
+  /// gets SIGKILL when the calling thread ends (PR_SET_PDEATHSIG; call it from the main thread):
+  /// even kfrun killed by kill -9 leaves no worker behind. The signals in `ignored` start ignored
+  /// in the worker (an agent's notice signals, which a scheduler may send to every process). The
+  /// worker also inherits `inherited_fd` (> 2) when one is given, under the same number (its
+  /// listening socket; ports.hpp bind_worker_port). Returns once the program runs, i.e. after the
+  /// exec succeeded. Throws: ExecError naming the program and the reason when the exec fails or the
+  /// CPU cannot be set (the child is reaped); std::system_error when a pipe cannot be made or fork
+  /// fails.
   static WorkerProcess spawn(const std::vector<std::string>& argv,
                              const std::vector<std::string>& env,
                              std::optional<int> cpu = std::nullopt, bool die_with_parent = false,
-                             const std::vector<int>& ignored = {});
+                             const std::vector<int>& ignored = {}, int inherited_fd = -1);
 
   /// Takes over a running worker that an earlier agent started (adopt.hpp). It is not a child of
   /// this process: its exit shows on exit_fd() (a pidfd) and its status is unknown

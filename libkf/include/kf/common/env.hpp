@@ -19,7 +19,10 @@
 namespace kf {
 
 namespace env {
-inline constexpr const char* kSelf = "KF_SELF";        ///< host:port this worker listens on
+inline constexpr const char* kSelf = "KF_SELF";  ///< host:port this worker listens on
+/// A descriptor number: a TCP socket its launcher bound to KF_SELF's port and handed down, so
+/// that the port is held from the moment it is picked (the worker listens on it).
+inline constexpr const char* kListenFd = "KF_LISTEN_FD";
 inline constexpr const char* kCluster = "KF_CLUSTER";  ///< initial cluster, JSON
 /// A file holding the initial cluster, instead of KF_CLUSTER (kfrun uses it for a document too
 /// large for the environment).
@@ -72,6 +75,7 @@ std::optional<std::string> get(const char* name);
 /// unset when its variable is unset or empty.
 struct Env {
   Endpoint self;
+  std::optional<int> listen_fd;  ///< KF_LISTEN_FD, >= 3
   Cluster cluster;
   std::string job_id;
   std::string job_token;

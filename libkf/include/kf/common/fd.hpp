@@ -17,4 +17,9 @@ bool set_close_on_exec(int fd) noexcept;
 /// each descriptor below the open-files limit where the kernel lacks it).
 void close_on_exec_from(int first) noexcept;
 
+/// Claims `fd`, a descriptor this process inherited for one user (KF_LISTEN_FD): returns `fd`
+/// the first time it is claimed in this process and -1 every time after, so that a second user
+/// never takes over a descriptor the first one owns (and may have closed). Thread-safe.
+int claim_inherited_fd(int fd);
+
 }  // namespace kf
