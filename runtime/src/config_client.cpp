@@ -26,10 +26,11 @@ using detail::event_from_json;
 using detail::reason_of;
 
 bool is_client_event_type(std::string_view type) noexcept {
-  static constexpr std::array<std::string_view, 20> kTypes{
-      "added",   "removed",  "joined",   "left",      "failed",  "revoked", "killed",
-      "resized", "started",  "exited",   "restarted", "adopted", "notice",  "draining",
-      "placed",  "released", "promoted", "suspended", "resumed", "note"};
+  static constexpr std::array<std::string_view, 22> kTypes{
+      "added",   "removed",  "joined",    "left",     "failed",    "revoked",
+      "killed",  "resized",  "started",   "exited",   "restarted", "adopted",
+      "notice",  "draining", "placed",    "released", "promoted",  "suspended",
+      "resumed", "slow",     "recovered", "note"};
   for (const auto t : kTypes) {
     if (t == type) return true;
   }

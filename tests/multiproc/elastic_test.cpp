@@ -419,6 +419,32 @@ TEST(ElasticMonitors, GradientNoiseScaleIsIdenticalOnEveryWorker) {
   EXPECT_GE(compared, 50) << job.out();
 }
 
+// A worker made 3x slower is scored as a straggler by the monitors and reported once (event
+// "slow"), and once it is fast again, reported as recovered; no other worker is.
+TEST(ElasticMonitors, AStragglerIsReportedWhenItTurnsSlowAndWhenItRecovers) {
+  ElasticJob job("stragglers");
+  job.start(3, kArgs + " --sample-us 100 --slow-rank 2 --slow-until 300");
+  ASSERT_TRUE(job.wait_progress(5)) << job.err();
+  const std::string slow = job.client().get_cluster().workers.at(2).endpoint.str();
+  ASSERT_TRUE(job.wait_event("slow", slow)) << job.err();
+  ASSERT_TRUE(job.wait_event("recovered", slow)) << job.err();
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 3);
+  int reports = 0;
+  for (const auto& e : job.events()) {
+    if (e.type != "slow" && e.type != "recovered") continue;
+    ++reports;
+    EXPECT_EQ(e.worker, slow) << e.type << ": " << e.detail;
+    if (e.type == "slow") {
+      // "... samples per second of compute: 0.33 of the fastest worker's, ..."
+      const auto at = e.detail.find(": 0.");
+      ASSERT_NE(at, std::string::npos) << e.detail;
+      EXPECT_LT(std::stod(e.detail.substr(at + 2)), 0.7) << e.detail;
+    }
+  }
+  EXPECT_EQ(reports, 2) << "a worker was reported more than once";
+}
+
 TEST(ElasticPolicies, ThrowingPolicyIsDisabledAndTheJobCompletes) {
   ElasticJob job("thrower");
   job.start(2, kArgs + " --policy-throw-at 30");

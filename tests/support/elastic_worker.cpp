@@ -13,7 +13,8 @@
 // its update to the parameter server and takes the server's parameters); at the end it averages
 // them once more, so that the final check can ask for identical parameters.
 // With --sample-us each step also waits in proportion to this worker's share of the batch, a
-// stand-in for an accelerator's compute that takes no core (kf-replay's throughput figures).
+// stand-in for an accelerator's compute that takes no core (kf-replay's throughput figures);
+// --slow-rank makes one worker wait 3x as long (a straggler), until --slow-until's step.
 // With --device cuda the gradient is allreduced on the GPU (NCCL, or staging by
 // KF_DEVICE_BACKEND); with --device standin, through the staging backend with host memory
 // standing in for the device.
@@ -27,6 +28,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -165,6 +167,14 @@ int main(int argc, char** argv) {
                  "of the batch, as an accelerator's compute would: a wait that takes no core, so "
                  "that the job's rate grows with its workers even where they share the cores")
       ->check(CLI::Range(0, 1000000));
+  int slow_rank = -1;
+  app.add_option("--slow-rank", slow_rank,
+                 "the worker of this rank waits 3x as long per sample (--sample-us): a straggler")
+      ->check(CLI::Range(0, 1 << 20));
+  std::int64_t slow_until = std::numeric_limits<std::int64_t>::max();
+  app.add_option("--slow-until", slow_until,
+                 "--slow-rank's worker is slow only before this step, and recovers after it")
+      ->check(CLI::Range(std::int64_t{0}, std::numeric_limits<std::int64_t>::max()));
   std::string device = "cpu";
   app.add_option("--device", device,
                  "where the gradient is allreduced: cpu, cuda, or standin (host memory standing "
@@ -362,16 +372,16 @@ int main(int argc, char** argv) {
         }
         buf[dim] = loss;
         if (sample_us > 0) {
-          std::this_thread::sleep_for(std::chrono::microseconds(
-              static_cast<std::int64_t>(sample_us) * static_cast<std::int64_t>(mine.size())));
+          const std::int64_t factor = session->rank() == slow_rank && step < slow_until ? 3 : 1;
+          std::this_thread::sleep_for(
+              std::chrono::microseconds(factor * static_cast<std::int64_t>(sample_us) *
+                                        static_cast<std::int64_t>(mine.size())));
         }
         session->set_metric(loss_slot, loss);
-        if (balance) {
-          session->report_samples(static_cast<double>(mine.size()));
-          session->report_compute(
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - compute_from)
-                  .count());
-        }
+        // What balanced batches and the straggler scores measure.
+        session->report_samples(static_cast<double>(mine.size()));
+        session->report_compute(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - compute_from).count());
         // |g|² of this worker's mean gradient, before the allreduce.
         double local_sq = 0;
         const double local_n = static_cast<double>(mine.size());

@@ -11,6 +11,7 @@
 #include "kf/monitor/metrics.hpp"
 #include "kf/runtime/elastic_sampler.hpp"
 #include "kf/runtime/session.hpp"
+#include "session/service_link.hpp"
 
 namespace kf {
 
@@ -79,6 +80,41 @@ void Session::update_speeds(std::span<const std::int64_t> all, std::size_t strid
   }
 }
 
+// Every worker's straggler score from the same reports (so the same on every worker); the job's
+// slowest score and count of slow workers become metrics, and rank 0 logs and posts each worker
+// that turns slow or recovers.
+void Session::track_stragglers(std::span<const std::int64_t> all, std::size_t stride,
+                               std::size_t offset) {
+  const auto& workers = peer_->cluster().workers;
+  std::vector<StragglerSample> step;
+  step.reserve(workers.size());
+  for (int r = 0; r < peer_->size(); ++r) {
+    const auto [samples, compute] = StepMonitor::samples_and_compute(all, stride, offset, r);
+    step.push_back({workers[static_cast<std::size_t>(r)].endpoint.str(), samples, compute});
+  }
+  const auto changes = stragglers_.update(step);
+  const auto& scores = stragglers_.scores();
+  if (scores.empty()) {
+    metrics_.erase("straggler.slowest");
+    metrics_.erase("straggler.slow_workers");
+  } else {
+    double slowest = 1.0;
+    for (const auto& s : scores) slowest = std::min(slowest, s.vs_fastest);
+    metrics_["straggler.slowest"] = slowest;
+    metrics_["straggler.slow_workers"] = stragglers_.slow_count();
+  }
+  if (peer_->rank() != 0) return;
+  for (const auto& c : changes) {
+    const std::string detail = fmt::format(
+        "{:.4g} samples per second of compute: {:.2f} of the fastest worker's, {:.2f} "
+        "of its own best",
+        c.score.speed, c.score.vs_fastest, c.score.vs_own_best);
+    KF_LOG(warn, "stragglers", "{} (rank 0, v{}): {} {}: {}", peer_->endpoint().str(),
+           peer_->version(), c.score.worker, c.slow ? "is slow" : "recovered", detail);
+    if (link_) link_->post(c.slow ? "slow" : "recovered", c.score.worker, detail, peer_->version());
+  }
+}
+
 std::vector<double> Session::speeds() const {
   const bool current = speeds_version_ == peer_->version() &&
                        speeds_.size() == static_cast<std::size_t>(peer_->size());
@@ -112,6 +148,16 @@ void Session::export_metrics() {
   }
   if (auto lr = settings_.find("lr"); lr != settings_.end() && lr->is_number()) {
     r.gauge("kf_learning_rate", "learning rate (settings)").set(lr->get<double>());
+  }
+  if (const StragglerScore* s = stragglers_.find(peer_->endpoint().str())) {
+    r.gauge("kf_straggler_speed", "this worker's samples per second of compute, over its window")
+        .set(s->speed);
+    r.gauge("kf_straggler_vs_fastest", "this worker's speed / the fastest worker's")
+        .set(s->vs_fastest);
+    r.gauge("kf_straggler_vs_own_best", "this worker's speed / the best its window has shown")
+        .set(s->vs_own_best);
+    r.gauge("kf_straggler_slow", "1 while this worker is a straggler, else 0")
+        .set(s->slow ? 1.0 : 0.0);
   }
   for (const auto& [name, value] : metrics_) {
     std::string m = "kf_" + name;

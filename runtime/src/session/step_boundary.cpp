@@ -79,6 +79,7 @@ void Session::commit_step(std::span<const std::int64_t> all, const RecordLayout&
   std::fill(metric_values_.begin(), metric_values_.end(), 0.0);
   if (monitor_) {
     update_speeds(all, layout.words(), layout.monitor_at());
+    track_stragglers(all, layout.words(), layout.monitor_at());
     if (auto said =
             monitor_->update(all, layout.words(), layout.monitor_at(), peer_->size(), metrics_)) {
       KF_LOG(info, "monitor", "{} (rank {}): {}", peer_->endpoint().str(), peer_->rank(), *said);

@@ -140,7 +140,8 @@ TEST(Listener, KfListenFdIsReadAndTakenOnce) {
   ::close(fd);
 
   ::setenv("KF_SELF", "127.0.0.1:9001", 1);
-  ::setenv("KF_CLUSTER", R"({"version":1,"workers":[{"host":"127.0.0.1","port":9001,"slot":0}]})", 1);
+  ::setenv("KF_CLUSTER", R"({"version":1,"workers":[{"host":"127.0.0.1","port":9001,"slot":0}]})",
+           1);
   ::setenv("KF_JOB_TOKEN", "test-token", 1);
   ::setenv(env::kListenFd, "7", 1);
   EXPECT_EQ(Env::from_environment().listen_fd, 7);

@@ -38,6 +38,7 @@
 #include "kf/runtime/policy_runner.hpp"
 #include "kf/runtime/state.hpp"
 #include "kf/runtime/step_monitor.hpp"
+#include "kf/runtime/stragglers.hpp"
 
 namespace kf {
 
@@ -272,6 +273,14 @@ class Session {
   std::pair<std::size_t, std::size_t> batch_part(std::size_t samples) const;
   /// The speeds batch_part weighs by (samples/s per rank); empty while not every worker has one.
   std::vector<double> speeds() const;
+  /// Every worker's straggler score as of the last boundary, in rank order (docs/monitoring.md,
+  /// "Stragglers"): its speed over a window of boundaries against the fastest worker's and its
+  /// own best, and whether it is slow. The same on every worker. A worker is scored once it has
+  /// reported samples and compute time (report_compute) at a few boundaries; empty with the
+  /// monitors off.
+  const std::vector<StragglerScore>& straggler_scores() const noexcept {
+    return stragglers_.scores();
+  }
   /// The port of this worker's Prometheus endpoint; 0 when it serves none.
   std::uint16_t metrics_port() const noexcept;
   /// Policies to run: after_step at every boundary once the step is committed,
@@ -396,6 +405,9 @@ class Session {
   std::vector<double> speeds_;
   std::uint64_t speeds_version_ = 0;
   void update_speeds(std::span<const std::int64_t> all, std::size_t stride, std::size_t offset);
+  // Straggler scores, fed from the same reports at every boundary.
+  StragglerTracker stragglers_;
+  void track_stragglers(std::span<const std::int64_t> all, std::size_t stride, std::size_t offset);
   std::chrono::steady_clock::time_point step_began_{};
   std::unique_ptr<monitor::MetricsRegistry> registry_;
   std::unique_ptr<monitor::MetricsServer> metrics_server_;
