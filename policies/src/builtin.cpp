@@ -13,6 +13,7 @@ void register_builtin_policies(PolicyRegistry& registry) {
   registry.add("hemingway", detail::make_hemingway_policy);
   registry.add("adaptive-sync", detail::make_adaptive_sync_policy);
   registry.add("compression-by-bandwidth", detail::make_compression_by_bandwidth_policy);
+  registry.add("stragglers", detail::make_stragglers_policy);
 }
 
 }  // namespace kf

@@ -20,5 +20,6 @@ std::unique_ptr<Policy> make_optimus_policy(const nlohmann::json& params);
 std::unique_ptr<Policy> make_hemingway_policy(const nlohmann::json& params);
 std::unique_ptr<Policy> make_adaptive_sync_policy(const nlohmann::json& params);
 std::unique_ptr<Policy> make_compression_by_bandwidth_policy(const nlohmann::json& params);
+std::unique_ptr<Policy> make_stragglers_policy(const nlohmann::json& params);
 
 }  // namespace kf::detail

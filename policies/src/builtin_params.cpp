@@ -116,6 +116,13 @@ std::string ParamReader::choice(const char* name, std::string fallback,
   return v->get<std::string>();
 }
 
+bool ParamReader::boolean(const char* name, bool fallback) {
+  const nlohmann::json* v = find(name);
+  if (v == nullptr) return fallback;
+  if (!v->is_boolean()) fail(name, "must be true or false (got " + describe(*v) + ")");
+  return v->get<bool>();
+}
+
 std::string ParamReader::string(const char* name, std::string fallback) {
   const nlohmann::json* v = find(name);
   if (v == nullptr) return fallback;

@@ -48,6 +48,8 @@ class ParamReader {
   /// Throws: std::invalid_argument naming the parameter and the choices.
   std::string choice(const char* name, std::string fallback,
                      std::initializer_list<std::string_view> choices);
+  /// true or false; `fallback` when absent. Throws: std::invalid_argument naming the parameter.
+  bool boolean(const char* name, bool fallback);
   /// A string; `fallback` when absent. Throws: std::invalid_argument naming the parameter.
   std::string string(const char* name, std::string fallback);
   /// A non-empty array of distinct strings, each one of `choices`; `fallback` when absent.

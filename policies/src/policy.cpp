@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "kf/cluster/cluster.hpp"
 #include "kf/coll/types.hpp"
 #include "kf/policies/training_spec.hpp"
 
@@ -22,8 +24,18 @@ namespace kf {
 // ---- PolicyInputs -----------------------------------------------------------------------------
 
 nlohmann::json PolicyInputs::to_json() const {
-  return {{"step", step},       {"epoch", epoch},       {"workers", workers},
-          {"version", version}, {"settings", settings}, {"metrics", metrics}};
+  nlohmann::json j = {{"step", step},       {"epoch", epoch},       {"workers", workers},
+                      {"version", version}, {"settings", settings}, {"metrics", metrics}};
+  if (!speeds.empty()) {
+    j["speeds"] = nlohmann::json::array();
+    for (const auto& w : speeds) {
+      j["speeds"].push_back({{"worker", w.worker},
+                             {"vs_fastest", w.vs_fastest},
+                             {"vs_own_best", w.vs_own_best},
+                             {"slow", w.slow}});
+    }
+  }
+  return j;
 }
 
 PolicyInputs PolicyInputs::from_json(const nlohmann::json& j) {
@@ -50,6 +62,19 @@ PolicyInputs PolicyInputs::from_json(const nlohmann::json& j) {
         throw std::invalid_argument("policy inputs: metric '" + k + "' is not a number");
       in.metrics[k] = v.get<double>();
     }
+    const nlohmann::json speeds = j.value("speeds", nlohmann::json::array());
+    if (!speeds.is_array()) throw std::invalid_argument("policy inputs: speeds is not an array");
+    for (const auto& w : speeds) {
+      const auto at = "policy inputs: speeds[" + std::to_string(in.speeds.size()) + "]";
+      if (!w.is_object() || !w.contains("worker") || !w["worker"].is_string() ||
+          !w.contains("vs_fastest") || !w["vs_fastest"].is_number() || !w.contains("vs_own_best") ||
+          !w["vs_own_best"].is_number() || !w.contains("slow") || !w["slow"].is_boolean()) {
+        throw std::invalid_argument(
+            at + " needs worker (a string), vs_fastest, vs_own_best (numbers) and slow (a bool)");
+      }
+      in.speeds.push_back({w["worker"].get<std::string>(), w["vs_fastest"].get<double>(),
+                           w["vs_own_best"].get<double>(), w["slow"].get<bool>()});
+    }
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(std::string("policy inputs: ") + e.what());
   }
@@ -65,6 +90,10 @@ void Proposal::merge(const Proposal& later) {
   if (later.algorithm) algorithm = later.algorithm;
   if (later.mode) mode = later.mode;
   if (later.compression) compression = later.compression;
+  if (later.balance) balance = later.balance;
+  for (const auto& w : later.revoke) {
+    if (std::find(revoke.begin(), revoke.end(), w) == revoke.end()) revoke.push_back(w);
+  }
   stop = stop || later.stop;
   reasons.insert(reasons.end(), later.reasons.begin(), later.reasons.end());
 }
@@ -73,8 +102,9 @@ bool Proposal::changes_nothing(int current_workers, const nlohmann::json& settin
   const auto same = [&](const char* key, const auto& v) {
     return settings.contains(key) && settings[key] == nlohmann::json(v);
   };
-  if (stop) return false;
+  if (stop || !revoke.empty()) return false;
   if (workers && *workers != current_workers) return false;
+  if (balance && settings.value("balance", false) != *balance) return false;
   if (batch_size && !same("batch_size", *batch_size)) return false;
   if (learning_rate && !same("lr", *learning_rate)) return false;
   if (algorithm && !same("algorithm", *algorithm)) return false;
@@ -107,6 +137,8 @@ nlohmann::json Proposal::to_json() const {
   if (algorithm) j["algorithm"] = *algorithm;
   if (mode) j["mode"] = *mode;
   if (compression) j["compression"] = *compression;
+  if (balance) j["balance"] = *balance;
+  if (!revoke.empty()) j["revoke"] = revoke;
   if (stop) j["stop"] = true;
   j["reasons"] = reasons;
   return j;
@@ -186,6 +218,24 @@ void PolicyContext::set_compression(std::string_view compression, std::string_vi
 void PolicyContext::stop(std::string_view why) {
   proposal_.stop = true;
   note("stop", why);
+}
+
+void PolicyContext::set_balance(bool on, std::string_view why) {
+  proposal_.balance = on;
+  note(on ? "balance=true" : "balance=false", why);
+}
+
+void PolicyContext::revoke(std::string_view worker, std::string_view why) {
+  try {
+    (void)Endpoint::parse(worker);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(policy_ + ": revoke('" + std::string(worker) + "'): " + e.what());
+  }
+  if (std::find(proposal_.revoke.begin(), proposal_.revoke.end(), worker) ==
+      proposal_.revoke.end()) {
+    proposal_.revoke.emplace_back(worker);
+  }
+  note("revoke " + std::string(worker), why);
 }
 
 // ---- PolicyRegistry ---------------------------------------------------------------------------

@@ -493,6 +493,47 @@ TEST(ElasticPolicies, ReplayReproducesTheDecisionsOfALiveRun) {
   EXPECT_EQ(replayed, 2) << "one recording per worker";
 }
 
+// The stragglers policy live: a worker 3x slower is balanced, then revoked with notice, and the
+// hot spare takes its place; the job keeps its size and finishes cleanly, and each worker's
+// recording replays to the same decisions.
+TEST(ElasticPolicies, TheStragglersPolicyRevokesASlowWorkerAndASpareTakesItsPlace) {
+  ElasticJob job("stragglers-policy");
+  const auto yaml = job.dir() / "job.yaml";
+  std::ofstream(yaml) << "job: {}\nbatch_size: 64\nworkers: {max: 8}\nspares: 1\n"
+                      << "policies:\n"
+                      << "  - name: stragglers\n"
+                      << "    params: {revoke_after: 1, cooldown: 1000}\n";
+  job.set_agent_options("--job " + yaml.string());
+  const auto record = job.dir() / "runs";
+  job.start(3, kArgs + " --sample-us 100 --slow-rank 2 --job " + yaml.string() +
+                   " --policy-record " + record.string());
+  ASSERT_TRUE(job.wait_progress(5)) << job.err();
+  const std::string slow = job.client().get_cluster().workers.at(2).endpoint.str();
+  ASSERT_TRUE(job.wait_event("revoked", slow, 60s)) << job.err();
+  ASSERT_TRUE(job.wait_event("exited", slow)) << job.err();
+  const auto c = job.client().get_cluster();
+  EXPECT_EQ(c.size(), 3) << "the spare took the revoked worker's place";
+  EXPECT_FALSE(c.rank_of(Endpoint::parse(slow)).has_value());
+  EXPECT_TRUE(job.has_event([](const ConfigEvent& e) { return e.type == "promoted"; }));
+  EXPECT_TRUE(job.has_event([](const ConfigEvent& e) {
+    return e.detail.find("stragglers: balance=true") != std::string::npos;
+  })) << "balanced before it was revoked";
+  ASSERT_TRUE(job.wait_progress(job.progress() + 20)) << job.err();
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 3);
+  int replayed = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(job.dir())) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with("runs-")) continue;
+    const Ran r = run_shell(env_or_empty("KF_POLICY_REPLAY") + " --check --job " + yaml.string() +
+                            " " + entry.path().string());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(", 0 differences from the recording"), std::string::npos) << r.output;
+    ++replayed;
+  }
+  EXPECT_GE(replayed, 3) << "one recording per worker";
+}
+
 // A built-in policy live: throughput-scaling measures 2 workers, adds one (its rule with a single
 // worker count), and the job takes the change on every worker at one step and finishes cleanly.
 TEST(ElasticPolicies, ThroughputScalingGrowsTheJobItself) {

@@ -106,7 +106,7 @@ TEST(BuiltinPolicies, RegistersEachNameAndMakesItFromEmptyParams) {
   PolicyRegistry r;
   register_builtin_policies(r);
   for (const char* name : {"gns-batch-size", "throughput-scaling", "algorithm-selection",
-                           "adaptive-sync", "compression-by-bandwidth"}) {
+                           "adaptive-sync", "compression-by-bandwidth", "stragglers"}) {
     ASSERT_TRUE(r.contains(name)) << name;
     auto p = r.make(name, nlohmann::json::object());
     ASSERT_NE(p, nullptr);
@@ -118,7 +118,7 @@ TEST(BuiltinPolicies, RegistersEachNameAndMakesItFromEmptyParams) {
 
 TEST(BuiltinPolicies, RejectParamsThatAreNotAMapping) {
   for (const std::string name : {"gns-batch-size", "throughput-scaling", "algorithm-selection",
-                                 "adaptive-sync", "compression-by-bandwidth"}) {
+                                 "adaptive-sync", "compression-by-bandwidth", "stragglers"}) {
     EXPECT_EQ(make_error(name, nlohmann::json::array({1})),
               name + ": params must be a mapping of parameters (got [1])");
     EXPECT_EQ(

@@ -14,7 +14,8 @@
 // them once more, so that the final check can ask for identical parameters.
 // With --sample-us each step also waits in proportion to this worker's share of the batch, a
 // stand-in for an accelerator's compute that takes no core (kf-replay's throughput figures);
-// --slow-rank makes one worker wait 3x as long (a straggler), until --slow-until's step.
+// --slow-rank makes the worker started as that rank wait 3x as long (a straggler), until
+// --slow-until's step.
 // With --device cuda the gradient is allreduced on the GPU (NCCL, or staging by
 // KF_DEVICE_BACKEND); with --device standin, through the staging backend with host memory
 // standing in for the device.
@@ -169,7 +170,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1000000));
   int slow_rank = -1;
   app.add_option("--slow-rank", slow_rank,
-                 "the worker of this rank waits 3x as long per sample (--sample-us): a straggler")
+                 "the worker kfrun started as this rank (KF_RANK; not a spare) waits 3x as long "
+                 "per sample (--sample-us): a straggler, whatever its rank later")
       ->check(CLI::Range(0, 1 << 20));
   std::int64_t slow_until = std::numeric_limits<std::int64_t>::max();
   app.add_option("--slow-until", slow_until,
@@ -181,6 +183,9 @@ int main(int argc, char** argv) {
                  "in for a device)")
       ->check(CLI::IsMember({"cpu", "cuda", "standin"}));
   CLI11_PARSE(app, argc, argv);
+  // The rank kfrun started this worker as (a hot spare has none): what --slow-rank names.
+  const char* kf_rank = std::getenv("KF_RANK");
+  const int started_as = kf_rank != nullptr ? std::atoi(kf_rank) : -1;
 
   std::shared_ptr<kf::detail::DeviceApi> dev;
   if (device == "standin") {
@@ -372,7 +377,7 @@ int main(int argc, char** argv) {
         }
         buf[dim] = loss;
         if (sample_us > 0) {
-          const std::int64_t factor = session->rank() == slow_rank && step < slow_until ? 3 : 1;
+          const std::int64_t factor = started_as == slow_rank && step < slow_until ? 3 : 1;
           std::this_thread::sleep_for(
               std::chrono::microseconds(factor * static_cast<std::int64_t>(sample_us) *
                                         static_cast<std::int64_t>(mine.size())));

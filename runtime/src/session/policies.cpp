@@ -23,6 +23,9 @@ PolicyInputs Session::policy_inputs() const {
   in.version = peer_->version();
   in.settings = settings_;
   in.metrics = metrics_;
+  for (const auto& s : stragglers_.scores()) {
+    in.speeds.push_back({s.worker, s.vs_fastest, s.vs_own_best, s.slow});
+  }
   return in;
 }
 
@@ -79,6 +82,38 @@ void Session::adopt_settings(const nlohmann::json& settings) {
   if (parsed.typed.algorithm) peer_->set_default_algorithm(*parsed.typed.algorithm);
 }
 
+namespace {
+
+// Takes `revoke`'s workers out of `next` (those still in it), never its last one, and moves in a
+// hot spare on another host for each where there is one; the events to post go to `events`.
+void revoke_workers(Cluster& next, const std::vector<std::string>& revoke, const std::string& why,
+                    std::vector<ConfigEvent>& events) {
+  std::vector<std::string> hosts;
+  std::size_t removed = 0;
+  for (const auto& name : revoke) {
+    const auto it = std::find_if(next.workers.begin(), next.workers.end(),
+                                 [&](const WorkerSpec& w) { return w.endpoint.str() == name; });
+    if (it == next.workers.end() || next.workers.size() + next.spares.size() <= 1) continue;
+    hosts.push_back(it->endpoint.host);
+    next.workers.erase(it);
+    ++removed;
+    events.push_back(ConfigEvent{0, {}, "revoked", name, why, std::nullopt});
+  }
+  // Spares on other hosts first (the revoked worker's host may be the slow part), then any.
+  auto promoted = promote_spares(next, removed, hosts);
+  for (const auto& w : promote_spares(next, removed - promoted.size())) promoted.push_back(w);
+  for (const auto& w : promoted) {
+    events.push_back(ConfigEvent{0,
+                                 {},
+                                 "promoted",
+                                 w.endpoint.str(),
+                                 "a hot spare, in place of a revoked worker (" + why + ")",
+                                 std::nullopt});
+  }
+}
+
+}  // namespace
+
 // Applies a proposal on every worker at once. Every worker computed the same proposal from the
 // same inputs; in an elastic job rank 0 alone writes it as one new cluster version (all changes
 // together), which every worker then takes up at the same boundary. In a static job the
@@ -94,11 +129,16 @@ void Session::apply(const Proposal& proposal, const char* hook) {
     if (p.algorithm) st["algorithm"] = *p.algorithm;
     if (p.mode) st["mode"] = *p.mode;
     if (p.compression) st["compression"] = *p.compression;
+    if (p.balance) st["balance"] = *p.balance;
     if (p.stop) st["stop"] = true;
   };
   if (!link_) {
     if (proposal.workers && *proposal.workers != peer_->size()) {
       KF_LOG(warn, "session", "{}: a static job cannot resize ({})", peer_->endpoint().str(), why);
+    }
+    if (!proposal.revoke.empty()) {
+      KF_LOG(warn, "session", "{}: a static job cannot revoke a worker ({})",
+             peer_->endpoint().str(), why);
     }
     nlohmann::json st = settings_;
     edit_settings(st);
@@ -147,14 +187,20 @@ void Session::apply(const Proposal& proposal, const char* hook) {
           next.workers.push_back(WorkerSpec{Endpoint{self.host, port}, slot++});
         }
       }
+      std::vector<ConfigEvent> events;
+      revoke_workers(next, proposal.revoke, "policy: " + why, events);
       if (next.workers == c.workers && next.settings == c.settings) return;  // already there
       try {
         const Cluster stored = client.put_cluster(next);
         KF_LOG(info, "session", "{} (rank 0) step {}: {} wrote v{}: {}", self.str(), step, hook,
                stored.version, why);
-        watch->post(proposal.workers && !as_target ? "resized" : "note", "",
-                    "policy: " + why + (as_target ? " (as autoscale's target)" : ""),
-                    stored.version);
+        // A revoke alone is told by its own events.
+        if (events.empty() || proposal.workers || next.settings != c.settings) {
+          watch->post(proposal.workers && !as_target ? "resized" : "note", "",
+                      "policy: " + why + (as_target ? " (as autoscale's target)" : ""),
+                      stored.version);
+        }
+        for (const auto& e : events) watch->post(e.type, e.worker, e.detail, stored.version);
         return;
       } catch (const ConflictError& e) {
         c = e.current();

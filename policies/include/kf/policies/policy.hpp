@@ -24,6 +24,16 @@
 
 namespace kf {
 
+/// One worker's straggler score (kf::Session::straggler_scores; docs/monitoring.md,
+/// "Stragglers").
+struct WorkerSpeed {
+  std::string worker;      ///< host:port
+  double vs_fastest = 1;   ///< its speed / the fastest worker's (1: the fastest)
+  double vs_own_best = 1;  ///< its speed / the best its window has shown
+  bool slow = false;       ///< below 0.7 of the fastest, until back above 0.85
+  friend bool operator==(const WorkerSpeed&, const WorkerSpeed&) = default;
+};
+
 /// What a hook may read. Identical on every worker at a given step.
 struct PolicyInputs {
   std::int64_t step = 0;      ///< steps finished by the job
@@ -32,6 +42,9 @@ struct PolicyInputs {
   std::uint64_t version = 0;  ///< current cluster version
   nlohmann::json settings = nlohmann::json::object();  ///< batch_size, lr, algorithm, ...
   std::map<std::string, double> metrics;  ///< this step's scalars, averaged over the workers
+  /// The scored workers' straggler scores, in rank order (empty until a few boundaries measured
+  /// compute times, and with the monitors off).
+  std::vector<WorkerSpeed> speeds;
 
   nlohmann::json to_json() const;
   /// Throws: std::invalid_argument naming the missing or malformed field.
@@ -46,16 +59,23 @@ struct Proposal {
   std::optional<std::string> algorithm;
   std::optional<std::string> mode;         ///< canonical text (ModeSpec::str())
   std::optional<std::string> compression;  ///< canonical text (CompressionSpec::str())
+  std::optional<bool> balance;             ///< the setting "balance" (balanced batches)
+  /// Workers (host:port) to take out of the cluster, with notice: each finishes its step and
+  /// leaves at the boundary; a hot spare takes its place where there is one, and under
+  /// autoscale the agents place a replacement on an offered slot.
+  std::vector<std::string> revoke;
   bool stop = false;
   std::vector<std::string> reasons;  ///< "policy: why" for each field set, in order
 
   bool empty() const noexcept {
     return !workers && !batch_size && !learning_rate && !algorithm && !mode && !compression &&
-           !stop;
+           !balance && revoke.empty() && !stop;
   }
-  /// Fields set in `later` replace ours (later policies in the job file win).
+  /// Fields set in `later` replace ours (later policies in the job file win); workers to revoke
+  /// add up.
   void merge(const Proposal& later);
-  /// True when applying it to `workers` and `settings` would change nothing.
+  /// True when applying it to `workers` and `settings` would change nothing (a revoke always
+  /// changes something).
   bool changes_nothing(int current_workers, const nlohmann::json& settings) const;
   /// {"workers": 3, "batch_size": 128, ..., "reasons": [...]}, fields that are set only.
   nlohmann::json to_json() const;
@@ -71,6 +91,8 @@ class PolicyContext {
   std::int64_t step() const noexcept { return inputs_.step; }
   int workers() const noexcept { return inputs_.workers; }
   const nlohmann::json& settings() const noexcept { return inputs_.settings; }
+  /// The workers' straggler scores (PolicyInputs::speeds).
+  const std::vector<WorkerSpeed>& speeds() const noexcept { return inputs_.speeds; }
   /// The averaged metric `name`, or `fallback` when this step did not report it.
   double metric(std::string_view name, double fallback = 0.0) const;
   bool has_metric(std::string_view name) const;
@@ -91,6 +113,11 @@ class PolicyContext {
   /// Throws: std::invalid_argument naming what is wrong with `compression`.
   void set_compression(std::string_view compression, std::string_view why = {});
   void stop(std::string_view why = {});
+  /// Turns balanced batches on or off (the setting "balance"; docs/training-modes.md).
+  void set_balance(bool on, std::string_view why = {});
+  /// Takes `worker` (host:port) out of the cluster with notice (Proposal::revoke).
+  /// Throws: std::invalid_argument when `worker` is not host:port.
+  void revoke(std::string_view worker, std::string_view why = {});
 
   const Proposal& proposal() const noexcept { return proposal_; }
 

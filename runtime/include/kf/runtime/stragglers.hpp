@@ -33,9 +33,9 @@ struct StragglerOptions {
 
 /// One worker's measurements at one boundary.
 struct StragglerSample {
-  std::string worker;   ///< its address (host:port)
-  double samples = 0;   ///< samples it trained on in the step
-  double compute = 0;   ///< seconds it computed (0: not reported; the step adds nothing)
+  std::string worker;  ///< its address (host:port)
+  double samples = 0;  ///< samples it trained on in the step
+  double compute = 0;  ///< seconds it computed (0: not reported; the step adds nothing)
 };
 
 struct StragglerScore {
