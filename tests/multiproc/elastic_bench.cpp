@@ -13,8 +13,11 @@
 //   steady  the time of a step without any change (the watch of the service runs beside the
 //           steps), over 1000 steps after the first 500, with --extra-floats of state;
 //           steady-spare the same with a hot spare that rank 0 feeds (not in the default set)
+//   straggler  a worker of np + 1 made 3x slower halfway, under the stragglers policy with a hot
+//           spare: the job's steps/s before, its lowest after, and the time until it is back to
+//           0.9 of the rate before (not in the default set)
 // Usage: build/tests/multiproc/elastic-bench [--runs N] [--extra-floats N] [--np N] [--etcd]
-//        [--changes revoke,kill,add,spare,steady,steady-spare];
+//        [--changes revoke,kill,add,spare,steady,steady-spare,straggler];
 // the executables are taken from the build tree it is in (or KFRUN, KF_ELASTIC_WORKER,
 // KF_MEMBER, CONFIG_SERVER_EXE). --etcd keeps the jobs' documents in a one-member etcd on
 // 127.0.0.1 (etcd:// URLs) instead of a kf-config-server per job.
@@ -24,6 +27,7 @@
 #include <iostream>
 #include <map>
 #include <signal.h>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -255,6 +259,61 @@ bool run_steady(int np, std::size_t extra, bool spare, std::map<std::string, Ser
   return job.wait() == 0;
 }
 
+// A job of np workers and a hot spare under the stragglers policy; the worker started as rank
+// np - 1 turns 3x slower at step kSlowFrom. Rank 0's committed steps, polled every 50 ms, give
+// the job's rate over 2 s windows: the undisturbed rate before, and how long after the slowdown
+// the rate is back to 0.9 of it (the policy balances, then revokes the straggler and the spare
+// takes its place).
+bool run_straggler(int np, std::map<std::string, Series>& out) {
+  constexpr long kSlowFrom = 2000;
+  ElasticJob job("bench-straggler", service_for("bench-straggler"));
+  const auto file = job.dir() / "job.yaml";
+  std::ofstream(file) << "job: {}\nbatch_size: 64\nworkers: {max: 8}\nspares: 1\n"
+                      << "policies:\n  - name: stragglers\n"
+                      << "    params: {revoke_after: 10, revoke_below: 0.5, cooldown: 1000}\n";
+  job.set_agent_options("--job " + file.string());
+  job.start(np, kArgs + " --sample-us 200 --slow-rank " + std::to_string(np - 1) + " --slow-from " +
+                    std::to_string(kSlowFrom) + " --job " + file.string());
+  if (!job.wait_progress(500)) return false;
+  std::vector<std::pair<std::int64_t, long>> seen;  // (us, committed steps)
+  const auto rate_over = [&](std::size_t last, std::int64_t window_us) {
+    std::size_t first = last;
+    while (first > 0 && seen[last].first - seen[first].first < window_us) --first;
+    const double us = static_cast<double>(seen[last].first - seen[first].first);
+    return us > 0 ? static_cast<double>(seen[last].second - seen[first].second) * 1e6 / us : 0.0;
+  };
+  double undisturbed = 0;
+  std::int64_t slowed_at = 0, back_at = 0;
+  double slowest = 0;
+  const std::int64_t give_up = now_us() + 120'000'000;
+  while (back_at == 0 && now_us() < give_up) {
+    seen.emplace_back(now_us(), job.progress());
+    const std::size_t i = seen.size() - 1;
+    if (slowed_at == 0) {
+      if (seen[i].second >= kSlowFrom) {
+        slowed_at = seen[i].first;
+        std::size_t before = i;
+        while (before > 0 && seen[before].second >= kSlowFrom - 100) --before;
+        undisturbed = rate_over(before, 4'000'000);
+      }
+    } else if (seen[i].first - slowed_at >= 2'000'000) {
+      const double rate = rate_over(i, 2'000'000);
+      if (slowest == 0 || rate < slowest) slowest = rate;
+      if (rate >= 0.9 * undisturbed) back_at = seen[i].first;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const bool revoked = job.has_event([](const kf::ConfigEvent& e) { return e.type == "revoked"; });
+  job.finish_soon();
+  const bool clean = job.wait() == 0;
+  if (undisturbed <= 0 || back_at == 0) return false;
+  out["straggler: undisturbed steps/s"].add(undisturbed);
+  out["straggler: lowest steps/s after the slowdown (2 s windows)"].add(slowest);
+  out["straggler: slowdown -> rate back to 0.9"].add(ms_between(slowed_at, back_at));
+  out["straggler: the straggler was revoked (1 = yes)"].add(revoked ? 1.0 : 0.0);
+  return clean;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -269,7 +328,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> which{"revoke", "kill", "add", "spare", "steady"};
   app.add_option("--changes", which, "which to time (default: all)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"revoke", "kill", "add", "spare", "steady", "steady-spare"}));
+      ->check(
+          CLI::IsMember({"revoke", "kill", "add", "spare", "steady", "steady-spare", "straggler"}));
   CLI11_PARSE(app, argc, argv);
   std::unique_ptr<kf::test::EtcdProcess> etcd_process;
   if (etcd) {
@@ -294,10 +354,17 @@ int main(int argc, char** argv) {
     if (wanted("spare")) failed += !run_spare(np + 1, extra, out);
     if (wanted("steady")) failed += !run_steady(np, extra, false, out);
     if (wanted("steady-spare")) failed += !run_steady(np, extra, true, out);
+    if (wanted("straggler")) failed += !run_straggler(np + 1, out);
     std::cerr << "run " << i + 1 << "/" << runs << " done\n";
   }
-  std::cout << "elastic-bench: " << runs << " runs, np " << np << " (+1 before revoke/kill/spare), "
-            << (etcd ? "etcd" : "kf-config-server") << ", " << failed << " failed runs\n";
-  for (const auto& [name, s] : out) std::printf("%-48s %s ms\n", name.c_str(), s.str().c_str());
+  std::cout << "elastic-bench: " << runs << " runs, np " << np
+            << " (+1 before revoke/kill/spare/straggler), " << (etcd ? "etcd" : "kf-config-server")
+            << ", " << failed << " failed runs\n";
+  for (const auto& [name, s] : out) {
+    // Times in ms, unless the name gives another unit.
+    const bool other_unit =
+        name.find("steps/s") != std::string::npos || name.find("(1 = yes)") != std::string::npos;
+    std::printf("%-48s %s%s\n", name.c_str(), s.str().c_str(), other_unit ? "" : " ms");
+  }
   return failed == 0 ? 0 : 1;
 }

@@ -14,8 +14,8 @@
 // them once more, so that the final check can ask for identical parameters.
 // With --sample-us each step also waits in proportion to this worker's share of the batch, a
 // stand-in for an accelerator's compute that takes no core (kf-replay's throughput figures);
-// --slow-rank makes the worker started as that rank wait 3x as long (a straggler), until
-// --slow-until's step.
+// --slow-rank makes the worker started as that rank wait 3x as long (a straggler), from
+// --slow-from's step until --slow-until's.
 // With --device cuda the gradient is allreduced on the GPU (NCCL, or staging by
 // KF_DEVICE_BACKEND); with --device standin, through the staging backend with host memory
 // standing in for the device.
@@ -173,6 +173,9 @@ int main(int argc, char** argv) {
                  "the worker kfrun started as this rank (KF_RANK; not a spare) waits 3x as long "
                  "per sample (--sample-us): a straggler, whatever its rank later")
       ->check(CLI::Range(0, 1 << 20));
+  std::int64_t slow_from = 0;
+  app.add_option("--slow-from", slow_from, "--slow-rank's worker is slow from this step on")
+      ->check(CLI::Range(std::int64_t{0}, std::numeric_limits<std::int64_t>::max()));
   std::int64_t slow_until = std::numeric_limits<std::int64_t>::max();
   app.add_option("--slow-until", slow_until,
                  "--slow-rank's worker is slow only before this step, and recovers after it")
@@ -377,7 +380,8 @@ int main(int argc, char** argv) {
         }
         buf[dim] = loss;
         if (sample_us > 0) {
-          const std::int64_t factor = started_as == slow_rank && step < slow_until ? 3 : 1;
+          const std::int64_t factor =
+              started_as == slow_rank && step >= slow_from && step < slow_until ? 3 : 1;
           std::this_thread::sleep_for(
               std::chrono::microseconds(factor * static_cast<std::int64_t>(sample_us) *
                                         static_cast<std::int64_t>(mine.size())));
