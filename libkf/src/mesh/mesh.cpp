@@ -6,7 +6,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -131,7 +130,9 @@ void Mesh::adopt_listener(const tcp::endpoint& ep) {
     refuse(std::string("has no address: ") + std::strerror(errno));
   }
   tcp::endpoint at;
-  std::memcpy(at.data(), &bound, std::min<std::size_t>(length, sizeof bound));
+  if (length > at.capacity()) refuse("has an address too long for TCP");
+  std::memcpy(at.data(), &bound, length);
+  at.resize(length);
   if (at.port() == 0 || (opts_.listen.port != 0 && at.port() != opts_.listen.port)) {
     refuse("is bound to port " + std::to_string(at.port()) + ", not to " + opts_.listen.str() +
            "'s");

@@ -74,7 +74,9 @@ TEST(PickFreePorts, SkipsPortInUse) {
 bool binds_with(int option, std::uint16_t port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   const int on = 1;
-  if (option != 0) EXPECT_EQ(::setsockopt(fd, SOL_SOCKET, option, &on, sizeof on), 0);
+  if (option != 0) {
+    EXPECT_EQ(::setsockopt(fd, SOL_SOCKET, option, &on, sizeof on), 0);
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
