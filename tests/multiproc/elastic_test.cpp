@@ -538,6 +538,36 @@ TEST(ElasticPolicies, TheStragglersPolicyRevokesASlowWorkerAndASpareTakesItsPlac
   EXPECT_EQ(decided, 3);
 }
 
+// Under autoscale the stragglers policy's revoke leaves the target as it was, so the agents place
+// a replacement on an offered slot (after the 10 s a host that lost a worker waits).
+TEST(ElasticPolicies, UnderAutoscaleARevokedStragglerIsReplacedOnAnOfferedSlot) {
+  ElasticJob job("stragglers-autoscale");
+  const auto yaml = job.dir() / "job.yaml";
+  std::ofstream(yaml) << "job: {}\nbatch_size: 64\nworkers: {max: 8}\n"
+                      << "autoscale: {target: 3, cooldown_s: 0}\n"
+                      << "policies:\n"
+                      << "  - name: stragglers\n"
+                      << "    params: {revoke_after: 1, cooldown: 1000}\n";
+  job.set_agent_options("--job " + yaml.string());
+  job.start(3, kArgs + " --sample-us 100 --slow-rank 2 --job " + yaml.string());
+  ASSERT_TRUE(job.wait_progress(5)) << job.err();
+  const std::string slow = job.client().get_cluster().workers.at(2).endpoint.str();
+  ASSERT_TRUE(job.wait_event("revoked", slow, 60s)) << job.err();
+  ASSERT_TRUE(eventually(
+      [&] {
+        return job.has_event([](const ConfigEvent& e) {
+          return e.type == "placed" && e.detail.starts_with("autoscale: target 3,");
+        });
+      },
+      60s))
+      << job.err();
+  ASSERT_TRUE(job.wait_size(3)) << job.err();
+  ASSERT_TRUE(job.wait_progress(job.progress() + 20)) << job.err();
+  EXPECT_FALSE(job.client().get_cluster().rank_of(Endpoint::parse(slow)).has_value());
+  job.finish_soon();
+  job.expect_clean_finish(job.wait(), 3);
+}
+
 // A built-in policy live: throughput-scaling measures 2 workers, adds one (its rule with a single
 // worker count), and the job takes the change on every worker at one step and finishes cleanly.
 TEST(ElasticPolicies, ThroughputScalingGrowsTheJobItself) {
