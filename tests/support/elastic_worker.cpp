@@ -170,8 +170,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1000000));
   int slow_rank = -1;
   app.add_option("--slow-rank", slow_rank,
-                 "the worker kfrun started as this rank of the first cluster version (KF_RANK; "
-                 "not a spare, nor a worker placed later) waits 3x as long per sample "
+                 "the worker kfrun started as this rank (KF_RANK) among the job's first workers "
+                 "(not a spare, nor one that joins later) waits 3x as long per sample "
                  "(--sample-us): a straggler, whatever its rank later")
       ->check(CLI::Range(0, 1 << 20));
   std::int64_t slow_from = 0;
@@ -187,8 +187,8 @@ int main(int argc, char** argv) {
                  "in for a device)")
       ->check(CLI::IsMember({"cpu", "cuda", "standin"}));
   CLI11_PARSE(app, argc, argv);
-  // The rank kfrun started this worker as in the job's first cluster version: what --slow-rank
-  // names (a hot spare, or a worker placed later, is never slowed).
+  // The rank kfrun started this worker as, when it is one of the job's first workers: what
+  // --slow-rank names (a hot spare, or a worker placed later, is never slowed).
   const char* kf_rank = std::getenv("KF_RANK");
   int started_as = kf_rank != nullptr ? std::atoi(kf_rank) : -1;
 
@@ -260,7 +260,6 @@ int main(int argc, char** argv) {
     if (!mode_text.empty()) defaults["mode"] = kf::parse_mode(mode_text).str();
     if (balance) defaults["balance"] = true;
     session = kf::Session::from_environment(state, defaults);
-    if (session->version() > 1) started_as = -1;
     // Without test policies or --job, the session keeps those of KF_JOB_FILE (kfrun --job).
     if (!policies.empty()) session->set_policies(&policies);
     loss_slot = session->add_metric("loss");
@@ -268,6 +267,8 @@ int main(int argc, char** argv) {
       std::cout << "removed before joining" << std::endl;
       return 0;
     }
+    // A worker that joins a job already training is a spare or a later one: never --slow-rank's.
+    if (step != 0) started_as = -1;
   } catch (const std::exception& e) {
     std::cerr << "elastic-worker: " << e.what() << "\n";
     return 1;
