@@ -1,9 +1,26 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "session/boundary_rules.hpp"
 
+#include <algorithm>
 #include <bit>
 
 namespace kf::detail {
+
+void BoundaryAgreement::heard(std::uint64_t index) noexcept { heard_ = std::max(heard_, index); }
+
+BoundaryAgreement::Verdict BoundaryAgreement::at_step_end(bool own_reason) const noexcept {
+  const std::uint64_t next = passed_ + 1;
+  if (heard_ >= next) return Verdict{true, false, next};
+  if (own_reason) return Verdict{true, true, next};
+  return Verdict{false, false, 0};
+}
+
+void BoundaryAgreement::passed(std::uint64_t index) noexcept {
+  passed_ = std::max(passed_, index);
+  heard_ = std::max(heard_, passed_);
+}
+
+void BoundaryAgreement::restart() noexcept { passed_ = heard_ = 0; }
 
 void pack(const BoundaryRecord& record, std::span<const double> metrics, const RecordLayout& layout,
           std::span<std::int64_t> out) {

@@ -58,6 +58,41 @@ std::vector<BoundaryRecord> unpack(std::span<const std::int64_t> all, const Reco
 /// worker).
 std::vector<double> average_metrics(std::span<const std::int64_t> all, const RecordLayout& layout);
 
+/// Boundaries on change (settings "boundaries": "on-change", docs/elastic.md): the boundaries
+/// of one cluster version are numbered 1, 2, ... A worker that needs the next one (its watch
+/// holds a newer cluster, a peer is lost, joiners wait, the interval is up, the training loop
+/// asked) sends every other worker a request naming it, and every worker takes it at the end
+/// of the step in which it learns of it, by a reason of its own or by a request. The control
+/// collective of boundary k cannot complete before every worker entered it, so nobody can ask
+/// for k + 1 before everyone passed k: the numbers name the same boundary on every worker,
+/// whatever order the news arrives in, and a request for a number already passed (a second
+/// worker asked for it too) is old news. A failure ends the version and its numbering
+/// (restart()); requests are messages of their version, so none crosses into the next one.
+class BoundaryAgreement {
+ public:
+  struct Verdict {
+    bool take = false;        ///< this step ends at boundary `index`
+    bool ask_others = false;  ///< this worker asks for it: send `index` to every other worker
+    std::uint64_t index = 0;
+    friend bool operator==(const Verdict&, const Verdict&) = default;
+  };
+  /// A request for boundary `index` came (from any worker, in any order, any number of times).
+  void heard(std::uint64_t index) noexcept;
+  /// At the end of a step, with `own_reason` whether this worker needs a boundary itself.
+  /// Nobody is asked twice: a worker that heard a request for the next boundary takes it
+  /// without asking.
+  Verdict at_step_end(bool own_reason) const noexcept;
+  /// Boundary `index` was passed: its control collective completed.
+  void passed(std::uint64_t index) noexcept;
+  /// A new cluster version: numbering starts again at 1.
+  void restart() noexcept;
+  std::uint64_t passed_count() const noexcept { return passed_; }
+  std::uint64_t heard_max() const noexcept { return heard_; }
+
+ private:
+  std::uint64_t passed_ = 0, heard_ = 0;
+};
+
 /// What the rules see besides the records: this worker's view before the boundary.
 struct BoundaryView {
   const Cluster& current;         ///< the cluster the workers run now
