@@ -98,6 +98,14 @@ const std::vector<Rule>& rules() {
          s.balance = v.get<bool>();
          return true;
        }},
+      {"boundaries", "\"every-step\" or \"on-change\"",
+       [](const json& v, ClusterSettings& s) {
+         if (!v.is_string()) return false;
+         const auto text = v.get<std::string>();
+         if (text != "every-step" && text != "on-change") return false;
+         s.on_change = text == "on-change";
+         return true;
+       }},
       {"finished", "true or false",
        [](const json& v, ClusterSettings& s) {
          if (!v.is_boolean()) return false;

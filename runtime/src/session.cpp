@@ -29,6 +29,7 @@
 #include "kf/policies/builtin.hpp"
 #include "kf/runtime/cluster_settings.hpp"
 #include "kf/runtime/job_file.hpp"
+#include "session/boundary_rules.hpp"
 #include "session/invitation.hpp"
 #include "session/service_link.hpp"
 #include "session/spares.hpp"
@@ -87,6 +88,7 @@ Session::Session(std::unique_ptr<Peer> peer, Cluster initial, State& state, Sess
                                 std::to_string(initial_.version) + ")");
   }
   spare_pusher_ = std::make_unique<detail::SparePusher>(options_.spare_sync);
+  agreement_ = std::make_unique<detail::BoundaryAgreement>();
   greeter_ = std::make_unique<detail::SpareGreeter>();
   if (options_.config_server) {
     if (options_.job_token.empty()) {
@@ -142,7 +144,10 @@ std::unique_ptr<Session> Session::from_environment(State& state,
   return session;
 }
 
-Session::~Session() = default;
+Session::~Session() {
+  // A request in flight reads its index until its frames are written.
+  for (auto& a : asking_) a.handle.wait_status();
+}
 
 std::uint16_t Session::metrics_port() const noexcept {
   return metrics_server_ ? metrics_server_->port() : 0;

@@ -16,8 +16,11 @@
 //   straggler  a worker of np + 1 made 3x slower halfway, under the stragglers policy with a hot
 //           spare: the job's steps/s before, its lowest after, and the time until it is back to
 //           0.9 of the rate before (not in the default set)
+//   async   np workers in pair-avg, one of them (the last rank) 3x slower, no balanced batches:
+//           a fast worker's (rank 0's) steps/s with boundaries on change and at every step,
+//           each against its rate with no slow worker (not in the default set)
 // Usage: build/tests/multiproc/elastic-bench [--runs N] [--extra-floats N] [--np N] [--etcd]
-//        [--changes revoke,kill,add,spare,steady,steady-spare,straggler];
+//        [--changes revoke,kill,add,spare,steady,steady-spare,straggler,async];
 // the executables are taken from the build tree it is in (or KFRUN, KF_ELASTIC_WORKER,
 // KF_MEMBER, CONFIG_SERVER_EXE). --etcd keeps the jobs' documents in a one-member etcd on
 // 127.0.0.1 (etcd:// URLs) instead of a kf-config-server per job.
@@ -314,6 +317,40 @@ bool run_straggler(int np, std::map<std::string, Series>& out) {
   return clean;
 }
 
+// Rank 0's steps/s in a pair-avg job of np workers (each step waits 200 us per sample of its 16,
+// the last rank's 600 us when `slow`), over 3 s once it is past step 300.
+double pair_avg_rate(int np, const std::string& boundaries, bool slow) {
+  ElasticJob job("bench-async", service_for("bench-async"));
+  job.start(np, kArgs + " --mode pair-avg --boundaries " + boundaries + " --sample-us 200" +
+                    (slow ? " --slow-rank " + std::to_string(np - 1) : std::string()));
+  if (!job.wait_progress(300)) return 0;
+  const long p0 = job.progress();
+  const std::int64_t t0 = now_us();
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const long p1 = job.progress();
+  const std::int64_t t1 = now_us();
+  job.finish_soon();
+  if (job.wait() != 0) return 0;
+  return static_cast<double>(p1 - p0) * 1e6 / static_cast<double>(t1 - t0);
+}
+
+bool run_async(int np, std::map<std::string, Series>& out) {
+  const double free_on_change = pair_avg_rate(np, "on-change", false);
+  const double slow_on_change = pair_avg_rate(np, "on-change", true);
+  const double free_every = pair_avg_rate(np, "every-step", false);
+  const double slow_every = pair_avg_rate(np, "every-step", true);
+  if (free_on_change <= 0 || slow_on_change <= 0 || free_every <= 0 || slow_every <= 0) {
+    return false;
+  }
+  out["async: on change, no straggler: rank 0 steps/s"].add(free_on_change);
+  out["async: on change, a 3x straggler: rank 0 steps/s"].add(slow_on_change);
+  out["async: on change, straggler/none (ratio, steps/s)"].add(slow_on_change / free_on_change);
+  out["async: every step, no straggler: rank 0 steps/s"].add(free_every);
+  out["async: every step, a 3x straggler: rank 0 steps/s"].add(slow_every);
+  out["async: every step, straggler/none (ratio, steps/s)"].add(slow_every / free_every);
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -328,8 +365,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> which{"revoke", "kill", "add", "spare", "steady"};
   app.add_option("--changes", which, "which to time (default: all)")
       ->delimiter(',')
-      ->check(
-          CLI::IsMember({"revoke", "kill", "add", "spare", "steady", "steady-spare", "straggler"}));
+      ->check(CLI::IsMember(
+          {"revoke", "kill", "add", "spare", "steady", "steady-spare", "straggler", "async"}));
   CLI11_PARSE(app, argc, argv);
   std::unique_ptr<kf::test::EtcdProcess> etcd_process;
   if (etcd) {
@@ -355,6 +392,7 @@ int main(int argc, char** argv) {
     if (wanted("steady")) failed += !run_steady(np, extra, false, out);
     if (wanted("steady-spare")) failed += !run_steady(np, extra, true, out);
     if (wanted("straggler")) failed += !run_straggler(np + 1, out);
+    if (wanted("async")) failed += !run_async(np, out);
     std::cerr << "run " << i + 1 << "/" << runs << " done\n";
   }
   std::cout << "elastic-bench: " << runs << " runs, np " << np

@@ -151,6 +151,49 @@ TEST(Elastic, SurvivesKillNineOfARandomWorkerAtARandomStep) {
   }
 }
 
+// Boundaries on change in pair-avg (docs/elastic.md, "Boundaries on change"): a step ends at a
+// boundary only when a worker needs one, and each worker trains through its own piece of the
+// epoch. A grow, a kill -9 at a drawn step and a revoke with notice while the workers step at
+// their own pace; the workers check that each sample counts once per epoch in the state they
+// hold and that no step went back past a commit, and the job ends with identical parameters.
+// Boundaries stay rare: each worker passed far fewer than it took steps.
+TEST(ElasticOnChange, PairAveragingWithoutAPerStepBoundaryGrowsSurvivesKillNineAndRevoke) {
+  const int only = std::atoi(env_or_empty("KF_TEST_SEED").c_str());
+  for (int seed = only > 0 ? only : 1; seed <= (only > 0 ? only : 2); ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 gen(static_cast<unsigned>(seed));
+    ElasticJob job("onchange" + std::to_string(seed));
+    job.start(3, kArgs + " --mode pair-avg --boundaries on-change");
+    ASSERT_TRUE(job.wait_progress(std::uniform_int_distribution<long>(20, 200)(gen))) << job.err();
+    auto r = job.member("resize 4");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    ASSERT_TRUE(job.wait_size(4)) << job.err();
+    ASSERT_TRUE(
+        job.wait_progress(job.progress() + std::uniform_int_distribution<long>(5, 200)(gen)))
+        << job.err();
+    const std::string victim = job.kill_random_worker(gen);
+    ASSERT_FALSE(victim.empty());
+    ASSERT_TRUE(job.wait_size(3)) << job.err();
+    ASSERT_TRUE(job.wait_progress(job.progress() + 50)) << job.err();
+    const std::string leaver = job.client().get_cluster().workers[1].endpoint.str();
+    r = job.member("revoke " + leaver + " --notice 10");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    ASSERT_TRUE(job.wait_size(2)) << job.err();
+    ASSERT_TRUE(job.wait_event("exited", leaver)) << job.err();
+    job.finish_soon();
+    job.expect_clean_finish(job.wait(), 2);
+    EXPECT_TRUE(job.has_event(
+        [&](const ConfigEvent& e) { return e.type == "failed" && e.worker == victim; }));
+    for (const auto& line : job.finals()) {
+      std::smatch m;
+      ASSERT_TRUE(std::regex_search(line, m, std::regex("final step=(\\d+) .* plans=(\\d+)")))
+          << line;
+      EXPECT_LT(std::stol(m[2]) * 4, std::stol(m[1])) << "a boundary at most steps: " << line;
+    }
+    if (::testing::Test::HasFailure()) break;
+  }
+}
+
 // The same job with etcd as the control plane (etcd://): a grow, a kill -9 and a shrink, each
 // committed once, with the same guarantees at the end.
 TEST(ElasticEtcd, GrowsSurvivesKillNineAndShrinksOnEtcd) {

@@ -12,6 +12,14 @@
 // still travel in the allreduce) and averages the models as the mode says (or, in async-ps, pushes
 // its update to the parameter server and takes the server's parameters); at the end it averages
 // them once more, so that the final check can ask for identical parameters.
+// With --boundaries on-change (pair-avg) steps end at a boundary only when something changes, and
+// the data follows another plan: after each boundary the samples of the epoch not yet used are cut
+// into one piece per worker, each trains through its own at its own pace and asks for a boundary
+// when it is through; at each boundary the workers add up what each used since the last plan (an
+// allreduce right after the boundary, which every worker passes together), and after a change they
+// go on from the state they all took (one worker's, with what that worker used): the samples the
+// others used since the last plan are used again, so each sample still counts once in the state.
+// The epoch ends at the boundary after which no sample is left.
 // With --sample-us each step also waits in proportion to this worker's share of the batch, a
 // stand-in for an accelerator's compute that takes no core (kf-replay's throughput figures);
 // --slow-rank makes the worker started as that rank wait 3x as long (a straggler), from
@@ -28,6 +36,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <random>
@@ -152,6 +161,12 @@ int main(int argc, char** argv) {
   app.add_option("--bench-check", bench_check,
                  "measure the boundary's cost: N steps of one 4-byte allreduce without and N "
                  "with Session::step, alternating in blocks; prints 'bench_check ...' and exits");
+  std::string boundaries;
+  app.add_option("--boundaries", boundaries,
+                 "settings \"boundaries\" when the cluster has none: every-step or on-change "
+                 "(pair-avg: a boundary only when something changes, each worker through its own "
+                 "piece of the epoch)")
+      ->check(CLI::IsMember({"every-step", "on-change"}));
   bool balance = false;
   app.add_flag("--balance", balance,
                "settings \"balance\" when the cluster has none: batch parts by measured speed "
@@ -236,6 +251,13 @@ int main(int argc, char** argv) {
   std::int64_t& step = state.counter("step");
   std::int64_t& epoch = state.counter("epoch");
   std::int64_t& position = state.counter("position");
+  // Boundaries on change: the uses at the last plan, which plan (cluster version, boundary), and
+  // how far this worker is through its piece of it.
+  std::vector<double> base(samples, 0.0);
+  state.add("base", kf::buffer(base.data(), base.size()));
+  std::int64_t& plan_version = state.counter("plan_version");
+  std::int64_t& plan_index = state.counter("plan_index");
+  std::int64_t& cursor = state.counter("cursor");
 
   std::unique_ptr<kf::Session> session;
   kf::PolicyRunner policies;
@@ -259,6 +281,7 @@ int main(int argc, char** argv) {
     nlohmann::json defaults = nlohmann::json::object();
     if (!mode_text.empty()) defaults["mode"] = kf::parse_mode(mode_text).str();
     if (balance) defaults["balance"] = true;
+    if (!boundaries.empty()) defaults["boundaries"] = boundaries;
     session = kf::Session::from_environment(state, defaults);
     // Without test policies or --job, the session keeps those of KF_JOB_FILE (kfrun --job).
     if (!policies.empty()) session->set_policies(&policies);
@@ -309,6 +332,7 @@ int main(int argc, char** argv) {
   std::size_t changes_printed = 0;
   double check_sum = 0;
   std::int64_t check_n = 0;
+  std::int64_t plans = 0;  // --boundaries on-change: plans cut (boundaries and changes passed)
   auto print_changes = [&] {
     for (; changes_printed < session->changes().size(); ++changes_printed) {
       std::cout << "change " << to_json(session->changes()[changes_printed]).dump() << std::endl;
@@ -356,8 +380,56 @@ int main(int argc, char** argv) {
     // The job's length may be changed while it runs (settings "epochs" on the config service):
     // every worker reads it from the same cluster version at the same step.
     std::string last_setting;
-    while (epoch < session->settings().value("epochs", static_cast<std::int64_t>(epochs)) &&
-           !session->stop_requested()) {
+    // Boundaries on change: this worker's piece of the current plan (from the state's base,
+    // epoch, rank and size), and the plan it was cut from.
+    std::vector<std::size_t> piece;
+    std::int64_t piece_version = -1, piece_index = -1, piece_epoch = -1;
+    std::vector<double> used(samples);
+    // Right after a boundary (every worker is there): add up the uses and cut the next plan.
+    // Returns false when this worker left (removed in the recovery of a failed allreduce).
+    std::function<bool()> settle = [&]() -> bool {
+      const auto v = static_cast<std::int64_t>(session->version());
+      const auto b = static_cast<std::int64_t>(session->boundaries_in_version());
+      if (plan_version == v && plan_index == b) return true;
+      if (plan_version == v) {
+        for (int i = 0; i < samples; ++i) used[i] = uses[i] - base[i];
+        try {
+          session->peer()
+              .allreduce("plan/uses", kf::buffer(used.data(), used.size()),
+                         kf::buffer(used.data(), used.size()))
+              .wait();
+        } catch (const kf::Error& e) {
+          if (session->recover(e) == kf::Session::Outcome::left) return false;
+          print_changes();
+          return settle();  // from the state every worker took in the recovery
+        }
+        for (int i = 0; i < samples; ++i) uses[i] = base[i] + used[i];
+      }
+      bool left = false;
+      for (int i = 0; i < samples; ++i) {
+        if (uses[i] != static_cast<double>(epoch) && uses[i] != static_cast<double>(epoch + 1)) {
+          broken("sample " + std::to_string(i) + " used " + std::to_string(uses[i]) +
+                 " times in epoch " + std::to_string(epoch));
+        }
+        left = left || uses[i] == static_cast<double>(epoch);
+      }
+      if (!left) ++epoch;
+      ++plans;
+      base = uses;
+      plan_version = v;
+      plan_index = b;
+      cursor = 0;
+      return true;
+    };
+    for (;;) {
+      if (session->boundaries_on_change() && !settle()) {
+        std::cout << "left step " << step << std::endl;
+        return 0;
+      }
+      if (epoch >= session->settings().value("epochs", static_cast<std::int64_t>(epochs)) ||
+          session->stop_requested()) {
+        break;
+      }
       // The global batch follows the policies (settings "batch_size"), at the same step on all.
       const int gbatch = session->settings().value("batch_size", batch);
       const std::string setting =
@@ -367,10 +439,35 @@ int main(int argc, char** argv) {
                   << std::endl;
         last_setting = setting;
       }
-      sampler.start_epoch(epoch, static_cast<std::size_t>(position));
-      const auto [first, count] =
-          session->batch_part(sampler.step_samples(static_cast<std::size_t>(gbatch)));
-      const auto mine = sampler.range(first, count);
+      const bool on_change = session->boundaries_on_change();
+      std::vector<std::size_t> mine;
+      if (on_change) {
+        if (piece_version != plan_version || piece_index != plan_index || piece_epoch != epoch) {
+          // Cut the samples not used yet this epoch, in the epoch's order, into equal pieces.
+          sampler.start_epoch(epoch, 0);
+          std::vector<std::size_t> rest;
+          for (std::size_t id : sampler.range(0, static_cast<std::size_t>(samples))) {
+            if (base[id] == static_cast<double>(epoch)) rest.push_back(id);
+          }
+          const std::size_t k = static_cast<std::size_t>(session->size());
+          const std::size_t r = static_cast<std::size_t>(session->rank());
+          piece.assign(rest.begin() + static_cast<std::ptrdiff_t>(rest.size() * r / k),
+                       rest.begin() + static_cast<std::ptrdiff_t>(rest.size() * (r + 1) / k));
+          piece_version = plan_version;
+          piece_index = plan_index;
+          piece_epoch = epoch;
+        }
+        const auto at = std::min(static_cast<std::size_t>(cursor), piece.size());
+        const auto per = std::max<std::size_t>(
+            1, static_cast<std::size_t>(gbatch) / static_cast<std::size_t>(session->size()));
+        mine.assign(piece.begin() + static_cast<std::ptrdiff_t>(at),
+                    piece.begin() + static_cast<std::ptrdiff_t>(std::min(piece.size(), at + per)));
+      } else {
+        sampler.start_epoch(epoch, static_cast<std::size_t>(position));
+        const auto [first, count] =
+            session->batch_part(sampler.step_samples(static_cast<std::size_t>(gbatch)));
+        mine = sampler.range(first, count);
+      }
       const auto outcome = session->step([&] {
         const auto compute_from = std::chrono::steady_clock::now();
         std::fill(buf.begin(), buf.end(), 0.0);
@@ -403,10 +500,10 @@ int main(int argc, char** argv) {
         }
         const kf::ModePlan plan = kf::plan_step(session->mode(), session->steps());
         if (!plan.average_gradients) local_grad.assign(buf.begin(), buf.begin() + dim);
-        allreduce_gradient();
+        if (!on_change) allreduce_gradient();  // else: the uses are added up at boundaries
         const double n =
             static_cast<double>(sampler.step_samples(static_cast<std::size_t>(gbatch)));
-        if (print_gns && !mine.empty()) {
+        if (print_gns && !mine.empty() && !on_change) {
           double global_sq = 0;
           for (int d = 0; d < dim; ++d) global_sq += (buf[d] / n) * (buf[d] / n);
           session->report_gradients(local_sq, global_sq, local_n);
@@ -447,6 +544,11 @@ int main(int argc, char** argv) {
         }
         for (int i = 0; i < samples; ++i) uses[i] += buf[dim + 1 + i];
         ++step;
+        if (on_change) {
+          cursor += static_cast<std::int64_t>(mine.size());
+          if (static_cast<std::size_t>(cursor) >= piece.size()) session->request_boundary();
+          return;
+        }
         sampler.advance(static_cast<std::size_t>(gbatch));
         position = static_cast<std::int64_t>(sampler.position());
         if (sampler.epoch_done()) {
@@ -514,6 +616,6 @@ int main(int argc, char** argv) {
   std::cout << "final step=" << step << " workers=" << session->size() << " hash=" << hash
             << " loss=" << loss / samples
             << " check_us=" << (check_n > 0 ? check_sum / static_cast<double>(check_n) : 0.0)
-            << std::endl;
+            << " plans=" << plans << std::endl;
   return 0;
 }

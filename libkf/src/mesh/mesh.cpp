@@ -263,7 +263,11 @@ Handle Mesh::invite(const Endpoint& to, std::string payload) {
 
 std::optional<Invitation> Mesh::wait_invitation(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lk(invite_mu_);
-  if (!invite_cv_.wait_for(lk, timeout, [&] { return !invitations_.empty(); })) {
+  // A zero timeout only looks: a timed wait that has expired already still enters the kernel,
+  // and on a busy machine gives the core away (the session looks once per step).
+  if (invitations_.empty() && (timeout.count() <= 0 || !invite_cv_.wait_for(lk, timeout, [&] {
+        return !invitations_.empty();
+      }))) {
     return std::nullopt;
   }
   Invitation inv = std::move(invitations_.front());

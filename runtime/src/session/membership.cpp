@@ -206,11 +206,17 @@ Session::Outcome Session::switch_to(const Cluster& target, ChangeRecord rec) {
     } else {
       peer_->update(target);
       rec.connected_us = now_us();
-      // A shrink or a mode switch in a mode whose models may differ: one model again, rank 0's
-      // (every worker takes this branch at this boundary).
+      // A shrink or a mode switch in a mode whose models may differ: one model again, that of
+      // the worker with the most commits, the lowest rank of those (rank 0 where the workers
+      // step together; with boundaries on change, the one furthest on). Every worker takes this
+      // branch at this boundary.
       if (peer_->size() > 1 &&
           (modes_diverge(settings_) || modes_diverge(with_defaults(target.settings)))) {
-        state_.sync(*peer_, 0);
+        std::int64_t mine = *commits_;
+        std::vector<std::int64_t> all(static_cast<std::size_t>(peer_->size()));
+        peer_->allgather("kf.newest", buffer(&mine, 1), buffer(all.data(), all.size())).wait();
+        const auto root = static_cast<int>(std::max_element(all.begin(), all.end()) - all.begin());
+        state_.sync(*peer_, root);
         rec.sync_bytes = state_.bytes();
       }
       rec.synced_us = now_us();

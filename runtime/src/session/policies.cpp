@@ -80,6 +80,15 @@ void Session::adopt_settings(const nlohmann::json& settings) {
   }
   settings_ = std::move(parsed.valid);
   if (parsed.typed.algorithm) peer_->set_default_algorithm(*parsed.typed.algorithm);
+  const bool pair_avg = parsed.typed.mode && parsed.typed.mode->mode == TrainingMode::pair_avg;
+  if (parsed.typed.on_change && !pair_avg && !on_change_refused_) {
+    KF_LOG(warn, "session",
+           "{} (v{}): settings \"boundaries\": \"on-change\" takes effect in the pair-avg mode "
+           "only; this job's steps end at a boundary each",
+           peer_->endpoint().str(), peer_->version());
+  }
+  on_change_refused_ = parsed.typed.on_change && !pair_avg;
+  on_change_ = parsed.typed.on_change && pair_avg;
 }
 
 namespace {

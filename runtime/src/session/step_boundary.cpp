@@ -126,9 +126,79 @@ void Session::count_change_without_progress() {
           std::to_string(options_.no_progress_timeout.count()) + "): the job stops");
 }
 
+namespace {
+// The message that asks the other workers for a boundary on change: its 8-byte number.
+constexpr std::string_view kAsk = "kf.ask";
+}  // namespace
+
+// Boundaries on change: whether this step ends at one (docs/elastic.md, "Boundaries on change";
+// the rule is detail::BoundaryAgreement). This worker's own reasons: the loop asked, its watch
+// holds a newer cluster, joiners wait, a peer is lost, or the interval is up.
+bool Session::boundary_due() {
+  if (agreement_version_ != peer_->version()) {
+    agreement_->restart();
+    agreement_version_ = peer_->version();
+  }
+  std::int64_t index = 0;
+  for (int r = 0; r < peer_->size(); ++r) {
+    if (r == peer_->rank()) continue;
+    try {
+      while (peer_->try_receive(r, kAsk, buffer(&index, 1))) {
+        agreement_->heard(static_cast<std::uint64_t>(index));
+      }
+    } catch (const Error& e) {
+      if (e.code() != make_error_code(errc::protocol_error)) throw;
+      // Not a request's size (the peer dropped it): a boundary more is never wrong.
+      KF_LOG(warn, "session", "{} (rank {}, v{}): a malformed boundary request from rank {}: {}",
+             peer_->endpoint().str(), peer_->rank(), peer_->version(), r, e.what());
+      agreement_->heard(agreement_->passed_count() + 1);
+    }
+  }
+  std::erase_if(asking_, [](Asking& a) {
+    if (!a.handle.ready()) return false;
+    a.handle.wait_status();  // one to a lost peer failed: the boundary's collective says so
+    return true;
+  });
+  const std::uint64_t newest = link_ ? link_->version() : 0;
+  const bool own = boundary_wanted_ || pending_.has_value() ||
+                   (newest > peer_->version() && newest > refused_version_) ||
+                   SteadyClock::now() - last_boundary_at_ >= options_.boundary_interval ||
+                   !peer_->lost_peers().empty();
+  const auto verdict = agreement_->at_step_end(own);
+  if (!verdict.take) return false;
+  next_boundary_ = verdict.index;
+  if (verdict.ask_others) {
+    for (int r = 0; r < peer_->size(); ++r) {
+      if (r == peer_->rank()) continue;
+      auto payload = std::make_unique<std::int64_t>(static_cast<std::int64_t>(verdict.index));
+      Handle h = peer_->send(r, kAsk, buffer(payload.get(), 1));
+      asking_.push_back(Asking{std::move(h), std::move(payload)});
+    }
+  }
+  return true;
+}
+
+// A step without a boundary: this worker's own, counted and committed by it alone; the monitors'
+// report goes on adding up until the next boundary.
+Session::Outcome Session::local_step(SteadyClock::time_point t0) {
+  ++*steps_;
+  progress_at_ = t0;
+  changes_since_progress_ = 0;
+  if (*steps_ % options_.commit_every == 0) {
+    ++*commits_;
+    state_.commit();
+  }
+  after_commit();
+  return Outcome::committed;
+}
+
 Session::Outcome Session::end_step() {
   check_control_plane();
   const auto t0 = SteadyClock::now();
+  if (on_change_ && !boundary_due()) {
+    last_check_us_ = std::chrono::duration<double, std::micro>(SteadyClock::now() - t0).count();
+    return local_step(t0);
+  }
   const std::int64_t boundary_us = now_us();
   ++boundary_;
   const RecordLayout layout{monitor_ ? StepMonitor::kWords : 0, metric_values_.size()};
@@ -146,6 +216,14 @@ Session::Outcome Session::end_step() {
     return recover(e);
   }
   const auto checked = SteadyClock::now();
+  if (boundaries_version_ != peer_->version()) {
+    boundaries_version_ = peer_->version();
+    boundaries_in_version_ = 0;
+  }
+  ++boundaries_in_version_;
+  if (on_change_) agreement_->passed(next_boundary_);
+  boundary_wanted_ = false;
+  last_boundary_at_ = checked;
   commit_step(all, layout, t0);
   const auto committed = SteadyClock::now();
   // 3. decide

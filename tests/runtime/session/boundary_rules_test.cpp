@@ -155,11 +155,11 @@ class AgreementModel {
     BoundaryAgreement agreement;
     double step_time = 1;
     double step_ends = 1;
-    bool own = false;       // a reason of its own, until its next boundary
+    bool own = false;  // a reason of its own, until its next boundary
     bool in_boundary = false;
     bool recovering = false;
     std::uint64_t version = 1;
-    std::uint64_t at = 0;   // the boundary it is in
+    std::uint64_t at = 0;  // the boundary it is in
     bool dead = false;
     // (version, number) of each boundary passed, in order
     std::vector<std::pair<std::uint64_t, std::uint64_t>> passed;
@@ -287,9 +287,8 @@ class AgreementModel {
       if (first == 0) first = x.at;
       if (x.at != first) ++deadlocks_;
     }
-    if (!std::all_of(alive.begin(), alive.end(), [&](int w) {
-          return workers_[static_cast<std::size_t>(w)].in_boundary;
-        })) {
+    if (!std::all_of(alive.begin(), alive.end(),
+                     [&](int w) { return workers_[static_cast<std::size_t>(w)].in_boundary; })) {
       return;
     }
     for (int w : alive) {

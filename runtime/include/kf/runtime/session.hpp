@@ -13,6 +13,10 @@
 //     commit, removes the lost workers from the cluster by compare-and-swap on the config service
 //     (so there is only one successor cluster), and forms it; the state of the survivor with the
 //     newest commit is synced to the others, so nothing committed is lost.
+// With boundaries on change (settings "boundaries": "on-change", in pair-avg) a step ends at a
+// boundary only when a worker needs one: the others learn of it by a request message and take it
+// at the end of their current step; every other step commits this worker's state locally and waits
+// for nobody (docs/elastic.md, "Boundaries on change").
 // See docs/elastic.md for the protocol, its phases and timings, and how to write the loop.
 //
 // Ownership: the Session owns the Peer and its link to the config service (a kf::ClusterWatch and
@@ -49,6 +53,7 @@ class JsonlWriter;
 }  // namespace monitor
 
 namespace detail {
+class BoundaryAgreement;
 class ServiceLink;
 class SnapshotAssembler;
 class SpareGreeter;
@@ -110,6 +115,11 @@ struct SessionOptions {
   /// faster one keeps them within about this interval, and a spare that moves in behind the
   /// survivors gets the state in the move's sync. KF_SPARE_SYNC_MS.
   std::chrono::milliseconds spare_sync{1000};
+  /// With boundaries on change (settings "boundaries": "on-change" in pair-avg), a worker asks
+  /// for a boundary once this long has passed since the last one, so that the metrics, the
+  /// straggler scores and the policies, which see the job at boundaries, stay current.
+  /// KF_BOUNDARY_INTERVAL_MS.
+  std::chrono::milliseconds boundary_interval{1000};
   /// Longest wait of one long-poll of the config service; also bounds how long the session's
   /// destructor waits for its watch thread.
   std::chrono::milliseconds watch_poll{500};
@@ -315,8 +325,29 @@ class Session {
   /// commit_every of them).
   std::int64_t steps() const noexcept { return *steps_; }
   /// Time the membership check (control collective and decision) took at the last boundary
-  /// that changed nothing, in microseconds; the commit's copy is not included.
+  /// that changed nothing, in microseconds; the commit's copy is not included. With
+  /// boundaries on change, a step without a boundary costs what deciding so took (the
+  /// requests polled, the reasons checked).
   double last_check_us() const noexcept { return last_check_us_; }
+
+  // ---- boundaries on change (docs/elastic.md) ----
+
+  /// Whether steps end at a boundary only when something changes: settings "boundaries":
+  /// "on-change" in the pair-avg mode (the same on every worker, from the same version). Then
+  /// steps(), commits() and the State are this worker's own between boundaries: a step that
+  /// ends without one is committed locally (every commit_every steps) and waits for nobody;
+  /// the monitors' report covers every step since the last boundary; the policies run at
+  /// boundaries only.
+  bool boundaries_on_change() const noexcept { return on_change_; }
+  /// Asks for a boundary at the end of the current step (e.g. this worker ran out of samples):
+  /// every worker takes it at the end of the step it is in when the request reaches it. With
+  /// boundaries at every step it changes nothing.
+  void request_boundary() noexcept { boundary_wanted_ = true; }
+  /// Boundaries passed in the current cluster version (0 right after a change): the same on
+  /// every worker after each boundary, so (version(), boundaries_in_version()) names one.
+  std::uint64_t boundaries_in_version() const noexcept {
+    return boundaries_version_ == peer_->version() ? boundaries_in_version_ : 0;
+  }
 
  private:
   Outcome form_after_failure(ChangeRecord rec);
@@ -413,6 +444,24 @@ class Session {
   std::unique_ptr<monitor::MetricsServer> metrics_server_;
   std::unique_ptr<monitor::JsonlWriter> metrics_jsonl_;
   std::int64_t epoch_ = -1;  ///< boundaries run (names the control collectives)
+  // Boundaries on change (step_boundary.cpp).
+  bool on_change_ = false;
+  bool on_change_refused_ = false;  // asked for outside pair-avg (logged once)
+  bool boundary_wanted_ = false;
+  std::unique_ptr<detail::BoundaryAgreement> agreement_;
+  std::uint64_t agreement_version_ = 0;
+  std::uint64_t next_boundary_ = 0;  // the number of the boundary this step ends at
+  std::uint64_t boundaries_in_version_ = 0, boundaries_version_ = 0;
+  std::chrono::steady_clock::time_point last_boundary_at_ = std::chrono::steady_clock::now();
+  struct Asking {
+    Handle handle;
+    std::unique_ptr<std::int64_t> index;  // the request's payload, until it is written
+  };
+  std::vector<Asking> asking_;
+  /// Whether this step ends at a boundary; sends this worker's requests when it asks for one.
+  bool boundary_due();
+  /// A step that ends without a boundary: counted and committed by this worker alone.
+  Outcome local_step(std::chrono::steady_clock::time_point t0);
 };
 
 /// "left" etc. for logs.
