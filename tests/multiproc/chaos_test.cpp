@@ -75,6 +75,18 @@ TEST(KfChaos, EveryGuaranteeHoldsThroughRandomChurnInPairAveraging) {
   EXPECT_NE(r.output.find("kf-chaos: PASS"), std::string::npos) << r.output;
 }
 
+// The same with boundaries on change: the workers meet only when something changes, each
+// trains through its own piece of the epoch, and every change still applies at one boundary.
+TEST(KfChaos, EveryGuaranteeHoldsThroughRandomChurnWithBoundariesOnChange) {
+  const auto r = chaos(
+      "--seed 14 --events 12 --interval-ms 300-800 --stop-ms 100-1200 --max-workers 4 "
+      "--finish-with epochs=1 --finish-timeout-s 120 -- " +
+      env_or_empty("KF_ELASTIC_WORKER") +
+      " --samples 20000 --dim 32 --batch 64 --epochs 1000 --mode pair-avg --boundaries on-change");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("kf-chaos: PASS"), std::string::npos) << r.output;
+}
+
 // Parameter-server training with balanced batches: the batch parts change with the measured
 // speeds, and every sample of an epoch is still used once.
 TEST(KfChaos, EveryGuaranteeHoldsThroughRandomChurnInParameterServerTrainingWithBalance) {

@@ -70,6 +70,20 @@ TEST(ClusterSettings, ReadsTheTrainingModeAndCompression) {
   EXPECT_EQ(bad.valid, json::object());
 }
 
+TEST(ClusterSettings, BoundariesAreEveryStepOrOnChange) {
+  EXPECT_FALSE(parse_cluster_settings(json::object()).typed.on_change);
+  EXPECT_TRUE(parse_cluster_settings(json{{"boundaries", "on-change"}}).typed.on_change);
+  EXPECT_FALSE(parse_cluster_settings(json{{"boundaries", "every-step"}}).typed.on_change);
+  for (const json& bad : {json("on_change"), json(true), json(1)}) {
+    const auto p = parse_cluster_settings(json{{"boundaries", bad}});
+    ASSERT_EQ(p.errors.size(), 1u) << bad.dump();
+    EXPECT_EQ(p.errors[0],
+              "settings.boundaries: expected \"every-step\" or \"on-change\", got " + bad.dump());
+    EXPECT_FALSE(p.typed.on_change);
+    EXPECT_FALSE(p.valid.contains("boundaries"));
+  }
+}
+
 TEST(ClusterSettings, RejectsOutOfRangeAndUnknownValues) {
   const auto p = parse_cluster_settings({{"batch_size", 0},
                                          {"algorithm", "fastest"},

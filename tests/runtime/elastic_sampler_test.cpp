@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf/runtime/elastic_sampler.hpp"
+#include "kf/runtime/piece_sampler.hpp"
 
 #include <gtest/gtest.h>
 
@@ -117,6 +118,24 @@ TEST(ElasticSampler, WeightedPartsFollowTheWeightsAndCoverTheStepOnce) {
   s.start_epoch(0, 990);
   EXPECT_EQ(s.range(4, 6).size(), 6u);
   EXPECT_THROW(s.range(4, 7), std::invalid_argument);
+}
+
+// PieceSampler::cut: the unused samples of the epoch's order, in equal runs in rank order.
+TEST(PieceSampler, CutsTheUnusedSamplesIntoEqualRunsInRankOrder) {
+  const std::vector<std::size_t> order{7, 3, 0, 9, 1, 8, 2, 6, 5, 4};
+  std::vector<std::uint8_t> used(10, 0);
+  used[3] = used[8] = 1;  // two used already
+  std::vector<std::size_t> all;
+  for (int r = 0; r < 3; ++r) {
+    const auto piece = PieceSampler::cut(order, used, r, 3);
+    EXPECT_GE(piece.size(), 2u);
+    EXPECT_LE(piece.size(), 3u);
+    all.insert(all.end(), piece.begin(), piece.end());
+  }
+  EXPECT_EQ(all, (std::vector<std::size_t>{7, 0, 9, 1, 2, 6, 5, 4}));
+  std::fill(used.begin(), used.end(), 1);
+  EXPECT_TRUE(PieceSampler::cut(order, used, 0, 2).empty());
+  EXPECT_THROW(PieceSampler::cut(order, used, 2, 2), std::invalid_argument);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <set>
 #include <span>
 #include <string>
 #include <unistd.h>
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "kf/common/error.hpp"
+#include "kf/runtime/piece_sampler.hpp"
 #include "support/local_cluster.hpp"
 
 namespace kf {
@@ -363,6 +365,56 @@ TEST(Session, OneWorkerHasNoNoiseScaleAndMonitorsCanBeOff) {
   quiet.step([&] { quiet.allreduce_gradients(g, 16); });
   EXPECT_TRUE(quiet.metrics().empty());
   EXPECT_EQ(g, std::vector<float>(4, 2.0f)) << "the mean over one worker is its gradient";
+}
+
+// Boundaries on change (docs/elastic.md): three workers, one of them 3x slower, each through its
+// own pieces of the epoch (PieceSampler). Nobody waits for the slow
+// one between boundaries, so the fast workers take more steps; the boundaries are far fewer than
+// the steps; and every sample of each of the 3 epochs is taken exactly once.
+TEST(Session, BoundariesOnChangeLetEachWorkerGoAtItsPaceAndTakeEverySampleOnce) {
+  constexpr int n = 3, epochs = 3;
+  constexpr std::size_t samples = 600;
+  Job job = make_job(n);
+  std::vector<std::atomic<int>> taken(epochs * samples);
+  std::vector<std::int64_t> steps(n), boundaries(n);
+  std::vector<int> on_change(n);
+  test::run_all(n, [&](int r) {
+    State state;
+    PieceSampler pieces(samples, 5, state);
+    SessionOptions o;
+    o.default_settings = {{"mode", "pair-avg"}, {"boundaries", "on-change"}};
+    o.boundary_interval = std::chrono::milliseconds(50);
+    Session s(std::move(job.peers[r]), job.cluster, state, o);
+    ASSERT_TRUE(s.join());
+    on_change[r] = s.boundaries_on_change();
+    std::set<std::pair<std::uint64_t, std::uint64_t>> seen;
+    for (;;) {
+      ASSERT_FALSE(pieces.settle(s).has_value()) << "no failure here";
+      seen.emplace(s.version(), s.boundaries_in_version());
+      if (pieces.epoch() >= epochs) break;
+      const auto mine = pieces.take(s, 4);
+      const auto out = s.step([&] {
+        for (std::size_t id : mine) {
+          taken[static_cast<std::size_t>(pieces.epoch()) * samples + id].fetch_add(1);
+        }
+        // Compute: 1 ms a step, 3 ms on the slow worker.
+        std::this_thread::sleep_for(std::chrono::milliseconds(r == n - 1 ? 3 : 1));
+      });
+      ASSERT_EQ(out, Session::Outcome::committed);
+    }
+    steps[r] = s.steps();
+    boundaries[r] = static_cast<std::int64_t>(seen.size());
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(on_change[r]);
+    std::printf("rank %d: %lld steps, %lld boundaries\n", r, static_cast<long long>(steps[r]),
+                static_cast<long long>(boundaries[r]));
+  }
+  EXPECT_LT(boundaries[0] * 3, steps[0]) << "a boundary at most steps of a fast worker";
+  EXPECT_GT(steps[0], steps[n - 1] * 3 / 2) << "a fast worker waited for the slow one";
+  for (std::size_t i = 0; i < taken.size(); ++i) {
+    ASSERT_EQ(taken[i].load(), 1) << "epoch " << i / samples << " sample " << i % samples;
+  }
 }
 
 TEST(Session, RejectsAPeerOutsideItsClusterOrAlreadyStarted) {

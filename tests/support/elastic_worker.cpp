@@ -57,6 +57,7 @@
 #include "kf/runtime/job_file.hpp"
 #include "kf/runtime/pair_averaging.hpp"
 #include "kf/runtime/parameter_server.hpp"
+#include "kf/runtime/piece_sampler.hpp"
 #include "kf/runtime/policy_runner.hpp"
 #include "kf/runtime/session.hpp"
 #include "kf/runtime/state.hpp"
@@ -251,13 +252,11 @@ int main(int argc, char** argv) {
   std::int64_t& step = state.counter("step");
   std::int64_t& epoch = state.counter("epoch");
   std::int64_t& position = state.counter("position");
-  // Boundaries on change: the uses at the last plan, which plan (cluster version, boundary), and
-  // how far this worker is through its piece of it.
+  // Boundaries on change: each worker's pieces of the epoch (kf::PieceSampler), and the uses at
+  // the last plan, from which the next boundary adds up what each worker used since.
+  kf::PieceSampler pieces(static_cast<std::size_t>(samples), /*seed=*/7, state);
   std::vector<double> base(samples, 0.0);
   state.add("base", kf::buffer(base.data(), base.size()));
-  std::int64_t& plan_version = state.counter("plan_version");
-  std::int64_t& plan_index = state.counter("plan_index");
-  std::int64_t& cursor = state.counter("cursor");
 
   std::unique_ptr<kf::Session> session;
   kf::PolicyRunner policies;
@@ -380,18 +379,18 @@ int main(int argc, char** argv) {
     // The job's length may be changed while it runs (settings "epochs" on the config service):
     // every worker reads it from the same cluster version at the same step.
     std::string last_setting;
-    // Boundaries on change: this worker's piece of the current plan (from the state's base,
-    // epoch, rank and size), and the plan it was cut from.
-    std::vector<std::size_t> piece;
-    std::int64_t piece_version = -1, piece_index = -1, piece_epoch = -1;
     std::vector<double> used(samples);
-    // Right after a boundary (every worker is there): add up the uses and cut the next plan.
-    // Returns false when this worker left (removed in the recovery of a failed allreduce).
+    // Right after a boundary (every worker is there): the pieces' next plan, and the uses added
+    // up, which must agree with it. Returns false when this worker left (removed in the
+    // recovery of a failed allreduce).
     std::function<bool()> settle = [&]() -> bool {
-      const auto v = static_cast<std::int64_t>(session->version());
-      const auto b = static_cast<std::int64_t>(session->boundaries_in_version());
-      if (plan_version == v && plan_index == b) return true;
-      if (plan_version == v) {
+      if (const auto out = pieces.settle(*session)) {
+        if (*out == kf::Session::Outcome::left) return false;
+        print_changes();
+        return settle();  // from the state every worker took in the recovery
+      }
+      if (pieces.last_settle() == kf::PieceSampler::Settled::kept) return true;
+      if (pieces.last_settle() == kf::PieceSampler::Settled::after_boundary) {
         for (int i = 0; i < samples; ++i) used[i] = uses[i] - base[i];
         try {
           session->peer()
@@ -401,24 +400,27 @@ int main(int argc, char** argv) {
         } catch (const kf::Error& e) {
           if (session->recover(e) == kf::Session::Outcome::left) return false;
           print_changes();
-          return settle();  // from the state every worker took in the recovery
+          return settle();
         }
         for (int i = 0; i < samples; ++i) uses[i] = base[i] + used[i];
       }
-      bool left = false;
+      // Every sample counts once in each epoch the pieces finished, and the ones they count as
+      // used in this epoch once more.
+      epoch = pieces.epoch();
+      std::size_t now_used = 0;
       for (int i = 0; i < samples; ++i) {
         if (uses[i] != static_cast<double>(epoch) && uses[i] != static_cast<double>(epoch + 1)) {
           broken("sample " + std::to_string(i) + " used " + std::to_string(uses[i]) +
                  " times in epoch " + std::to_string(epoch));
         }
-        left = left || uses[i] == static_cast<double>(epoch);
+        now_used += uses[i] == static_cast<double>(epoch + 1);
       }
-      if (!left) ++epoch;
+      if (now_used != pieces.used_at_plan()) {
+        broken(std::to_string(now_used) + " samples used in epoch " + std::to_string(epoch) +
+               ", the pieces count " + std::to_string(pieces.used_at_plan()));
+      }
       ++plans;
       base = uses;
-      plan_version = v;
-      plan_index = b;
-      cursor = 0;
       return true;
     };
     for (;;) {
@@ -442,26 +444,9 @@ int main(int argc, char** argv) {
       const bool on_change = session->boundaries_on_change();
       std::vector<std::size_t> mine;
       if (on_change) {
-        if (piece_version != plan_version || piece_index != plan_index || piece_epoch != epoch) {
-          // Cut the samples not used yet this epoch, in the epoch's order, into equal pieces.
-          sampler.start_epoch(epoch, 0);
-          std::vector<std::size_t> rest;
-          for (std::size_t id : sampler.range(0, static_cast<std::size_t>(samples))) {
-            if (base[id] == static_cast<double>(epoch)) rest.push_back(id);
-          }
-          const std::size_t k = static_cast<std::size_t>(session->size());
-          const std::size_t r = static_cast<std::size_t>(session->rank());
-          piece.assign(rest.begin() + static_cast<std::ptrdiff_t>(rest.size() * r / k),
-                       rest.begin() + static_cast<std::ptrdiff_t>(rest.size() * (r + 1) / k));
-          piece_version = plan_version;
-          piece_index = plan_index;
-          piece_epoch = epoch;
-        }
-        const auto at = std::min(static_cast<std::size_t>(cursor), piece.size());
-        const auto per = std::max<std::size_t>(
-            1, static_cast<std::size_t>(gbatch) / static_cast<std::size_t>(session->size()));
-        mine.assign(piece.begin() + static_cast<std::ptrdiff_t>(at),
-                    piece.begin() + static_cast<std::ptrdiff_t>(std::min(piece.size(), at + per)));
+        mine = pieces.take(*session,
+                           std::max<std::size_t>(1, static_cast<std::size_t>(gbatch) /
+                                                        static_cast<std::size_t>(session->size())));
       } else {
         sampler.start_epoch(epoch, static_cast<std::size_t>(position));
         const auto [first, count] =
@@ -544,11 +529,7 @@ int main(int argc, char** argv) {
         }
         for (int i = 0; i < samples; ++i) uses[i] += buf[dim + 1 + i];
         ++step;
-        if (on_change) {
-          cursor += static_cast<std::int64_t>(mine.size());
-          if (static_cast<std::size_t>(cursor) >= piece.size()) session->request_boundary();
-          return;
-        }
+        if (on_change) return;  // the pieces ask for a boundary when this worker's is through
         sampler.advance(static_cast<std::size_t>(gbatch));
         position = static_cast<std::int64_t>(sampler.position());
         if (sampler.epoch_done()) {
