@@ -26,6 +26,7 @@
 
 #include "idx.hpp"
 #include "kf/runtime/elastic_sampler.hpp"
+#include "kf/runtime/piece_sampler.hpp"
 #include "kf/runtime/session.hpp"
 #include "kf/torch/data.hpp"
 #include "kf/torch/distributed_optimizer.hpp"
@@ -182,6 +183,12 @@ int main(int argc, char** argv) {
                  "0 does not")
       ->check(CLI::Range(0, 1))
       ->capture_default_str();
+  std::string boundaries;
+  app.add_option("--boundaries", boundaries,
+                 "every-step or on-change, when the cluster settings do not say (settings "
+                 "\"boundaries\"; in pair-avg, on-change lets each worker train at its own pace "
+                 "through its own pieces of the epoch: docs/elastic.md)")
+      ->check(CLI::IsMember({"every-step", "on-change"}));
   bool balance = false;
   app.add_flag("--balance", balance,
                "batch parts by each worker's measured speed, when the cluster settings do not "
@@ -234,6 +241,7 @@ int main(int argc, char** argv) {
     defaults["mode"] = mode.str();
     defaults["compression"] = kf::parse_compression(compression).str();
     if (balance) defaults["balance"] = true;
+    if (!boundaries.empty()) defaults["boundaries"] = boundaries;
   } catch (const std::invalid_argument& e) {
     std::cerr << "fashion_mnist: " << e.what() << "\n";
     return 2;
@@ -288,6 +296,10 @@ int main(int argc, char** argv) {
   std::int64_t& position = state.counter("position");
   // The last test accuracy in millionths: in the state, so that a joiner knows it too.
   std::int64_t& accuracy_ppm = state.counter("test_accuracy_ppm");
+  // With boundaries on change: the workers' pieces of each epoch, and the job's samples at the
+  // last evaluation.
+  kf::PieceSampler pieces(train_count, /*seed=*/7, state);
+  std::int64_t& evaluated_at = state.counter("evaluated_at");
   std::unique_ptr<kf::Session> session;
   std::unique_ptr<kf::DistributedOptimizer> opt;
   int loss_slot = -1, acc_slot = -1;
@@ -357,21 +369,79 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   };
+  // Boundaries on change: right after each boundary (where every worker is) the next plan of
+  // pieces, and the evaluations due by then. Returns false when this worker left.
+  const auto settle_pieces = [&]() -> bool {
+    for (;;) {
+      if (const auto out = pieces.settle(*session)) {
+        if (*out == kf::Session::Outcome::left) return false;
+        print_changes();
+        continue;
+      }
+      if (pieces.last_settle() == kf::PieceSampler::Settled::kept) return true;
+      epoch = pieces.epoch();
+      const std::int64_t trained = epoch * static_cast<std::int64_t>(train_count) +
+                                   static_cast<std::int64_t>(pieces.used_at_plan());
+      try {
+        if (pieces.epoch_ended()) {
+          accuracy_ppm = std::llround(evaluate() * 1e6);
+          evaluated_at = trained;
+          if (session->rank() == 0) {
+            std::printf(
+                "epoch %lld test accuracy %.4f (%.1f s)\n", static_cast<long long>(epoch),
+                test_accuracy(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+            std::fflush(stdout);
+          }
+        }
+        if (eval_every > 0 && trained / eval_every != evaluated_at / eval_every) {
+          const double acc = evaluate();
+          evaluated_at = trained;
+          if (session->rank() == 0) {
+            std::printf(
+                "eval samples %lld step %lld train_time %.3f test accuracy %.4f batch %lld\n",
+                static_cast<long long>(trained), static_cast<long long>(session->steps()),
+                train_seconds(), acc,
+                static_cast<long long>(session->settings().value("batch_size", batch)));
+            std::fflush(stdout);
+          }
+        }
+      } catch (const kf::Error& e) {
+        if (session->recover(e) == kf::Session::Outcome::left) return false;
+        print_changes();
+        continue;
+      }
+      return true;
+    }
+  };
   try {
     // The job's length may be changed while it runs (cluster settings "epochs").
-    while (epoch < session->settings().value("epochs", static_cast<std::int64_t>(epochs)) &&
-           !session->stop_requested() && !(stop_at > 0 && test_accuracy() >= stop_at)) {
+    for (;;) {
+      const bool on_change = session->boundaries_on_change();
+      if (on_change && !settle_pieces()) return 0;
+      if (epoch >= session->settings().value("epochs", static_cast<std::int64_t>(epochs)) ||
+          session->stop_requested() || (stop_at > 0 && test_accuracy() >= stop_at)) {
+        break;
+      }
       const std::int64_t gbatch = session->settings().value("batch_size", batch);
       const double rate = session->settings().value("lr", lr);
       if (rate != opt->learning_rate()) opt->set_learning_rate(rate);
       if (batches.empty() || batches.back().second != gbatch) {
         batches.emplace_back(session->steps(), gbatch);
       }
-      sampler.start_epoch(epoch, static_cast<std::size_t>(position));
-      const auto total = sampler.step_samples(static_cast<std::size_t>(gbatch));
-      // This worker's part of the step: equal, or by measured speed with settings "balance".
-      const auto [first, count] = session->batch_part(total);
-      const auto mine = sampler.range(first, count);
+      std::size_t total = static_cast<std::size_t>(gbatch);
+      std::vector<std::size_t> mine;
+      if (on_change) {
+        // This worker's next part of its own piece: an equal share of the global batch.
+        mine = pieces.take(
+            *session, std::max<std::size_t>(1, total / static_cast<std::size_t>(session->size())));
+      } else {
+        sampler.start_epoch(epoch, static_cast<std::size_t>(position));
+        total = sampler.step_samples(static_cast<std::size_t>(gbatch));
+        // This worker's part of the step: equal, or by measured speed with settings "balance".
+        const auto [first, count] = session->batch_part(total);
+        mine = sampler.range(first, count);
+      }
       const auto outcome = session->step([&] {
         if (kf::models_may_diverge(session->mode())) hash_at_step_start = parameters_hash(*model);
         opt->zero_grad();
@@ -395,6 +465,7 @@ int main(int argc, char** argv) {
         }
         opt->step();
         exposed_seconds += opt->exposed_comm().count();
+        if (on_change) return;  // the pieces and evaluations move at boundaries (settle_pieces)
         sampler.advance(static_cast<std::size_t>(gbatch));
         position = static_cast<std::int64_t>(sampler.position());
         const std::int64_t trained =

@@ -82,12 +82,14 @@ std::optional<Session::Outcome> PieceSampler::settle(Session& session) {
 }
 
 std::vector<std::size_t> PieceSampler::take(Session& session, std::size_t count) {
-  if (piece_version_ != *plan_version_ || piece_index_ != *plan_index_ ||
-      piece_epoch_ != *epoch_ || *plan_version_ != static_cast<std::int64_t>(session.version())) {
+  if (piece_version_ != *plan_version_ || piece_index_ != *plan_index_ || piece_epoch_ != *epoch_ ||
+      *plan_version_ != static_cast<std::int64_t>(session.version())) {
     // The piece was cut from the used set at the plan, which take() has changed since.
-    throw std::logic_error("PieceSampler::take: call settle() before each step (the plan is of "
-                           "version " + std::to_string(*plan_version_) + ", the session is at " +
-                           std::to_string(session.version()) + ")");
+    throw std::logic_error(
+        "PieceSampler::take: call settle() before each step (the plan is of "
+        "version " +
+        std::to_string(*plan_version_) + ", the session is at " +
+        std::to_string(session.version()) + ")");
   }
   const std::size_t at = std::min(static_cast<std::size_t>(*cursor_), piece_.size());
   const std::size_t n = std::min(count, piece_.size() - at);

@@ -80,7 +80,7 @@ class PieceSampler {
   std::int64_t* plan_version_;
   std::int64_t* plan_index_;
   std::int64_t* cursor_;
-  std::vector<std::size_t> piece_;   // this worker's piece of the plan
+  std::vector<std::size_t> piece_;  // this worker's piece of the plan
   std::int64_t piece_version_ = -1, piece_index_ = -1, piece_epoch_ = -1;
   bool epoch_ended_ = false;
   Settled settled_ = Settled::kept;
