@@ -113,6 +113,12 @@ TEST(ElasticTorch, PairAveragingGrowsAndSurvivesKillNine) {
   two_three_two("torch-pair", " --mode pair-avg", /*kill=*/true);
 }
 
+// The same with boundaries on change: the workers meet only when something changes, each
+// through its own pieces of the epoch; every change still gives every worker one model.
+TEST(ElasticTorch, PairAveragingWithBoundariesOnChangeGrowsAndSurvivesKillNine) {
+  two_three_two("torch-pair-oc", " --mode pair-avg --boundaries on-change", /*kill=*/true);
+}
+
 // Parameter-server training: rank 0 serves, every worker's pushes and the server's parameters
 // are in flight at every change (max_staleness 2 lets them lag); each change gives every
 // worker one model again and the server starts from it, a kill -9 too.
