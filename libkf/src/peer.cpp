@@ -128,6 +128,12 @@ std::optional<Invitation> Peer::wait_invitation(std::chrono::milliseconds timeou
 }
 std::string Peer::device_backend() const { return impl_->device_backend(); }
 
+void Peer::watch_arrivals(std::string name) { impl_->watch_arrivals(std::move(name)); }
+std::uint64_t Peer::watched_arrivals() const noexcept {
+  return impl_->mailbox().watched_arrivals();
+}
+bool Peer::version_broken() const noexcept { return impl_->version_broken(); }
+
 TransportStats Peer::transport_stats() const noexcept {
   const auto& c = impl_->counters();
   TransportStats t;

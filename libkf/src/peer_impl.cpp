@@ -160,6 +160,13 @@ void PeerImpl::update(const Cluster& c) {
   driver_->yield.store(crowded, std::memory_order_relaxed);
 }
 
+void PeerImpl::watch_arrivals(std::string name) {
+  on_io([this, n = std::move(name)]() mutable -> awaitable<void> {
+    mailbox_.watch(std::move(n));
+    co_return;
+  });
+}
+
 std::vector<Endpoint> PeerImpl::lost_peers() {
   return on_io([this]() -> awaitable<std::vector<Endpoint>> { co_return mesh_.lost_peers(); });
 }

@@ -34,6 +34,11 @@ class PeerImpl {
   void start(const Cluster& c);
   void update(const Cluster& c);
   std::vector<Endpoint> lost_peers();
+  void watch_arrivals(std::string name);
+  bool version_broken() const noexcept {
+    const std::uint64_t v = mesh_.broken_version();
+    return v != 0 && v == cluster_.version;
+  }
   /// Checks a collective's arguments and hands it to the backend of its buffers' device
   /// (backend/submit.cpp).
   Handle submit(std::shared_ptr<CollCtx> ctx);

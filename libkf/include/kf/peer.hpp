@@ -292,6 +292,17 @@ class Peer {
   /// Thread-safe.
   TransportStats transport_stats() const noexcept;
 
+  /// Counts the messages named `name` that arrive before their receive (from any sender, of
+  /// any version), so that a loop polling a rare message need not call try_receive() (a
+  /// hand-off to the I/O thread per sender) while watched_arrivals() has not changed: read it
+  /// first, then try_receive() what came. One name per peer; a later call replaces it.
+  void watch_arrivals(std::string name);
+  /// The count of watch_arrivals(); thread-safe and without a hand-off.
+  std::uint64_t watched_arrivals() const noexcept;
+  /// Whether the current cluster version broke (a member lost, a peer on a newer version):
+  /// every collective of it fails from then on. Thread-safe and without a hand-off.
+  bool version_broken() const noexcept;
+
  private:
   std::unique_ptr<detail::PeerImpl> impl_;
 };

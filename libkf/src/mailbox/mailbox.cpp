@@ -58,6 +58,15 @@ void Mailbox::keep_early(const MailKeyView& key, std::span<const std::byte> payl
   unexpected_by_peer_[p] += charged;
   early_bytes_.store(early_bytes_.load(std::memory_order_relaxed) + payload.size(),
                      std::memory_order_relaxed);
+  // Counted once the frame is kept (below, before the function returns), so that a reader that
+  // sees the count change finds the frame.
+  struct CountWatched {
+    Mailbox& m;
+    bool watched;
+    ~CountWatched() {
+      if (watched) m.watched_arrivals_.fetch_add(1, std::memory_order_release);
+    }
+  } count_watched{*this, !watched_.empty() && key.name == watched_};
   if (key.tag == 0 && payload.size() <= EarlyFrame::kSmallBytes && slots_.empty() &&
       key.name.size() <= QuickEarly::kNameBytes && quick_early_.size() < QuickEarly::kMax) {
     QuickEarly& q = quick_early_.emplace_back();

@@ -178,6 +178,16 @@ class Mailbox {
   std::uint64_t early_bytes() const noexcept {
     return early_bytes_.load(std::memory_order_relaxed);
   }
+  /// Frames named `name` that come before their receive are counted (I/O thread; one name,
+  /// a later call replaces it): watched_arrivals() changes whenever one came.
+  void watch(std::string name) {
+    KF_DCHECK_IO(driver_);
+    watched_ = std::move(name);
+  }
+  /// Any thread.
+  std::uint64_t watched_arrivals() const noexcept {
+    return watched_arrivals_.load(std::memory_order_acquire);
+  }
 
  private:
   using Slots = std::unordered_map<MailKey, Slot, MailKeyHash, MailKeyEq>;
@@ -227,6 +237,8 @@ class Mailbox {
   // of allocating one each. Never modified after construction.
   std::shared_ptr<RecvReq> received_;
   std::atomic<std::uint64_t> early_bytes_{0};
+  std::string watched_;  // Mailbox::watch (I/O thread)
+  std::atomic<std::uint64_t> watched_arrivals_{0};
 };
 
 }  // namespace kf::detail

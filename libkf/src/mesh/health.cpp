@@ -93,6 +93,7 @@ void Mesh::break_version(std::error_code ec, const std::string& why) {
   if (broken_) return;
   broken_ = ec;
   broken_why_ = why;
+  broken_version_.store(io_cluster_.version, std::memory_order_release);
   mailbox_.fail_posted(KeyMatch{}, ec);
   std::vector<std::string> lost;
   for (auto& ps : peers_) {

@@ -75,6 +75,10 @@ class Mesh {
   bool on_this_host(const Endpoint& ep) const;
   /// Why the current version is broken (a member was lost), or no error; and the reason.
   std::error_code broken() const noexcept { return broken_; }
+  /// The last cluster version that broke (0: none); any thread.
+  std::uint64_t broken_version() const noexcept {
+    return broken_version_.load(std::memory_order_acquire);
+  }
   const std::string& broken_why() const noexcept { return broken_why_; }
 
   // ---- frames and transfers ----
@@ -262,6 +266,7 @@ class Mesh {
   std::unordered_map<std::string, int> peer_by_key_;
   std::vector<std::shared_ptr<Incoming>> ring_readers_;  // connections with a ring to read
   std::error_code broken_;
+  std::atomic<std::uint64_t> broken_version_{0};
   std::string broken_why_;
   bool stopping_ = false;
   // The completed send that post_send hands out for transfers done at once (a ring write, a

@@ -133,14 +133,23 @@ constexpr std::string_view kAsk = "kf.ask";
 
 // Boundaries on change: whether this step ends at one (docs/elastic.md, "Boundaries on change";
 // the rule is detail::BoundaryAgreement). This worker's own reasons: the loop asked, its watch
-// holds a newer cluster, joiners wait, a peer is lost, or the interval is up.
+// holds a newer cluster, joiners wait, the version broke (a peer lost), or the interval is up.
+// In steady state this takes no hand-off to the peer's I/O thread: the requests that came and
+// the version's state are counters the I/O thread keeps.
 bool Session::boundary_due() {
   if (agreement_version_ != peer_->version()) {
     agreement_->restart();
     agreement_version_ = peer_->version();
   }
+  // Requests are rare: look for them (a hand-off to the I/O thread per peer) only when one came.
+  if (!watching_asks_) {
+    peer_->watch_arrivals(std::string(kAsk));
+    watching_asks_ = true;
+    seen_asks_ = ~std::uint64_t{0};
+  }
+  const std::uint64_t arrived = peer_->watched_arrivals();
   std::int64_t index = 0;
-  for (int r = 0; r < peer_->size(); ++r) {
+  for (int r = 0; r < peer_->size() && arrived != seen_asks_; ++r) {
     if (r == peer_->rank()) continue;
     try {
       while (peer_->try_receive(r, kAsk, buffer(&index, 1))) {
@@ -154,6 +163,7 @@ bool Session::boundary_due() {
       agreement_->heard(agreement_->passed_count() + 1);
     }
   }
+  seen_asks_ = arrived;
   std::erase_if(asking_, [](Asking& a) {
     if (!a.handle.ready()) return false;
     a.handle.wait_status();  // one to a lost peer failed: the boundary's collective says so
@@ -163,7 +173,7 @@ bool Session::boundary_due() {
   const bool own = boundary_wanted_ || pending_.has_value() ||
                    (newest > peer_->version() && newest > refused_version_) ||
                    SteadyClock::now() - last_boundary_at_ >= options_.boundary_interval ||
-                   !peer_->lost_peers().empty();
+                   peer_->version_broken();
   const auto verdict = agreement_->at_step_end(own);
   if (!verdict.take) return false;
   next_boundary_ = verdict.index;

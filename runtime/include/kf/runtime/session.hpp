@@ -451,6 +451,8 @@ class Session {
   std::unique_ptr<detail::BoundaryAgreement> agreement_;
   std::uint64_t agreement_version_ = 0;
   std::uint64_t next_boundary_ = 0;  // the number of the boundary this step ends at
+  bool watching_asks_ = false;
+  std::uint64_t seen_asks_ = 0;  // Peer::watched_arrivals() when the requests were last taken
   std::uint64_t boundaries_in_version_ = 0, boundaries_version_ = 0;
   std::chrono::steady_clock::time_point last_boundary_at_ = std::chrono::steady_clock::now();
   struct Asking {
