@@ -55,6 +55,7 @@ const char* const kVariables[] = {
     "KF_DEVICE_BACKEND",
     "KF_RECOVERY_WRITER_WAIT_MS",
     "KF_LISTEN_FD",
+    "KF_BOUNDARY_INTERVAL_MS",
 };
 
 }  // namespace

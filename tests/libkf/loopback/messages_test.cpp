@@ -89,6 +89,33 @@ TEST(Messages, OneNameFromOneSenderArrivesInOrderAndEmptyMessagesWork) {
       receive_within(*peers[0], 1, "empty", buffer(static_cast<std::int64_t*>(nullptr), 0)));
 }
 
+// Peer::watch_arrivals: a counter of one name's messages that a loop reads without a hand-off to
+// the I/O thread; once it has moved, try_receive finds the message.
+TEST(Messages, ArrivalsOfTheWatchedNameAreCountedAndOthersAreNot) {
+  auto peers = two_workers(Transport::automatic, PeerOptions{}.max_frame_bytes);
+  peers[0]->watch_arrivals("ask");
+  EXPECT_EQ(peers[0]->watched_arrivals(), 0u);
+  EXPECT_FALSE(peers[0]->version_broken());
+  std::int64_t v[2] = {7, 8};
+  std::vector<Handle> sent;
+  sent.push_back(peers[1]->send(0, "other", buffer(&v[0], 1)));
+  sent.push_back(peers[1]->send(0, "ask", buffer(&v[0], 1)));
+  sent.push_back(peers[1]->send(0, "ask", buffer(&v[1], 1)));
+  for (auto& h : sent) h.wait();
+  const auto give_up = steady_clock::now() + std::chrono::seconds(20);
+  while (peers[0]->watched_arrivals() < 2 && steady_clock::now() < give_up) {
+    std::this_thread::yield();
+  }
+  EXPECT_EQ(peers[0]->watched_arrivals(), 2u);
+  std::int64_t got = 0;
+  ASSERT_TRUE(peers[0]->try_receive(1, "ask", buffer(&got, 1))) << "counted, so it is there";
+  EXPECT_EQ(got, 7);
+  ASSERT_TRUE(peers[0]->try_receive(1, "ask", buffer(&got, 1)));
+  EXPECT_EQ(got, 8);
+  ASSERT_TRUE(receive_within(*peers[0], 1, "other", buffer(&got, 1)));
+  EXPECT_EQ(peers[0]->watched_arrivals(), 2u) << "another name is not counted";
+}
+
 TEST(Messages, AMessageOfAnotherSizeIsRefusedAndDropped) {
   auto peers = two_workers(Transport::automatic, 64);
   std::vector<std::uint8_t> out(100, 7), in(90, 0);
