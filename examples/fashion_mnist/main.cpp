@@ -356,6 +356,22 @@ int main(int argc, char** argv) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count() -
            eval_seconds;
   };
+  // Rank 0's lines: the test accuracy after each epoch, and every --eval-every samples.
+  const auto print_epoch = [&] {
+    if (session->rank() != 0) return;
+    std::printf("epoch %lld test accuracy %.4f (%.1f s)\n", static_cast<long long>(epoch),
+                test_accuracy(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+    std::fflush(stdout);
+  };
+  const auto print_eval = [&](std::int64_t trained, std::int64_t step, double acc,
+                              std::int64_t gbatch) {
+    if (session->rank() != 0) return;
+    std::printf("eval samples %lld step %lld train_time %.3f test accuracy %.4f batch %lld\n",
+                static_cast<long long>(trained), static_cast<long long>(step), train_seconds(), acc,
+                static_cast<long long>(gbatch));
+    std::fflush(stdout);
+  };
   std::size_t changes_seen = 0;
   std::uint64_t hash_at_step_start = 0;
   const auto print_changes = [&] {
@@ -386,25 +402,13 @@ int main(int argc, char** argv) {
         if (pieces.epoch_ended()) {
           accuracy_ppm = std::llround(evaluate() * 1e6);
           evaluated_at = trained;
-          if (session->rank() == 0) {
-            std::printf(
-                "epoch %lld test accuracy %.4f (%.1f s)\n", static_cast<long long>(epoch),
-                test_accuracy(),
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
-            std::fflush(stdout);
-          }
+          print_epoch();
         }
         if (eval_every > 0 && trained / eval_every != evaluated_at / eval_every) {
           const double acc = evaluate();
           evaluated_at = trained;
-          if (session->rank() == 0) {
-            std::printf(
-                "eval samples %lld step %lld train_time %.3f test accuracy %.4f batch %lld\n",
-                static_cast<long long>(trained), static_cast<long long>(session->steps()),
-                train_seconds(), acc,
-                static_cast<long long>(session->settings().value("batch_size", batch)));
-            std::fflush(stdout);
-          }
+          print_eval(trained, session->steps(), acc,
+                     session->settings().value("batch_size", batch));
         }
       } catch (const kf::Error& e) {
         if (session->recover(e) == kf::Session::Outcome::left) return false;
@@ -472,26 +476,13 @@ int main(int argc, char** argv) {
             epoch * static_cast<std::int64_t>(train_count) + position;  // samples so far
         if (eval_every > 0 &&
             trained / eval_every != (trained - static_cast<std::int64_t>(total)) / eval_every) {
-          const double acc = evaluate();
-          if (session->rank() == 0) {
-            std::printf(
-                "eval samples %lld step %lld train_time %.3f test accuracy %.4f batch %lld\n",
-                static_cast<long long>(trained), static_cast<long long>(session->steps() + 1),
-                train_seconds(), acc, static_cast<long long>(gbatch));
-            std::fflush(stdout);
-          }
+          print_eval(trained, session->steps() + 1, evaluate(), gbatch);
         }
         if (sampler.epoch_done()) {
           accuracy_ppm = std::llround(evaluate() * 1e6);
           ++epoch;
           position = 0;
-          if (session->rank() == 0) {
-            std::printf(
-                "epoch %lld test accuracy %.4f (%.1f s)\n", static_cast<long long>(epoch),
-                test_accuracy(),
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
-            std::fflush(stdout);
-          }
+          print_epoch();
         }
       });
       if (outcome == kf::Session::Outcome::left) return 0;
