@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -368,23 +369,36 @@ TEST(Session, OneWorkerHasNoNoiseScaleAndMonitorsCanBeOff) {
 }
 
 // Boundaries on change (docs/elastic.md): three workers, one of them 3x slower, each through its
-// own pieces of the epoch (PieceSampler). Nobody waits for the slow
-// one between boundaries, so the fast workers take more steps; the boundaries are far fewer than
-// the steps; and every sample of each of the 3 epochs is taken exactly once.
+// own pieces of the epoch (PieceSampler). Nobody waits for the slow one between boundaries, so the
+// fast workers take more steps; the boundaries are far fewer than the steps; every sample of each
+// of the 3 epochs is taken exactly once; and a policy runs at the boundaries only, seeing the
+// same step (rank 0's) on every worker.
 TEST(Session, BoundariesOnChangeLetEachWorkerGoAtItsPaceAndTakeEverySampleOnce) {
+  class StepRecorder : public Policy {
+   public:
+    std::string name() const override { return "step-recorder"; }
+    void after_step(PolicyContext& c) override { steps.push_back(c.step()); }
+    std::vector<std::int64_t> steps;
+  };
   constexpr int n = 3, epochs = 3;
   constexpr std::size_t samples = 600;
   Job job = make_job(n);
   std::vector<std::atomic<int>> taken(epochs * samples);
   std::vector<std::int64_t> steps(n), boundaries(n);
   std::vector<int> on_change(n);
+  std::vector<std::vector<std::int64_t>> policy_steps(n);
   test::run_all(n, [&](int r) {
     State state;
     PieceSampler pieces(samples, 5, state);
     SessionOptions o;
     o.default_settings = {{"mode", "pair-avg"}, {"boundaries", "on-change"}};
     o.boundary_interval = std::chrono::milliseconds(50);
+    auto recorder = std::make_unique<StepRecorder>();
+    StepRecorder* rec = recorder.get();
+    PolicyRunner runner;
+    runner.add(std::move(recorder));
     Session s(std::move(job.peers[r]), job.cluster, state, o);
+    s.set_policies(&runner);
     ASSERT_TRUE(s.join());
     on_change[r] = s.boundaries_on_change();
     std::set<std::pair<std::uint64_t, std::uint64_t>> seen;
@@ -404,7 +418,11 @@ TEST(Session, BoundariesOnChangeLetEachWorkerGoAtItsPaceAndTakeEverySampleOnce) 
     }
     steps[r] = s.steps();
     boundaries[r] = static_cast<std::int64_t>(seen.size());
+    policy_steps[r] = rec->steps;
   });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(policy_steps[r], policy_steps[0]) << "rank " << r;
+  EXPECT_LT(policy_steps[0].size(), static_cast<std::size_t>(steps[0]) / 3);
+  EXPECT_TRUE(std::is_sorted(policy_steps[0].begin(), policy_steps[0].end()));
   for (int r = 0; r < n; ++r) {
     EXPECT_TRUE(on_change[r]);
     std::printf("rank %d: %lld steps, %lld boundaries\n", r, static_cast<long long>(steps[r]),

@@ -28,6 +28,7 @@ void pack(const BoundaryRecord& record, std::span<const double> metrics, const R
   out[1] = record.commits;
   out[2] = static_cast<std::int64_t>(record.doc_bytes);
   out[3] = static_cast<std::int64_t>(record.ready_version);
+  out[4] = record.steps;
   for (std::size_t i = 0; i < metrics.size(); ++i) {
     out[layout.metrics_at() + i] = std::bit_cast<std::int64_t>(metrics[i]);
   }
@@ -38,8 +39,9 @@ std::vector<BoundaryRecord> unpack(std::span<const std::int64_t> all, const Reco
   std::vector<BoundaryRecord> records(all.size() / words);
   for (std::size_t r = 0; r < records.size(); ++r) {
     const auto w = all.subspan(r * words, words);
-    records[r] = BoundaryRecord{static_cast<std::uint64_t>(w[0]), w[1],
-                                static_cast<std::uint64_t>(w[2]), static_cast<std::uint64_t>(w[3])};
+    records[r] =
+        BoundaryRecord{static_cast<std::uint64_t>(w[0]), w[1], static_cast<std::uint64_t>(w[2]),
+                       static_cast<std::uint64_t>(w[3]), w[4]};
   }
   return records;
 }

@@ -4,8 +4,8 @@
 // the same records in rank order, so every worker takes the same decision without talking again:
 //
 //   1. pack:     BoundaryRecord (newest version seen, commits, size of that version's document,
-//                pending version whose joiners this worker has reached), then the monitors'
-//                words, then one word per registered metric (a double's bits);
+//                pending version whose joiners this worker has reached, steps), then the
+//                monitors' words, then one word per registered metric (a double's bits);
 //   2. exchange: allgather of every worker's record (kf::Session, step_boundary.cpp);
 //   3. decide:   decide() below: stay, keep waiting for joiners, switch to the pending cluster, or
 //                fetch a newer document from the worker that holds it (broadcast), after which
@@ -33,11 +33,14 @@ struct BoundaryRecord {
   std::int64_t commits = 0;         ///< its commit count
   std::uint64_t doc_bytes = 0;      ///< size of that version's document (0: not newer)
   std::uint64_t ready_version = 0;  ///< pending version whose joiners it has reached (0: none)
+  /// Its step count before this boundary's step is counted (with boundaries on change the
+  /// workers' counts differ; rank 0's is the job's step the policies see).
+  std::int64_t steps = 0;
 };
 
 /// Where the parts of a record lie, in 64-bit words.
 struct RecordLayout {
-  static constexpr std::size_t kFixedWords = 4;
+  static constexpr std::size_t kFixedWords = 5;
   std::size_t monitor_words = 0;  ///< StepMonitor::kWords with the monitors on, else 0
   std::size_t metrics = 0;        ///< registered metrics
 

@@ -17,7 +17,7 @@ namespace kf {
 
 PolicyInputs Session::policy_inputs() const {
   PolicyInputs in;
-  in.step = *steps_;
+  in.step = on_change_ ? job_step_ : *steps_;
   in.epoch = epoch_;
   in.workers = peer_->size();
   in.version = peer_->version();

@@ -35,6 +35,7 @@ std::vector<std::int64_t> Session::pack_record(const RecordLayout& layout,
   detail::BoundaryRecord rec;
   rec.version_seen = peer_->version();
   rec.commits = *commits_;
+  rec.steps = *steps_;
   if (link_ && link_->version() > peer_->version()) {
     auto newest = link_->latest();
     rec.version_seen = newest.cluster.version;
@@ -66,6 +67,9 @@ std::vector<std::int64_t> Session::pack_record(const RecordLayout& layout,
 // export, and run the after_step policies.
 void Session::commit_step(std::span<const std::int64_t> all, const RecordLayout& layout,
                           SteadyClock::time_point began) {
+  // The job's step, the same on every worker: rank 0's (with boundaries on change the workers'
+  // own counts differ).
+  job_step_ = detail::unpack(all.subspan(0, layout.words()), layout)[0].steps + 1;
   ++*steps_;
   progress_at_ = SteadyClock::now();
   changes_since_progress_ = 0;

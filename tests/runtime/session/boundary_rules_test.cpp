@@ -104,7 +104,7 @@ TEST(JudgeNewer, SameWorkersAreASettingsChangeAndJoinersAreWaitedFor) {
 TEST(Record, PacksAndUnpacksAndAveragesMetricsInRankOrder) {
   const RecordLayout layout{2, 2};
   std::vector<std::int64_t> all(2 * layout.words(), -1);
-  pack(BoundaryRecord{5, 9, 100, 4}, std::vector{1.0, 10.0}, layout,
+  pack(BoundaryRecord{5, 9, 100, 4, 33}, std::vector{1.0, 10.0}, layout,
        std::span(all).subspan(0, layout.words()));
   pack(BoundaryRecord{6, 9, 0, 0}, std::vector{3.0, 20.0}, layout,
        std::span(all).subspan(layout.words(), layout.words()));
@@ -113,6 +113,7 @@ TEST(Record, PacksAndUnpacksAndAveragesMetricsInRankOrder) {
   ASSERT_EQ(records.size(), 2u);
   EXPECT_EQ(records[0].version_seen, 5u);
   EXPECT_EQ(records[0].doc_bytes, 100u);
+  EXPECT_EQ(records[0].steps, 33);
   EXPECT_EQ(records[0].ready_version, 4u);
   EXPECT_EQ(records[1].version_seen, 6u);
   EXPECT_EQ(average_metrics(all, layout), (std::vector{2.0, 15.0}));

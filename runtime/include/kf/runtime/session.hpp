@@ -337,7 +337,7 @@ class Session {
   /// steps(), commits() and the State are this worker's own between boundaries: a step that
   /// ends without one is committed locally (every commit_every steps) and waits for nobody;
   /// the monitors' report covers every step since the last boundary; the policies run at
-  /// boundaries only.
+  /// boundaries only, and see rank 0's step count as the job's step.
   bool boundaries_on_change() const noexcept { return on_change_; }
   /// Asks for a boundary at the end of the current step (e.g. this worker ran out of samples):
   /// every worker takes it at the end of the step it is in when the request reaches it. With
@@ -447,6 +447,7 @@ class Session {
   // Boundaries on change (step_boundary.cpp).
   bool on_change_ = false;
   bool on_change_refused_ = false;  // asked for outside pair-avg (logged once)
+  std::int64_t job_step_ = 0;       // rank 0's steps as of the last boundary
   bool boundary_wanted_ = false;
   std::unique_ptr<detail::BoundaryAgreement> agreement_;
   std::uint64_t agreement_version_ = 0;
