@@ -7,8 +7,9 @@
 // policy that changes them changes them on every worker at the same step. The training state
 // (model, optimizer, epoch and position in it) is a kf::State: it is committed every step,
 // restored after a failure and sent to joiners. Rank 0 prints a progress line every --log-every
-// steps and the test accuracy after each epoch (every worker evaluates a shard of the test set),
-// and at the end the membership changes, the batch sizes used, and
+// steps and the test accuracy after each epoch (every worker evaluates a shard of the test set;
+// in a mode whose models differ, the accuracy at the end is that of their average, the job's
+// model), and at the end the membership changes, the batch sizes used, and
 //   final test accuracy: 0.NNN (workers at end: N, membership changes: N)
 #include <algorithm>
 #include <chrono>
@@ -140,7 +141,8 @@ int main(int argc, char** argv) {
   std::int64_t eval_every = 0;
   app.add_option("--eval-every", eval_every,
                  "also evaluate every N training samples; prints 'eval samples S step T "
-                 "train_time SECONDS test accuracy A batch B' (train_time leaves evaluations out)")
+                 "train_time SECONDS test accuracy A batch B' (train_time leaves evaluations out), "
+                 "and once more at the end, of the averaged model, in a mode whose models differ")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   app.add_option("--stop-at", stop_at, "stop once the test accuracy reaches this (0: never)")
       ->check(CLI::Range(0.0, 1.0));
@@ -500,8 +502,20 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
-    // In a mode whose models differ between averages, the job's model is their average.
-    if (kf::models_may_diverge(session->mode())) opt->average_parameters();
+    // In a mode whose models differ between averages, the job's model is their average: its
+    // accuracy is the job's (the evaluations before it mixed the workers' own models).
+    if (kf::models_may_diverge(session->mode())) {
+      opt->average_parameters();
+      accuracy_ppm = std::llround(evaluate() * 1e6);
+      const std::int64_t trained =
+          epoch * static_cast<std::int64_t>(train_count) +
+          (session->boundaries_on_change() ? static_cast<std::int64_t>(pieces.used_at_plan())
+                                           : position);
+      if (eval_every > 0) {
+        print_eval(trained, session->steps(), test_accuracy(),
+                   session->settings().value("batch_size", batch));
+      }
+    }
     // Every worker must hold the same parameters: a consensus collective says whether they do.
     std::vector<float> flat;
     for (const auto& dp : model->parameters()) {
