@@ -7,12 +7,14 @@
 #include <stdexcept>
 
 #include "kf/common/error.hpp"
+#include "kf/runtime/session.hpp"
 
 namespace kf {
 namespace {
 
 constexpr std::size_t kWord = sizeof(std::int64_t);
-constexpr std::size_t kPushHeader = 3 * kWord;  // step, view version, weight
+constexpr std::size_t kPushHeader = 4 * kWord;  // step, view version, weight, epoch
+constexpr std::size_t kParamsWords = 4;         // step, version, epoch, mark; then per rank
 
 template <typename T>
 T word(const std::vector<std::byte>& m, std::size_t i) {
@@ -44,6 +46,11 @@ ParameterServer::ParameterServer(Peer& peer, std::string name, Options options)
   }
 }
 
+ParameterServer::ParameterServer(Session& session, std::string name, Options options)
+    : ParameterServer(session.peer(), std::move(name), options) {
+  session_ = &session;
+}
+
 ParameterServer::~ParameterServer() { wait_sends(); }
 
 // Sends give their buffers back once written; a failed one shows as a failed receive later.
@@ -67,7 +74,11 @@ void ParameterServer::restart(std::span<const float> w_start, std::int64_t step)
   view_step_ = step - 1;
   view_version_ = 0;
   first_step_ = step;
-  const std::size_t header = (2 + static_cast<std::size_t>(size_)) * kWord;
+  async_ = session_ != nullptr && session_->boundaries_on_change();
+  epoch_ = async_ ? session_->boundaries_in_version() : 0;
+  applied_mine_ = step - 1;
+  marked_ = 0;
+  const std::size_t header = (kParamsWords + static_cast<std::size_t>(size_)) * kWord;
   incoming_.assign(header + count_ * sizeof(float), std::byte{0});
   if (rank_ != 0) {
     params_.clear();
@@ -100,7 +111,8 @@ ParameterServer::Report ParameterServer::step(std::span<float> w, std::span<cons
     throw std::invalid_argument("ParameterServer::step: the model has " + std::to_string(w.size()) +
                                 " values, it had " + std::to_string(count_));
   }
-  if (peer_.version() != cluster_version_ || peer_.size() != size_ || step != last_step_ + 1) {
+  if (peer_.version() != cluster_version_ || peer_.size() != size_ || step != last_step_ + 1 ||
+      (session_ != nullptr && session_->boundaries_on_change() != async_)) {
     restart(w_start, step);
   }
   last_step_ = step;
@@ -113,6 +125,7 @@ ParameterServer::Report ParameterServer::step(std::span<float> w, std::span<cons
   set_word(p.bytes, 0, step);
   set_word(p.bytes, 1, view_version_);
   set_word(p.bytes, 2, weight);
+  set_word(p.bytes, 3, epoch_);
   auto* delta = reinterpret_cast<float*>(p.bytes.data() + kPushHeader);
   for (std::size_t i = 0; i < count_; ++i) delta[i] = w[i] - w_start[i];
   pushes_.push_back(std::move(p));
@@ -123,7 +136,25 @@ ParameterServer::Report ParameterServer::step(std::span<float> w, std::span<cons
     rep.bytes_sent += mine.bytes.size();
   }
 
-  if (rank_ == 0) {
+  if (async_) {
+    // Asynchronously: a boundary ahead means rank 0 may wait there already, so nobody waits
+    // for it; rank 0 announces it to every worker.
+    const bool boundary_follows = session_->boundary_ahead();
+    if (rank_ == 0) {
+      serve_async(step, boundary_follows, rep);
+      take_async(params_, w);
+    } else {
+      const Buffer in = bytes_of(incoming_);
+      while (peer_.try_receive(0, params_name_, in)) take_async(incoming_, w);
+      while (step - applied_mine_ > options_.max_staleness && !boundary_follows &&
+             marked_ <= session_->boundaries_in_version()) {
+        peer_.receive(0, params_name_, in).wait();
+        take_async(incoming_, w);
+        rep.waited = true;
+      }
+    }
+    rep.staleness = step - applied_mine_;
+  } else if (rank_ == 0) {
     serve(step, rep);
     take_parameters(params_, w);
   } else {
@@ -135,7 +166,7 @@ ParameterServer::Report ParameterServer::step(std::span<float> w, std::span<cons
       rep.waited = true;
     }
   }
-  rep.staleness = step - view_step_;
+  if (!async_) rep.staleness = step - view_step_;
   for (Push& q : pushes_) {  // written ones give their handles back
     if (q.in_flight && q.sent.ready()) {
       q.sent.wait_status();
@@ -175,11 +206,54 @@ void ParameterServer::serve(std::int64_t step, Report& rep) {
                reinterpret_cast<const float*>(push_in_.data() + kPushHeader), rep);
   }
   set_word(params_, 0, step);
+  send_parameters(std::vector<bool>(static_cast<std::size_t>(size_), true), 0, rep);
+}
+
+// Rank 0, asynchronously: the pushes that came since its last step, in the order it finds them,
+// then the parameters to each worker whose push it took (to every worker, with the mark, when
+// a boundary follows).
+void ParameterServer::serve_async(std::int64_t step, bool boundary_follows, Report& rep) {
+  for (Handle& h : params_sent_) h.wait_status();  // w_s is their buffer
+  params_sent_.clear();
+  const Push& own = pushes_.back();
+  accumulate(0, step, word<std::uint64_t>(own.bytes, 1), word<double>(own.bytes, 2),
+             reinterpret_cast<const float*>(own.bytes.data() + kPushHeader), rep);
+  std::vector<bool> owed(static_cast<std::size_t>(size_), boundary_follows);
+  const Buffer in = bytes_of(push_in_);
+  for (int r = 1; r < size_; ++r) {
+    while (peer_.try_receive(r, push_name_, in)) {
+      if (word<std::uint64_t>(push_in_, 3) != epoch_) continue;  // from before a restart
+      const auto pushed_at = word<std::int64_t>(push_in_, 0);
+      const auto weight = word<double>(push_in_, 2);
+      if (!(weight > 0) || !std::isfinite(weight) ||
+          pushed_at <= applied_[static_cast<std::size_t>(r)]) {
+        throw Error(make_error_code(errc::protocol_error),
+                    "parameter server '" + push_name_ + "': rank " + std::to_string(r) +
+                        " pushed step " + std::to_string(pushed_at) + " with a weight of " +
+                        std::to_string(weight) + " after its step " +
+                        std::to_string(applied_[static_cast<std::size_t>(r)]) + " was applied");
+      }
+      accumulate(r, pushed_at, word<std::uint64_t>(push_in_, 1), weight,
+                 reinterpret_cast<const float*>(push_in_.data() + kPushHeader), rep);
+      owed[static_cast<std::size_t>(r)] = true;
+    }
+  }
+  set_word(params_, 0, step);
+  send_parameters(owed, boundary_follows ? session_->boundaries_in_version() + 1 : 0, rep);
+}
+
+// Rank 0: its parameters (params_ after the header's step) to the workers `to` names.
+void ParameterServer::send_parameters(const std::vector<bool>& to, std::uint64_t mark,
+                                      Report& rep) {
   set_word(params_, 1, version_);
+  set_word(params_, 2, epoch_);
+  set_word(params_, 3, mark);
   for (int r = 0; r < size_; ++r) {
-    set_word(params_, 2 + static_cast<std::size_t>(r), applied_[static_cast<std::size_t>(r)]);
+    set_word(params_, kParamsWords + static_cast<std::size_t>(r),
+             applied_[static_cast<std::size_t>(r)]);
   }
   for (int r = 1; r < size_; ++r) {
+    if (!to[static_cast<std::size_t>(r)]) continue;
     params_sent_.push_back(peer_.send(r, params_name_, bytes_of(params_)));
     rep.bytes_sent += params_.size();
   }
@@ -197,7 +271,7 @@ void ParameterServer::accumulate(int rank, std::int64_t step, std::uint64_t view
   group_weight_ += weight;
   group_.emplace_back(rank, step);
   if (static_cast<int>(group_.size()) < options_.soft_sync) return;
-  const std::size_t header = (2 + static_cast<std::size_t>(size_)) * kWord;
+  const std::size_t header = (kParamsWords + static_cast<std::size_t>(size_)) * kWord;
   auto* ws = reinterpret_cast<float*>(params_.data() + header);
   const auto mean = static_cast<float>(1.0 / group_weight_);
   group_weight_ = 0;
@@ -215,12 +289,12 @@ void ParameterServer::accumulate(int rank, std::int64_t step, std::uint64_t view
 void ParameterServer::take_parameters(const std::vector<std::byte>& message, std::span<float> w) {
   const auto sent_at = word<std::int64_t>(message, 0);
   if (sent_at < first_step_) return;  // from before a restart
-  const auto applied = word<std::int64_t>(message, 2 + static_cast<std::size_t>(rank_));
+  const auto applied = word<std::int64_t>(message, kParamsWords + static_cast<std::size_t>(rank_));
   while (!pushes_.empty() && pushes_.front().step <= applied) {
     if (pushes_.front().in_flight) pushes_.front().sent.wait_status();
     pushes_.pop_front();
   }
-  const std::size_t header = (2 + static_cast<std::size_t>(size_)) * kWord;
+  const std::size_t header = (kParamsWords + static_cast<std::size_t>(size_)) * kWord;
   const auto* ws = reinterpret_cast<const float*>(message.data() + header);
   std::copy(ws, ws + count_, w.begin());
   for (const Push& q : pushes_) {
@@ -228,6 +302,32 @@ void ParameterServer::take_parameters(const std::vector<std::byte>& message, std
     for (std::size_t i = 0; i < count_; ++i) w[i] += d[i];
   }
   view_step_ = sent_at;
+  view_version_ = word<std::uint64_t>(message, 1);
+}
+
+// Asynchronously: the server's parameters plus this worker's pushes it has not applied yet, when
+// they belong to this run of the exchange; a boundary mark asks for that boundary.
+void ParameterServer::take_async(const std::vector<std::byte>& message, std::span<float> w) {
+  if (word<std::uint64_t>(message, 2) != epoch_) return;  // from before a restart
+  const auto mark = word<std::uint64_t>(message, 3);
+  if (rank_ != 0 && mark > session_->boundaries_in_version()) {
+    marked_ = std::max(marked_, mark);
+    session_->request_boundary();
+  }
+  const auto applied = word<std::int64_t>(message, kParamsWords + static_cast<std::size_t>(rank_));
+  if (applied < applied_mine_) return;  // an older view than the one this worker holds
+  applied_mine_ = applied;
+  while (!pushes_.empty() && pushes_.front().step <= applied) {
+    if (pushes_.front().in_flight) pushes_.front().sent.wait_status();
+    pushes_.pop_front();
+  }
+  const std::size_t header = (kParamsWords + static_cast<std::size_t>(size_)) * kWord;
+  const auto* ws = reinterpret_cast<const float*>(message.data() + header);
+  std::copy(ws, ws + count_, w.begin());
+  for (const Push& q : pushes_) {
+    const auto* d = reinterpret_cast<const float*>(q.bytes.data() + kPushHeader);
+    for (std::size_t i = 0; i < count_; ++i) w[i] += d[i];
+  }
   view_version_ = word<std::uint64_t>(message, 1);
 }
 

@@ -290,6 +290,7 @@ void Session::take_spare_piece(detail::SnapshotAssembler& snapshots, const Invit
 
 Session::Outcome Session::step(const std::function<void()>& body) {
   if (!joined_) throw std::logic_error("Session::step: call join() first");
+  ahead_.reset();
   try {
     body();
   } catch (const Error& e) {

@@ -87,6 +87,20 @@ TEST(KfChaos, EveryGuaranteeHoldsThroughRandomChurnWithBoundariesOnChange) {
   EXPECT_NE(r.output.find("kf-chaos: PASS"), std::string::npos) << r.output;
 }
 
+// The parameter server with boundaries on change: rank 0 serves at its own steps, the workers
+// wait only for it, and before each boundary it releases them; changes, kills and stops land
+// while pushes and answers are in flight.
+TEST(KfChaos, EveryGuaranteeHoldsThroughRandomChurnInParameterServerTrainingOnChange) {
+  const auto r = chaos(
+      "--seed 15 --events 12 --interval-ms 300-800 --stop-ms 100-1200 --max-workers 4 "
+      "--finish-with epochs=1 --finish-timeout-s 120 -- " +
+      env_or_empty("KF_ELASTIC_WORKER") +
+      " --samples 20000 --dim 32 --batch 64 --epochs 1000 --mode async-ps:max_staleness=1 "
+      "--boundaries on-change");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("kf-chaos: PASS"), std::string::npos) << r.output;
+}
+
 // Parameter-server training with balanced batches: the batch parts change with the measured
 // speeds, and every sample of an epoch is still used once.
 TEST(KfChaos, EveryGuaranteeHoldsThroughRandomChurnInParameterServerTrainingWithBalance) {

@@ -319,9 +319,9 @@ bool run_straggler(int np, std::map<std::string, Series>& out) {
 
 // Rank 0's steps/s in a pair-avg job of np workers (each step waits 200 us per sample of its 16,
 // the last rank's 600 us when `slow`), over 3 s once it is past step 300.
-double pair_avg_rate(int np, const std::string& boundaries, bool slow) {
+double async_rate(int np, const std::string& mode, const std::string& boundaries, bool slow) {
   ElasticJob job("bench-async", service_for("bench-async"));
-  job.start(np, kArgs + " --mode pair-avg --boundaries " + boundaries + " --sample-us 200" +
+  job.start(np, kArgs + " --mode " + mode + " --boundaries " + boundaries + " --sample-us 200" +
                     (slow ? " --slow-rank " + std::to_string(np - 1) : std::string()));
   if (!job.wait_progress(300)) return 0;
   const long p0 = job.progress();
@@ -334,20 +334,25 @@ double pair_avg_rate(int np, const std::string& boundaries, bool slow) {
   return static_cast<double>(p1 - p0) * 1e6 / static_cast<double>(t1 - t0);
 }
 
+// Rank 0's step rate (a fast worker's) in each asynchronous mode, with and without a 3x slower
+// last rank, with a boundary at every step and on change.
 bool run_async(int np, std::map<std::string, Series>& out) {
-  const double free_on_change = pair_avg_rate(np, "on-change", false);
-  const double slow_on_change = pair_avg_rate(np, "on-change", true);
-  const double free_every = pair_avg_rate(np, "every-step", false);
-  const double slow_every = pair_avg_rate(np, "every-step", true);
-  if (free_on_change <= 0 || slow_on_change <= 0 || free_every <= 0 || slow_every <= 0) {
-    return false;
+  for (const char* mode : {"pair-avg", "async-ps"}) {
+    const std::string m = mode;
+    const double free_on_change = async_rate(np, m, "on-change", false);
+    const double slow_on_change = async_rate(np, m, "on-change", true);
+    const double free_every = async_rate(np, m, "every-step", false);
+    const double slow_every = async_rate(np, m, "every-step", true);
+    if (free_on_change <= 0 || slow_on_change <= 0 || free_every <= 0 || slow_every <= 0) {
+      return false;
+    }
+    out[m + ": on change, no straggler: rank 0 steps/s"].add(free_on_change);
+    out[m + ": on change, a 3x straggler: rank 0 steps/s"].add(slow_on_change);
+    out[m + ": on change, straggler/none (ratio, steps/s)"].add(slow_on_change / free_on_change);
+    out[m + ": every step, no straggler: rank 0 steps/s"].add(free_every);
+    out[m + ": every step, a 3x straggler: rank 0 steps/s"].add(slow_every);
+    out[m + ": every step, straggler/none (ratio, steps/s)"].add(slow_every / free_every);
   }
-  out["async: on change, no straggler: rank 0 steps/s"].add(free_on_change);
-  out["async: on change, a 3x straggler: rank 0 steps/s"].add(slow_on_change);
-  out["async: on change, straggler/none (ratio, steps/s)"].add(slow_on_change / free_on_change);
-  out["async: every step, no straggler: rank 0 steps/s"].add(free_every);
-  out["async: every step, a 3x straggler: rank 0 steps/s"].add(slow_every);
-  out["async: every step, straggler/none (ratio, steps/s)"].add(slow_every / free_every);
   return true;
 }
 

@@ -151,19 +151,19 @@ TEST(Elastic, SurvivesKillNineOfARandomWorkerAtARandomStep) {
   }
 }
 
-// Boundaries on change in pair-avg (docs/elastic.md, "Boundaries on change"): a step ends at a
-// boundary only when a worker needs one, and each worker trains through its own piece of the
-// epoch. A grow, a kill -9 at a drawn step and a revoke with notice while the workers step at
+// Boundaries on change in an asynchronous mode (docs/elastic.md, "Boundaries on change"): a step
+// ends at a boundary only when a worker needs one, and each worker trains through its own piece of
+// the epoch. A grow, a kill -9 at a drawn step and a revoke with notice while the workers step at
 // their own pace; the workers check that each sample counts once per epoch in the state they
 // hold and that no step went back past a commit, and the job ends with identical parameters.
 // Boundaries stay rare: each worker passed far fewer than it took steps.
-TEST(ElasticOnChange, PairAveragingWithoutAPerStepBoundaryGrowsSurvivesKillNineAndRevoke) {
+void grow_kill_revoke_on_change(const std::string& name, const std::string& mode) {
   const int only = std::atoi(env_or_empty("KF_TEST_SEED").c_str());
   for (int seed = only > 0 ? only : 1; seed <= (only > 0 ? only : 2); ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 gen(static_cast<unsigned>(seed));
-    ElasticJob job("onchange" + std::to_string(seed));
-    job.start(3, kArgs + " --mode pair-avg --boundaries on-change");
+    ElasticJob job(name + std::to_string(seed));
+    job.start(3, kArgs + " --mode " + mode + " --boundaries on-change");
     ASSERT_TRUE(job.wait_progress(std::uniform_int_distribution<long>(20, 200)(gen))) << job.err();
     auto r = job.member("resize 4");
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -192,6 +192,22 @@ TEST(ElasticOnChange, PairAveragingWithoutAPerStepBoundaryGrowsSurvivesKillNineA
     }
     if (::testing::Test::HasFailure()) break;
   }
+}
+
+TEST(ElasticOnChange, PairAveragingWithoutAPerStepBoundaryGrowsSurvivesKillNineAndRevoke) {
+  grow_kill_revoke_on_change("onchange", "pair-avg");
+}
+
+// The parameter server without a per-step boundary: rank 0 serves at its own steps and marks
+// its answers before a boundary, so that no worker waits for it there.
+TEST(ElasticOnChange, ParameterServerWithoutAPerStepBoundaryGrowsSurvivesKillNineAndRevoke) {
+  grow_kill_revoke_on_change("psonchange", "async-ps:max_staleness=1");
+}
+
+// sma with boundaries on change: a boundary only at the averaging steps (every 8th), where the
+// workers meet anyway; a kill -9 between two is found at the next averaging.
+TEST(ElasticOnChange, SmaWithBoundariesOnlyAtItsAveragingsGrowsSurvivesKillNineAndRevoke) {
+  grow_kill_revoke_on_change("smaonchange", "sma:period=8");
 }
 
 // The same job with etcd as the control plane (etcd://): a grow, a kill -9 and a shrink, each

@@ -28,7 +28,9 @@
 #include <vector>
 
 #include "kf/common/error.hpp"
+#include "kf/runtime/parameter_server.hpp"
 #include "kf/runtime/piece_sampler.hpp"
+#include "kf/runtime/training_mode.hpp"
 #include "support/local_cluster.hpp"
 
 namespace kf {
@@ -433,6 +435,121 @@ TEST(Session, BoundariesOnChangeLetEachWorkerGoAtItsPaceAndTakeEverySampleOnce) 
   for (std::size_t i = 0; i < taken.size(); ++i) {
     ASSERT_EQ(taken[i].load(), 1) << "epoch " << i / samples << " sample " << i % samples;
   }
+}
+
+// The parameter server with boundaries on change (kf::ParameterServer, asynchronously): each
+// worker's update adds 1 to its own coordinate of the model, so that the server's parameters
+// count the pushes it applied. Then every worker's own coordinate counts its steps exactly (the
+// server's count plus its pushes not applied yet), another's never goes back nor past that
+// worker's steps, and the staleness bound holds except in the two steps before a boundary. The
+// server (rank 0) never waits; with rank 0 slow the others wait for it as the bound says, and its
+// marked answers before each boundary keep a waiting worker from holding the boundary up (a hang
+// here). The steps each took are printed: a fast worker's pace against the slow one's is a
+// benchmark's (elastic-bench --changes async), not this test's.
+TEST(Session, ParameterServerOnChangeWaitsForNobodyButTheServerAndKeepsItsCounts) {
+  constexpr int n = 3, boundaries = 12;
+  for (const int slow : {2, 0}) {
+    for (const int staleness : {0, 2}) {
+      SCOPED_TRACE("slow rank " + std::to_string(slow) + ", max_staleness " +
+                   std::to_string(staleness));
+      Job job = make_job(n);
+      std::vector<std::int64_t> steps(n), waits(n);
+      std::vector<std::vector<float>> views(n);
+      test::run_all(n, [&](int r) {
+        State state;
+        SessionOptions o;
+        o.default_settings = {{"mode", "async-ps"}, {"boundaries", "on-change"}};
+        o.boundary_interval = std::chrono::milliseconds(20);
+        Session s(std::move(job.peers[r]), job.cluster, state, o);
+        ASSERT_TRUE(s.join());
+        ASSERT_TRUE(s.boundaries_on_change());
+        ParameterServer ps(s, "ps",
+                           {.max_staleness = staleness, .soft_sync = 1, .scale_lr = false});
+        std::vector<float> w(n, 0.0f), start(n), seen(n, 0.0f);
+        std::int64_t own = 0;
+        while (s.boundaries_in_version() < boundaries) {
+          ASSERT_EQ(s.step([&] {
+            std::this_thread::sleep_for(std::chrono::microseconds(r == slow ? 3000 : 500));
+            start = w;
+            w[static_cast<std::size_t>(r)] += 1.0f;
+            const auto rep = ps.step(w, start, s.steps());
+            ++own;
+            waits[r] += rep.waited;
+            ASSERT_EQ(w[static_cast<std::size_t>(r)], static_cast<float>(own));
+            // A worker does not wait in the step that ends at a boundary, nor in the step where
+            // rank 0's mark comes if that step's own boundary was decided already.
+            ASSERT_LE(rep.staleness, staleness + 2) << "step " << own;
+            for (int q = 0; q < n; ++q) {
+              if (q == r) continue;
+              ASSERT_GE(w[static_cast<std::size_t>(q)], seen[static_cast<std::size_t>(q)]);
+              seen[static_cast<std::size_t>(q)] = w[static_cast<std::size_t>(q)];
+            }
+          }),
+                    Session::Outcome::committed);
+        }
+        steps[r] = own;
+        views[r] = seen;
+        std::printf("slow %d, staleness %d, rank %d: %lld steps, waited %lld times\n", slow,
+                    staleness, r, static_cast<long long>(own), static_cast<long long>(waits[r]));
+      });
+      for (int r = 0; r < n; ++r) {
+        for (int q = 0; q < n; ++q) {
+          if (q != r) {
+            EXPECT_LE(views[r][q], static_cast<float>(steps[q])) << r << " of " << q;
+          }
+        }
+      }
+      EXPECT_EQ(waits[0], 0) << "the server waits for nobody";
+      if (slow == 0) {
+        // A worker runs at most max_staleness + 1 steps past each of the server's, and two more
+        // into a boundary.
+        const int fast = 1;
+        EXPECT_LE(steps[fast], (steps[0] + 1) * (staleness + 2)) << "the bound did not hold";
+        EXPECT_GT(waits[fast], 0) << "nobody waited for a slow server";
+      }
+    }
+  }
+}
+
+// Boundaries on change in sma (period 4): the averaging steps are the boundaries, and no other
+// step meets anyone, not even one whose loop asked for a boundary (it waits for the next
+// averaging). After each averaging every worker holds the same model.
+TEST(Session, BoundariesOnChangeInSmaAreItsAveragingSteps) {
+  constexpr int n = 3, period = 4, steps = 22;
+  Job job = make_job(n);
+  std::vector<std::vector<std::uint64_t>> passed(n);
+  std::vector<std::vector<double>> models(n);
+  test::run_all(n, [&](int r) {
+    State state;
+    SessionOptions o;
+    o.default_settings = {{"mode", "sma:period=" + std::to_string(period)},
+                          {"boundaries", "on-change"}};
+    o.boundary_interval = std::chrono::milliseconds(1);  // adds no boundary in sma
+    Session s(std::move(job.peers[r]), job.cluster, state, o);
+    ASSERT_TRUE(s.join());
+    ASSERT_TRUE(s.boundaries_on_change());
+    float w = 0.0f;
+    for (int i = 0; i < steps; ++i) {
+      if (i % 3 == 1) s.request_boundary();
+      ASSERT_EQ(s.step([&] {
+        w += static_cast<float>(r + 1);
+        if (plan_step(s.mode(), s.steps()).average_parameters) {
+          average_parameters(s.peer(), "model", &w, 1);
+          models[r].push_back(w);
+        }
+      }),
+                Session::Outcome::committed);
+      passed[r].push_back(s.boundaries_in_version());
+    }
+  });
+  std::vector<std::uint64_t> expected;
+  for (int i = 0; i < steps; ++i) expected.push_back(static_cast<std::uint64_t>((i + 1) / period));
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(passed[r], expected) << "rank " << r;
+    EXPECT_EQ(models[r], models[0]) << "rank " << r;
+  }
+  ASSERT_EQ(models[0].size(), static_cast<std::size_t>(steps / period));
+  EXPECT_FLOAT_EQ(models[0][0], 4.0f * 2.0f) << "4 steps of the mean drift (1 + 2 + 3) / 3";
 }
 
 TEST(Session, RejectsAPeerOutsideItsClusterOrAlreadyStarted) {

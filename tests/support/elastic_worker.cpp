@@ -12,7 +12,8 @@
 // still travel in the allreduce) and averages the models as the mode says (or, in async-ps, pushes
 // its update to the parameter server and takes the server's parameters); at the end it averages
 // them once more, so that the final check can ask for identical parameters.
-// With --boundaries on-change (pair-avg) steps end at a boundary only when something changes, and
+// With --boundaries on-change (pair-avg, async-ps; sma: at its averagings) steps end at a boundary
+// only when something changes, and
 // the data follows another plan: after each boundary the samples of the epoch not yet used are cut
 // into one piece per worker, each trains through its own at its own pace and asks for a boundary
 // when it is through; at each boundary the workers add up what each used since the last plan (an
@@ -518,7 +519,7 @@ int main(int argc, char** argv) {
           const kf::ParameterServer::Options o{m.max_staleness, m.soft_sync, m.scale_lr};
           if (!server || o != server_options) {
             server.reset();
-            server = std::make_unique<kf::ParameterServer>(session->peer(), "ps", o);
+            server = std::make_unique<kf::ParameterServer>(*session, "ps", o);
             server_options = o;
           }
           std::vector<float> wf(w.begin(), w.end()), before(wf);

@@ -126,6 +126,13 @@ TEST(ElasticTorch, ParameterServerTrainingGrowsAndSurvivesKillNine) {
   two_three_two("torch-ps", " --mode async-ps --max-staleness 2", /*kill=*/true);
 }
 
+// The same with boundaries on change: rank 0 serves at its own steps and nobody meets but at a
+// change; each change still gives every worker one model and the server starts from it.
+TEST(ElasticTorch, ParameterServerWithBoundariesOnChangeGrowsAndSurvivesKillNine) {
+  two_three_two("torch-ps-oc", " --mode async-ps --max-staleness 2 --boundaries on-change",
+                /*kill=*/true);
+}
+
 // Compressed gradients, with each worker's residual, through a grow and a kill -9.
 TEST(ElasticTorch, CompressedGradientsGrowAndSurviveKillNine) {
   two_three_two("torch-topk", " --compression topk:0.05", /*kill=*/true);

@@ -80,15 +80,23 @@ void Session::adopt_settings(const nlohmann::json& settings) {
   }
   settings_ = std::move(parsed.valid);
   if (parsed.typed.algorithm) peer_->set_default_algorithm(*parsed.typed.algorithm);
-  const bool pair_avg = parsed.typed.mode && parsed.typed.mode->mode == TrainingMode::pair_avg;
-  if (parsed.typed.on_change && !pair_avg && !on_change_refused_) {
+  // The modes with steps that meet nobody: the asynchronous ones, whose exchanges wait for no
+  // other worker, and sma's steps between two averagings.
+  const std::optional<ModeSpec>& m = parsed.typed.mode;
+  const bool asynchronous =
+      m && (m->mode == TrainingMode::pair_avg || m->mode == TrainingMode::async_ps);
+  const bool averaging = m && m->mode == TrainingMode::sma && m->period > 1;
+  if (parsed.typed.on_change && !asynchronous && !averaging && !on_change_refused_) {
     KF_LOG(warn, "session",
-           "{} (v{}): settings \"boundaries\": \"on-change\" takes effect in the pair-avg mode "
-           "only; this job's steps end at a boundary each",
+           "{} (v{}): settings \"boundaries\": \"on-change\" takes effect in the pair-avg, "
+           "async-ps and sma (period above 1) modes only; this job's steps end at a boundary "
+           "each",
            peer_->endpoint().str(), peer_->version());
   }
-  on_change_refused_ = parsed.typed.on_change && !pair_avg;
-  on_change_ = parsed.typed.on_change && pair_avg;
+  on_change_refused_ = parsed.typed.on_change && !asynchronous && !averaging;
+  on_change_ = parsed.typed.on_change && (asynchronous || averaging);
+  averaging_boundaries_.reset();
+  if (on_change_ && averaging) averaging_boundaries_ = *m;
 }
 
 namespace {

@@ -12,6 +12,7 @@
 #include "kf/common/log.hpp"
 #include "kf/runtime/cluster_settings.hpp"
 #include "kf/runtime/session.hpp"
+#include "kf/runtime/training_mode.hpp"
 #include "session/boundary_rules.hpp"
 #include "session/service_link.hpp"
 #include "session/support.hpp"
@@ -141,6 +142,13 @@ constexpr std::string_view kAsk = "kf.ask";
 // In steady state this takes no hand-off to the peer's I/O thread: the requests that came and
 // the version's state are counters the I/O thread keeps.
 bool Session::boundary_due() {
+  // In sma every worker takes the same steps between two averagings, and the averaging meets
+  // everyone anyway: its steps are the boundaries, no request needed (a lost peer fails the
+  // averaging's collective; other news waits for it).
+  if (averaging_boundaries_) {
+    const ModePlan plan = plan_step(*averaging_boundaries_, *steps_);
+    return plan.average_gradients || plan.average_parameters;
+  }
   if (agreement_version_ != peer_->version()) {
     agreement_->restart();
     agreement_version_ = peer_->version();
@@ -192,6 +200,12 @@ bool Session::boundary_due() {
   return true;
 }
 
+bool Session::boundary_ahead() {
+  if (!on_change_) return true;
+  if (!ahead_) ahead_ = boundary_due();
+  return *ahead_;
+}
+
 // A step without a boundary: this worker's own, counted and committed by it alone; the monitors'
 // report goes on adding up until the next boundary.
 Session::Outcome Session::local_step(SteadyClock::time_point t0) {
@@ -209,7 +223,9 @@ Session::Outcome Session::local_step(SteadyClock::time_point t0) {
 Session::Outcome Session::end_step() {
   check_control_plane();
   const auto t0 = SteadyClock::now();
-  if (on_change_ && !boundary_due()) {
+  const bool due = !on_change_ || (ahead_ ? *ahead_ : boundary_due());
+  ahead_.reset();
+  if (!due) {
     last_check_us_ = std::chrono::duration<double, std::micro>(SteadyClock::now() - t0).count();
     return local_step(t0);
   }

@@ -267,7 +267,7 @@ void DistributedOptimizer::exchange_with_server() {
   const ParameterServer::Options o{mode.max_staleness, mode.soft_sync, mode.scale_lr};
   if (!server_ || server_options_ != o) {
     server_.reset();
-    server_ = std::make_unique<ParameterServer>(session_.peer(), "kf.torch/ps", o);
+    server_ = std::make_unique<ParameterServer>(session_, "kf.torch/ps", o);
     server_options_ = o;
   }
   // The push weighs this worker's samples (begin_step's share), so that a group of every

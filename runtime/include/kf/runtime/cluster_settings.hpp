@@ -53,8 +53,9 @@ struct ClusterSettings {
   std::optional<ModeSpec> mode;                ///< "mode": e.g. "sma:period=4" (training_spec.hpp)
   std::optional<CompressionSpec> compression;  ///< "compression": e.g. "topk:0.01"
   bool balance = false;  ///< "balance": batch parts by measured speed (Session::batch_part)
-  /// "boundaries": "on-change" (true) or "every-step" (false, the default): in pair-avg, a step
-  /// ends at a boundary only when something changes (docs/elastic.md, "Boundaries on change").
+  /// "boundaries": "on-change" (true) or "every-step" (false, the default): in pair-avg and
+  /// async-ps, a step ends at a boundary only when something changes; in sma (period above 1),
+  /// only at its averaging steps (docs/elastic.md, "Boundaries on change").
   bool on_change = false;
   bool finished = false;  ///< "finished": true once Session::finish() ended the job
   bool stop = false;      ///< "stop": true once a policy (or anyone) asked the job to stop

@@ -13,11 +13,12 @@
 //     commit, removes the lost workers from the cluster by compare-and-swap on the config service
 //     (so there is only one successor cluster), and forms it; the state of the survivor with the
 //     newest commit is synced to the others, so nothing committed is lost.
-// With boundaries on change (settings "boundaries": "on-change", in pair-avg) a step ends at a
-// boundary only when a worker needs one: the others learn of it by a request message and take it
-// at the end of their current step; every other step commits this worker's state locally and waits
-// for nobody (docs/elastic.md, "Boundaries on change").
-// See docs/elastic.md for the protocol, its phases and timings, and how to write the loop.
+// With boundaries on change (settings "boundaries": "on-change", in pair-avg or async-ps) a step
+// ends at a boundary only when a worker needs one: the others learn of it by a request message and
+// take it at the end of their current step; every other step commits this worker's state locally
+// and waits for nobody (docs/elastic.md, "Boundaries on change"). In sma (period above 1) the
+// setting puts the boundaries at its averaging steps only. See docs/elastic.md for the
+// protocol, its phases and timings, and how to write the loop.
 //
 // Ownership: the Session owns the Peer and its link to the config service (a kf::ClusterWatch and
 // a thread that posts events); the State is the caller's and must outlive the session.
@@ -115,9 +116,9 @@ struct SessionOptions {
   /// faster one keeps them within about this interval, and a spare that moves in behind the
   /// survivors gets the state in the move's sync. KF_SPARE_SYNC_MS.
   std::chrono::milliseconds spare_sync{1000};
-  /// With boundaries on change (settings "boundaries": "on-change" in pair-avg), a worker asks
-  /// for a boundary once this long has passed since the last one, so that the metrics, the
-  /// straggler scores and the policies, which see the job at boundaries, stay current.
+  /// With boundaries on change (settings "boundaries": "on-change" in pair-avg or async-ps), a
+  /// worker asks for a boundary once this long has passed since the last one, so that the metrics,
+  /// the straggler scores and the policies, which see the job at boundaries, stay current.
   /// KF_BOUNDARY_INTERVAL_MS.
   std::chrono::milliseconds boundary_interval{1000};
   /// Longest wait of one long-poll of the config service; also bounds how long the session's
@@ -333,16 +334,22 @@ class Session {
   // ---- boundaries on change (docs/elastic.md) ----
 
   /// Whether steps end at a boundary only when something changes: settings "boundaries":
-  /// "on-change" in the pair-avg mode (the same on every worker, from the same version). Then
-  /// steps(), commits() and the State are this worker's own between boundaries: a step that
-  /// ends without one is committed locally (every commit_every steps) and waits for nobody;
-  /// the monitors' report covers every step since the last boundary; the policies run at
+  /// "on-change" in the pair-avg, async-ps or sma (period above 1, where the boundaries are the
+  /// averaging steps) mode (the same on every worker, from the same
+  /// version). Then steps(), commits() and the State are this worker's own between boundaries: a
+  /// step that ends without one is committed locally (every commit_every steps) and waits for
+  /// nobody; the monitors' report covers every step since the last boundary; the policies run at
   /// boundaries only, and see rank 0's step count as the job's step.
   bool boundaries_on_change() const noexcept { return on_change_; }
   /// Asks for a boundary at the end of the current step (e.g. this worker ran out of samples):
-  /// every worker takes it at the end of the step it is in when the request reaches it. With
-  /// boundaries at every step it changes nothing.
+  /// every worker takes it at the end of the step it is in when the request reaches it (in sma,
+  /// at its next averaging step). With boundaries at every step it changes nothing.
   void request_boundary() noexcept { boundary_wanted_ = true; }
+  /// Whether the step under way will end at a boundary, decided now (inside Session::step's
+  /// body) on what this worker knows so far, and kept for the step's end: news that comes later
+  /// waits for the next step. An exchange that must not wait for a worker already at the
+  /// boundary asks (kf::ParameterServer). Always true with boundaries at every step.
+  bool boundary_ahead();
   /// Boundaries passed in the current cluster version (0 right after a change): the same on
   /// every worker after each boundary, so (version(), boundaries_in_version()) names one.
   std::uint64_t boundaries_in_version() const noexcept {
@@ -446,8 +453,11 @@ class Session {
   std::int64_t epoch_ = -1;  ///< boundaries run (names the control collectives)
   // Boundaries on change (step_boundary.cpp).
   bool on_change_ = false;
-  bool on_change_refused_ = false;  // asked for outside pair-avg (logged once)
-  std::int64_t job_step_ = 0;       // rank 0's steps as of the last boundary
+  bool on_change_refused_ = false;  // asked for outside the asynchronous modes (logged once)
+  std::optional<bool> ahead_;       // boundary_ahead()'s verdict for the step under way
+  // On change in sma: its mode, whose averaging steps are the boundaries.
+  std::optional<ModeSpec> averaging_boundaries_;
+  std::int64_t job_step_ = 0;  // rank 0's steps as of the last boundary
   bool boundary_wanted_ = false;
   std::unique_ptr<detail::BoundaryAgreement> agreement_;
   std::uint64_t agreement_version_ = 0;
