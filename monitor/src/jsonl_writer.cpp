@@ -48,6 +48,19 @@ std::string to_json_line(std::int64_t step, std::chrono::system_clock::time_poin
   nlohmann::ordered_json metrics = nlohmann::ordered_json::object();
   for (const MetricFamily& family : registry.snapshot()) {
     for (const MetricSample& s : family.samples) {
+      if (family.type == MetricType::histogram) {
+        for (const auto& [bound, count] : s.buckets) {
+          Labels with_le = s.labels;
+          with_le.emplace_back("le", format_value(bound));
+          metrics[series_name(family.name + "_bucket", with_le)] = count;
+        }
+        Labels with_inf = s.labels;
+        with_inf.emplace_back("le", "+Inf");
+        metrics[series_name(family.name + "_bucket", with_inf)] = s.count;
+        metrics[series_name(family.name + "_sum", s.labels)] = json_value(s.sum);
+        metrics[series_name(family.name + "_count", s.labels)] = s.count;
+        continue;
+      }
       if (family.type != MetricType::summary) {
         metrics[series_name(family.name, s.labels)] = json_value(s.value);
         continue;

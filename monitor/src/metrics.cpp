@@ -15,13 +15,14 @@ namespace kf::monitor {
 
 namespace {
 
-using SeriesPtr =
-    std::variant<std::unique_ptr<Counter>, std::unique_ptr<Gauge>, std::unique_ptr<Summary>>;
+using SeriesPtr = std::variant<std::unique_ptr<Counter>, std::unique_ptr<Gauge>,
+                               std::unique_ptr<Summary>, std::unique_ptr<Histogram>>;
 
 struct Family {
   MetricType type;
   std::string help;
   std::vector<std::string> label_names;  // sorted
+  std::vector<double> bounds;            // a histogram's
   // Key: the label values in label_names order; std::map keeps the export order stable.
   std::map<std::vector<std::string>, SeriesPtr> series;
 };
@@ -44,6 +45,10 @@ std::vector<std::string> exported_names(MetricType type, std::string_view name) 
   std::vector<std::string> names{std::string(name)};
   if (type == MetricType::summary) {
     for (const char* suffix : {"_sum", "_count", "_last"})
+      names.push_back(std::string(name) + suffix);
+  }
+  if (type == MetricType::histogram) {
+    for (const char* suffix : {"_bucket", "_sum", "_count"})
       names.push_back(std::string(name) + suffix);
   }
   return names;
@@ -74,6 +79,9 @@ Labels checked_labels(MetricType type, std::string_view name, std::string_view h
     if (type == MetricType::summary && label == "quantile") {
       reject(name, "a summary may not have a 'quantile' label");
     }
+    if (type == MetricType::histogram && label == "le") {
+      reject(name, "a histogram may not have an 'le' label");
+    }
     if (!is_valid_utf8(value))
       reject(name, "the value of label '" + label + "' is not valid UTF-8");
   }
@@ -87,6 +95,7 @@ std::string_view to_string(MetricType type) noexcept {
     case MetricType::counter: return "counter";
     case MetricType::gauge: return "gauge";
     case MetricType::summary: return "summary";
+    case MetricType::histogram: return "histogram";
   }
   return "untyped";
 }
@@ -117,6 +126,37 @@ SummaryValue Summary::value() const noexcept {
   return value_;
 }
 
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double value) noexcept {
+  // The first bucket whose bound is at least the value; NaN compares false, so +Inf.
+  std::size_t i = 0;
+  while (i < bounds_.size() && !(value <= bounds_[i])) ++i;
+  std::lock_guard lock(mutex_);
+  ++counts_[i];
+  sum_ += value;
+  ++count_;
+}
+
+void Histogram::read(std::vector<std::uint64_t>& cumulative, double& sum,
+                     std::uint64_t& count) const {
+  cumulative.resize(bounds_.size());
+  std::lock_guard lock(mutex_);
+  std::uint64_t running = 0;
+  for (std::size_t i = 0; i < bounds_.size(); ++i) {
+    running += counts_[i];
+    cumulative[i] = running;
+  }
+  sum = sum_;
+  count = count_;
+}
+
+std::vector<double> duration_buckets() {
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+          0.25,   0.5,     1,      2.5,   5,      10,    25,   50,    100};
+}
+
 struct MetricsRegistry::State {
   mutable std::mutex mutex;  // guards families and taken (not the values: those are atomic)
   std::map<std::string, Family, std::less<>> families;
@@ -129,8 +169,16 @@ MetricsRegistry::~MetricsRegistry() = default;
 
 template <class Metric>
 Metric& MetricsRegistry::find_or_add(MetricType type, std::string_view name, std::string_view help,
-                                     const Labels& labels) {
+                                     const Labels& labels, const std::vector<double>* bounds) {
   const Labels sorted = checked_labels(type, name, help, labels);
+  if (bounds != nullptr) {
+    if (bounds->empty()) reject(name, "a histogram needs at least one bucket bound");
+    for (std::size_t i = 0; i < bounds->size(); ++i) {
+      if (!std::isfinite((*bounds)[i]) || (i > 0 && !((*bounds)[i - 1] < (*bounds)[i]))) {
+        reject(name, "the bucket bounds must be finite and strictly ascending");
+      }
+    }
+  }
   std::vector<std::string> label_names;
   std::vector<std::string> label_values;
   for (const auto& [label, value] : sorted) {
@@ -148,9 +196,14 @@ Metric& MetricsRegistry::find_or_add(MetricType type, std::string_view name, std
         reject(name, "the name '" + exported + "' is already exported by '" + owner->second + "'");
       }
     }
-    family = state_->families
-                 .emplace(std::string(name), Family{type, std::string(help), label_names, {}})
-                 .first;
+    family =
+        state_->families
+            .emplace(std::string(name), Family{type,
+                                               std::string(help),
+                                               label_names,
+                                               bounds != nullptr ? *bounds : std::vector<double>{},
+                                               {}})
+            .first;
     for (const auto& exported : names) state_->taken.emplace(exported, std::string(name));
   } else {
     const Family& f = family->second;
@@ -164,12 +217,20 @@ Metric& MetricsRegistry::find_or_add(MetricType type, std::string_view name, std
              "already registered with other label names (every series of a metric has "
              "the same label names)");
     }
+    if (bounds != nullptr && f.bounds != *bounds) {
+      reject(name, "already registered with other bucket bounds");
+    }
   }
 
   auto& series = family->second.series;
   auto found = series.find(label_values);
   if (found == series.end()) {
-    auto metric = std::make_unique<Metric>();
+    std::unique_ptr<Metric> metric;
+    if constexpr (std::is_same_v<Metric, Histogram>) {
+      metric = std::make_unique<Histogram>(family->second.bounds);
+    } else {
+      metric = std::make_unique<Metric>();
+    }
     if constexpr (std::is_same_v<Metric, Counter>) metric->series_ = series_name(name, sorted);
     found = series.emplace(std::move(label_values), std::move(metric)).first;
   }
@@ -190,6 +251,11 @@ Summary& MetricsRegistry::summary(std::string_view name, std::string_view help,
   return find_or_add<Summary>(MetricType::summary, name, help, labels);
 }
 
+Histogram& MetricsRegistry::histogram(std::string_view name, std::string_view help,
+                                      std::vector<double> bounds, const Labels& labels) {
+  return find_or_add<Histogram>(MetricType::histogram, name, help, labels, &bounds);
+}
+
 std::vector<MetricFamily> MetricsRegistry::snapshot() const {
   std::vector<MetricFamily> out;
   std::lock_guard lock(state_->mutex);
@@ -206,6 +272,12 @@ std::vector<MetricFamily> MetricsRegistry::snapshot() const {
         sample.value = (*c)->value();
       } else if (const auto* g = std::get_if<std::unique_ptr<Gauge>>(&metric)) {
         sample.value = (*g)->value();
+      } else if (const auto* h = std::get_if<std::unique_ptr<Histogram>>(&metric)) {
+        std::vector<std::uint64_t> cumulative;
+        (*h)->read(cumulative, sample.sum, sample.count);
+        for (std::size_t i = 0; i < cumulative.size(); ++i) {
+          sample.buckets.emplace_back((*h)->bounds()[i], cumulative[i]);
+        }
       } else {
         const SummaryValue s = std::get<std::unique_ptr<Summary>>(metric)->value();
         sample.value = s.last;

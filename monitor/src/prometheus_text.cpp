@@ -67,6 +67,21 @@ std::string to_prometheus_text(const MetricsRegistry& registry) {
   std::string out;
   for (const MetricFamily& family : registry.snapshot()) {
     append_header(out, family.name, family.help, family.type);
+    if (family.type == MetricType::histogram) {
+      for (const auto& s : family.samples) {
+        for (const auto& [bound, count] : s.buckets) {
+          Labels with_le = s.labels;
+          with_le.emplace_back("le", format_value(bound));
+          append_line(out, family.name + "_bucket", with_le, std::to_string(count));
+        }
+        Labels with_inf = s.labels;
+        with_inf.emplace_back("le", "+Inf");
+        append_line(out, family.name + "_bucket", with_inf, std::to_string(s.count));
+        append_line(out, family.name + "_sum", s.labels, format_value(s.sum));
+        append_line(out, family.name + "_count", s.labels, std::to_string(s.count));
+      }
+      continue;
+    }
     if (family.type != MetricType::summary) {
       for (const auto& s : family.samples)
         append_line(out, family.name, s.labels, format_value(s.value));

@@ -76,6 +76,17 @@ TEST(ToJsonLine, HoldsStepTimeAndEverySeriesUnderItsPrometheusName) {
             "\"kf_step_seconds_last\":0.5,\"kf_steps_total\":12.0}}");
 }
 
+TEST(ToJsonLine, WritesAHistogramAsItsPrometheusSeries) {
+  MetricsRegistry registry;
+  Histogram& h = registry.histogram("kf_d_seconds", "", {0.5});
+  h.observe(0.25);
+  h.observe(1);
+  EXPECT_EQ(to_json_line(3, kTime, registry),
+            "{\"step\":3,\"time\":\"2025-01-31T09:15:02.137Z\",\"metrics\":{"
+            "\"kf_d_seconds_bucket{le=\\\"0.5\\\"}\":1,\"kf_d_seconds_bucket{le=\\\"+Inf\\\"}\":2,"
+            "\"kf_d_seconds_sum\":1.25,\"kf_d_seconds_count\":2}}");
+}
+
 TEST_F(JsonlWriterTest, AppendsOneParsableObjectPerWriteVisibleAtOnce) {
   MetricsRegistry registry;
   Counter& steps = registry.counter("kf_steps_total", "Steps.");

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <exception>
@@ -78,6 +79,42 @@ TEST(Summary, KeepsLastValueSumAndCount) {
   EXPECT_EQ(s.value().last, 0.25);
   EXPECT_EQ(s.value().sum, 0.75);
   EXPECT_EQ(s.value().count, 2u);
+}
+
+TEST(Histogram, CountsEachObservationInTheFirstBucketThatHoldsIt) {
+  Histogram h({1, 2, 4});
+  for (double v : {0.5, 1.0, 1.5, 4.0, 9.0, std::nan("")}) h.observe(v);
+  std::vector<std::uint64_t> cumulative;
+  double sum = 0;
+  std::uint64_t count = 0;
+  h.read(cumulative, sum, count);
+  EXPECT_EQ(cumulative, (std::vector<std::uint64_t>{2, 3, 4}));
+  EXPECT_EQ(count, 6u) << "the NaN counts, in +Inf";
+  EXPECT_TRUE(std::isnan(sum)) << "and stays in the sum, visibly";
+  const std::vector<double> durations = duration_buckets();
+  EXPECT_EQ(durations.front(), 0.0001);
+  EXPECT_TRUE(std::is_sorted(durations.begin(), durations.end()));
+}
+
+TEST(MetricsRegistry, AHistogramNeedsAscendingBoundsAndKeepsThemAndItsNames) {
+  MetricsRegistry r;
+  EXPECT_THROW(r.histogram("h", "", {}), std::invalid_argument);
+  EXPECT_THROW(r.histogram("h", "", {2, 1}), std::invalid_argument);
+  EXPECT_THROW(r.histogram("h", "", {1, 1}), std::invalid_argument);
+  EXPECT_THROW(r.histogram("h", "", {1, std::numeric_limits<double>::infinity()}),
+               std::invalid_argument);
+  EXPECT_THROW(r.histogram("h", "", {1}, {{"le", "x"}}), std::invalid_argument);
+  Histogram& a = r.histogram("h", "", {1, 2}, {{"k", "a"}});
+  EXPECT_EQ(&r.histogram("h", "", {1, 2}, {{"k", "a"}}), &a);
+  EXPECT_EQ(r.histogram("h", "", {1, 2}, {{"k", "b"}}).bounds(), a.bounds());
+  try {
+    r.histogram("h", "", {1, 3}, {{"k", "c"}});
+    FAIL() << "other bounds were accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("other bucket bounds"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(r.gauge("h_bucket", ""), std::invalid_argument) << "taken by the histogram";
+  EXPECT_THROW(r.counter("h_count", ""), std::invalid_argument);
 }
 
 TEST(MetricsRegistry, ReturnsTheSameSeriesForTheSameNameAndLabelsInAnyOrder) {

@@ -50,6 +50,24 @@ TEST(PrometheusText, WritesASmallRegistryExactly) {
             "kf_steps_total 3\n");
 }
 
+TEST(PrometheusText, WritesAHistogramWithCumulativeBucketsSumAndCount) {
+  MetricsRegistry registry;
+  Histogram& h = registry.histogram("kf_phase_duration_seconds", "Phase time.", {0.01, 0.1},
+                                    {{"phase", "sync"}});
+  h.observe(0.005);
+  h.observe(0.01);  // on a bound: in that bucket
+  h.observe(0.05);
+  h.observe(3);
+  EXPECT_EQ(to_prometheus_text(registry),
+            "# HELP kf_phase_duration_seconds Phase time.\n"
+            "# TYPE kf_phase_duration_seconds histogram\n"
+            "kf_phase_duration_seconds_bucket{phase=\"sync\",le=\"0.01\"} 2\n"
+            "kf_phase_duration_seconds_bucket{phase=\"sync\",le=\"0.1\"} 3\n"
+            "kf_phase_duration_seconds_bucket{phase=\"sync\",le=\"+Inf\"} 4\n"
+            "kf_phase_duration_seconds_sum{phase=\"sync\"} 3.065\n"
+            "kf_phase_duration_seconds_count{phase=\"sync\"} 4\n");
+}
+
 TEST(PrometheusText, EscapesHelpAndLabelValues) {
   MetricsRegistry registry;
   // In HELP only backslash and newline are escaped; in label values also the double quote.

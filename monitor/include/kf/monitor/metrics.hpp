@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// The metrics registry (docs/monitoring.md, "Metrics"): named counters, gauges and
-// summaries with Prometheus labels. A metric is registered once and then updated through the
+// The metrics registry (docs/monitoring.md, "Metrics"): named counters, gauges, summaries and
+// histograms with Prometheus labels. A metric is registered once and then updated through the
 // reference that registration returns: an update takes no registry lock and allocates nothing.
 // The exporters (prometheus_text.hpp, jsonl_writer.hpp, metrics_server.hpp) read a snapshot().
 // Ownership: the registry owns its metrics; a returned reference stays valid until the registry
-// is destroyed. Thread-safety: every member of MetricsRegistry, Counter, Gauge and Summary may be
-// called from any thread at any time.
+// is destroyed. Thread-safety: every member of MetricsRegistry, Counter, Gauge, Summary and
+// Histogram may be called from any thread at any time.
 #pragma once
 
 #include <atomic>
@@ -24,9 +24,9 @@ namespace kf::monitor {
 /// them sorted by name.
 using Labels = std::vector<std::pair<std::string, std::string>>;
 
-enum class MetricType { counter, gauge, summary };
+enum class MetricType { counter, gauge, summary, histogram };
 
-/// "counter", "gauge" or "summary": the Prometheus TYPE names.
+/// "counter", "gauge", "summary" or "histogram": the Prometheus TYPE names.
 std::string_view to_string(MetricType type) noexcept;
 
 /// True when `name` matches [a-zA-Z_:][a-zA-Z0-9_:]* (a Prometheus metric name).
@@ -97,12 +97,40 @@ class Summary {
   SummaryValue value_;
 };
 
+/// Observations counted in buckets by upper bound (a Prometheus histogram): step and collective
+/// durations, resize phases. The bounds are fixed at registration. A NaN is counted (in the
+/// +Inf bucket, and in the sum, visibly). Thread-safety: any thread; observe() takes a
+/// per-histogram mutex for a few instructions, so that a snapshot's buckets, sum and count agree.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+  Histogram(const Histogram&) = delete;
+  Histogram& operator=(const Histogram&) = delete;
+  void observe(double value) noexcept;
+  /// The upper bounds, ascending and finite (the +Inf bucket is implied).
+  const std::vector<double>& bounds() const noexcept { return bounds_; }
+  /// Per bound, the observations at most it (cumulative, as exported), then their sum and count.
+  void read(std::vector<std::uint64_t>& cumulative, double& sum, std::uint64_t& count) const;
+
+ private:
+  std::vector<double> bounds_;
+  mutable std::mutex mutex_;           // guards counts_, sum_, count_
+  std::vector<std::uint64_t> counts_;  // per bucket, not cumulative; one more for +Inf
+  double sum_ = 0.0;
+  std::uint64_t count_ = 0;
+};
+
+/// Bounds for durations in seconds, 100 µs to about 100 s in steps of about 2.5×.
+std::vector<double> duration_buckets();
+
 /// One series of a family in a snapshot.
 struct MetricSample {
   Labels labels;            ///< sorted by label name
   double value = 0.0;       ///< counter, gauge; a summary's last observation (NaN before the first)
-  double sum = 0.0;         ///< summary only
-  std::uint64_t count = 0;  ///< summary only
+  double sum = 0.0;         ///< summary and histogram
+  std::uint64_t count = 0;  ///< summary and histogram
+  /// Histogram only: (upper bound, observations at most it), ascending, without +Inf (count).
+  std::vector<std::pair<double, std::uint64_t>> buckets;
 };
 
 /// One metric family (one name) in a snapshot.
@@ -122,7 +150,9 @@ struct MetricFamily {
 /// - registering an existing series again returns the same object when the type and help match;
 /// - all series of a family have the same label names;
 /// - a summary `x` is exported as `x_sum`, `x_count` and the gauge `x_last`, so those names are
-///   taken by it (in either order of registration), and it may not have a `quantile` label.
+///   taken by it (in either order of registration), and it may not have a `quantile` label;
+/// - a histogram `x` is exported as `x_bucket`, `x_sum` and `x_count`, may not have an `le`
+///   label, and every series of it has the same bounds (ascending, finite, at least one).
 ///
 /// Thread-safety: all members may be called from any thread. Registration and snapshot() take
 /// the registry's mutex; updates through the returned references never do.
@@ -140,6 +170,10 @@ class MetricsRegistry {
   Gauge& gauge(std::string_view name, std::string_view help, const Labels& labels = {});
   /// The summary `name` with `labels`, created empty if new. Throws: std::invalid_argument.
   Summary& summary(std::string_view name, std::string_view help, const Labels& labels = {});
+  /// The histogram `name` with `labels` and these bucket bounds, created empty if new.
+  /// Throws: std::invalid_argument (see the class comment).
+  Histogram& histogram(std::string_view name, std::string_view help, std::vector<double> bounds,
+                       const Labels& labels = {});
 
   /// Every family sorted by name, with the current values. Each value is read atomically, but
   /// updates that race with the snapshot may or may not be in it. Allocates (for exporters).
@@ -149,7 +183,7 @@ class MetricsRegistry {
   struct State;
   template <class Metric>
   Metric& find_or_add(MetricType type, std::string_view name, std::string_view help,
-                      const Labels& labels);
+                      const Labels& labels, const std::vector<double>* bounds = nullptr);
 
   std::unique_ptr<State> state_;
 };
