@@ -102,6 +102,7 @@ Session::Session(std::unique_ptr<Peer> peer, Cluster initial, State& state, Sess
     throw std::invalid_argument("Session: metrics_every must be >= 1");
   if (options_.metrics_port || options_.metrics_jsonl) {
     registry_ = std::make_unique<monitor::MetricsRegistry>();
+    register_metrics();
   }
   if (options_.metrics_port) {
     metrics_server_ = std::make_unique<monitor::MetricsServer>(
@@ -347,6 +348,7 @@ void Session::finish_change(ChangeRecord rec) {
   if (rec.to_size == 0) rec.to_size = peer_->size();
   KF_LOG(info, "session", "{} (rank {}): {}", peer_->endpoint().str(), peer_->rank(),
          rec.summary());
+  count_change(rec);
   if (link_ && rec.kind == "join") {
     link_->post("joined", peer_->endpoint().str(), rec.summary(), rec.to_version);
   } else if (link_ && peer_->rank() == 0) {

@@ -150,51 +150,6 @@ TEST(Session, NewJobContinuesFromTheCheckpoint) {
   EXPECT_EQ(w[1][0], 18.0);
 }
 
-// Metrics are averaged over the workers in the control record; a policy sees the same average
-// on every rank and its settings change (static job: applied at once) lands at the same step.
-TEST(Session, StaticJobPoliciesSeeAveragedMetricsAndChangeSettingsTogether) {
-  class Halver : public Policy {
-   public:
-    std::string name() const override { return "halver"; }
-    void after_step(PolicyContext& c) override {
-      seen.push_back(c.metric("rank_plus_one"));
-      if (c.step() == 5) {
-        c.set_batch_size(c.settings().value("batch_size", 64) / 2, "step 5");
-        c.set_algorithm("ring");
-      }
-    }
-    std::vector<double> seen;
-  };
-  constexpr int n = 3;
-  Job job = make_job(n);
-  job.cluster.settings = {{"batch_size", 64}};
-  std::vector<std::vector<std::int64_t>> batch_at(n);
-  std::vector<std::vector<double>> seen(n);
-  test::run_all(n, [&](int r) {
-    State state;
-    auto halver = std::make_unique<Halver>();
-    Halver* h = halver.get();
-    PolicyRunner runner;
-    runner.add(std::move(halver));
-    Session s(std::move(job.peers[r]), job.cluster, state, SessionOptions{});
-    s.set_policies(&runner);
-    const int slot = s.add_metric("rank_plus_one");
-    ASSERT_TRUE(s.join());
-    EXPECT_THROW(s.add_metric("late"), std::logic_error);
-    for (int i = 0; i < 8; ++i) {
-      batch_at[r].push_back(s.settings().value("batch_size", 0));
-      s.step([&] { s.set_metric(slot, r + 1.0); });
-    }
-    seen[r] = h->seen;
-  });
-  for (int r = 0; r < n; ++r) {
-    EXPECT_EQ(batch_at[r], (std::vector<std::int64_t>{64, 64, 64, 64, 64, 32, 32, 32}))
-        << "rank " << r;
-    ASSERT_EQ(seen[r].size(), 8u);
-    for (double v : seen[r]) EXPECT_EQ(v, 2.0) << "mean of 1, 2, 3 on rank " << r;
-  }
-}
-
 // Runs `cmd` and returns what it printed on stdout.
 std::string run_command(const std::string& cmd) {
   std::string out;
@@ -205,6 +160,71 @@ std::string run_command(const std::string& cmd) {
     ::pclose(f);
   }
   return out;
+}
+
+// Metrics are averaged over the workers in the control record; a policy sees the same average
+// on every rank and its settings change (static job: applied at once) lands at the same step.
+// The endpoint counts the decisions by policy and action, and shows the mode now in use.
+TEST(Session, StaticJobPoliciesSeeAveragedMetricsAndChangeSettingsTogether) {
+  class Halver : public Policy {
+   public:
+    std::string name() const override { return "halver"; }
+    void after_step(PolicyContext& c) override {
+      seen.push_back(c.metric("rank_plus_one"));
+      if (c.step() == 5) {
+        c.set_batch_size(c.settings().value("batch_size", 64) / 2, "step 5");
+        c.set_algorithm("ring");
+        c.set_mode("sma:period=2");
+      }
+    }
+    std::vector<double> seen;
+  };
+  constexpr int n = 3;
+  Job job = make_job(n);
+  job.cluster.settings = {{"batch_size", 64}};
+  std::vector<std::vector<std::int64_t>> batch_at(n);
+  std::vector<std::vector<double>> seen(n);
+  std::vector<std::string> scraped(n);
+  test::run_all(n, [&](int r) {
+    State state;
+    auto halver = std::make_unique<Halver>();
+    Halver* h = halver.get();
+    PolicyRunner runner;
+    runner.add(std::move(halver));
+    SessionOptions o;
+    o.metrics_port = 0;
+    Session s(std::move(job.peers[r]), job.cluster, state, o);
+    s.set_policies(&runner);
+    const int slot = s.add_metric("rank_plus_one");
+    ASSERT_TRUE(s.join());
+    EXPECT_THROW(s.add_metric("late"), std::logic_error);
+    for (int i = 0; i < 8; ++i) {
+      batch_at[r].push_back(s.settings().value("batch_size", 0));
+      s.step([&] { s.set_metric(slot, r + 1.0); });
+    }
+    seen[r] = h->seen;
+    scraped[r] =
+        run_command("curl -s http://127.0.0.1:" + std::to_string(s.metrics_port()) + "/metrics");
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(batch_at[r], (std::vector<std::int64_t>{64, 64, 64, 64, 64, 32, 32, 32}))
+        << "rank " << r;
+    ASSERT_EQ(seen[r].size(), 8u);
+    for (double v : seen[r]) EXPECT_EQ(v, 2.0) << "mean of 1, 2, 3 on rank " << r;
+    for (const char* action : {"batch_size", "algorithm", "mode"}) {
+      EXPECT_NE(scraped[r].find("kf_policy_decisions_total{action=\"" + std::string(action) +
+                                "\",policy=\"halver\"} 1\n"),
+                std::string::npos)
+          << scraped[r];
+    }
+    EXPECT_NE(scraped[r].find("kf_mode_info{boundaries=\"every-step\",compression=\"none\","
+                              "mode=\"sync-sgd\"} 0\n"),
+              std::string::npos);
+    EXPECT_NE(scraped[r].find("kf_mode_info{boundaries=\"every-step\",compression=\"none\","
+                              "mode=\"sma:period=2\"} 1\n"),
+              std::string::npos)
+        << scraped[r];
+  }
 }
 
 // Gradients with a known noise scale: every coordinate of the true gradient G is 0.1 (D = 500:
@@ -275,9 +295,40 @@ TEST(Session, MonitorsGiveEveryWorkerTheSameEstimatesAndServeThem) {
   EXPECT_GT(m.at("throughput"), 0.0);
   EXPECT_GT(m.at("step_time"), 0.0);
   for (int r = 0; r < n; ++r) {
-    EXPECT_NE(scraped[r].find("kf_gns_b_simple "), std::string::npos) << scraped[r];
-    EXPECT_NE(scraped[r].find("kf_throughput "), std::string::npos) << scraped[r];
-    EXPECT_NE(scraped[r].find("kf_steps " + std::to_string(steps)), std::string::npos);
+    EXPECT_NE(scraped[r].find("kf_gns_simple_noise_scale "), std::string::npos) << scraped[r];
+    EXPECT_NE(scraped[r].find("kf_throughput_samples_per_second "), std::string::npos);
+    EXPECT_NE(scraped[r].find("kf_steps_total " + std::to_string(steps) + "\n"), std::string::npos);
+    EXPECT_NE(scraped[r].find("kf_cluster_size 3\n"), std::string::npos);
+    EXPECT_NE(scraped[r].find("kf_build_info{version=\""), std::string::npos);
+    EXPECT_NE(scraped[r].find("kf_mode_info{boundaries=\"every-step\",compression=\"none\","
+                              "mode=\"sync-sgd\"} 1\n"),
+              std::string::npos)
+        << scraped[r];
+    EXPECT_NE(
+        scraped[r].find("kf_collective_bytes_total " + std::to_string(steps * 500 * 4) + "\n"),
+        std::string::npos);
+    // Every step but the first (which has no start) in the step histogram.
+    EXPECT_NE(scraped[r].find("kf_step_duration_seconds_count " + std::to_string(steps - 1) + "\n"),
+              std::string::npos);
+    EXPECT_NE(scraped[r].find("kf_step_duration_seconds_bucket{le=\"+Inf\"} "), std::string::npos);
+    EXPECT_NE(scraped[r].find("kf_resize_phase_duration_seconds_count{phase=\"sync\"} 1\n"),
+              std::string::npos)
+        << "the join";
+    EXPECT_NE(scraped[r].find("kf_membership_changes_total{kind=\"join\"} 1\n"), std::string::npos);
+  }
+  // Prometheus's own linter on what each worker serves (Debian's prometheus package).
+  if (run_command("command -v promtool").empty()) {
+    std::printf("promtool not found: the exposition was not linted (apt install prometheus)\n");
+  } else {
+    for (int r = 0; r < n; ++r) {
+      const auto file = std::filesystem::temp_directory_path() /
+                        ("kf-session-scrape-" + std::to_string(::getpid()) + ".prom");
+      std::ofstream(file) << scraped[r];
+      const std::string said =
+          run_command("promtool check metrics < " + file.string() + " 2>&1; echo rc=$?");
+      std::filesystem::remove(file);
+      EXPECT_EQ(said, "rc=0\n") << "rank " << r << ":\n" << scraped[r];
+    }
   }
   // Rank 0 wrote one JSON line per step.
   std::ifstream in(jsonl);

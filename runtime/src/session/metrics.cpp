@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <map>
 #include <stdexcept>
 
+#include "config.hpp"
 #include "kf/common/log.hpp"
 #include "kf/monitor/jsonl_writer.hpp"
 #include "kf/monitor/metrics.hpp"
@@ -56,6 +58,10 @@ void Session::report_samples(double samples) {
 void Session::report_comm(double seconds, double bytes) {
   report_.comm_time += seconds;
   report_.comm_bytes += bytes;
+  if (collective_bytes_total_ != nullptr && bytes >= 0 && std::isfinite(bytes)) {
+    collective_bytes_total_->inc(bytes);
+    collective_seconds_->observe(seconds);
+  }
 }
 
 void Session::report_compute(double seconds) {
@@ -134,38 +140,171 @@ std::pair<std::size_t, std::size_t> Session::batch_part(std::size_t samples) con
   return {first, parts[static_cast<std::size_t>(peer_->rank())]};
 }
 
-// Every metric as a gauge "kf_<name>" (dots become underscores), plus the job's shape; rank 0
-// appends a JSON line every metrics_every steps.
+namespace {
+
+// The exported name of a metric of Session::metrics(): the monitors' own with their units
+// (Prometheus's conventions: base units as suffixes), any other "kf_<name>" with dots and other
+// characters a name cannot hold as underscores.
+std::string exported_name(const std::string& name) {
+  static const std::map<std::string, std::string, std::less<>> kUnits = {
+      {"step_time", "kf_step_time_seconds"},
+      {"step_time_ema", "kf_step_time_ema_seconds"},
+      {"samples", "kf_step_samples"},
+      {"throughput", "kf_throughput_samples_per_second"},
+      {"throughput_per_worker", "kf_throughput_per_worker_samples_per_second"},
+      {"comm_time", "kf_comm_time_seconds"},
+      {"comm_bytes", "kf_comm_bytes"},
+      {"algbw", "kf_algbw_bytes_per_second"},
+      {"straggler.slowest", "kf_straggler_slowest_ratio"},
+      // "b" reads as bytes to Prometheus's linter: B_simple is the simple noise scale.
+      {"gns.b_simple", "kf_gns_simple_noise_scale"},
+  };
+  if (const auto it = kUnits.find(name); it != kUnits.end()) return it->second;
+  std::string m = "kf_" + name;
+  for (char& c : m) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != ':') c = '_';
+  }
+  return m;
+}
+
+// "policy: field=value (why)" (PolicyContext::note): the policy and the field.
+std::pair<std::string, std::string> policy_and_action(const std::string& reason) {
+  const auto colon = reason.find(": ");
+  if (colon == std::string::npos) return {"unknown", "unknown"};
+  const std::string rest = reason.substr(colon + 2);
+  return {reason.substr(0, colon), rest.substr(0, rest.find_first_of("= ("))};
+}
+
+}  // namespace
+
+void Session::register_metrics() {
+  if (!registry_) return;
+  auto& r = *registry_;
+  r.gauge("kf_build_info", "kf's version, as the label (the value is 1)", {{"version", KF_VERSION}})
+      .set(1);
+  steps_total_ = &r.counter("kf_steps_total", "steps this worker finished");
+  commits_total_ = &r.counter("kf_commits_total", "commits of the training state on this worker");
+  samples_total_ =
+      &r.counter("kf_samples_total", "samples this worker trained on (Session::report_samples)");
+  collective_bytes_total_ = &r.counter("kf_collective_bytes_total",
+                                       "payload bytes of this worker's collectives (report_comm)");
+  step_seconds_ = &r.histogram("kf_step_duration_seconds", "wall time of each step of this worker",
+                               monitor::duration_buckets());
+  collective_seconds_ = &r.histogram("kf_collective_duration_seconds",
+                                     "time of each of this worker's collectives (report_comm)",
+                                     monitor::duration_buckets());
+}
+
+// A step ended on this worker (at a boundary or not).
+void Session::count_step(std::chrono::steady_clock::time_point now) {
+  if (steps_total_ == nullptr) return;
+  steps_total_->inc();
+  if (last_step_end_ != std::chrono::steady_clock::time_point{}) {
+    step_seconds_->observe(std::chrono::duration<double>(now - last_step_end_).count());
+  }
+  last_step_end_ = now;
+  if (*commits_ > commits_counted_)
+    commits_total_->inc(static_cast<double>(*commits_ - commits_counted_));
+  commits_counted_ = *commits_;  // a rollback counts nothing twice
+}
+
+// A change this worker took part in: its kind and each phase's time.
+void Session::count_change(const ChangeRecord& rec) {
+  if (!registry_) return;
+  auto& r = *registry_;
+  r.counter("kf_membership_changes_total",
+            "changes this worker took part in, by kind (join, resize, settings, recovery)",
+            {{"kind", rec.kind}})
+      .inc();
+  const std::int64_t from = rec.switch_us > 0 ? rec.switch_us : rec.agreed_us;
+  const std::pair<const char*, double> phases[] = {
+      {"detect", rec.ms(rec.detected_us, rec.boundary_us)},
+      {"agree", rec.ms(rec.boundary_us, rec.agreed_us)},
+      {"connect", rec.ms(from, rec.connected_us)},
+      {"sync", rec.ms(rec.connected_us, rec.synced_us)},
+      {"resume", rec.ms(rec.synced_us, rec.resumed_us)},
+  };
+  for (const auto& [phase, ms] : phases) {
+    r.histogram("kf_resize_phase_duration_seconds",
+                "time of each phase of the changes this worker took part in",
+                monitor::duration_buckets(), {{"phase", phase}})
+        .observe(ms / 1000.0);
+  }
+}
+
+// The policies' decisions applied at a boundary, by policy and the setting each changed.
+void Session::count_decisions(const Proposal& proposal) {
+  if (!registry_) return;
+  for (const auto& reason : proposal.reasons) {
+    const auto [policy, action] = policy_and_action(reason);
+    registry_
+        ->counter("kf_policy_decisions_total",
+                  "decisions of the policies applied, by policy and action",
+                  {{"policy", policy}, {"action", action}})
+        .inc();
+  }
+}
+
+// Every metric as a gauge (monitor::exported_name), plus the job's shape; rank 0 appends a JSON
+// line every metrics_every steps.
 void Session::export_metrics() {
   auto& r = *registry_;
-  r.gauge("kf_steps", "steps finished by every worker").set(static_cast<double>(*steps_));
-  r.gauge("kf_commits", "commits of the training state").set(static_cast<double>(*commits_));
-  r.gauge("kf_workers", "workers in the cluster").set(peer_->size());
+  r.gauge("kf_cluster_size", "workers in the cluster").set(peer_->size());
   r.gauge("kf_cluster_version", "cluster version").set(static_cast<double>(peer_->version()));
   r.gauge("kf_rank", "this worker's rank").set(peer_->rank());
   if (auto b = settings_.find("batch_size"); b != settings_.end() && b->is_number()) {
-    r.gauge("kf_batch_size", "global batch size (settings)").set(b->get<double>());
+    const double global = b->get<double>();
+    r.gauge("kf_global_batch_size", "global batch size (settings)").set(global);
+    if (global >= 1) {
+      r.gauge("kf_local_batch_size", "this worker's part of the global batch (Session::batch_part)")
+          .set(static_cast<double>(batch_part(static_cast<std::size_t>(global)).second));
+    }
   }
   if (auto lr = settings_.find("lr"); lr != settings_.end() && lr->is_number()) {
     r.gauge("kf_learning_rate", "learning rate (settings)").set(lr->get<double>());
   }
+  const std::string mode = this->mode().str();
+  const std::string compression = this->compression().str();
+  const std::string labels = mode + "\n" + compression + "\n" + (on_change_ ? "1" : "0");
+  if (labels != mode_labels_) {
+    const auto info = [&](const std::string& m, const std::string& c, const std::string& b) {
+      return &r.gauge(
+          "kf_mode_info",
+          "the training mode, compression and boundaries in use (1; 0 for earlier ones)",
+          {{"mode", m}, {"compression", c}, {"boundaries", b}});
+    };
+    if (!mode_labels_.empty()) {
+      const auto first = mode_labels_.find('\n');
+      const auto second = mode_labels_.find('\n', first + 1);
+      info(mode_labels_.substr(0, first), mode_labels_.substr(first + 1, second - first - 1),
+           mode_labels_.substr(second + 1) == "1" ? "on-change" : "every-step")
+          ->set(0);
+    }
+    info(mode, compression, on_change_ ? "on-change" : "every-step")->set(1);
+    mode_labels_ = labels;
+  }
   if (const StragglerScore* s = stragglers_.find(peer_->endpoint().str())) {
-    r.gauge("kf_straggler_speed", "this worker's samples per second of compute, over its window")
+    r.gauge("kf_straggler_samples_per_second",
+            "this worker's samples per second of compute, over its window")
         .set(s->speed);
-    r.gauge("kf_straggler_vs_fastest", "this worker's speed / the fastest worker's")
+    r.gauge("kf_straggler_vs_fastest_ratio", "this worker's speed / the fastest worker's")
         .set(s->vs_fastest);
-    r.gauge("kf_straggler_vs_own_best", "this worker's speed / the best its window has shown")
+    r.gauge("kf_straggler_vs_own_best_ratio", "this worker's speed / the best its window has shown")
         .set(s->vs_own_best);
     r.gauge("kf_straggler_slow", "1 while this worker is a straggler, else 0")
         .set(s->slow ? 1.0 : 0.0);
   }
   for (const auto& [name, value] : metrics_) {
-    std::string m = "kf_" + name;
-    for (char& c : m) {
-      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != ':') c = '_';
+    const std::string m = exported_name(name);
+    if (!monitor::is_valid_metric_name(m) || unexported_.count(name) > 0) continue;
+    try {
+      r.gauge(m, "step metric '" + name + "', averaged over the workers").set(value);
+    } catch (const std::invalid_argument& e) {
+      // A program's metric whose name another series holds already (kf_steps_total, say).
+      KF_LOG(warn, "session", "{}: metric '{}' is not exported: {}", peer_->endpoint().str(), name,
+             e.what());
+      unexported_.insert(name);
     }
-    if (!monitor::is_valid_metric_name(m)) continue;
-    r.gauge(m, "step metric '" + name + "', averaged over the workers").set(value);
   }
   if (options_.metrics_jsonl && peer_->rank() == 0 && *steps_ % options_.metrics_every == 0) {
     try {

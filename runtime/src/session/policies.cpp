@@ -137,6 +137,7 @@ void revoke_workers(Cluster& next, const std::vector<std::string>& revoke, const
 // settings change here, on every worker, at this boundary.
 void Session::apply(const Proposal& proposal, const char* hook) {
   if (proposal.empty() || proposal.changes_nothing(peer_->size(), settings_)) return;
+  count_decisions(proposal);
   std::string why;
   for (const auto& r : proposal.reasons) why += (why.empty() ? "" : "; ") + r;
   // Captures a copy: the elastic branch runs it later, on the poster thread.

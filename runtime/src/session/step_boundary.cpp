@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <bit>
+#include <cmath>
 
 #include <nlohmann/json.hpp>
 
 #include "kf/common/json.hpp"
 #include "kf/common/log.hpp"
+#include "kf/monitor/metrics.hpp"
 #include "kf/runtime/cluster_settings.hpp"
 #include "kf/runtime/session.hpp"
 #include "kf/runtime/training_mode.hpp"
@@ -82,7 +84,11 @@ void Session::commit_step(std::span<const std::int64_t> all, const RecordLayout&
   const auto means = detail::average_metrics(all, layout);
   for (std::size_t i = 0; i < metric_names_.size(); ++i) metrics_[metric_names_[i]] = means[i];
   std::fill(metric_values_.begin(), metric_values_.end(), 0.0);
+  count_step(SteadyClock::now());
   if (monitor_) {
+    if (samples_total_ != nullptr && report_.samples > 0 && std::isfinite(report_.samples)) {
+      samples_total_->inc(report_.samples);
+    }
     update_speeds(all, layout.words(), layout.monitor_at());
     track_stragglers(all, layout.words(), layout.monitor_at());
     if (auto said =
@@ -216,6 +222,7 @@ Session::Outcome Session::local_step(SteadyClock::time_point t0) {
     ++*commits_;
     state_.commit();
   }
+  count_step(t0);
   after_commit();
   return Outcome::committed;
 }

@@ -80,8 +80,8 @@ TEST(Trace, SizesAreScaledToTheMachineAndNeverZero) {
 }
 
 std::string line(int step, const std::string& time, int workers, int batch = 0) {
-  std::string m = "\"kf_workers\":" + std::to_string(workers);
-  if (batch > 0) m += ",\"kf_batch_size\":" + std::to_string(batch);
+  std::string m = "\"kf_cluster_size\":" + std::to_string(workers);
+  if (batch > 0) m += ",\"kf_global_batch_size\":" + std::to_string(batch);
   return "{\"step\":" + std::to_string(step) + ",\"time\":\"" + time + "\",\"metrics\":{" + m +
          "}}\n";
 }
@@ -136,8 +136,9 @@ TEST(Progress, SkipsWhatIsNotAProgressLineAndOddWorkerCounts) {
   const std::string deep(100'000, '[');
   const Progress p = read_progress(
       deep + "\n" + line(10, "2026-11-27T00:00:00.000Z", 1, 64) +
-      "{\"step\":20,\"time\":\"2026-11-27T00:00:01.000Z\",\"metrics\":{\"kf_workers\":1e300}}\n" +
-      "{\"step\":30,\"time\":\"2026-11-27T00:00:02.000Z\",\"metrics\":{\"kf_workers\":-4}}\n");
+      "{\"step\":20,\"time\":\"2026-11-27T00:00:01.000Z\",\"metrics\":{\"kf_cluster_size\":1e300}}"
+      "\n" +
+      "{\"step\":30,\"time\":\"2026-11-27T00:00:02.000Z\",\"metrics\":{\"kf_cluster_size\":-4}}\n");
   ASSERT_EQ(p.points.size(), 3u) << "the nested line is skipped";
   EXPECT_EQ(p.points[1].workers, 0) << "a count no job has reads as unknown";
   EXPECT_EQ(p.points[2].workers, 0);

@@ -58,11 +58,12 @@ Progress read_progress(std::string_view jsonl) {
     p.time_ms = parse_utc_ms(j["time"].get<std::string>());
     if (p.time_ms < 0) continue;
     p.step = j["step"].get<std::int64_t>();
-    const double workers =
-        m.contains("kf_workers") && m["kf_workers"].is_number() ? m["kf_workers"].get<double>() : 0;
+    const double workers = m.contains("kf_cluster_size") && m["kf_cluster_size"].is_number()
+                               ? m["kf_cluster_size"].get<double>()
+                               : 0;
     p.workers = workers >= 0 && workers <= 1e6 ? static_cast<int>(workers) : 0;
-    const double batch = m.contains("kf_batch_size") && m["kf_batch_size"].is_number()
-                             ? m["kf_batch_size"].get<double>()
+    const double batch = m.contains("kf_global_batch_size") && m["kf_global_batch_size"].is_number()
+                             ? m["kf_global_batch_size"].get<double>()
                              : 0;
     every_batch = every_batch && batch > 0;
     points.push_back(p);

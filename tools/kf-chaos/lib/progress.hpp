@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // A job's progress over wall-clock time, from the metrics lines its rank 0 appends
-// (KF_METRICS_JSONL: {"step": S, "time": "RFC 3339", "metrics": {"kf_batch_size": B, ...}}),
+// (KF_METRICS_JSONL: {"step": S, "time": "RFC 3339", "metrics": {"kf_global_batch_size": B, ...}}),
 // for kf-replay. Work is counted as the job commits it: a rollback after a failure takes the
 // lost steps off again. It is counted in samples where every line states the global batch
-// (kf_batch_size: a job whose settings carry batch_size), else in steps. Thread-safety: pure
+// (kf_global_batch_size: a job whose settings carry batch_size), else in steps. Thread-safety: pure
 // functions and value types.
 #pragma once
 

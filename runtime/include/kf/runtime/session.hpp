@@ -32,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -51,6 +52,8 @@ namespace monitor {
 class MetricsRegistry;
 class MetricsServer;
 class JsonlWriter;
+class Counter;
+class Histogram;
 }  // namespace monitor
 
 namespace detail {
@@ -382,6 +385,12 @@ class Session {
   nlohmann::json with_defaults(const nlohmann::json& settings) const;
   void apply(const Proposal& proposal, const char* hook);
   void export_metrics();
+  /// The exported series that are updated as things happen (steps, collectives, changes,
+  /// policy decisions) rather than at boundaries; nothing without a registry.
+  void register_metrics();
+  void count_step(std::chrono::steady_clock::time_point now);
+  void count_change(const ChangeRecord& rec);
+  void count_decisions(const Proposal& proposal);
   // The step boundary (step_boundary.cpp): pack, commit the step, take a newer cluster.
   std::vector<std::int64_t> pack_record(const detail::RecordLayout& layout,
                                         std::chrono::steady_clock::time_point now,
@@ -448,6 +457,17 @@ class Session {
   void track_stragglers(std::span<const std::int64_t> all, std::size_t stride, std::size_t offset);
   std::chrono::steady_clock::time_point step_began_{};
   std::unique_ptr<monitor::MetricsRegistry> registry_;
+  // Series owned by registry_ (null without one).
+  monitor::Counter* steps_total_ = nullptr;
+  monitor::Counter* commits_total_ = nullptr;
+  monitor::Counter* samples_total_ = nullptr;
+  monitor::Counter* collective_bytes_total_ = nullptr;
+  monitor::Histogram* step_seconds_ = nullptr;
+  monitor::Histogram* collective_seconds_ = nullptr;
+  std::chrono::steady_clock::time_point last_step_end_{};
+  std::int64_t commits_counted_ = 0;
+  std::string mode_labels_;           // the kf_mode_info series set to 1
+  std::set<std::string> unexported_;  // metrics whose exported name another series holds
   std::unique_ptr<monitor::MetricsServer> metrics_server_;
   std::unique_ptr<monitor::JsonlWriter> metrics_jsonl_;
   std::int64_t epoch_ = -1;  ///< boundaries run (names the control collectives)
