@@ -110,6 +110,10 @@ int main(int argc, char** argv) {
   app.add_option("--slots", agent.slots, "most workers running at once on this host")->needs(watch);
   app.add_option("--state", agent.state_file, "state file of the builtin config service")
       ->needs(watch);
+  app.add_option("--metrics-sd-file", agent.metrics_sd_file,
+                 "with --metrics-port above 0: keep this file listing the metrics endpoints of "
+                 "this host's workers for Prometheus's file-based discovery (file_sd_configs)")
+      ->needs(watch);
   app.add_option("--leave-grace-ms", leave_grace_ms,
                  "how long a worker that left the cluster may run before SIGTERM (default 30000)")
       ->check(CLI::Range(0, std::numeric_limits<int>::max()))
@@ -200,6 +204,11 @@ int main(int argc, char** argv) {
     options.ports = kf::tools::PortRange::parse(port_range);
     if (timeout_ms) options.timeout = std::chrono::milliseconds(*timeout_ms);
     if (metrics_port) options.metrics_port = static_cast<std::uint16_t>(*metrics_port);
+    if (agent.metrics_sd_file && (!metrics_port || *metrics_port == 0)) {
+      throw std::invalid_argument(
+          "--metrics-sd-file needs --metrics-port above 0 (the targets' ports are it plus the "
+          "workers' slots)");
+    }
     options.bind = *kf::tools::parse_bind(bind);  // checked by CLI11 above
     if (!watch_mode) {
       options.np = *np;

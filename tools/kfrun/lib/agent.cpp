@@ -16,6 +16,7 @@ int Agent::run() {
     on_messages();
     reap();
     enforce_deadlines();
+    write_targets();
   }
   if (const auto dropped = reporter_->finish(Clock::now() + kReportDeadline); dropped > 0) {
     say(std::to_string(dropped) + " reports could not be sent to the config service");

@@ -40,8 +40,12 @@ struct AgentOptions {
   std::optional<std::string> job_token_file;  ///< required with an external service
   std::optional<std::string> job_id;          ///< else derived from the token
   std::optional<std::string> algorithm;       ///< initial settings, and KF_ALGORITHM
-  std::optional<std::chrono::milliseconds> timeout;    ///< collective deadline (KF_TIMEOUT_MS)
-  std::optional<std::uint16_t> metrics_port;           ///< see LaunchOptions::metrics_port
+  std::optional<std::chrono::milliseconds> timeout;  ///< collective deadline (KF_TIMEOUT_MS)
+  std::optional<std::uint16_t> metrics_port;         ///< see LaunchOptions::metrics_port
+  /// With metrics_port above 0: this file lists the metrics endpoints of the workers this agent
+  /// runs, for Prometheus's file-based discovery (file_sd_configs), rewritten atomically
+  /// whenever they change.
+  std::optional<std::string> metrics_sd_file;
   nlohmann::json settings = nlohmann::json::object();  ///< of the initial cluster it writes
   std::optional<std::string> job_file;                 ///< KF_JOB_FILE for the workers
   std::optional<std::string> state_file;               ///< builtin only

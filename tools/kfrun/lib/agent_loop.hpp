@@ -154,6 +154,8 @@ class Agent {
 
   void reap();
   void enforce_deadlines();
+  /// --metrics-sd-file: the file's content for the workers running now, written when it changed.
+  void write_targets();
   void begin_stop();
   void kill_all();
   int exit_code() const;
@@ -197,6 +199,7 @@ class Agent {
   Clock::time_point stop_kill_at_{};
   std::optional<Clock::time_point> end_by_;  // give up waiting for the verdicts of exits
   std::array<char, 64 * 1024> buffer_;
+  std::string targets_written_;  // the last content of --metrics-sd-file
 };
 
 }  // namespace kf::tools::agent_detail

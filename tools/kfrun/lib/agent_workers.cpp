@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The agent's workers (agent_loop.hpp): adopting those an earlier agent left running, starting
 // those the document places here, reaping their exits, their grace periods, and stopping them.
+#include <nlohmann/json.hpp>
+
+#include "kf/runtime/atomic_file.hpp"
 #include "kfrun/lib/adopt.hpp"
 #include "kfrun/lib/agent_loop.hpp"
 #include "kfrun/lib/agent_rules.hpp"
@@ -258,6 +261,37 @@ int Agent::exit_code() const {
     failed = failed || (e.member && exit_code_of(e.wait_status) != 0);
   }
   return failed ? 1 : 0;
+}
+
+// --metrics-sd-file: one target group per running worker of the document (member or spare),
+// its metrics port the base plus its slot, as kfrun gives them (KF_METRICS_PORT). The workers
+// serve on KF_METRICS_HOST, 127.0.0.1 unless set: set it to an address Prometheus reaches.
+void Agent::write_targets() {
+  if (!options_.metrics_sd_file || !options_.metrics_port || *options_.metrics_port == 0 ||
+      !cluster_) {
+    return;
+  }
+  nlohmann::json groups = nlohmann::json::array();
+  for (const auto& [name, worker] : workers_) {
+    const WorkerSpec* spec = nullptr;
+    for (const auto* list : {&cluster_->workers, &cluster_->spares}) {
+      for (const WorkerSpec& w : *list) {
+        if (w.endpoint.str() == name) spec = &w;
+      }
+    }
+    const long port = spec ? static_cast<long>(*options_.metrics_port) + spec->slot : 0;
+    if (spec == nullptr || port > 65535) continue;
+    groups.push_back({{"targets", {spec->endpoint.host + ":" + std::to_string(port)}},
+                      {"labels", {{"kf_job", job_.job_id}, {"kf_worker", name}}}});
+  }
+  std::string text = groups.dump(2) + "\n";
+  if (text == targets_written_) return;
+  try {
+    write_file_atomically(*options_.metrics_sd_file, {text}, 0644);
+  } catch (const std::exception& e) {
+    say("--metrics-sd-file: " + std::string(e.what()) + " (tried again when the workers change)");
+  }
+  targets_written_ = std::move(text);
 }
 
 }  // namespace kf::tools::agent_detail
