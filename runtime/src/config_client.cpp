@@ -242,6 +242,16 @@ ConfigEvent ConfigClient::post_event(const std::string& type, const std::string&
   });
 }
 
+bool ConfigClient::post_summary(const std::string& json_object) {
+  if (etcd_) return false;
+  const json body = json::parse(json_object);
+  return reading("post summary", [&] {
+    connection_->call(server_, &control_key_, http::verb::post, "/v1/summary", &body,
+                      options_.deadline);
+    return true;
+  });
+}
+
 void ConfigClient::announce_agent(const std::string& host, std::chrono::seconds ttl, int slots) {
   return reading("announce agent", [&] {
     if (etcd_) return etcd_->announce_agent(host, ttl, slots);

@@ -115,8 +115,8 @@ TEST(Prometheus, ScrapesALiveJobFoundThroughTheAgentsFileAndSeesItGrow) {
 
   // Steps rise; the two workers are found through the file, with the agent's labels.
   std::optional<double> first;
-  ASSERT_TRUE(eventually([&] { return (first = prometheus.value("sum(kf_steps_total)")).has_value(); },
-                         30s))
+  ASSERT_TRUE(eventually(
+      [&] { return (first = prometheus.value("sum(kf_steps_total)")).has_value(); }, 30s))
       << "Prometheus never had kf_steps_total:\n"
       << slurp(job.dir() / "prometheus.log");
   ASSERT_TRUE(eventually(
@@ -126,7 +126,9 @@ TEST(Prometheus, ScrapesALiveJobFoundThroughTheAgentsFileAndSeesItGrow) {
       },
       30s));
   EXPECT_TRUE(eventually(
-      [&] { return prometheus.value("count(kf_steps_total{kf_job!=\"\",kf_worker!=\"\"})") == 2.0; },
+      [&] {
+        return prometheus.value("count(kf_steps_total{kf_job!=\"\",kf_worker!=\"\"})") == 2.0;
+      },
       30s));
   EXPECT_TRUE(eventually([&] { return prometheus.value("max(kf_cluster_size)") == 2.0; }, 30s));
 
@@ -135,15 +137,15 @@ TEST(Prometheus, ScrapesALiveJobFoundThroughTheAgentsFileAndSeesItGrow) {
   // the size follows.
   const auto set = job.member("set batch_size=64 lr=0.05");
   ASSERT_EQ(set.exit_code, 0) << set.output;
-  EXPECT_TRUE(eventually([&] { return prometheus.value("max(kf_global_batch_size)") == 64.0; },
-                         30s));
+  EXPECT_TRUE(
+      eventually([&] { return prometheus.value("max(kf_global_batch_size)") == 64.0; }, 30s));
   const auto r = job.member("resize 3");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_TRUE(job.wait_size(3)) << job.err();
   EXPECT_TRUE(eventually([&] { return prometheus.value("min(kf_cluster_size)") == 3.0; }, 30s))
       << slurp(targets);
-  EXPECT_TRUE(eventually([&] { return prometheus.value("count(up{job=\"kf\"} == 1)") == 3.0; },
-                         30s));
+  EXPECT_TRUE(
+      eventually([&] { return prometheus.value("count(up{job=\"kf\"} == 1)") == 3.0; }, 30s));
 
   // Every worker's page passes promtool; what they export, for the dashboard's queries.
   std::set<std::string> exported;
@@ -162,8 +164,8 @@ TEST(Prometheus, ScrapesALiveJobFoundThroughTheAgentsFileAndSeesItGrow) {
   EXPECT_TRUE(exported.count("kf_steps_total")) << "nothing scraped";
 
   // The shipped configuration and dashboard.
-  const Ran config =
-      run_shell("promtool check config " + (source_root() / "deploy/prometheus/prometheus.yml").string());
+  const Ran config = run_shell("promtool check config " +
+                               (source_root() / "deploy/prometheus/prometheus.yml").string());
   EXPECT_EQ(config.exit_code, 0) << config.output;
   std::ifstream dashboard_file(source_root() / "deploy/grafana/kf-dashboard.json");
   const auto dashboard = nlohmann::json::parse(dashboard_file, nullptr, false);

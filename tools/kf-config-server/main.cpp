@@ -49,6 +49,11 @@ int main(int argc, char** argv) {
   app.add_flag("--allow-bearer", allow_bearer,
                "also accept \"Authorization: Bearer TOKEN\" (sends the token itself: for curl by "
                "hand on a trusted network)");
+  std::string chart_js = kf::config_server::ServiceOptions{}.chart_js.string();
+  app.add_option("--chart-js", chart_js,
+                 "Chart.js 3 (a UMD build) for the dashboard's charts at /; without the file the "
+                 "dashboard shows its tables only")
+      ->capture_default_str();
   app.add_option("--watch-timeout-ms", watch_timeout_ms,
                  "longest wait of a long-poll (GET /v1/cluster?watch=1) in milliseconds")
       ->check(CLI::Range(1, kMaxWatchTimeoutMs))
@@ -96,6 +101,7 @@ int main(int argc, char** argv) {
     service_options.state_file = state_file;
     service_options.token = kf::read_token_file(token_file);
     service_options.allow_bearer = allow_bearer;
+    service_options.chart_js = chart_js;
     service_options.max_body_bytes = server_options.max_body_bytes;
     kf::config_server::Service service(std::move(service_options));
     kf::config_server::run_server(service, server_options);

@@ -94,6 +94,10 @@ void read_session_variables(Env& e) {
                            "a number of milliseconds in 1-86400000")) {
     e.boundary_interval = std::chrono::milliseconds(*v);
   }
+  if (auto v = get_integer(env::kSummaryIntervalMs, 0, 86'400'000,
+                           "a number of milliseconds in 0-86400000 (0: no summaries)")) {
+    e.summary_interval = std::chrono::milliseconds(*v);
+  }
   e.agent_pid = get_integer(env::kAgentPid, 1, kMax, "a process id >= 1");
   if (auto v = get_integer(env::kNoProgressTimeoutMs, 0, 86'400'000,
                            "a number of milliseconds in 0-86400000 (0: off)")) {

@@ -59,6 +59,7 @@ void apply_environment(const Env& e, PeerOptions& peer, SessionOptions& session)
   if (e.recovery_joiner_wait) session.recovery_joiner_wait = *e.recovery_joiner_wait;
   if (e.spare_sync) session.spare_sync = *e.spare_sync;
   if (e.boundary_interval) session.boundary_interval = *e.boundary_interval;
+  if (e.summary_interval) session.summary_interval = *e.summary_interval;
 }
 
 }  // namespace

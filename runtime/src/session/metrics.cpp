@@ -321,4 +321,56 @@ void Session::export_metrics() {
   }
 }
 
+// The job's summary for the config service's dashboard (docs/monitoring.md, "The dashboard"):
+// values every worker agreed at this boundary, so rank 0 alone sends them. At most one queued
+// (ServiceLink::submit keeps one per key), and the service keeps a bounded number.
+void Session::post_summary() {
+  if (options_.summary_interval.count() <= 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (summary_at_ != std::chrono::steady_clock::time_point{} &&
+      now - summary_at_ < options_.summary_interval) {
+    return;
+  }
+  summary_at_ = now;
+  const auto metric = [&](const char* name) -> nlohmann::json {
+    const auto it = metrics_.find(name);
+    if (it == metrics_.end() || !std::isfinite(it->second)) return nullptr;
+    return it->second;
+  };
+  nlohmann::json s = {{"step", on_change_ ? job_step_ : *steps_},
+                      {"version", peer_->version()},
+                      {"workers", peer_->size()},
+                      {"samples_per_second", metric("throughput")},
+                      {"step_time_seconds", metric("step_time")},
+                      {"gns", metric("gns.b_simple")},
+                      {"mode", mode().str()},
+                      {"compression", compression().str()},
+                      {"boundaries", on_change_ ? "on-change" : "every-step"}};
+  if (auto b = settings_.find("batch_size"); b != settings_.end() && b->is_number()) {
+    s["global_batch"] = *b;
+  }
+  if (auto lr = settings_.find("lr"); lr != settings_.end() && lr->is_number()) s["lr"] = *lr;
+  nlohmann::json members = nlohmann::json::array();
+  for (const StragglerScore& score : stragglers_.scores()) {
+    if (members.size() >= 256) break;  // the service takes summaries of at most 16 KiB
+    members.push_back({{"worker", score.worker},
+                       {"samples_per_second", std::isfinite(score.speed) ? score.speed : 0.0},
+                       {"vs_fastest", std::isfinite(score.vs_fastest) ? score.vs_fastest : 0.0},
+                       {"slow", score.slow}});
+  }
+  s["members"] = std::move(members);
+  if (!changes_.empty()) {
+    const ChangeRecord& c = changes_.back();
+    const std::int64_t from = c.switch_us > 0 ? c.switch_us : c.agreed_us;
+    s["last_change"] = {{"version", c.to_version},
+                        {"kind", c.kind},
+                        {"detect_ms", c.ms(c.detected_us, c.boundary_us)},
+                        {"agree_ms", c.ms(c.boundary_us, c.agreed_us)},
+                        {"connect_ms", c.ms(from, c.connected_us)},
+                        {"sync_ms", c.ms(c.connected_us, c.synced_us)},
+                        {"resume_ms", c.ms(c.synced_us, c.resumed_us)}};
+  }
+  link_->submit("summary", [body = s.dump()](ConfigClient& client) { client.post_summary(body); });
+}
+
 }  // namespace kf

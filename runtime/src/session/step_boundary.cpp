@@ -100,6 +100,7 @@ void Session::commit_step(std::span<const std::int64_t> all, const RecordLayout&
   }
   step_began_ = began;
   if (registry_) export_metrics();
+  if (link_ && peer_->rank() == 0) post_summary();
   if (policies_ != nullptr && !policies_->empty()) {
     apply(policies_->run(PolicyHook::after_step, policy_inputs()), "after_step");
   }

@@ -166,6 +166,30 @@ TEST(Env, RecoveryWriterWaitTakesZeroAndRefusesWhatIsNoDuration) {
   ::unsetenv("KF_JOB_TOKEN");
 }
 
+TEST(Env, SummaryIntervalIsMillisecondsAndZeroTurnsSummariesOff) {
+  ::setenv("KF_SELF", "127.0.0.1:9001", 1);
+  ::setenv("KF_JOB_TOKEN", "t", 1);
+  ::setenv("KF_CLUSTER", R"({"version":1,"workers":[{"host":"127.0.0.1","port":9001,"slot":0}]})",
+           1);
+  EXPECT_FALSE(Env::from_environment().summary_interval);
+  ::setenv("KF_SUMMARY_INTERVAL_MS", "0", 1);
+  EXPECT_EQ(Env::from_environment().summary_interval, std::chrono::milliseconds(0));
+  for (const char* bad : {"-1", "soon", "86400001"}) {
+    ::setenv("KF_SUMMARY_INTERVAL_MS", bad, 1);
+    try {
+      Env::from_environment();
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("KF_SUMMARY_INTERVAL_MS"), std::string::npos)
+          << e.what();
+    }
+  }
+  ::unsetenv("KF_SUMMARY_INTERVAL_MS");
+  ::unsetenv("KF_CLUSTER");
+  ::unsetenv("KF_SELF");
+  ::unsetenv("KF_JOB_TOKEN");
+}
+
 TEST(Env, BoundaryIntervalIsAPositiveNumberOfMilliseconds) {
   ::setenv("KF_SELF", "127.0.0.1:9001", 1);
   ::setenv("KF_JOB_TOKEN", "t", 1);

@@ -802,6 +802,9 @@ TEST_F(ServiceTest, AgentsAreListedWithTheirSlotsWhileTheirLeaseLasts) {
   at += std::chrono::seconds(2);  // a renewal with other slots keeps `since`
   EXPECT_EQ(put_agent({{"host", "10.0.0.2"}, {"slots", 2}, {"ttl_ms", 10000}}).status, 200);
   EXPECT_EQ(json::parse(get(s, "/v1/agents").body)["agents"][1]["since"], since);
+  // ... and moves `renewed`, the heartbeat the dashboard shows.
+  EXPECT_EQ(json::parse(get(s, "/v1/agents").body)["agents"][1]["renewed"],
+            "2023-11-14T22:13:22.789Z");
   at += std::chrono::seconds(2);  // 10.0.0.1's lease ran out
   EXPECT_EQ(listed(), "10.0.0.2=2 ");
   EXPECT_EQ(put_agent({{"host", "10.0.0.2"}, {"ttl_ms", 0}}).status, 200);  // retired
@@ -845,6 +848,86 @@ TEST_F(ServiceTest, ABadAgentLeaseIsRefusedSayingWhatIsWrong) {
   EXPECT_EQ(s.handle({"POST", "/v1/agents", "", "{}"}).status, 405);
   EXPECT_EQ(get(s, "/v1/agents?x=1").status, 400);
   EXPECT_EQ(json::parse(get(s, "/v1/agents").body)["agents"], json::array());
+}
+
+// The job's summaries (POST /v1/summary, for the dashboard): signed, an object with a step, at
+// most kMaxSummaryBytes; each stamped with seq and time; GET ?after=SEQ gives the newer ones.
+TEST_F(ServiceTest, SummariesAreSignedObjectsWithAStepKeptInOrder) {
+  Service s(options());
+  const auto post = [&](const std::string& body, std::optional<std::string> auth = {}) {
+    return s.handle(
+        {"POST", "/v1/summary", auth ? *auth : signed_for("POST", "/v1/summary", body), body});
+  };
+  EXPECT_EQ(post(R"({"step": 3, "workers": 2})").status, 201);
+  EXPECT_EQ(post(R"({"step": 4, "workers": 3})").status, 201);
+  const json all = json::parse(get(s, "/v1/summary").body)["summaries"];
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0]["step"], 3);
+  EXPECT_EQ(all[0]["seq"], 1);
+  EXPECT_EQ(all[0]["time"], "2023-11-14T22:13:20.789Z");
+  EXPECT_EQ(all[1]["workers"], 3);
+  EXPECT_EQ(json::parse(get(s, "/v1/summary?after=1").body)["summaries"].size(), 1u);
+  EXPECT_EQ(json::parse(get(s, "/v1/summary?after=2").body)["summaries"].size(), 0u);
+  // Refused, naming why; nothing kept.
+  EXPECT_EQ(post(R"({"step": 5})", "").status, 401);
+  EXPECT_EQ(post(R"({"step": 5})", signed_for("POST", "/v1/summary", "{}")).status, 401);
+  for (const char* bad : {"{", "[1]", R"({"workers": 2})", R"({"step": -1})", R"({"step": "7"})"}) {
+    const auto r = post(bad);
+    EXPECT_EQ(r.status, 400) << bad;
+    EXPECT_TRUE(json::parse(r.body).contains("error")) << bad;
+  }
+  EXPECT_EQ(get(s, "/v1/summary?after=x").status, 400);
+  EXPECT_EQ(get(s, "/v1/summary?since=1").status, 400);
+  EXPECT_EQ(s.handle({"PUT", "/v1/summary", "", "{}"}).status, 405);
+  EXPECT_EQ(json::parse(get(s, "/v1/summary").body)["summaries"].size(), 2u);
+}
+
+// A flood of summaries costs bounded memory: the newest kMaxSummaries stay, a summary over
+// kMaxSummaryBytes is refused with 413, and none of it touches the state file.
+TEST_F(ServiceTest, AFloodOfSummariesIsCapped) {
+  Service s(options());
+  const std::string before = on_disk();
+  const std::size_t posts = kMaxSummaries + 100;
+  for (std::size_t i = 0; i < posts; ++i) {
+    const std::string body = json{{"step", i}}.dump();
+    ASSERT_EQ(
+        s.handle({"POST", "/v1/summary", signed_for("POST", "/v1/summary", body), body}).status,
+        201);
+  }
+  const json kept = json::parse(get(s, "/v1/summary").body)["summaries"];
+  ASSERT_EQ(kept.size(), kMaxSummaries);
+  EXPECT_EQ(kept.front()["step"], 100);
+  EXPECT_EQ(kept.back()["seq"], posts);
+  const std::string big = json{{"step", 1}, {"pad", std::string(kMaxSummaryBytes, 'x')}}.dump();
+  const auto r = s.handle({"POST", "/v1/summary", signed_for("POST", "/v1/summary", big), big});
+  EXPECT_EQ(r.status, 413);
+  EXPECT_EQ(json::parse(get(s, "/v1/summary").body)["summaries"].size(), kMaxSummaries);
+  EXPECT_EQ(on_disk(), before) << "summaries are kept in memory only";
+}
+
+// The dashboard: the page at /, and the charting library at /chart.js when the service has it
+// (else a script that only says so, so that the page loads without an error).
+TEST_F(ServiceTest, ServesTheDashboardAndItsChartingLibrary) {
+  ServiceOptions o = options();
+  o.chart_js = dir_ / "chart.min.js";
+  std::ofstream(o.chart_js) << "var Chart = function () {};";
+  Service s(o);
+  const auto page = get(s, "/");
+  EXPECT_EQ(page.status, 200);
+  EXPECT_EQ(page.content_type, "text/html; charset=utf-8");
+  EXPECT_NE(page.body.find("<title>kf job</title>"), std::string::npos);
+  EXPECT_NE(page.body.find("/v1/summary"), std::string::npos);
+  const auto chart = get(s, "/chart.js");
+  EXPECT_EQ(chart.status, 200);
+  EXPECT_EQ(chart.content_type, "application/javascript");
+  EXPECT_EQ(chart.body, "var Chart = function () {};");
+  EXPECT_EQ(s.handle({"POST", "/", signed_for("POST", "/", ""), ""}).status, 405);
+
+  o.chart_js = dir_ / "absent.js";
+  Service without(o);
+  const auto stub = get(without, "/chart.js");
+  EXPECT_EQ(stub.status, 200);
+  EXPECT_NE(stub.body.find("libjs-chart.js"), std::string::npos) << stub.body;
 }
 
 }  // namespace

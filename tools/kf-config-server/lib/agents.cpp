@@ -55,6 +55,7 @@ std::string AgentTable::put(const json& body, Clock::time_point now) {
   }
   it->second.slots = slots->get<std::int64_t>();
   it->second.expires = now + std::chrono::milliseconds(ttl->get<std::int64_t>());
+  it->second.renewed = now;
   return {};
 }
 
@@ -62,8 +63,10 @@ json AgentTable::live(Clock::time_point now) {
   std::erase_if(leases_, [&](const auto& e) { return e.second.expires <= now; });
   json agents = json::array();
   for (const auto& [host, lease] : leases_) {
-    agents.push_back(
-        {{"host", host}, {"slots", lease.slots}, {"since", format_rfc3339_ms(lease.since)}});
+    agents.push_back({{"host", host},
+                      {"slots", lease.slots},
+                      {"since", format_rfc3339_ms(lease.since)},
+                      {"renewed", format_rfc3339_ms(lease.renewed)}});
   }
   return json{{"agents", agents}};
 }

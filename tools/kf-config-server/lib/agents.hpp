@@ -25,7 +25,8 @@ class AgentTable {
   /// (slots may then be left out). Returns the reason when the body is not valid (nothing
   /// changes then), or "".
   std::string put(const nlohmann::json& body, Clock::time_point now);
-  /// {"agents": [{"host", "slots", "since"}, ...]}: the agents alive at `now`, by host.
+  /// {"agents": [{"host", "slots", "since", "renewed"}, ...]}: the agents alive at `now`, by
+  /// host (`renewed`: their last announcement or renewal, their heartbeat).
   /// Forgets the expired ones.
   nlohmann::json live(Clock::time_point now);
 
@@ -33,6 +34,7 @@ class AgentTable {
   struct Lease {
     std::int64_t slots = 0;
     Clock::time_point since, expires;
+    Clock::time_point renewed;  // the last announcement or renewal
   };
   std::map<std::string, Lease> leases_;
 };

@@ -4,8 +4,12 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <utility>
+
+#include "kf-config-server/lib/dashboard.hpp"
 
 #include "kf/common/json.hpp"
 #include "kf/common/log.hpp"
@@ -144,6 +148,9 @@ Service::Service(ServiceOptions options)
     state_.torn = false;
     state_.logged = 0;
   }
+  if (std::ifstream in(options_.chart_js, std::ios::binary); in) {
+    chart_js_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
 }
 
 Response Service::handle(const Request& request) {
@@ -155,6 +162,30 @@ Response Service::handle(const Request& request) {
   if (path == "/healthz") {
     if (m != "GET") return method_not_allowed("GET");
     return ok(200, json{{"ok", true}});
+  }
+  // The dashboard (read-only: it reads what any reader may, the GETs below).
+  if (path == "/" || path == "/chart.js") {
+    if (m != "GET") return method_not_allowed("GET");
+    if (path == "/")
+      return Response{200, std::string(dashboard_page()), "text/html; charset=utf-8", {}};
+    if (chart_js_.empty()) {  // the page then says so, without an error in the browser
+      return Response{200,
+                      "// No charting library at " + options_.chart_js.string() +
+                          " (apt install libjs-chart.js): the dashboard shows no charts.",
+                      "application/javascript",
+                      {}};
+    }
+    return Response{200, chart_js_, "application/javascript", {}};
+  }
+  if (path == "/v1/summary") {
+    if (m != "GET" && m != "POST") return method_not_allowed("GET, POST");
+    if (m == "GET") return get_summaries(query);
+    if (const std::string why = signed_before_start(request.authorization); !why.empty()) {
+      return error(503, why);
+    }
+    if (const std::string why = unauthorized(request); !why.empty()) return error(401, why);
+    if (!query.empty()) return error(400, "unexpected query string");
+    return post_summary(request.body);
   }
   if (path != "/v1/cluster" && path != "/v1/events" && path != "/v1/agents") {
     return error(404, "no such resource " + path);
@@ -407,6 +438,46 @@ nlohmann::json Service::append_event(nlohmann::json event, bool with_cluster) {
     }
   }
   return stamped;
+}
+
+// POST /v1/summary: one JSON object of at most kMaxSummaryBytes with a "step" (rank 0's agreed
+// values); stamped with seq and time and kept among the newest kMaxSummaries.
+Response Service::post_summary(const std::string& body) {
+  if (body.size() > kMaxSummaryBytes) {
+    return error(413, "a summary is over " + std::to_string(kMaxSummaryBytes) + " bytes");
+  }
+  json j = parse_json_or_discard(body);
+  if (j.is_discarded()) return error(400, "malformed JSON (or nested deeper than 64 levels)");
+  if (!j.is_object()) return error(400, "a summary must be a JSON object");
+  const auto step = j.find("step");
+  if (step == j.end() || !step->is_number_integer() || step->get<std::int64_t>() < 0) {
+    return error(400, "a summary needs \"step\": a non-negative integer");
+  }
+  j["seq"] = ++summary_seq_;
+  j["time"] = format_rfc3339_ms(options_.now());
+  summaries_.push_back(std::move(j));
+  while (summaries_.size() > kMaxSummaries) summaries_.pop_front();
+  return ok(201, json{{"seq", summary_seq_}});
+}
+
+// GET /v1/summary[?after=SEQ]: {"summaries": [...]} oldest first, those with seq > SEQ.
+Response Service::get_summaries(const std::string& query) const {
+  std::uint64_t after = 0;
+  try {
+    for (const auto& [k, v] : parse_query(query)) {
+      if (k != "after") return error(400, "unknown query parameter '" + k + "'");
+      const auto n = parse_u64(v);
+      if (!n) return error(400, "after must be a non-negative integer");
+      after = *n;
+    }
+  } catch (const std::invalid_argument& e) {
+    return error(400, e.what());
+  }
+  json out = json::array();
+  for (const json& s : summaries_) {
+    if (s["seq"].get<std::uint64_t>() > after) out.push_back(s);
+  }
+  return ok(200, json{{"summaries", std::move(out)}});
 }
 
 }  // namespace kf::config_server

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -44,6 +45,12 @@ struct Response {
 inline constexpr std::uint64_t kDefaultEventLimit = 1000;
 inline constexpr std::uint64_t kMaxEventLimit = 10'000;
 
+/// The job's summaries (POST /v1/summary, rank 0's agreed values every second or so, for the
+/// dashboard): the newest kMaxSummaries are kept, in memory only, each at most
+/// kMaxSummaryBytes; a flood of posts costs no more memory than that.
+inline constexpr std::size_t kMaxSummaries = 600;
+inline constexpr std::size_t kMaxSummaryBytes = 16 * 1024;
+
 struct ServiceOptions {
   std::filesystem::path state_file;
   /// The job token: mutations must be signed with the control key derived from it
@@ -58,6 +65,9 @@ struct ServiceOptions {
   std::size_t max_body_bytes = std::size_t{1} << 20;  ///< larger bodies get 413
   /// A snapshot of the state after this many records in its log (state.hpp).
   std::size_t snapshot_every = kSnapshotEvery;
+  /// The dashboard's charting library (Chart.js 3, a UMD build), served at /chart.js when the
+  /// file is there: Debian's libjs-chart.js by default. Read once, when the service starts.
+  std::filesystem::path chart_js = "/usr/share/javascript/chart.js/chart.min.js";
   /// The clock events are stamped with (a fixed clock in tests).
   std::function<std::chrono::system_clock::time_point()> now = [] {
     return std::chrono::system_clock::now();
@@ -113,6 +123,8 @@ class Service {
   Response get_events(const std::string& query) const;
   Response post_event(const std::string& body);
   Response put_agent(const std::string& body);
+  Response post_summary(const std::string& body);
+  Response get_summaries(const std::string& query) const;
   /// Why a mutation is not authorized, or "" when it is (a valid, fresh, unseen signature, or
   /// the bearer token where allowed). Remembers the nonce of an accepted signature.
   std::string unauthorized(const Request& request);
@@ -132,6 +144,10 @@ class Service {
   mutable std::uint64_t served_version_ = 0;
   mutable std::string served_body_;
   AgentTable agents_;  // in memory only: agents renew their leases every few seconds
+  // The newest summaries, each stamped with seq and time (in memory only).
+  std::deque<nlohmann::json> summaries_;
+  std::uint64_t summary_seq_ = 0;
+  std::string chart_js_;  // options_.chart_js's content, or empty
 };
 
 /// Splits "a=1&b=2" into pairs; the values are not percent-decoded (kf never needs it).

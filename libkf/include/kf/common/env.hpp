@@ -59,6 +59,8 @@ inline constexpr const char* kSpareSyncMs =
     "KF_SPARE_SYNC_MS";  ///< least time between the commits rank 0 sends a hot spare, ms
 inline constexpr const char* kBoundaryIntervalMs =
     "KF_BOUNDARY_INTERVAL_MS";  ///< most time between boundaries on change, ms
+inline constexpr const char* kSummaryIntervalMs =
+    "KF_SUMMARY_INTERVAL_MS";  ///< least time between rank 0's summaries for the dashboard, ms
 inline constexpr const char* kJobFile = "KF_JOB_FILE";          ///< the job file (docs/job-file.md)
 inline constexpr const char* kGnsTheta = "KF_GNS_THETA";        ///< θ0 of the GNS averages
 inline constexpr const char* kMonitors = "KF_MONITORS";         ///< 0: no built-in monitors
@@ -104,6 +106,7 @@ struct Env {
   std::optional<std::chrono::milliseconds> recovery_joiner_wait;  ///< KF_RECOVERY_JOINER_WAIT_MS
   std::optional<std::chrono::milliseconds> spare_sync;            ///< KF_SPARE_SYNC_MS
   std::optional<std::chrono::milliseconds> boundary_interval;     ///< KF_BOUNDARY_INTERVAL_MS
+  std::optional<std::chrono::milliseconds> summary_interval;      ///< KF_SUMMARY_INTERVAL_MS
   std::optional<std::int64_t> agent_pid;                          ///< KF_AGENT_PID, >= 1
   std::optional<std::chrono::milliseconds> no_progress_timeout;   ///< KF_NO_PROGRESS_TIMEOUT_MS
 

@@ -146,6 +146,10 @@ class ConfigClient {
   ConfigEvent post_event(const std::string& type, const std::string& worker,
                          const std::string& detail, std::optional<std::uint64_t> version);
 
+  /// POST /v1/summary: `json_object` (a JSON object with a "step"), the job's summary for the
+  /// dashboard. Returns false, sending nothing, with etcd (which keeps no summaries).
+  bool post_summary(const std::string& json_object);
+
   /// GET /v1/events?after=SEQ: the events with seq > `after_seq`, oldest first.
   std::vector<ConfigEvent> get_events(std::uint64_t after_seq = 0);
 

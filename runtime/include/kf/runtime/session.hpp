@@ -119,6 +119,10 @@ struct SessionOptions {
   /// faster one keeps them within about this interval, and a spare that moves in behind the
   /// survivors gets the state in the move's sync. KF_SPARE_SYNC_MS.
   std::chrono::milliseconds spare_sync{1000};
+  /// In an elastic job, rank 0 posts the job's summary (the agreed step, speeds, GNS, batch,
+  /// learning rate, the last change's phases) to the config service for its dashboard at most
+  /// once per this interval, at a boundary. 0: never. KF_SUMMARY_INTERVAL_MS.
+  std::chrono::milliseconds summary_interval{1000};
   /// With boundaries on change (settings "boundaries": "on-change" in pair-avg or async-ps), a
   /// worker asks for a boundary once this long has passed since the last one, so that the metrics,
   /// the straggler scores and the policies, which see the job at boundaries, stay current.
@@ -391,6 +395,8 @@ class Session {
   void count_step(std::chrono::steady_clock::time_point now);
   void count_change(const ChangeRecord& rec);
   void count_decisions(const Proposal& proposal);
+  /// Rank 0: the job's summary to the config service, when summary_interval has passed.
+  void post_summary();
   // The step boundary (step_boundary.cpp): pack, commit the step, take a newer cluster.
   std::vector<std::int64_t> pack_record(const detail::RecordLayout& layout,
                                         std::chrono::steady_clock::time_point now,
@@ -468,6 +474,7 @@ class Session {
   std::int64_t commits_counted_ = 0;
   std::string mode_labels_;           // the kf_mode_info series set to 1
   std::set<std::string> unexported_;  // metrics whose exported name another series holds
+  std::chrono::steady_clock::time_point summary_at_{};  // the last summary posted
   std::unique_ptr<monitor::MetricsServer> metrics_server_;
   std::unique_ptr<monitor::JsonlWriter> metrics_jsonl_;
   std::int64_t epoch_ = -1;  ///< boundaries run (names the control collectives)
