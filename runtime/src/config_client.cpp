@@ -252,6 +252,18 @@ bool ConfigClient::post_summary(const std::string& json_object) {
   });
 }
 
+std::string ConfigClient::get_summaries() {
+  if (etcd_) return "[]";
+  return reading("GET summaries", [&] {
+    const Answer a = connection_->call(server_, &control_key_, http::verb::get, "/v1/summary",
+                                       nullptr, options_.deadline);
+    if (!a.body.is_object() || !a.body.contains("summaries") || !a.body["summaries"].is_array()) {
+      throw Error(make_error_code(errc::protocol_error), "GET /v1/summary: no summaries array");
+    }
+    return a.body["summaries"].dump();
+  });
+}
+
 void ConfigClient::announce_agent(const std::string& host, std::chrono::seconds ttl, int slots) {
   return reading("announce agent", [&] {
     if (etcd_) return etcd_->announce_agent(host, ttl, slots);

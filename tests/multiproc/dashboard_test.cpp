@@ -4,11 +4,13 @@
 // opened once, shows its members, then follows a grow to 3 (`kf-member resize`) and a kill -9
 // without a reload: the members table, the new version and its cause. No console error or
 // uncaught exception on the way. A screenshot goes to the build directory
-// (dashboard-test.png) for a person to look at. Skips, saying why, without chromium.
+// (dashboard-test.png) for a person to look at; `kf-member trace` then tells the same story as
+// a Chrome trace. Skips, saying why, without chromium.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -36,9 +38,9 @@ std::string shows(int n, std::uint64_t v) {
 // the probe's final JSON line (with "held", "text", "errors"), or a JSON object with "error".
 nlohmann::json follow(const std::string& url, const std::string& first, const std::string& then,
                       const std::function<void()>& change, const std::string& screenshot = "") {
-  std::vector<std::string> argv{"/usr/bin/env",  "python3", probe_script().string(), url,
-                                "--first",       first,     "--until",
-                                then,            "--timeout-s", "60"};
+  std::vector<std::string> argv{
+      "/usr/bin/env", "python3", probe_script().string(), url, "--first", first,
+      "--until",      then,      "--timeout-s",           "60"};
   if (!screenshot.empty()) {
     argv.push_back("--screenshot");
     argv.push_back(screenshot);
@@ -73,8 +75,10 @@ TEST(Dashboard, ABrowserSeesTheMembersAndFollowsAGrowAndAKillNineLive) {
   const std::uint64_t v = job.client().get_cluster().version;
 
   // A grow: the page, up with 2 members, follows to 3 and shows the version and its cause.
-  auto grown = follow(url, shows(2, v), shows(3, v + 1) + " && document.body.innerText.includes("
-                                                               "'kf-member resize')",
+  auto grown = follow(url, shows(2, v),
+                      shows(3, v + 1) +
+                          " && document.body.innerText.includes("
+                          "'kf-member resize')",
                       [&] {
                         const auto r = job.member("resize 3");
                         EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -102,6 +106,26 @@ TEST(Dashboard, ABrowserSeesTheMembersAndFollowsAGrowAndAKillNineLive) {
       << "the timeline does not name the killed worker " << victim;
   EXPECT_TRUE(std::filesystem::exists(shot));
   std::printf("dashboard screenshot: %s\n", shot.c_str());
+
+  // The same story as a Chrome trace: the failure beside the steps, and the grow's phases.
+  const auto trace_file = job.dir() / "trace.json";
+  const auto t = job.member("trace --output " + trace_file.string());
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  std::ifstream in(trace_file);
+  const auto trace = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(trace.is_discarded()) << "the trace is not JSON";
+  int failed = 0, steps = 0, phases = 0;
+  for (const auto& e : trace.at("traceEvents")) {
+    ASSERT_TRUE(e.contains("name") && e.contains("ph") && e.contains("pid")) << e.dump();
+    if (e["ph"] == "M") continue;
+    ASSERT_TRUE(e.contains("ts") && e["ts"].is_number_integer() && e.contains("tid")) << e.dump();
+    failed += e["name"] == "failed";
+    steps += e.value("cat", "") == "step";
+    phases += e.value("cat", "") == "change";
+  }
+  EXPECT_GE(failed, 1);
+  EXPECT_GE(steps, 1);
+  EXPECT_GE(phases, 5) << "the phases of at least one change";
   job.finish_soon();
   job.expect_clean_finish(job.wait(), 2);
 }

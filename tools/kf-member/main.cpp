@@ -11,6 +11,7 @@
 // errors (server down, 401, unknown worker, CAS attempts exhausted).
 #include <CLI/CLI.hpp>
 #include <exception>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -111,6 +112,12 @@ int main(int argc, char** argv) {
       "change cluster settings, e.g. mode=sma:period=4 compression=topk:0.01 lr=0.05 "
       "(every worker applies them at one step boundary)");
   set->add_option("KEY=VALUE", assignments, "settings to change")->required();
+  auto* trace = app.add_subcommand(
+      "trace",
+      "print the job's events and a sample of its steps as a Chrome trace (JSON that Perfetto "
+      "and chrome://tracing open), so that a change sits beside the steps it cost");
+  std::string trace_output;
+  trace->add_option("--output", trace_output, "write it to this file instead of stdout");
   auto* watch = app.add_subcommand("watch", "print each new version until interrupted");
   watch->add_option("--count", watch_count, "stop after this many changes (0: never)")
       ->check(CLI::NonNegativeNumber)
@@ -174,6 +181,16 @@ int main(int argc, char** argv) {
       kf::member::set_settings(ctx, settings);
     } else if (watch->parsed()) {
       kf::member::watch(ctx, watch_count);
+    } else if (trace->parsed()) {
+      if (trace_output.empty()) {
+        kf::member::trace(ctx);
+      } else {
+        std::ofstream file(trace_output);
+        kf::member::CommandContext to_file{*client, file};
+        kf::member::trace(to_file);
+        file.flush();
+        if (!file) throw std::runtime_error("cannot write the trace to " + trace_output);
+      }
     } else {
       kf::member::list(ctx);
     }

@@ -5,9 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kf/runtime/config_client.hpp"
 #include "support/canned_http.hpp"
@@ -165,6 +168,47 @@ TEST(MemberMutate, AnEventThatCannotBeRecordedAfterTheChangeIsANote) {
   EXPECT_NE(out.str().find("v8: the change took effect; its 'note' event was not recorded"),
             std::string::npos)
       << out.str();
+}
+
+// kf-member trace: events become instants on the membership track, each summary a step span
+// ending at its time, and the last change's phases spans laid back to back ending at the event
+// that told of that version; times in microseconds since the epoch.
+TEST(Trace, PutsEventsStepsAndPhasesOnTheirTracks) {
+  std::vector<kf::ConfigEvent> events;
+  events.push_back({1, "2026-11-29T00:00:01.000Z", "added", "127.0.0.1:1", "kf-member resize", 2});
+  events.push_back({2, "2026-11-29T00:00:02.000Z", "resized", "", "v1 -> v2 ...", 2});
+  events.push_back({3, "not a time", "note", "", "", std::nullopt});
+  const auto summaries = nlohmann::json::parse(R"([
+    {"seq": 1, "time": "2026-11-29T00:00:03.000Z", "step": 40, "step_time_seconds": 0.5,
+     "workers": 3, "version": 2, "samples_per_second": 100.0,
+     "last_change": {"version": 2, "kind": "resize", "detect_ms": 1, "agree_ms": 2,
+                     "connect_ms": 3, "sync_ms": 4, "resume_ms": 5}},
+    {"seq": 2, "time": "2026-11-29T00:00:04.000Z", "step": 41, "step_time_seconds": 0.25,
+     "last_change": {"version": 2, "kind": "resize"}}])");
+  const nlohmann::json trace = kf::member::make_trace(events, summaries);
+  const auto& all = trace.at("traceEvents");
+  const std::int64_t t0 = 1'795'910'400'000'000;  // 2026-11-29T00:00:00Z in microseconds
+  std::vector<nlohmann::json> instants, steps, phases;
+  for (const auto& e : all) {
+    ASSERT_TRUE(e.contains("ph") && e.contains("pid") && e.contains("name")) << e.dump();
+    if (e["ph"] == "M") continue;
+    ASSERT_TRUE(e.contains("ts") && e.contains("tid")) << e.dump();
+    (e["tid"] == 1 ? instants : e["tid"] == 3 ? steps : phases).push_back(e);
+  }
+  ASSERT_EQ(instants.size(), 2u) << "an event without a time is left out";
+  EXPECT_EQ(instants[0]["name"], "added");
+  EXPECT_EQ(instants[0]["ts"], t0 + 1'000'000);
+  EXPECT_EQ(instants[0]["args"]["detail"], "kf-member resize");
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0]["name"], "step 40");
+  EXPECT_EQ(steps[0]["ts"], t0 + 3'000'000 - 500'000);
+  EXPECT_EQ(steps[0]["dur"], 500'000);
+  ASSERT_EQ(phases.size(), 5u) << "version 2's phases, once";
+  EXPECT_EQ(phases[0]["name"], "detect");
+  EXPECT_EQ(phases[0]["ts"], t0 + 2'000'000 - 15'000);
+  EXPECT_EQ(phases[4]["name"], "resume");
+  EXPECT_EQ(phases[4]["ts"].get<std::int64_t>() + phases[4]["dur"].get<std::int64_t>(),
+            t0 + 2'000'000);
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cstdio>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <random>
 #include <set>
@@ -413,6 +415,128 @@ void watch(CommandContext& ctx, int count_changes) {
     current = std::move(next);
     ++seen;
   }
+}
+
+namespace {
+
+// "2026-11-29T23:31:59.123Z" (the service's stamps) as microseconds since the epoch, or nullopt.
+std::optional<std::int64_t> rfc3339_us(const std::string& text) {
+  int y = 0, mo = 0, d = 0, h = 0, mi = 0, sec = 0, ms = 0;
+  char z = 0;
+  if (std::sscanf(text.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d.%3d%c", &y, &mo, &d, &h, &mi, &sec, &ms,
+                  &z) != 8 ||
+      z != 'Z') {
+    return std::nullopt;
+  }
+  const auto day = std::chrono::year_month_day{std::chrono::year{y},
+                                               std::chrono::month{static_cast<unsigned>(mo)},
+                                               std::chrono::day{static_cast<unsigned>(d)}};
+  if (!day.ok()) return std::nullopt;
+  const auto t = std::chrono::sys_days{day} + std::chrono::hours{h} + std::chrono::minutes{mi} +
+                 std::chrono::seconds{sec} + std::chrono::milliseconds{ms};
+  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+}
+
+constexpr int kPid = 1;
+constexpr int kMembership = 1, kChanges = 2, kSteps = 3;
+
+nlohmann::json track_name(int tid, const char* name) {
+  return {{"name", "thread_name"},
+          {"ph", "M"},
+          {"pid", kPid},
+          {"tid", tid},
+          {"args", {{"name", name}}}};
+}
+
+}  // namespace
+
+nlohmann::json make_trace(const std::vector<ConfigEvent>& events, const nlohmann::json& summaries) {
+  nlohmann::json out = nlohmann::json::array();
+  out.push_back(
+      {{"name", "process_name"}, {"ph", "M"}, {"pid", kPid}, {"args", {{"name", "kf job"}}}});
+  out.push_back(track_name(kMembership, "membership"));
+  out.push_back(track_name(kChanges, "changes"));
+  out.push_back(track_name(kSteps, "steps"));
+  // The time of the event that told of each version's change (rank 0's "resized", or a
+  // joiner's "joined"): where that change's phases end.
+  std::map<std::uint64_t, std::int64_t> change_at;
+  for (const ConfigEvent& e : events) {
+    const auto ts = rfc3339_us(e.time);
+    if (!ts) continue;
+    nlohmann::json args = {{"seq", e.seq}};
+    if (!e.worker.empty()) args["worker"] = e.worker;
+    if (!e.detail.empty()) args["detail"] = e.detail;
+    if (e.version) args["version"] = *e.version;
+    out.push_back({{"name", e.type},
+                   {"cat", "membership"},
+                   {"ph", "i"},
+                   {"s", "p"},
+                   {"ts", *ts},
+                   {"pid", kPid},
+                   {"tid", kMembership},
+                   {"args", std::move(args)}});
+    if (e.version && (e.type == "resized" || e.type == "joined") && !change_at.count(*e.version)) {
+      change_at[*e.version] = *ts;
+    }
+  }
+  std::set<std::uint64_t> changes_drawn;
+  for (const auto& s : summaries) {
+    if (!s.is_object()) continue;
+    const auto ts = rfc3339_us(s.value("time", std::string()));
+    if (!ts) continue;
+    const double step_s = s.contains("step_time_seconds") && s["step_time_seconds"].is_number()
+                              ? s["step_time_seconds"].get<double>()
+                              : 0.0;
+    if (step_s > 0 && s.contains("step") && s["step"].is_number_integer()) {
+      const auto dur = static_cast<std::int64_t>(step_s * 1e6);
+      nlohmann::json args = {{"workers", s.value("workers", 0)},
+                             {"version", s.value("version", 0)}};
+      if (s.contains("samples_per_second") && s["samples_per_second"].is_number()) {
+        args["samples_per_second"] = s["samples_per_second"];
+      }
+      out.push_back({{"name", "step " + std::to_string(s["step"].get<std::int64_t>())},
+                     {"cat", "step"},
+                     {"ph", "X"},
+                     {"ts", *ts - dur},
+                     {"dur", dur},
+                     {"pid", kPid},
+                     {"tid", kSteps},
+                     {"args", std::move(args)}});
+    }
+    const auto& c = s.contains("last_change") ? s["last_change"] : nlohmann::json();
+    if (!c.is_object() || !c.contains("version") || !c["version"].is_number_unsigned()) continue;
+    const auto version = c["version"].get<std::uint64_t>();
+    const auto at = change_at.find(version);
+    if (at == change_at.end() || !changes_drawn.insert(version).second) continue;
+    static constexpr const char* kPhases[] = {"detect", "agree", "connect", "sync", "resume"};
+    std::vector<std::int64_t> dur;
+    std::int64_t total = 0;
+    for (const char* p : kPhases) {
+      const std::string key = std::string(p) + "_ms";
+      const double ms = c.contains(key) && c[key].is_number() ? c[key].get<double>() : 0.0;
+      dur.push_back(static_cast<std::int64_t>(std::max(0.0, ms) * 1000));
+      total += dur.back();
+    }
+    std::int64_t start = at->second - total;
+    for (std::size_t i = 0; i < dur.size(); ++i) {
+      out.push_back({{"name", kPhases[i]},
+                     {"cat", "change"},
+                     {"ph", "X"},
+                     {"ts", start},
+                     {"dur", dur[i]},
+                     {"pid", kPid},
+                     {"tid", kChanges},
+                     {"args", {{"version", version}, {"kind", c.value("kind", "")}}}});
+      start += dur[i];
+    }
+  }
+  return {{"traceEvents", std::move(out)}, {"displayTimeUnit", "ms"}};
+}
+
+void trace(CommandContext& ctx) {
+  const auto events = ctx.client.get_events();
+  const auto summaries = nlohmann::json::parse(ctx.client.get_summaries());
+  ctx.out << make_trace(events, summaries).dump() << "\n";
 }
 
 }  // namespace kf::member

@@ -114,4 +114,13 @@ void resize(CommandContext& ctx, int count_workers, const AddOptions& options);
 /// changes (never when 0).
 void watch(CommandContext& ctx, int count_changes);
 
+/// The job's events and a sample of its steps as a Chrome trace (the JSON that Perfetto and
+/// chrome://tracing open): one process "kf job" with three tracks, "membership" (each event of
+/// the audit trail, an instant with its worker, detail and version), "changes" (each change's
+/// phases, as spans ending at the change's event) and "steps" (a step from each of the job's
+/// summaries, as a span of its step time). Times are microseconds since the epoch.
+nlohmann::json make_trace(const std::vector<ConfigEvent>& events, const nlohmann::json& summaries);
+/// kf-member trace: make_trace of what the service holds, to `out`.
+void trace(CommandContext& ctx);
+
 }  // namespace kf::member

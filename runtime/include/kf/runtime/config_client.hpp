@@ -149,6 +149,9 @@ class ConfigClient {
   /// POST /v1/summary: `json_object` (a JSON object with a "step"), the job's summary for the
   /// dashboard. Returns false, sending nothing, with etcd (which keeps no summaries).
   bool post_summary(const std::string& json_object);
+  /// GET /v1/summary: the job's summaries the service keeps (its newest ones), as the JSON text
+  /// of their array, oldest first; "[]" with etcd.
+  std::string get_summaries();
 
   /// GET /v1/events?after=SEQ: the events with seq > `after_seq`, oldest first.
   std::vector<ConfigEvent> get_events(std::uint64_t after_seq = 0);
