@@ -26,6 +26,7 @@
 // 127.0.0.1 (etcd:// URLs) instead of a kf-config-server per job.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -356,6 +357,49 @@ bool run_async(int np, std::map<std::string, Series>& out) {
   return true;
 }
 
+// The dashboard's cost to the job: rank 0's step rate with no page open and with one open in
+// headless Chromium (which long-polls the service and reads the summary, events and agents every
+// 2 s), alternating 5 s windows in one job. Needs chromium and python3.
+bool run_dashboard(int np, std::map<std::string, Series>& out) {
+  if (kf::test::run_shell("command -v chromium && command -v python3").exit_code != 0) {
+    std::cerr << "elastic-bench: --changes dashboard needs chromium and python3\n";
+    return false;
+  }
+  ElasticJob job("bench-dashboard");
+  job.start(np, kArgs + " --sample-us 200");
+  if (!job.wait_progress(300)) return false;
+  const std::string probe =
+      (std::filesystem::path(__FILE__).parent_path().parent_path() / "support/page_probe.py")
+          .string();
+  const auto rate = [&](bool page) {
+    kf::test::Child browser;
+    if (page) {
+      browser = kf::test::spawn({"/usr/bin/env", "python3", probe, job.url() + "/", "--until",
+                                 "false", "--timeout-s", "7"},
+                                {});
+      // Let the page load and start its updates before the window opens.
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+    }
+    const long p0 = job.progress();
+    const std::int64_t t0 = now_us();
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    const long p1 = job.progress();
+    const std::int64_t t1 = now_us();
+    if (page)
+      kf::test::wait_exit(browser, std::chrono::steady_clock::now() + std::chrono::seconds(30));
+    return static_cast<double>(p1 - p0) * 1e6 / static_cast<double>(t1 - t0);
+  };
+  for (int round = 0; round < 2; ++round) {
+    const double without = rate(false);
+    const double with = rate(true);
+    out["dashboard: no page: rank 0 steps/s"].add(without);
+    out["dashboard: page open: rank 0 steps/s"].add(with);
+    out["dashboard: open/none (ratio, steps/s)"].add(with / without);
+  }
+  job.finish_soon();
+  return job.wait() == 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -370,8 +414,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> which{"revoke", "kill", "add", "spare", "steady"};
   app.add_option("--changes", which, "which to time (default: all)")
       ->delimiter(',')
-      ->check(CLI::IsMember(
-          {"revoke", "kill", "add", "spare", "steady", "steady-spare", "straggler", "async"}));
+      ->check(CLI::IsMember({"revoke", "kill", "add", "spare", "steady", "steady-spare",
+                             "straggler", "async", "dashboard"}));
   CLI11_PARSE(app, argc, argv);
   std::unique_ptr<kf::test::EtcdProcess> etcd_process;
   if (etcd) {
@@ -398,6 +442,7 @@ int main(int argc, char** argv) {
     if (wanted("steady-spare")) failed += !run_steady(np, extra, true, out);
     if (wanted("straggler")) failed += !run_straggler(np + 1, out);
     if (wanted("async")) failed += !run_async(np, out);
+    if (wanted("dashboard")) failed += !run_dashboard(np, out);
     std::cerr << "run " << i + 1 << "/" << runs << " done\n";
   }
   std::cout << "elastic-bench: " << runs << " runs, np " << np
