@@ -212,9 +212,16 @@ void Session::count_step(std::chrono::steady_clock::time_point now) {
 void Session::count_change(const ChangeRecord& rec) {
   if (!registry_) return;
   auto& r = *registry_;
+  // A resize is a grow or a shrink (workers revoked, given notice or taken out); a recovery
+  // follows a lost worker.
+  std::string kind = rec.kind;
+  if (kind == "resize" && rec.to_size != rec.from_size) {
+    kind = rec.to_size > rec.from_size ? "grow" : "shrink";
+  }
   r.counter("kf_membership_changes_total",
-            "changes this worker took part in, by kind (join, resize, settings, recovery)",
-            {{"kind", rec.kind}})
+            "changes this worker took part in, by kind (join, grow, shrink, resize, settings, "
+            "recovery)",
+            {{"kind", kind}})
       .inc();
   const std::int64_t from = rec.switch_us > 0 ? rec.switch_us : rec.agreed_us;
   const std::pair<const char*, double> phases[] = {
