@@ -289,24 +289,12 @@ void ParameterServer::accumulate(int rank, std::int64_t step, std::uint64_t view
 void ParameterServer::take_parameters(const std::vector<std::byte>& message, std::span<float> w) {
   const auto sent_at = word<std::int64_t>(message, 0);
   if (sent_at < first_step_) return;  // from before a restart
-  const auto applied = word<std::int64_t>(message, kParamsWords + static_cast<std::size_t>(rank_));
-  while (!pushes_.empty() && pushes_.front().step <= applied) {
-    if (pushes_.front().in_flight) pushes_.front().sent.wait_status();
-    pushes_.pop_front();
-  }
-  const std::size_t header = (kParamsWords + static_cast<std::size_t>(size_)) * kWord;
-  const auto* ws = reinterpret_cast<const float*>(message.data() + header);
-  std::copy(ws, ws + count_, w.begin());
-  for (const Push& q : pushes_) {
-    const auto* d = reinterpret_cast<const float*>(q.bytes.data() + kPushHeader);
-    for (std::size_t i = 0; i < count_; ++i) w[i] += d[i];
-  }
+  adopt(message, w);
   view_step_ = sent_at;
-  view_version_ = word<std::uint64_t>(message, 1);
 }
 
-// Asynchronously: the server's parameters plus this worker's pushes it has not applied yet, when
-// they belong to this run of the exchange; a boundary mark asks for that boundary.
+// Asynchronously: the same, when they belong to this run of the exchange and are newer than the
+// view this worker holds; a boundary mark asks for that boundary.
 void ParameterServer::take_async(const std::vector<std::byte>& message, std::span<float> w) {
   if (word<std::uint64_t>(message, 2) != epoch_) return;  // from before a restart
   const auto mark = word<std::uint64_t>(message, 3);
@@ -317,6 +305,12 @@ void ParameterServer::take_async(const std::vector<std::byte>& message, std::spa
   const auto applied = word<std::int64_t>(message, kParamsWords + static_cast<std::size_t>(rank_));
   if (applied < applied_mine_) return;  // an older view than the one this worker holds
   applied_mine_ = applied;
+  adopt(message, w);
+}
+
+// w = the parameters in `message` + this worker's pushes after the last one they applied.
+void ParameterServer::adopt(const std::vector<std::byte>& message, std::span<float> w) {
+  const auto applied = word<std::int64_t>(message, kParamsWords + static_cast<std::size_t>(rank_));
   while (!pushes_.empty() && pushes_.front().step <= applied) {
     if (pushes_.front().in_flight) pushes_.front().sent.wait_status();
     pushes_.pop_front();

@@ -124,6 +124,7 @@ class ParameterServer {
   void serve_async(std::int64_t step, bool boundary_follows, Report& rep);
   void send_parameters(const std::vector<bool>& to, std::uint64_t mark, Report& rep);
   void take_async(const std::vector<std::byte>& message, std::span<float> w);
+  void adopt(const std::vector<std::byte>& message, std::span<float> w);
   void accumulate(int rank, std::int64_t step, std::uint64_t view, double weight,
                   const float* delta, Report& rep);
   void take_parameters(const std::vector<std::byte>& message, std::span<float> w);
