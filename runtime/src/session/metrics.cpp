@@ -270,25 +270,18 @@ void Session::export_metrics() {
   if (auto lr = settings_.find("lr"); lr != settings_.end() && lr->is_number()) {
     r.gauge("kf_learning_rate", "learning rate (settings)").set(lr->get<double>());
   }
-  const std::string mode = this->mode().str();
-  const std::string compression = this->compression().str();
-  const std::string labels = mode + "\n" + compression + "\n" + (on_change_ ? "1" : "0");
-  if (labels != mode_labels_) {
-    const auto info = [&](const std::string& m, const std::string& c, const std::string& b) {
-      return &r.gauge(
-          "kf_mode_info",
-          "the training mode, compression and boundaries in use (1; 0 for earlier ones)",
-          {{"mode", m}, {"compression", c}, {"boundaries", b}});
-    };
-    if (!mode_labels_.empty()) {
-      const auto first = mode_labels_.find('\n');
-      const auto second = mode_labels_.find('\n', first + 1);
-      info(mode_labels_.substr(0, first), mode_labels_.substr(first + 1, second - first - 1),
-           mode_labels_.substr(second + 1) == "1" ? "on-change" : "every-step")
-          ->set(0);
-    }
-    info(mode, compression, on_change_ ? "on-change" : "every-step")->set(1);
-    mode_labels_ = labels;
+  // The settings change only at some boundaries: parse the mode and compression only then.
+  if (mode_info_stale_) {
+    mode_info_stale_ = false;
+    monitor::Gauge& now =
+        r.gauge("kf_mode_info",
+                "the training mode, compression and boundaries in use (1; 0 for earlier ones)",
+                {{"mode", mode().str()},
+                 {"compression", compression().str()},
+                 {"boundaries", on_change_ ? "on-change" : "every-step"}});
+    if (mode_info_ != nullptr && mode_info_ != &now) mode_info_->set(0);
+    now.set(1);
+    mode_info_ = &now;
   }
   if (const StragglerScore* s = stragglers_.find(peer_->endpoint().str())) {
     r.gauge("kf_straggler_samples_per_second",

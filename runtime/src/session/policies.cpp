@@ -79,6 +79,7 @@ void Session::adopt_settings(const nlohmann::json& settings) {
            error);
   }
   settings_ = std::move(parsed.valid);
+  mode_info_stale_ = true;
   if (parsed.typed.algorithm) peer_->set_default_algorithm(*parsed.typed.algorithm);
   // The modes with steps that meet nobody: the asynchronous ones, whose exchanges wait for no
   // other worker, and sma's steps between two averagings.
@@ -166,6 +167,7 @@ void Session::apply(const Proposal& proposal, const char* hook) {
       state_.sync(*peer_, 0);
     }
     settings_ = st;
+    mode_info_stale_ = true;
     if (proposal.algorithm) peer_->set_default_algorithm(*parse_algorithm(*proposal.algorithm));
     KF_LOG(info, "session", "{} (rank {}) step {}: {} applied {}", peer_->endpoint().str(),
            peer_->rank(), *steps_, hook, why);

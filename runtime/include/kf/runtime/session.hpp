@@ -53,6 +53,7 @@ class MetricsRegistry;
 class MetricsServer;
 class JsonlWriter;
 class Counter;
+class Gauge;
 class Histogram;
 }  // namespace monitor
 
@@ -472,8 +473,9 @@ class Session {
   monitor::Histogram* collective_seconds_ = nullptr;
   std::chrono::steady_clock::time_point last_step_end_{};
   std::int64_t commits_counted_ = 0;
-  std::string mode_labels_;           // the kf_mode_info series set to 1
-  std::set<std::string> unexported_;  // metrics whose exported name another series holds
+  monitor::Gauge* mode_info_ = nullptr;  // the kf_mode_info series set to 1
+  bool mode_info_stale_ = true;          // the settings changed since it was set
+  std::set<std::string> unexported_;     // metrics whose exported name another series holds
   std::chrono::steady_clock::time_point summary_at_{};  // the last summary posted
   std::unique_ptr<monitor::MetricsServer> metrics_server_;
   std::unique_ptr<monitor::JsonlWriter> metrics_jsonl_;
