@@ -84,7 +84,7 @@ void Session::commit_step(std::span<const std::int64_t> all, const RecordLayout&
   const auto means = detail::average_metrics(all, layout);
   for (std::size_t i = 0; i < metric_names_.size(); ++i) metrics_[metric_names_[i]] = means[i];
   std::fill(metric_values_.begin(), metric_values_.end(), 0.0);
-  count_step(SteadyClock::now());
+  if (steps_total_ != nullptr) count_step(SteadyClock::now());  // no clock read without metrics
   if (monitor_) {
     if (samples_total_ != nullptr && report_.samples > 0 && std::isfinite(report_.samples)) {
       samples_total_->inc(report_.samples);
