@@ -3,7 +3,8 @@
 // requests per input, each signed properly, signed with the bearer token (refused: not
 // allowed here), unsigned, or carrying input as its Authorization. After each:
 //   - the status is one the API documents, and the body is JSON (but the dashboard's page and
-//     script, which only a GET of / or /chart.js answers);
+//     script, which only a GET of / or /chart.js answers, and the Prometheus text of a GET of
+//     /metrics, each line a comment or a sample);
 //   - a request that is not a properly signed mutation changes neither the version nor the
 //     events, nor does one of the job's summaries or an agent's lease (kept in memory only);
 //   - a 200 on PUT means version + 1, a 201 on POST one more event, and the state file then
@@ -75,6 +76,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::string path = r.target.substr(0, r.target.find('?'));
     if (a.content_type == "application/json") {
       KF_FUZZ_CHECK(!kf::parse_json_or_discard(a.body).is_discarded(), what);
+    } else if (path == "/metrics") {
+      KF_FUZZ_CHECK(
+          a.status == 200 && r.method == "GET" && !a.body.empty() && a.body.back() == '\n', what);
+      for (std::size_t at = 0; at < a.body.size(); at = a.body.find('\n', at) + 1) {
+        const char c = a.body[at];
+        KF_FUZZ_CHECK(c == '#' || c == '_' || (c >= 'a' && c <= 'z'), what);
+      }
     } else {
       KF_FUZZ_CHECK(a.status == 200 && r.method == "GET" && (path == "/" || path == "/chart.js"),
                     what);

@@ -2,9 +2,10 @@
 // A real Prometheus (Debian's prometheus package) scrapes a live elastic job on loopback: the
 // agent lists its workers' endpoints in a file (kfrun --metrics-sd-file), Prometheus discovers
 // them there, kf_steps_total rises, kf_cluster_size follows a `kf-member resize`, promtool
-// passes every worker's page, the shipped scrape configuration is valid, and every query of
-// the shipped Grafana dashboard is valid PromQL over series the workers export. Skips, saying
-// why, without the prometheus binaries.
+// passes every worker's page and the config service's, the service counts the joins and the
+// learning rate's scale, the shipped scrape configuration is valid, and every query of the
+// shipped Grafana dashboard is valid PromQL over series kf exports. Skips, saying why, without
+// the prometheus binaries.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -102,10 +103,14 @@ TEST(Prometheus, ScrapesALiveJobFoundThroughTheAgentsFileAndSeesItGrow) {
   ASSERT_GT(metrics, 0);
   ASSERT_GT(web, 0);
   const auto targets = job.dir() / "targets.json";
+  const std::string service = job.url().substr(std::string("http://").size());
   std::ofstream(job.dir() / "prometheus.yml")
       << "global:\n  scrape_interval: 1s\n"
          "scrape_configs:\n  - job_name: kf\n    file_sd_configs:\n      - files: ['"
-      << targets.string() << "']\n        refresh_interval: 1s\n";
+      << targets.string()
+      << "']\n        refresh_interval: 1s\n"
+         "  - job_name: kf-config\n    static_configs:\n      - targets: ['"
+      << service << "']\n";
   job.set_agent_options("--metrics-port " + std::to_string(metrics) + " --metrics-sd-file " +
                         targets.string());
   job.start(2, kArgs);
@@ -147,14 +152,31 @@ TEST(Prometheus, ScrapesALiveJobFoundThroughTheAgentsFileAndSeesItGrow) {
   EXPECT_TRUE(
       eventually([&] { return prometheus.value("count(up{job=\"kf\"} == 1)") == 3.0; }, 30s));
 
-  // Every worker's page passes promtool; what they export, for the dashboard's queries.
+  // The config service's own series: three joins (the first two workers and the third), the
+  // size; the learning rate against the first one the settings had (0.05 above).
+  EXPECT_TRUE(eventually(
+      [&] {
+        return prometheus.value("kf_config_membership_events_total{kind=\"join\"}") == 3.0 &&
+               prometheus.value("kf_config_workers") == 3.0;
+      },
+      30s))
+      << slurp(job.dir() / "prometheus.log");
+  const auto faster = job.member("set lr=0.2");
+  ASSERT_EQ(faster.exit_code, 0) << faster.output;
+  EXPECT_TRUE(
+      eventually([&] { return prometheus.value("kf_config_learning_rate_scale") == 4.0; }, 30s));
+  EXPECT_EQ(prometheus.value("kf_config_membership_events_total{kind=\"fail\"}"), 0.0);
+
+  // Every worker's page and the service's pass promtool; what they export, for the
+  // dashboard's queries.
   std::set<std::string> exported;
-  for (int slot = 0; slot < 3; ++slot) {
-    const Ran page =
-        run_shell("curl -s --max-time 5 http://127.0.0.1:" + std::to_string(metrics + slot) +
-                  "/metrics > " + (job.dir() / "page.prom").string() +
-                  " && promtool check metrics < " + (job.dir() / "page.prom").string());
-    EXPECT_EQ(page.exit_code, 0) << "slot " << slot << ": " << page.output;
+  for (int slot = 0; slot < 4; ++slot) {
+    const std::string url =
+        slot < 3 ? "http://127.0.0.1:" + std::to_string(metrics + slot) : job.url();
+    const Ran page = run_shell(
+        "curl -s --max-time 5 " + url + "/metrics > " + (job.dir() / "page.prom").string() +
+        " && promtool check metrics < " + (job.dir() / "page.prom").string());
+    EXPECT_EQ(page.exit_code, 0) << url << ": " << page.output;
     std::ifstream in(job.dir() / "page.prom");
     for (std::string line; std::getline(in, line);) {
       std::smatch m;

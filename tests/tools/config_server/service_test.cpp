@@ -22,6 +22,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kf-config-server/lib/job_metrics.hpp"
 #include "kf-config-server/lib/listen_address.hpp"
 #include "kf-config-server/lib/state.hpp"
 
@@ -930,5 +931,107 @@ TEST_F(ServiceTest, ServesTheDashboardAndItsChartingLibrary) {
   EXPECT_NE(stub.body.find("libjs-chart.js"), std::string::npos) << stub.body;
 }
 
+// Membership changes by kind, counted in the order of the events: a loss reported by its agent
+// and its peers counts once, a revocation is a preemption while its host is under notice (a
+// "notice" or "draining" naming it) and until a worker joins there again.
+TEST(JobMetrics, CountsMembershipChangesByKindInTheEventsOrder) {
+  JobMetrics m;
+  const auto event = [&](const char* type, const char* worker, const char* detail = "") {
+    json e = {{"type", type}, {"detail", detail}};
+    if (*worker != '\0') e["worker"] = worker;
+    m.count(e);
+  };
+  event("joined", "10.0.0.1:7001");
+  event("joined", "10.0.0.2:7001");
+  event("failed", "10.0.0.2:7001", "exit signal 9");                               // its agent
+  event("failed", "10.0.0.2:7001", "connection reset; removed by 10.0.0.1:7001");  // a peer
+  EXPECT_EQ(m.membership("fail"), 1u);
+  event("joined", "10.0.0.2:7001");  // restarted in its place
+  event("failed", "10.0.0.2:7001", "exit signal 9");
+  EXPECT_EQ(m.membership("fail"), 2u);
+  EXPECT_EQ(m.membership("join"), 3u);
+
+  event("revoked", "10.0.0.1:7002", "kf-member revoke, no notice");
+  event("notice", "", "host 10.0.0.3: kf-member notice, notice 30s");
+  event("draining", "", "host 10.0.0.3: kf-member notice, its workers leave the job, notice 30s");
+  event("revoked", "10.0.0.3:7001", "agent of 10.0.0.3, kf-member notice, notice 30s");
+  event("revoked", "10.0.0.3:7002", "agent of 10.0.0.3, kf-member notice, notice 30s");
+  event("revoked", "10.0.0.1:7003", "kf-member revoke, notice 10s");  // another host
+  event("left", "10.0.0.3:7001", "left at commit 12");
+  EXPECT_EQ(m.membership("preempt"), 2u);
+  EXPECT_EQ(m.membership("revoke"), 2u);
+  EXPECT_EQ(m.membership("leave"), 1u);
+  event("joined", "10.0.0.3:7005");  // the host is back: its notice is over
+  event("revoked", "10.0.0.3:7005", "kf-member revoke, no notice");
+  EXPECT_EQ(m.membership("revoke"), 3u);
+  EXPECT_EQ(m.membership("preempt"), 2u);
+
+  EXPECT_EQ(m.events("joined"), 4u);
+  EXPECT_EQ(m.events("failed"), 3u);
+  EXPECT_EQ(m.events("revoked"), 5u);
+  EXPECT_EQ(m.events("notice"), 1u);
+  EXPECT_EQ(m.events("exploded"), 0u);
+  EXPECT_EQ(m.membership("resize"), 0u);  // not a kind
+  EXPECT_EQ(host_of_detail("host [::1]: x"), "[::1]");
+  EXPECT_EQ(host_of_detail("host h:"), std::nullopt);
+  EXPECT_EQ(host_of_detail("host : x"), std::nullopt);
+  EXPECT_EQ(host_of_detail("agent of h: x"), std::nullopt);
+}
+
+// GET /metrics: the job's own series in the Prometheus text format, counted from the state
+// file's events after a restart too, with the learning rate's scale against the first lr the
+// settings had.
+TEST_F(ServiceTest, ServesTheJobsSeriesForPrometheus) {
+  const auto with_lr = [](std::uint64_t version, double lr) {
+    json c = two_workers(version);
+    c["settings"]["lr"] = lr;
+    return c;
+  };
+  const auto sample = [](const std::string& page, const std::string& series) {
+    const auto at = page.find("\n" + series + " ");
+    if (at == std::string::npos) return std::string("absent");
+    const auto from = at + series.size() + 2;
+    return page.substr(from, page.find('\n', from) - from);
+  };
+  {
+    Service s(options());
+    const auto empty = get(s, "/metrics");
+    EXPECT_EQ(empty.status, 200);
+    EXPECT_EQ(empty.content_type, "text/plain; version=0.0.4; charset=utf-8");
+    EXPECT_EQ(sample(empty.body, "kf_config_version"), "0");
+    EXPECT_EQ(sample(empty.body, "kf_config_learning_rate_scale"), "absent");
+    EXPECT_EQ(sample(empty.body, "kf_config_membership_events_total{kind=\"join\"}"), "0");
+    ASSERT_EQ(put(s, two_workers(0)).status, 200);  // no lr yet
+    ASSERT_EQ(put(s, with_lr(1, 0.1)).status, 200);
+    ASSERT_EQ(post_event(s, R"({"type":"joined","worker":"127.0.0.1:10002"})").status, 201);
+    ASSERT_EQ(post_event(s, R"({"type":"failed","worker":"127.0.0.1:10002"})").status, 201);
+    ASSERT_EQ(post_event(s, R"({"type":"failed","worker":"127.0.0.1:10002"})").status, 201);
+    ASSERT_EQ(put(s, with_lr(2, 0.4)).status, 200);
+  }
+  Service s(options());
+  const std::string page = get(s, "/metrics").body;
+  EXPECT_EQ(sample(page, "kf_config_version"), "3") << page;
+  EXPECT_EQ(sample(page, "kf_config_workers"), "2");
+  EXPECT_EQ(sample(page, "kf_config_learning_rate"), "0.4");
+  EXPECT_EQ(sample(page, "kf_config_learning_rate_scale"), "4");
+  EXPECT_EQ(sample(page, "kf_config_membership_events_total{kind=\"join\"}"), "1");
+  EXPECT_EQ(sample(page, "kf_config_membership_events_total{kind=\"fail\"}"), "1");
+  EXPECT_EQ(sample(page, "kf_config_membership_events_total{kind=\"preempt\"}"), "0");
+  EXPECT_EQ(sample(page, "kf_config_events_total{type=\"failed\"}"), "2");
+  EXPECT_EQ(sample(page, "kf_config_events_total{type=\"cluster_changed\"}"), "3");
+  EXPECT_NE(page.find("# TYPE kf_config_events_total counter\n"), std::string::npos);
+  EXPECT_NE(page.find("kf_build_info{version=\""), std::string::npos);
+  EXPECT_EQ(s.handle({"POST", "/metrics", signed_for("POST", "/metrics", ""), ""}).status, 405);
+  EXPECT_EQ(get(s, "/metrics?x=1").status, 400);
+
+  // promtool, where Debian's prometheus package is installed, finds nothing to complain of.
+  if (std::system("command -v promtool > /dev/null") != 0) {
+    std::printf("promtool not found: the page was not linted (apt install prometheus)\n");
+    return;
+  }
+  std::ofstream(dir_ / "page.prom") << page;
+  const std::string check = "promtool check metrics < " + (dir_ / "page.prom").string();
+  EXPECT_EQ(std::system(check.c_str()), 0) << page;
+}
 }  // namespace
 }  // namespace kf::config_server

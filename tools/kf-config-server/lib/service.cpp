@@ -148,6 +148,7 @@ Service::Service(ServiceOptions options)
     state_.torn = false;
     state_.logged = 0;
   }
+  for (const auto& e : state_.events) metrics_.count(e);
   if (std::ifstream in(options_.chart_js, std::ios::binary); in) {
     chart_js_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
@@ -176,6 +177,16 @@ Response Service::handle(const Request& request) {
                       {}};
     }
     return Response{200, chart_js_, "application/javascript", {}};
+  }
+  // The job's own series (job_metrics.hpp), for Prometheus: read-only like the dashboard.
+  if (path == "/metrics") {
+    if (m != "GET") return method_not_allowed("GET");
+    if (!query.empty()) return error(400, "unexpected query string");
+    const auto agents = agents_.live(options_.now());
+    return Response{200,
+                    metrics_.render(state_.cluster, state_.base_lr, agents["agents"].size()),
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    {}};
   }
   if (path == "/v1/summary") {
     if (m != "GET" && m != "POST") return method_not_allowed("GET, POST");
@@ -263,6 +274,8 @@ Response Service::put_cluster(const std::string& body) {
   }
   proposed.version = current + 1;
   Cluster previous = std::exchange(state_.cluster, std::move(proposed));
+  const auto previous_base_lr = state_.base_lr;
+  state_.note_base_lr();
   try {
     append_event(json{{"type", "cluster_changed"},
                       {"version", state_.cluster.version},
@@ -271,6 +284,7 @@ Response Service::put_cluster(const std::string& body) {
                  /*with_cluster=*/true);
   } catch (const std::runtime_error& e) {
     state_.cluster = std::move(previous);
+    state_.base_lr = previous_base_lr;
     KF_LOG(err, "config-server", "{}", e.what());
     return error(500, e.what());
   }
@@ -427,6 +441,7 @@ nlohmann::json Service::append_event(nlohmann::json event, bool with_cluster) {
   stamped.update(event);
   append_record(options_.state_file, stamped, with_cluster ? &state_.cluster : nullptr);
   state_.events.push_back(stamped);
+  metrics_.count(stamped);
   ++state_.next_seq;
   if (++state_.logged >= options_.snapshot_every) {
     try {

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "kf-config-server/lib/agents.hpp"
+#include "kf-config-server/lib/job_metrics.hpp"
 #include "kf-config-server/lib/state.hpp"
 #include "kf/common/keys.hpp"
 
@@ -143,7 +144,8 @@ class Service {
   // The document as last served, and its version: serialised once per version.
   mutable std::uint64_t served_version_ = 0;
   mutable std::string served_body_;
-  AgentTable agents_;  // in memory only: agents renew their leases every few seconds
+  JobMetrics metrics_;  // counted from every event, those loaded with the state included
+  AgentTable agents_;   // in memory only: agents renew their leases every few seconds
   // The newest summaries, each stamped with seq and time (in memory only).
   std::deque<nlohmann::json> summaries_;
   std::uint64_t summary_seq_ = 0;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kf-config-server/lib/state.hpp"
 
+#include "kf-config-server/lib/job_metrics.hpp"
 #include "kf/common/json.hpp"
 #include "kf/common/log.hpp"
 #include "kf/runtime/atomic_file.hpp"
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -93,6 +95,7 @@ void replay_log(const std::filesystem::path& log, const std::string& text, State
         fail(log, "corrupt: line " + std::to_string(line_no) + ": " + e.what());
       }
     }
+    s.note_base_lr();
     s.events.push_back(j["event"]);
     ++s.next_seq;
     ++s.logged;
@@ -106,10 +109,16 @@ std::filesystem::path log_file(const std::filesystem::path& file) {
 }
 
 nlohmann::json State::to_json() const {
-  return {{"format", kFormat},
-          {"cluster", cluster.to_json()},
-          {"events", events},
-          {"next_seq", next_seq}};
+  nlohmann::json j = {{"format", kFormat},
+                      {"cluster", cluster.to_json()},
+                      {"events", events},
+                      {"next_seq", next_seq}};
+  if (base_lr) j["base_lr"] = *base_lr;
+  return j;
+}
+
+void State::note_base_lr() {
+  if (!base_lr) base_lr = learning_rate_of(cluster.settings);
 }
 
 State State::from_json(const nlohmann::json& j) {
@@ -140,6 +149,14 @@ State State::from_json(const nlohmann::json& j) {
     throw std::invalid_argument("next_seq must be an integer above the last event's seq");
   }
   s.next_seq = j["next_seq"].get<std::uint64_t>();
+  if (j.contains("base_lr")) {
+    const auto& b = j["base_lr"];
+    if (!b.is_number() || !std::isfinite(b.get<double>()) || !(b.get<double>() > 0.0)) {
+      throw std::invalid_argument("base_lr must be a positive number");
+    }
+    s.base_lr = b.get<double>();
+  }
+  s.note_base_lr();
   return s;
 }
 

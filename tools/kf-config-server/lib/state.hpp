@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,12 +26,18 @@ struct State {
   Cluster cluster;                     ///< version 0 and no workers until the first PUT
   std::vector<nlohmann::json> events;  ///< each {"seq", "time", "type", ...}, seq increasing
   std::uint64_t next_seq = 1;
+  /// The first positive `lr` the cluster document's settings had (the learning rate the job
+  /// started with): the base of kf_config_learning_rate_scale. Kept in the snapshot; a state
+  /// written without it takes the current document's when loaded.
+  std::optional<double> base_lr;
   std::size_t logged = 0;  ///< records load_state read from FILE.log (not in to_json)
   bool torn = false;       ///< FILE.log ended in a record cut short (not in to_json)
 
   nlohmann::json to_json() const;
   /// Throws: std::invalid_argument naming the first field that is wrong.
   static State from_json(const nlohmann::json& j);
+  /// Sets base_lr from the cluster's settings when it is not set yet.
+  void note_base_lr();
 };
 
 /// Records appended to FILE.log between snapshots.
