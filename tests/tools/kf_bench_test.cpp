@@ -128,6 +128,32 @@ TEST_F(KfBench, AllreduceOverEveryAlgorithmIsCorrect) {
   EXPECT_EQ(bytes, (std::set<std::size_t>{4, 1024, 65536}));  // 65537 rounds down to floats
 }
 
+// The back-to-back method on 2 and 3 workers: every sample's result checked after its calls;
+// the rows say how they were timed.
+TEST_F(KfBench, AllreduceBackToBackIsCorrect) {
+  for (const int np : {2, 3}) {
+    const Captured r = run_bench(np, {"allreduce", "--method", "back-to-back", "--calls", "4",
+                                      "--sizes", "4,4K,1M", "--iters", "3", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    const auto rows = rows_of(r.out);
+    ASSERT_EQ(rows.size(), 3u) << r.out;
+    for (const auto& row : rows) {
+      expect_complete_and_correct(row);
+      EXPECT_EQ(row.value("method", ""), "back-to-back") << row.dump();
+      EXPECT_EQ(row.value("calls", 0), 4) << row.dump();
+      EXPECT_EQ(row.value("np", 0), np) << row.dump();
+    }
+  }
+  const Captured table =
+      run_bench(2, {"allreduce", "--method", "back-to-back", "--sizes", "4", "--iters", "2"});
+  ASSERT_EQ(table.exit_code, 0) << table.out << table.err;
+  EXPECT_NE(table.out.find("method=back-to-back calls=10"), std::string::npos) << table.out;
+  const Captured other = run_bench(2, {"allreduce", "--method", "back-to-back", "--dtype", "f64",
+                                       "--sizes", "4", "--iters", "2"});
+  EXPECT_EQ(other.exit_code, 2) << other.out << other.err;
+  EXPECT_NE(other.err.find("f32 sum"), std::string::npos) << other.err;
+}
+
 TEST_F(KfBench, ReduceScatterAndGatherAreCorrectOnThreeWorkers) {
   const Captured rs = run_bench(3, {"reduce-scatter", "--algo", "all", "--dtype", "bf16", "--op",
                                     "avg", "--sizes", "2,4099", "--iters", "2", "--json"});
@@ -205,12 +231,17 @@ TEST_F(KfBench, BadArgumentsAreUsageErrors) {
 TEST_F(KfBench, CompareRunsKfOverBothTransportsAndWritesRowsAndPlot) {
   std::string dir = (std::filesystem::temp_directory_path() / "kf_bench_compare.XXXXXX").string();
   ASSERT_NE(::mkdtemp(dir.data()), nullptr);
-  const Captured r =
-      run({env_path("KF_BENCH"), "compare", "--impl", "kf,kf-tcp", "--np", "2", "--sizes", "4,64K",
-           "--rounds", "1", "--iters", "5", "--warmup", "1", "--out", dir, "--timeout-s", "60"});
+  const Captured r = run(
+      {env_path("KF_BENCH"), "compare", "--impl",  "kf,kf-tcp", "--np",     "2", "--sizes", "4,64K",
+       "--rounds",           "1",       "--iters", "5",         "--warmup", "1", "--out",   dir,
+       "--timeout-s",        "60",      "--calls", "3"});
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("kf-tcp / best tcp"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(dir + "/compare-np2.svg"), std::string::npos) << r.out;
+  // Both methods, each with its tables and plot.
+  EXPECT_NE(r.out.find("## method barrier"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("## method back-to-back"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(dir + "/compare-back-to-back-np2.svg"), std::string::npos) << r.out;
 
   std::ifstream jsonl(dir + "/compare.jsonl");
   std::set<std::string> seen;
@@ -221,9 +252,12 @@ TEST_F(KfBench, CompareRunsKfOverBothTransportsAndWritesRowsAndPlot) {
     EXPECT_EQ(row.value("class", ""), impl == "kf" ? "local" : "tcp") << line;
     EXPECT_EQ(row.value("round", 0), 1) << line;
     EXPECT_EQ(row.value("np", 0), 2) << line;
-    seen.insert(impl + "/" + std::to_string(row.value("bytes", 0)));
+    seen.insert(row.value("method", "") + " " + impl + "/" + std::to_string(row.value("bytes", 0)));
   }
-  EXPECT_EQ(seen, (std::set<std::string>{"kf/4", "kf/65536", "kf-tcp/4", "kf-tcp/65536"}));
+  EXPECT_EQ(seen, (std::set<std::string>{"barrier kf/4", "barrier kf/65536", "barrier kf-tcp/4",
+                                         "barrier kf-tcp/65536", "back-to-back kf/4",
+                                         "back-to-back kf/65536", "back-to-back kf-tcp/4",
+                                         "back-to-back kf-tcp/65536"}));
 
   std::ifstream svg_file(dir + "/compare-np2.svg");
   const std::string svg{std::istreambuf_iterator<char>(svg_file), {}};
@@ -244,10 +278,10 @@ TEST_F(KfBench, CompareAgainstABuildRunsBothSidesInTheSameRounds) {
   const std::string build = self.parent_path().parent_path().parent_path().string();
   std::string dir = (std::filesystem::temp_directory_path() / "kf_bench_against.XXXXXX").string();
   ASSERT_NE(::mkdtemp(dir.data()), nullptr);
-  const Captured r =
-      run({env_path("KF_BENCH"), "compare", "--impl",    "kf-tcp", "--np",     "2", "--sizes", "4",
-           "--rounds",           "2",       "--iters",   "5",      "--warmup", "1", "--out",   dir,
-           "--timeout-s",        "60",      "--against", build});
+  const Captured r = run(
+      {env_path("KF_BENCH"), "compare", "--impl",    "kf-tcp", "--np",     "2",      "--sizes", "4",
+       "--rounds",           "2",       "--iters",   "5",      "--warmup", "1",      "--out",   dir,
+       "--timeout-s",        "60",      "--against", build,    "--method", "barrier"});
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("kf-tcp kf-tcp@old"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("this build (new) against " + build + " (old)"), std::string::npos) << r.out;

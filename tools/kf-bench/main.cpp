@@ -3,10 +3,12 @@
 //   kfrun -np N kf-bench allreduce|broadcast|allgather|reduce-scatter|gather|barrier
 //         [--algo A[,A...]|all] [--dtype T] [--sizes S,S,...] [--op R] [--root R]
 //         [--iters K] [--warmup W] [--json] [--device cpu|cuda|standin]
+//         [--method barrier|back-to-back] [--calls K]   (allreduce only)
 // or compares kf's allreduce with OpenMPI's and Gloo's, starting the jobs itself
 // (lib/compare.hpp):
 //   kf-bench compare [--impl I,...] [--np N,...] [--sizes S,...] [--rounds K] [--iters K]
 //         [--warmup W] [--out DIR] [--timeout-s T] [--against BUILD_DIR]
+//         [--method barrier,back-to-back] [--calls K]
 // or measures kf's allreduce on device buffers against raw NCCL (lib/nccl_baseline.hpp):
 //   kfrun -np N kf-bench nccl-baseline [--sizes S,...] [--iters K] [--rounds R] [--shrink]
 // Exit codes: 0 when every row is correct; 1 when one is not or a collective (compare: a run)
@@ -61,6 +63,7 @@ int main(int argc, char** argv) {
   std::string dtype = "f32";
   std::string reduce = "sum";
   std::vector<std::string> sizes{"4", "1K", "64K", "1M", "16M", "64M"};
+  std::string method = "barrier";
 
   const auto algo_check = checked_by(
       [](const std::string& s) { return !bench::parse_algorithms(s).empty(); }, "an algorithm");
@@ -101,6 +104,18 @@ int main(int argc, char** argv) {
     if (op == CollOp::allreduce || op == CollOp::reduce_scatter) {
       sub->add_option("--op", reduce, "reduction: sum, min, max, prod, avg")
           ->check(reduce_check)
+          ->capture_default_str();
+    }
+    if (op == CollOp::allreduce) {
+      sub->add_option("--method", method,
+                      "barrier (a barrier before each call on a cache-cold buffer) or "
+                      "back-to-back (a barrier before each sample, then --calls in-place "
+                      "allreduces of one warm buffer timed together, as training issues them; "
+                      "f32 sum on host memory only; --iters and --warmup then count samples)")
+          ->check(CLI::IsMember({"barrier", "back-to-back"}))
+          ->capture_default_str();
+      sub->add_option("--calls", options.calls, "back-to-back: allreduces per sample")
+          ->check(CLI::Range(1, bench::kMaxCalls))
           ->capture_default_str();
     }
     if (op == CollOp::broadcast || op == CollOp::gather) {
@@ -180,6 +195,7 @@ int main(int argc, char** argv) {
   for (const std::string& a : algos) {
     for (const kf::Algorithm x : bench::parse_algorithms(a)) options.algorithms.push_back(x);
   }
+  options.method = *bench::parse_method(method);
   options.dtype = *kf::parse_dtype(dtype);
   options.reduce = *kf::parse_reduce_op(reduce);
   for (const std::string& s : sizes) options.sizes.push_back(bench::parse_bytes(s));

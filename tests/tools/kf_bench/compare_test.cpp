@@ -164,6 +164,31 @@ TEST(CompareTables, ShowEveryImplementationAndTheRatios) {
   EXPECT_NE(none.str().find("no results"), std::string::npos);
 }
 
+// kf-tcp-nomac is kf's, not a baseline; its table gives both against the best TCP baseline and
+// the MACs' share of kf-tcp's time.
+TEST(CompareTables, ShowTheFrameMacsCostWhenKfRanWithoutThem) {
+  const auto points = aggregate({
+      run("kf-tcp", 2, 1, {row(4, 20)}),
+      run("kf-tcp-nomac", 2, 1, {row(4, 15)}),
+      run("mpi-tcp", 2, 1, {row(4, 16)}),
+  });
+  EXPECT_TRUE(is_kf("kf-tcp-nomac"));
+  const auto off = best_baseline(points, 2, 4, TransportClass::tcp, "kf-tcp-nomac");
+  ASSERT_TRUE(off.has_value());
+  EXPECT_EQ(off->impl, "mpi-tcp");
+  EXPECT_DOUBLE_EQ(off->ratio, 15.0 / 16.0);
+  std::ostringstream out;
+  print_tables(out, points, 2, 1);
+  const std::string text = out.str();
+  EXPECT_NE(text.find("the frame MACs over TCP"), std::string::npos) << text;
+  EXPECT_NE(text.find("1.25 (mpi-tcp)"), std::string::npos) << text;
+  EXPECT_NE(text.find("0.94 (mpi-tcp)"), std::string::npos) << text;
+  EXPECT_NE(text.find("25%"), std::string::npos) << text;
+  std::ostringstream without;
+  print_tables(without, aggregate({run("kf-tcp", 2, 1, {row(4, 20)})}), 2, 1);
+  EXPECT_EQ(without.str().find("frame MACs"), std::string::npos) << without.str();
+}
+
 TEST(CompareCommands, KfRunsUnderKfrunWithItsTransportChosen) {
   Binaries bin{"/b/kf-bench", "/b/kfrun", "/u/mpirun", "/b/kf-bench-mpi", "/b/kf-bench-gloo"};
   const auto kf = commands_for(RunRequest{"kf", 4, {4, 65536}, 7, 1, {}}, bin);
@@ -173,15 +198,22 @@ TEST(CompareCommands, KfRunsUnderKfrunWithItsTransportChosen) {
   EXPECT_NE(std::find(argv.begin(), argv.end(), "/b/kf-bench"), argv.end());
   EXPECT_NE(std::find(argv.begin(), argv.end(), "4,65536"), argv.end());
   EXPECT_NE(std::find(argv.begin(), argv.end(), "--json"), argv.end());
-  ASSERT_EQ(kf[0].env.size(), 1u);
+  ASSERT_EQ(kf[0].env.size(), 2u);
   EXPECT_EQ(kf[0].env[0].name, "KF_TRANSPORT");
   EXPECT_FALSE(kf[0].env[0].value.has_value());
+  EXPECT_EQ(kf[0].env[1].name, "KF_FRAME_AUTH");
+  EXPECT_FALSE(kf[0].env[1].value.has_value());  // unset: MACs on, whatever compare was given
   const auto tcp = commands_for(RunRequest{"kf-tcp", 2, {4}, {}, 1, {}}, bin);
-  ASSERT_EQ(tcp[0].env.size(), 1u);
+  ASSERT_EQ(tcp[0].env.size(), 2u);
   EXPECT_EQ(tcp[0].env[0].value, "tcp");
+  EXPECT_FALSE(tcp[0].env[1].value.has_value());
   EXPECT_EQ(std::find(tcp[0].argv.begin(), tcp[0].argv.end(), "--iters"), tcp[0].argv.end());
+  const auto nomac = commands_for(RunRequest{"kf-tcp-nomac", 2, {4}, {}, 1, {}}, bin);
+  ASSERT_EQ(nomac[0].env.size(), 2u);
+  EXPECT_EQ(nomac[0].env[0].value, "tcp");
+  EXPECT_EQ(nomac[0].env[1].value, "off");
   const auto unix_socket = commands_for(RunRequest{"kf-unix", 2, {4}, {}, 1, {}}, bin);
-  ASSERT_EQ(unix_socket[0].env.size(), 1u);
+  ASSERT_EQ(unix_socket[0].env.size(), 2u);
   EXPECT_EQ(unix_socket[0].env[0].value, "unix");
 }
 
@@ -258,6 +290,33 @@ TEST(CompareAnnotatedRow, AddsImplClassRoundAndNp) {
   EXPECT_EQ(j.value("np", 0), 4);
   EXPECT_EQ(j.value("bytes", 0u), 4u);
   EXPECT_EQ(annotated_row(row(4, 1), run("gloo-ring", 2, 1, {})).value("class", ""), "tcp");
+  EXPECT_EQ(j.value("method", ""), "barrier");
+  RunRows b2b = run("kf", 2, 1, {});
+  b2b.method = Method::back_to_back;
+  EXPECT_EQ(annotated_row(row(4, 1), b2b).value("method", ""), "back-to-back");
+}
+
+// Back-to-back is asked of every benchmark alike, and only when wanted (an older build's
+// kf-bench knows the barrier method alone).
+TEST(CompareCommands, BackToBackIsPassedToEveryBenchmark) {
+  const Binaries bin{"/b/kf-bench", "/b/kfrun", "/usr/bin/mpirun", "/b/kf-bench-mpi",
+                     "/b/kf-bench-gloo"};
+  for (const char* impl : {"kf", "kf-tcp", "mpi-shm", "mpi-tcp", "gloo-ring"}) {
+    RunRequest r{impl, 2, {4}, {}, 1, "/tmp/s"};
+    for (const auto& c : commands_for(r, bin)) {
+      EXPECT_EQ(std::find(c.argv.begin(), c.argv.end(), "--method"), c.argv.end()) << impl;
+    }
+    r.method = Method::back_to_back;
+    r.calls = 7;
+    for (const auto& c : commands_for(r, bin)) {
+      const auto m = std::find(c.argv.begin(), c.argv.end(), "--method");
+      ASSERT_NE(m, c.argv.end()) << impl;
+      ASSERT_GE(c.argv.end() - m, 4) << impl;
+      EXPECT_EQ(*(m + 1), "back-to-back") << impl;
+      EXPECT_EQ(*(m + 2), "--calls") << impl;
+      EXPECT_EQ(*(m + 3), "7") << impl;
+    }
+  }
 }
 
 // The tags of `svg` nest properly and there is one root element (a small XML check: no

@@ -4,8 +4,11 @@
 // checks reject poison, a changed element and another iteration's values.
 #include "kf-bench/lib/pattern.hpp"
 
+#include "kf-bench/lib/method.hpp"
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -110,6 +113,39 @@ INSTANTIATE_TEST_SUITE_P(
              std::string(to_string(std::get<1>(param_info.param))) + "_n" +
              std::to_string(std::get<2>(param_info.param));
     });
+
+// back-to-back's values: `calls` in-place sums over `workers` workers, done here in f32 as a
+// collective would, match; one changed element, or a call more or fewer, does not.
+TEST(BackToBack, InPlaceSumsOfTheFilledBuffersMatchAndNothingElseDoes) {
+  constexpr std::size_t kCount = 37;
+  for (const int workers : {1, 2, 3, 4, 8}) {
+    for (const int calls : {1, 2, kDefaultCalls}) {
+      std::vector<std::vector<float>> bufs(static_cast<std::size_t>(workers),
+                                           std::vector<float>(kCount));
+      for (int r = 0; r < workers; ++r) fill_back_to_back(bufs[r].data(), kCount, r);
+      std::vector<float> sum(kCount);
+      for (int c = 0; c < calls; ++c) {
+        std::fill(sum.begin(), sum.end(), 0.0F);
+        for (const auto& b : bufs) {
+          for (std::size_t i = 0; i < kCount; ++i) sum[i] += b[i];
+        }
+        for (auto& b : bufs) b = sum;
+      }
+      const std::string what = std::to_string(workers) + " workers, " + std::to_string(calls);
+      EXPECT_TRUE(matches_back_to_back(sum.data(), kCount, workers, calls)) << what;
+      if (workers > 1) {  // one worker's sums stay as they are
+        EXPECT_FALSE(matches_back_to_back(sum.data(), kCount, workers, calls + 1)) << what;
+        EXPECT_FALSE(matches_back_to_back(sum.data(), kCount, workers - 1, calls)) << what;
+      }
+      sum[kCount / 2] = sum[kCount / 2] * 1.001F + 1.0F;
+      EXPECT_FALSE(matches_back_to_back(sum.data(), kCount, workers, calls)) << what;
+    }
+  }
+  EXPECT_EQ(parse_method("back-to-back"), Method::back_to_back);
+  EXPECT_EQ(parse_method("barrier"), Method::barrier);
+  EXPECT_EQ(parse_method("b2b"), std::nullopt);
+  EXPECT_EQ(to_string(Method::back_to_back), "back-to-back");
+}
 
 }  // namespace
 }  // namespace kf::tools::bench

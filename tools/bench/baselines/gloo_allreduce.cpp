@@ -4,6 +4,7 @@
 // (tools/kf-bench/lib/runner.hpp), so that the rows can be compared. One process per rank:
 //   kf-bench-gloo --rank R --size N --store DIR --algo ring|ring_chunked|halving_doubling
 //                 [--sizes S,S,...] [--iters K] [--warmup W] [--json]
+//                 [--method barrier|back-to-back] [--calls K]
 // The ranks meet through files in DIR (gloo's FileStore), which must be empty: keys left by an
 // earlier run would point the ranks at dead addresses. For example, with N = 4:
 //   d=$(mktemp -d); for r in 0 1 2 3; do
@@ -11,7 +12,8 @@
 // Gloo's algorithms work in place, so there is no separate receive buffer to poison. A Gloo
 // algorithm object is bound to its buffer when constructed, so each size builds one object per
 // rotated buffer (see kf-bench's runner) before the first iteration, and each iteration calls
-// run() on the object of its buffer.
+// run() on the object of its buffer. back-to-back (kf-bench/lib/method.hpp): one object on one
+// warm buffer, run --calls times per sample.
 // Exit codes: 0 when every row is correct; 1 when one is not or Gloo fails; 2 for a usage error.
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -36,6 +38,7 @@
 #include <vector>
 
 #include "kf-bench/lib/cli_check.hpp"
+#include "kf-bench/lib/method.hpp"
 #include "kf-bench/lib/parse.hpp"
 #include "kf-bench/lib/pattern.hpp"
 #include "kf-bench/lib/report.hpp"
@@ -58,6 +61,8 @@ struct Options {
   std::vector<std::string> sizes{"4", "1K", "64K", "1M", "16M", "64M"};
   std::optional<int> iters;
   int warmup = 5;
+  std::string method = "barrier";
+  int calls = bench::kDefaultCalls;
   bool json = false;
 };
 
@@ -72,6 +77,26 @@ std::unique_ptr<gloo::Algorithm> make_allreduce(const Options& o,
     return std::make_unique<gloo::AllreduceHalvingDoubling<float>>(context, ptrs, count);
   }
   return std::make_unique<gloo::AllreduceRing<float>>(context, ptrs, count);
+}
+
+// `times_us` holds the timed samples and one element more: takes the maximum of each over the
+// ranks and whether every rank was `correct`, and fills the row's statistics.
+void finish(bench::Row& row, std::vector<double>& times_us, bool correct,
+            const std::shared_ptr<gloo::Context>& context, int workers) {
+  times_us.back() = correct ? 0.0 : 1.0;
+  gloo::AllreduceRing<double>(context, {times_us.data()}, static_cast<int>(times_us.size()),
+                              gloo::ReductionFunction<double>::max)
+      .run();
+  row.correct = times_us.back() == 0.0;
+  times_us.pop_back();
+  row.median_us = bench::quantile(times_us, 0.5);
+  row.p90_us = bench::quantile(times_us, 0.9);
+  if (row.median_us > 0) {
+    const auto moved =
+        static_cast<double>(bench::algbw_bytes(kf::CollOp::allreduce, row.bytes, workers));
+    row.algbw_gbps = moved / (row.median_us * 1e-6) / 1e9;
+    row.busbw_gbps = row.algbw_gbps * bench::bus_factor(kf::CollOp::allreduce, workers);
+  }
 }
 
 // Measures one message size; every rank calls it with the same arguments.
@@ -120,20 +145,33 @@ bench::Row run_size(const Options& o, const std::shared_ptr<gloo::Context>& cont
       pattern.fill(data(iter), row.count, o.rank, 0, iter + rotation);
     }
   }
-  times_us.back() = correct ? 0.0 : 1.0;
-  gloo::AllreduceRing<double>(context, {times_us.data()}, static_cast<int>(times_us.size()),
-                              gloo::ReductionFunction<double>::max)
-      .run();
-  row.correct = times_us.back() == 0.0;
-  times_us.pop_back();
-  row.median_us = bench::quantile(times_us, 0.5);
-  row.p90_us = bench::quantile(times_us, 0.9);
-  if (row.median_us > 0) {
-    const auto moved =
-        static_cast<double>(bench::algbw_bytes(kf::CollOp::allreduce, row.bytes, o.size));
-    row.algbw_gbps = moved / (row.median_us * 1e-6) / 1e9;
-    row.busbw_gbps = row.algbw_gbps * bench::bus_factor(kf::CollOp::allreduce, o.size);
+  finish(row, times_us, correct, context, o.size);
+  return row;
+}
+
+// back-to-back: a barrier, then o.calls runs of one algorithm object on one warm buffer.
+bench::Row run_size_back_to_back(const Options& o, const std::shared_ptr<gloo::Context>& context,
+                                 gloo::BarrierAllToOne& barrier, std::size_t bytes) {
+  bench::Row row;
+  row.algo = "gloo-" + o.algo;
+  row.count = bench::element_count(bytes, kf::DType::f32);
+  row.bytes = row.count * sizeof(float);
+  row.iters = o.iters.value_or(bench::default_iterations(row.bytes));
+  std::vector<float> data(std::max<std::size_t>(row.count, 1));
+  const auto allreduce = make_allreduce(o, context, data.data(), static_cast<int>(row.count));
+  allreduce->run();  // its scratch buffers' page faults, once (see run_size)
+  std::vector<double> times_us(static_cast<std::size_t>(row.iters) + 1, 0.0);
+  bool correct = true;
+  for (int t = 0; t < o.warmup + row.iters; ++t) {
+    bench::fill_back_to_back(data.data(), row.count, o.rank);
+    barrier.run();
+    const auto start = Clock::now();
+    for (int c = 0; c < o.calls; ++c) allreduce->run();
+    const std::chrono::duration<double, std::micro> elapsed = Clock::now() - start;
+    correct = bench::matches_back_to_back(data.data(), row.count, o.size, o.calls) && correct;
+    if (t >= o.warmup) times_us[static_cast<std::size_t>(t - o.warmup)] = elapsed.count() / o.calls;
   }
+  finish(row, times_us, correct, context, o.size);
   return row;
 }
 
@@ -147,8 +185,15 @@ bool run(const Options& o) {
   const auto context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.size);
   context->connectFullMesh(store, device);
 
-  const bench::RunInfo info{kf::CollOp::allreduce, o.size, kf::DType::f32,
-                            kf::ReduceOp::sum,     0,      o.warmup};
+  const bench::Method method = *bench::parse_method(o.method);
+  const bench::RunInfo info{kf::CollOp::allreduce,
+                            o.size,
+                            kf::DType::f32,
+                            kf::ReduceOp::sum,
+                            0,
+                            o.warmup,
+                            method,
+                            o.calls};
   if (o.rank == 0 && !o.json) {
     std::cout << "# kf-bench-gloo: gloo allreduce " << o.algo << " over tcp on 127.0.0.1\n";
     bench::print_header(std::cout, info);
@@ -157,7 +202,10 @@ bool run(const Options& o) {
   const bench::Pattern pattern(kf::DType::f32, kf::ReduceOp::sum, o.size);
   bool all_correct = true;
   for (const std::string& s : o.sizes) {
-    const bench::Row row = run_size(o, context, barrier, pattern, bench::parse_bytes(s));
+    const std::size_t bytes = bench::parse_bytes(s);
+    const bench::Row row = method == bench::Method::back_to_back
+                               ? run_size_back_to_back(o, context, barrier, bytes)
+                               : run_size(o, context, barrier, pattern, bytes);
     if (o.rank == 0) bench::print_row(std::cout, info, row, o.json);
     all_correct = all_correct && row.correct;
   }
@@ -195,6 +243,14 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, bench::kMaxIterations));
   app.add_option("--warmup", o.warmup, "untimed iterations before each size")
       ->check(CLI::Range(0, bench::kMaxIterations))
+      ->capture_default_str();
+  app.add_option("--method", o.method,
+                 "barrier (a barrier before each call, rotated buffers) or back-to-back "
+                 "(--calls calls on one warm buffer per sample)")
+      ->check(CLI::IsMember({"barrier", "back-to-back"}))
+      ->capture_default_str();
+  app.add_option("--calls", o.calls, "back-to-back: calls per sample")
+      ->check(CLI::Range(1, bench::kMaxCalls))
       ->capture_default_str();
   app.add_flag("--json", o.json, "print one JSON object per size instead of a table");
 

@@ -2,8 +2,10 @@
 // kf-bench-mpi: OpenMPI's MPI_Allreduce (f32, MPI_SUM) measured exactly as kf-bench measures
 // kf's allreduce (tools/kf-bench/lib/runner.hpp), so that the rows can be compared:
 //   mpirun ... kf-bench-mpi [--sizes S,S,...] [--iters K] [--warmup W] [--label NAME] [--json]
-// Out of place (separate send and receive buffers), like kf-bench; MPI_IN_PLACE would let MPI
-// skip a copy that kf cannot.
+//                           [--method barrier|back-to-back] [--calls K]
+// barrier (the default): out of place (separate send and receive buffers), like kf-bench's;
+// MPI_IN_PLACE would let MPI skip a copy that kf cannot. back-to-back (kf-bench/lib/method.hpp):
+// --calls MPI_Allreduce(MPI_IN_PLACE) on one warm buffer per sample, as kf-bench does then.
 //
 // Command lines that work as root on one host (Debian 12, OpenMPI 4.1.4, 2 cores). Debian's
 // /etc/openmpi/openmpi-mca-params.conf already excludes the openib, ofi and UCX components and
@@ -42,6 +44,7 @@
 #include <vector>
 
 #include "kf-bench/lib/cli_check.hpp"
+#include "kf-bench/lib/method.hpp"
 #include "kf-bench/lib/parse.hpp"
 #include "kf-bench/lib/pattern.hpp"
 #include "kf-bench/lib/report.hpp"
@@ -60,6 +63,8 @@ struct Options {
   std::optional<int> iters;
   int warmup = 5;
   std::string label = "mpi";
+  std::string method = "barrier";
+  int calls = bench::kDefaultCalls;
   bool json = false;
 };
 
@@ -71,6 +76,25 @@ void check(int code, const char* call) {
   int length = 0;
   MPI_Error_string(code, text, &length);
   throw std::runtime_error(std::string(call) + ": " + std::string(text, length));
+}
+
+// `times_us` holds the timed samples and one element more: takes the maximum of each over the
+// ranks and whether every rank was `correct`, and fills the row's statistics.
+void finish(bench::Row& row, std::vector<double>& times_us, bool correct, int workers) {
+  times_us.back() = correct ? 0.0 : 1.0;
+  check(MPI_Allreduce(MPI_IN_PLACE, times_us.data(), static_cast<int>(times_us.size()), MPI_DOUBLE,
+                      MPI_MAX, MPI_COMM_WORLD),
+        "MPI_Allreduce(max)");
+  row.correct = times_us.back() == 0.0;
+  times_us.pop_back();
+  row.median_us = bench::quantile(times_us, 0.5);
+  row.p90_us = bench::quantile(times_us, 0.9);
+  if (row.median_us > 0) {
+    const auto moved =
+        static_cast<double>(bench::algbw_bytes(kf::CollOp::allreduce, row.bytes, workers));
+    row.algbw_gbps = moved / (row.median_us * 1e-6) / 1e9;
+    row.busbw_gbps = row.algbw_gbps * bench::bus_factor(kf::CollOp::allreduce, workers);
+  }
 }
 
 // Measures one message size; every rank calls it with the same arguments.
@@ -112,28 +136,49 @@ bench::Row run_size(const Options& o, const bench::Pattern& pattern, int rank, i
     if (t >= o.warmup) times_us[static_cast<std::size_t>(t - o.warmup)] = elapsed.count();
     if (iter + rotation < static_cast<std::uint64_t>(total)) prepare(iter, iter + rotation);
   }
-  times_us.back() = correct ? 0.0 : 1.0;
-  check(MPI_Allreduce(MPI_IN_PLACE, times_us.data(), static_cast<int>(times_us.size()), MPI_DOUBLE,
-                      MPI_MAX, MPI_COMM_WORLD),
-        "MPI_Allreduce(max)");
-  row.correct = times_us.back() == 0.0;
-  times_us.pop_back();
-  row.median_us = bench::quantile(times_us, 0.5);
-  row.p90_us = bench::quantile(times_us, 0.9);
-  if (row.median_us > 0) {
-    const auto moved =
-        static_cast<double>(bench::algbw_bytes(kf::CollOp::allreduce, row.bytes, workers));
-    row.algbw_gbps = moved / (row.median_us * 1e-6) / 1e9;
-    row.busbw_gbps = row.algbw_gbps * bench::bus_factor(kf::CollOp::allreduce, workers);
+  finish(row, times_us, correct, workers);
+  return row;
+}
+
+// back-to-back: a barrier, then o.calls in-place allreduces of one warm buffer, timed together.
+bench::Row run_size_back_to_back(const Options& o, int rank, int workers, std::size_t bytes) {
+  bench::Row row;
+  row.algo = o.label;
+  row.count = bench::element_count(bytes, kf::DType::f32);
+  row.bytes = row.count * sizeof(float);
+  row.iters = o.iters.value_or(bench::default_iterations(row.bytes));
+  const auto count = static_cast<int>(row.count);
+  std::vector<float> data(std::max<std::size_t>(row.count, 1));
+  std::vector<double> times_us(static_cast<std::size_t>(row.iters) + 1, 0.0);
+  bool correct = true;
+  for (int t = 0; t < o.warmup + row.iters; ++t) {
+    bench::fill_back_to_back(data.data(), row.count, rank);
+    check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+    const auto start = Clock::now();
+    for (int c = 0; c < o.calls; ++c) {
+      check(MPI_Allreduce(MPI_IN_PLACE, data.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
+            "MPI_Allreduce");
+    }
+    const std::chrono::duration<double, std::micro> elapsed = Clock::now() - start;
+    correct = bench::matches_back_to_back(data.data(), row.count, workers, o.calls) && correct;
+    if (t >= o.warmup) times_us[static_cast<std::size_t>(t - o.warmup)] = elapsed.count() / o.calls;
   }
+  finish(row, times_us, correct, workers);
   return row;
 }
 
 // Runs every size and prints the rows on rank 0. Returns whether every row was correct.
 bool run(const Options& o, int rank, int workers) {
   check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  const bench::RunInfo info{kf::CollOp::allreduce, workers, kf::DType::f32,
-                            kf::ReduceOp::sum,     0,       o.warmup};
+  const bench::Method method = *bench::parse_method(o.method);
+  const bench::RunInfo info{kf::CollOp::allreduce,
+                            workers,
+                            kf::DType::f32,
+                            kf::ReduceOp::sum,
+                            0,
+                            o.warmup,
+                            method,
+                            o.calls};
   if (rank == 0 && !o.json) {
     std::cout << "# kf-bench-mpi: MPI_Allreduce, label " << o.label << "\n";
     bench::print_header(std::cout, info);
@@ -141,7 +186,10 @@ bool run(const Options& o, int rank, int workers) {
   const bench::Pattern pattern(kf::DType::f32, kf::ReduceOp::sum, workers);
   bool all_correct = true;
   for (const std::string& s : o.sizes) {
-    const bench::Row row = run_size(o, pattern, rank, workers, bench::parse_bytes(s));
+    const std::size_t bytes = bench::parse_bytes(s);
+    const bench::Row row = method == bench::Method::back_to_back
+                               ? run_size_back_to_back(o, rank, workers, bytes)
+                               : run_size(o, pattern, rank, workers, bytes);
     if (rank == 0) bench::print_row(std::cout, info, row, o.json);
     all_correct = all_correct && row.correct;
   }
@@ -178,6 +226,14 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, bench::kMaxIterations))
       ->capture_default_str();
   app.add_option("--label", o.label, "the rows' algo field, e.g. mpi-tcp or mpi-shm")
+      ->capture_default_str();
+  app.add_option("--method", o.method,
+                 "barrier (out of place, a barrier before each call) or back-to-back (--calls "
+                 "in-place calls on one warm buffer per sample)")
+      ->check(CLI::IsMember({"barrier", "back-to-back"}))
+      ->capture_default_str();
+  app.add_option("--calls", o.calls, "back-to-back: calls per sample")
+      ->check(CLI::Range(1, bench::kMaxCalls))
       ->capture_default_str();
   app.add_flag("--json", o.json, "print one JSON object per size instead of a table");
 

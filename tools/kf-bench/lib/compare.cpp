@@ -48,12 +48,17 @@ void add_common(std::vector<std::string>& argv, const RunRequest& r) {
   argv.insert(argv.end(),
               {"--json", "--sizes", join_sizes(r.sizes), "--warmup", std::to_string(r.warmup)});
   if (r.iters) argv.insert(argv.end(), {"--iters", std::to_string(*r.iters)});
+  // Only when asked: a build from before the option knows the barrier method alone.
+  if (r.method == Method::back_to_back) {
+    argv.insert(argv.end(),
+                {"--method", std::string(to_string(r.method)), "--calls", std::to_string(r.calls)});
+  }
 }
 
 }  // namespace
 
 bool is_kf(std::string_view impl) noexcept {
-  return impl == "kf" || impl == "kf-unix" || impl == "kf-tcp";
+  return impl == "kf" || impl == "kf-unix" || impl == "kf-tcp" || impl == "kf-tcp-nomac";
 }
 
 namespace {
@@ -79,6 +84,7 @@ const std::vector<ImplSpec>& known_impls() {
       {"kf", "kf", TransportClass::local},
       {"kf-unix", "kf-unix", TransportClass::local},
       {"kf-tcp", "kf-tcp", TransportClass::tcp},
+      {"kf-tcp-nomac", "kf-tcp-nomac", TransportClass::tcp},
       {"mpi-tcp", "mpi-tcp", TransportClass::tcp},
       {"mpi-shm", "mpi-shm", TransportClass::local},
       {"gloo-ring", "gloo-ring", TransportClass::tcp},
@@ -149,9 +155,13 @@ std::vector<Command> commands_for(const RunRequest& r, const Binaries& bin) {
     c.argv.insert(c.argv.end(), {"--algo", "auto", "--dtype", "f32", "--op", "sum"});
     add_common(c.argv, r);
     // kf's default (same-host sockets, large payloads single-copy) unless told otherwise.
-    c.env.push_back({env::kTransport, r.impl == "kf-tcp"    ? std::optional<std::string>("tcp")
+    const bool tcp = r.impl == "kf-tcp" || r.impl == "kf-tcp-nomac";
+    c.env.push_back({env::kTransport, tcp                   ? std::optional<std::string>("tcp")
                                       : r.impl == "kf-unix" ? std::optional<std::string>("unix")
                                                             : std::nullopt});
+    // The frame MACs' cost shows as kf-tcp against kf-tcp-nomac: unset (MACs on) but there.
+    c.env.push_back({env::kFrameAuth,
+                     r.impl == "kf-tcp-nomac" ? std::optional<std::string>("off") : std::nullopt});
     return {c};
   }
   if (r.impl.starts_with("mpi-")) {
@@ -278,8 +288,10 @@ const Point* find_point(const std::vector<Point>& points, int np, std::string_vi
 }
 
 std::optional<BestBaseline> best_baseline(const std::vector<Point>& points, int np,
-                                          std::size_t bytes, TransportClass transport) {
-  const Point* kf = find_point(points, np, kf_impl_of(transport), bytes);
+                                          std::size_t bytes, TransportClass transport,
+                                          std::string_view kf_impl) {
+  const Point* kf =
+      find_point(points, np, kf_impl.empty() ? kf_impl_of(transport) : kf_impl, bytes);
   if (kf == nullptr || kf->median_us <= 0) return std::nullopt;
   const Point* best = nullptr;
   for (const Point& p : points) {
@@ -301,6 +313,7 @@ nlohmann::ordered_json annotated_row(const nlohmann::ordered_json& row, const Ru
   j["class"] = spec != nullptr ? to_string(spec->transport) : "unknown";
   j["round"] = run.round;
   j["np"] = run.np;
+  j["method"] = to_string(run.method);
   return j;
 }
 

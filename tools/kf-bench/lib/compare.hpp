@@ -12,7 +12,9 @@
 //   4. per np, a table of time and busbw, the time ratio of kf to the fastest baseline of its
 //      transport class, and a plot of busbw against size; every raw row goes to a JSON-lines
 //      file;
-//   5. with another build (--against, compare_builds.hpp), each of kf's implementations also
+//   5. all of this once per method (method.hpp: barrier, then back-to-back), each with its own
+//      tables and plots;
+//   6. with another build (--against, compare_builds.hpp), each of kf's implementations also
 //      runs from that build's executables as "<impl>@old", beside this build's in every round,
 //      and a table per np gives new/old per cell with each side's run-to-run spread.
 // Thread-safety: pure functions, except run_compare() (children, files, its streams).
@@ -26,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kf-bench/lib/method.hpp"
 #include "kf-bench/lib/spawn.hpp"
 #include "kf-bench/lib/svg_plot.hpp"
 
@@ -43,12 +46,13 @@ struct ImplSpec {
 };
 
 /// Every implementation compare knows, in the order they run and are shown: kf, kf-unix,
-/// kf-tcp, mpi-tcp, mpi-shm, gloo-ring, gloo-ring_chunked, gloo-halving_doubling.
+/// kf-tcp, kf-tcp-nomac (kf-tcp with KF_FRAME_AUTH=off), mpi-tcp, mpi-shm, gloo-ring,
+/// gloo-ring_chunked, gloo-halving_doubling.
 const std::vector<ImplSpec>& known_impls();
 /// The spec of `name`, or nullptr when compare does not know it.
 const ImplSpec* find_impl(std::string_view name) noexcept;
 
-/// Whether `impl` is one of kf's own (kf, kf-unix, kf-tcp) rather than a baseline.
+/// Whether `impl` is one of kf's own (kf, kf-unix, kf-tcp, kf-tcp-nomac) rather than a baseline.
 bool is_kf(std::string_view impl) noexcept;
 
 /// kf's implementation in `transport`'s class: kf-tcp for tcp, kf for local.
@@ -75,6 +79,9 @@ struct CompareOptions {
   std::string out_dir;  ///< empty: a new directory under the system's temporary directory
   int timeout_s = 300;  ///< per run, from start to SIGTERM
   std::string against;  ///< another kf build to run kf from as well (compare_builds.hpp); or ""
+  /// How the runs time the calls, each method measured in turn (method.hpp).
+  std::vector<Method> methods{Method::barrier, Method::back_to_back};
+  int calls = kDefaultCalls;  ///< back-to-back: calls per sample
 };
 
 /// The executables the runs need; an empty path where one was not found.
@@ -107,6 +114,8 @@ struct RunRequest {
   std::optional<int> iters;
   int warmup = 5;
   std::string store_dir;  ///< Gloo's rendezvous directory, fresh per run
+  Method method = Method::barrier;
+  int calls = kDefaultCalls;  ///< back-to-back: calls per sample
 };
 
 /// The processes of one run; the first prints the rows. Gloo's ranks are started directly,
@@ -126,6 +135,7 @@ struct RunRows {
   int np = 0;
   int round = 0;  ///< from 1
   std::vector<nlohmann::ordered_json> rows;
+  Method method = Method::barrier;
 };
 
 /// One (np, implementation, size) over the rounds.
@@ -156,10 +166,11 @@ struct BestBaseline {
   double ratio = 0;  ///< kf's median time / its median time: < 1 when kf is faster
 };
 
-/// kf's implementation in `transport`'s class against the fastest correct baseline of that
-/// class at (np, bytes); nullopt when either is missing.
+/// kf's implementation in `transport`'s class (or `kf_impl`, when given) against the fastest
+/// correct baseline of that class at (np, bytes); nullopt when either is missing.
 std::optional<BestBaseline> best_baseline(const std::vector<Point>& points, int np,
-                                          std::size_t bytes, TransportClass transport);
+                                          std::size_t bytes, TransportClass transport,
+                                          std::string_view kf_impl = {});
 
 /// The tables of `np`: time and busbw per implementation; then kf against the best baselines,
 /// and kf's algbw against a memcpy and a loopback TCP stream for messages of 1 MiB and more.
@@ -168,7 +179,8 @@ void print_tables(std::ostream& out, const std::vector<Point>& points, int np, i
 /// The plot of `np`: busbw against size, one series per implementation (dashed: tcp class).
 Plot busbw_plot(const std::vector<Point>& points, int np);
 
-/// `row` with impl, class, round and np added, for compare.jsonl; the class of "kf@old" is kf's.
+/// `row` with impl, class, round, np and method added, for compare.jsonl; the class of "kf@old"
+/// is kf's.
 nlohmann::ordered_json annotated_row(const nlohmann::ordered_json& row, const RunRows& run);
 
 /// kf-bench compare: the runs, the tables on `out`, progress and failures on `err`, the files in

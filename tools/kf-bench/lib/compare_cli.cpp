@@ -23,11 +23,13 @@ CLI::App* add_compare_command(CLI::App& app, CompareCommand& command) {
   CLI::App* sub = app.add_subcommand(
       "compare",
       "run kf's allreduce and baselines (OpenMPI, Gloo) interleaved, round by round, on this "
-      "host; print tables; write the raw rows (compare.jsonl) and busbw plots (compare-npN.svg)");
+      "host; print tables; write the raw rows (compare.jsonl) and busbw plots (compare-npN.svg, "
+      "compare-back-to-back-npN.svg)");
   sub->footer(
       "Implementations (transport class): kf (local: kf's default, same-host sockets with "
       "large payloads single-copy), kf-unix (local: KF_TRANSPORT=unix, every payload through "
-      "the socket), kf-tcp (tcp: KF_TRANSPORT=tcp), mpi-tcp (tcp), mpi-shm (local), gloo-ring, "
+      "the socket), kf-tcp (tcp: KF_TRANSPORT=tcp), kf-tcp-nomac (tcp: also KF_FRAME_AUTH=off, to "
+      "show the frame MACs' cost), mpi-tcp (tcp), mpi-shm (local), gloo-ring, "
       "gloo-ring_chunked, "
       "gloo-halving_doubling (tcp). A baseline whose executables are missing is skipped.\n"
       "With --against DIR, each of kf's implementations chosen also runs from the kf build in "
@@ -62,6 +64,16 @@ CLI::App* add_compare_command(CLI::App& app, CompareCommand& command) {
   sub->add_option("--warmup", o.warmup, "untimed iterations before each size")
       ->check(CLI::Range(0, kMaxIterations))
       ->capture_default_str();
+  sub->add_option("--method", command.methods,
+                  "how the runs time the calls, comma-separated, each measured in turn: barrier "
+                  "(a barrier before each call, cache-cold buffers), back-to-back (per sample a "
+                  "barrier, then --calls in-place calls on one warm buffer)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"barrier", "back-to-back"}))
+      ->capture_default_str();
+  sub->add_option("--calls", o.calls, "back-to-back: calls per sample")
+      ->check(CLI::Range(1, kMaxCalls))
+      ->capture_default_str();
   sub->add_option("--out", o.out_dir, "output directory (default: a new one under /tmp)");
   sub->add_option("--timeout-s", o.timeout_s,
                   "limit per run in seconds; then its processes are stopped and it fails")
@@ -79,7 +91,8 @@ CLI::App* add_compare_command(CLI::App& app, CompareCommand& command) {
     if (!o.against.empty() && !o.impls.empty() &&
         std::none_of(o.impls.begin(), o.impls.end(),
                      [](const std::string& i) { return is_kf(i); })) {
-      throw CLI::ValidationError("--against", "needs one of kf, kf-unix, kf-tcp in --impl");
+      throw CLI::ValidationError("--against",
+                                 "needs one of kf, kf-unix, kf-tcp, kf-tcp-nomac in --impl");
     }
   });
   return sub;
@@ -89,6 +102,13 @@ CompareOptions compare_options(const CompareCommand& command) {
   CompareOptions o = command.options;
   o.sizes.clear();
   for (const std::string& s : command.sizes) o.sizes.push_back(parse_bytes(s));
+  o.methods.clear();
+  for (const std::string& m : command.methods) {
+    const Method method = *parse_method(m);
+    if (std::find(o.methods.begin(), o.methods.end(), method) == o.methods.end()) {
+      o.methods.push_back(method);
+    }
+  }
   return o;
 }
 

@@ -16,6 +16,7 @@ namespace kf::tools::bench {
 struct CompareCommand {
   CompareOptions options;
   std::vector<std::string> sizes{"4", "4K", "64K", "1M", "16M", "64M"};  ///< as given
+  std::vector<std::string> methods{"barrier", "back-to-back"};           ///< as given
 };
 
 /// Adds the compare subcommand to `app`, its options parsed into `command`, which must outlive

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // compare's tables and plots (declared in compare.hpp).
+#include <algorithm>
 #include <cstdio>
 #include <set>
 
@@ -74,9 +75,9 @@ void print_times(std::ostream& out, const std::vector<Point>& points, int np, co
 }
 
 std::string ratio_cell(const std::vector<Point>& points, int np, std::size_t bytes,
-                       TransportClass transport) {
+                       TransportClass transport, std::string_view kf_impl = {}) {
   char cell[64];
-  const auto best = best_baseline(points, np, bytes, transport);
+  const auto best = best_baseline(points, np, bytes, transport, kf_impl);
   if (!best) {
     std::snprintf(cell, sizeof cell, "  %7s %-23s", "-", "");
   } else {
@@ -119,6 +120,35 @@ void print_ratios(std::ostream& out, const std::vector<Point>& points, int np, c
   }
 }
 
+// With kf-tcp-nomac among the points: kf over TCP with the frame MACs on and off, each against
+// the fastest TCP baseline, and the MACs' share of kf-tcp's time.
+void print_mac_cost(std::ostream& out, const std::vector<Point>& points, int np, const Layout& l) {
+  const auto has = [&](const char* impl) {
+    return std::find(l.impls.begin(), l.impls.end(), impl) != l.impls.end();
+  };
+  if (!has("kf-tcp") || !has("kf-tcp-nomac")) return;
+  out << "\n# np=" << np
+      << ": the frame MACs over TCP: kf-tcp (MACs on) and kf-tcp-nomac (KF_FRAME_AUTH=off) "
+         "against the fastest TCP baseline, and the MACs' share of kf-tcp's time "
+         "(1 - off/on)\n";
+  char line[200];
+  std::snprintf(line, sizeof line, "#  size  %-31s  %-31s  %9s\n", "kf-tcp / best tcp",
+                "kf-tcp-nomac / best tcp", "MAC share");
+  out << line;
+  for (const std::size_t bytes : l.sizes) {
+    const Point* on = find_point(points, np, "kf-tcp", bytes);
+    const Point* off = find_point(points, np, "kf-tcp-nomac", bytes);
+    char share[32] = "        -";
+    if (on != nullptr && off != nullptr && on->median_us > 0) {
+      std::snprintf(share, sizeof share, "%8.0f%%", 100.0 * (1.0 - off->median_us / on->median_us));
+    }
+    std::snprintf(line, sizeof line, "%7s", format_bytes(bytes).c_str());
+    out << line << ratio_cell(points, np, bytes, TransportClass::tcp, "kf-tcp")
+        << ratio_cell(points, np, bytes, TransportClass::tcp, "kf-tcp-nomac") << "  " << share
+        << "\n";
+  }
+}
+
 }  // namespace
 
 void print_tables(std::ostream& out, const std::vector<Point>& points, int np, int rounds) {
@@ -130,6 +160,7 @@ void print_tables(std::ostream& out, const std::vector<Point>& points, int np, i
   print_times(out, points, np, l, rounds);
   out << "\n";
   print_ratios(out, points, np, l);
+  print_mac_cost(out, points, np, l);
   out << std::flush;
 }
 

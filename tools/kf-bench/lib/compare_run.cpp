@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <stdexcept>
 #include <system_error>
@@ -73,10 +74,12 @@ class Compare {
     jsonl_.open(dir_ / "compare.jsonl", std::ios::trunc);
     if (!jsonl_) throw std::runtime_error("cannot write " + (dir_ / "compare.jsonl").string());
     print_plan();
-    for (const int np : o_.nps) {
-      for (int round = 1; round <= o_.rounds && interrupted_by_ == 0; ++round) {
-        for (const std::string& impl : round_order(impls_, round)) {
-          if (interrupted_by_ == 0) run_one(impl, np, round);
+    for (const Method method : o_.methods) {
+      for (const int np : o_.nps) {
+        for (int round = 1; round <= o_.rounds && interrupted_by_ == 0; ++round) {
+          for (const std::string& impl : round_order(impls_, round)) {
+            if (interrupted_by_ == 0) run_one(impl, np, round, method);
+          }
         }
       }
     }
@@ -135,8 +138,15 @@ class Compare {
     for (const int np : o_.nps) nps.push_back(std::to_string(np));
     std::vector<std::string> sizes;
     for (const std::size_t s : o_.sizes) sizes.push_back(format_bytes(s));
+    std::vector<std::string> methods;
+    for (const Method m : o_.methods) {
+      methods.push_back(std::string(to_string(m)) +
+                        (m == Method::back_to_back ? " (" + std::to_string(o_.calls) + " calls)"
+                                                   : std::string()));
+    }
     out_ << "# kf-bench compare: f32 sum allreduce; np " << join(nps, ",") << "; sizes "
-         << join(sizes, ",") << "; " << o_.rounds << " round(s) of " << join(impls_, " ") << "\n";
+         << join(sizes, ",") << "; methods " << join(methods, ", ") << "; " << o_.rounds
+         << " round(s) of " << join(impls_, " ") << "\n";
     if (!o_.against.empty()) {
       out_ << "# old: " << other_.kfrun << " and " << other_.kf_bench << "; new: " << bin_.kfrun
            << " and " << bin_.kf_bench << "\n";
@@ -144,9 +154,10 @@ class Compare {
     out_ << "# output: " << dir_.string() << std::endl;
   }
 
-  void run_one(const std::string& impl, int np, int round) {
+  void run_one(const std::string& impl, int np, int round, Method method) {
     const bool other = is_other_build(impl);
-    RunRequest request{std::string(base_impl(impl)), np, o_.sizes, o_.iters, o_.warmup, {}};
+    RunRequest request{
+        std::string(base_impl(impl)), np, o_.sizes, o_.iters, o_.warmup, {}, method, o_.calls};
     const bool gloo = impl.starts_with("gloo-");
     if (gloo) request.store_dir = make_temp_dir("kf-bench-gloo").string();
     std::vector<Command> commands = commands_for(request, other ? other_bin_ : bin_);
@@ -165,7 +176,7 @@ class Compare {
     }
     interrupted_by_ = r.interrupted_by;
 
-    RunRows run{impl, np, round, parse_rows(r.processes.empty() ? "" : r.processes[0].out)};
+    RunRows run{impl, np, round, parse_rows(r.processes.empty() ? "" : r.processes[0].out), method};
     const bool correct = std::all_of(run.rows.begin(), run.rows.end(),
                                      [](const auto& row) { return row.value("correct", false); });
     for (const auto& row : run.rows) jsonl_ << annotated_row(row, run).dump() << '\n';
@@ -173,7 +184,8 @@ class Compare {
     const std::string failure =
         failure_of(r, run.rows.size(), o_.sizes.size(), correct, o_.timeout_s);
     char line[128];
-    std::snprintf(line, sizeof line, "np=%d round %d/%d %-22s %7.1f s", np, round, o_.rounds,
+    std::snprintf(line, sizeof line, "%s np=%d round %d/%d %-22s %7.1f s",
+                  method == Method::back_to_back ? "back-to-back" : "barrier", np, round, o_.rounds,
                   impl.c_str(), seconds);
     err_ << line << (failure.empty() ? "" : "  FAILED: ") << failure << std::endl;
     if (!failure.empty()) {
@@ -188,21 +200,36 @@ class Compare {
     runs_.push_back(std::move(run));
   }
 
+  // Per method, its tables and plots (compare-np2.svg for barrier, compare-back-to-back-np2.svg).
   void write_results() {
-    const std::vector<Point> points = aggregate(runs_);
     std::vector<std::string> files{(dir_ / "compare.jsonl").string()};
-    for (const int np : o_.nps) {
-      out_ << "\n";
-      print_tables(out_, points, np, o_.rounds);
-      if (!o_.against.empty()) {
+    for (const Method method : o_.methods) {
+      std::vector<RunRows> runs;
+      std::copy_if(runs_.begin(), runs_.end(), std::back_inserter(runs),
+                   [method](const RunRows& r) { return r.method == method; });
+      const std::vector<Point> points = aggregate(runs);
+      out_ << "\n## method " << to_string(method)
+           << (method == Method::back_to_back
+                   ? ": per sample a barrier, then " + std::to_string(o_.calls) +
+                         " in-place calls on one warm buffer; times per call"
+                   : std::string(": a barrier before each call, cache-cold buffers"))
+           << "\n";
+      const std::string stem = method == Method::barrier
+                                   ? "compare-np"
+                                   : "compare-" + std::string(to_string(method)) + "-np";
+      for (const int np : o_.nps) {
         out_ << "\n";
-        print_build_table(out_, points, np, o_.rounds, o_.against);
+        print_tables(out_, points, np, o_.rounds);
+        if (!o_.against.empty()) {
+          out_ << "\n";
+          print_build_table(out_, points, np, o_.rounds, o_.against);
+        }
+        const fs::path svg = dir_ / (stem + std::to_string(np) + ".svg");
+        std::ofstream file(svg, std::ios::trunc);
+        file << svg_plot(busbw_plot(points, np));
+        if (!file.flush()) throw std::runtime_error("cannot write " + svg.string());
+        files.push_back(svg.string());
       }
-      const fs::path svg = dir_ / ("compare-np" + std::to_string(np) + ".svg");
-      std::ofstream file(svg, std::ios::trunc);
-      file << svg_plot(busbw_plot(points, np));
-      if (!file.flush()) throw std::runtime_error("cannot write " + svg.string());
-      files.push_back(svg.string());
     }
     out_ << "\n# wrote " << join(files, " ") << std::endl;
   }

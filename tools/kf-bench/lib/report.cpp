@@ -23,10 +23,18 @@ void print_header(std::ostream& out, const RunInfo& info) {
       << " dtype=" << to_string(info.dtype);
   if (has_reduce_op(info.op)) out << " op=" << to_string(info.reduce);
   if (has_root(info.op)) out << " root=" << info.root;
-  out << " warmup=" << info.warmup << "\n"
-      << "# time: per iteration the slowest worker's submit-to-wait() time; median and p90 "
-         "over the iterations, in us\n"
-      << "# " << bandwidth_definition(info.op) << "; GB/s = 1e9 bytes/s (nccl-tests)\n";
+  out << " warmup=" << info.warmup << " method=" << to_string(info.method);
+  if (info.method == Method::back_to_back) out << " calls=" << info.calls;
+  out << "\n";
+  if (info.method == Method::back_to_back) {
+    out << "# time: per sample (a barrier, then " << info.calls
+        << " in-place allreduces of one warm buffer back to back) the slowest worker's time for "
+           "them divided by their number; median and p90 over the samples, in us\n";
+  } else {
+    out << "# time: per iteration (a barrier, then one call on a cache-cold buffer) the slowest "
+           "worker's submit-to-wait() time; median and p90 over the iterations, in us\n";
+  }
+  out << "# " << bandwidth_definition(info.op) << "; GB/s = 1e9 bytes/s (nccl-tests)\n";
   char line[160];
   std::snprintf(line, sizeof line, "# %12s %12s %11s %6s %11s %11s %11s %11s %8s\n", "algo",
                 "bytes", "count", "iters", "median_us", "p90_us", "algbw_gbps", "busbw_gbps",
@@ -69,6 +77,8 @@ nlohmann::ordered_json to_json(const RunInfo& info, const Row& row) {
   j["algbw_gbps"] = row.algbw_gbps;
   j["busbw_gbps"] = row.busbw_gbps;
   j["correct"] = row.correct;
+  j["method"] = to_string(info.method);
+  if (info.method == Method::back_to_back) j["calls"] = info.calls;
   return j;
 }
 

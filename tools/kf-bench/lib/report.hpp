@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "kf-bench/lib/method.hpp"
 #include "kf/coll/types.hpp"
 #include "kf/peer.hpp"
 
@@ -22,6 +23,8 @@ struct RunInfo {
   ReduceOp reduce = ReduceOp::sum;  ///< shown for allreduce and reduce-scatter only
   int root = 0;                     ///< shown for broadcast and gather only
   int warmup = 0;
+  Method method = Method::barrier;  ///< how each row was timed (method.hpp)
+  int calls = 1;                    ///< back-to-back: allreduces per sample
 };
 
 /// One (algorithm, size) measurement. Times are the per-iteration maxima over the workers.
@@ -48,7 +51,8 @@ void print_row(std::ostream& out, const RunInfo& info, const Row& row, bool json
 /// included: where a transfer went, and how much arrived before its receive was posted.
 void print_transport(std::ostream& out, const TransportStats& s);
 /// The JSON object of one row: op, algo, np, dtype, bytes, count, iters, median_us, p90_us,
-/// algbw_gbps, busbw_gbps, correct, and reduce_op or root where the collective has one.
+/// algbw_gbps, busbw_gbps, correct, method, and reduce_op or root where the collective has
+/// one, calls for back-to-back (iters then counts samples, and the times are per call).
 nlohmann::ordered_json to_json(const RunInfo& info, const Row& row);
 
 }  // namespace kf::tools::bench

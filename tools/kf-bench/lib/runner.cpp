@@ -58,8 +58,12 @@ class Bench {
   Bench& operator=(const Bench&) = delete;
 
   Row run_case(Algorithm algorithm, std::size_t bytes);
+  Row run_back_to_back(Algorithm algorithm, std::size_t bytes);
 
  private:
+  // Takes the maximum over the workers of each timed sample and whether all were correct,
+  // and completes `row` with the median, p90 and bandwidths.
+  void finish(Row& row, std::vector<double>& times_us, bool correct);
   void prepare(std::byte* send, std::byte* recv, std::uint64_t iter) const;
   bool verify(const std::byte* recv, std::uint64_t iter) const;
   Handle submit(const std::string& name, std::byte* send, std::byte* recv, Algorithm algorithm);
@@ -201,6 +205,43 @@ Row Bench::run_case(Algorithm algorithm, std::size_t bytes) {
       prepare(slots.send(iter), slots.recv(iter), iter + rotation);
     }
   }
+  finish(row, times_us, correct);
+  return row;
+}
+
+Row Bench::run_back_to_back(Algorithm algorithm, std::size_t bytes) {
+  count_ = element_count(bytes, DType::f32);
+  layout_ = layout_of(CollOp::allreduce, count_, peer_.rank(), peer_.size(), o_.root);
+  Row row;
+  row.algo = label(algorithm);
+  row.count = count_;
+  row.bytes = count_ * sizeof(float);
+  row.iters = o_.iters.value_or(default_iterations(row.bytes));
+  // One buffer, written by this thread (warm, as a gradient just computed) and reduced in place.
+  std::vector<float> data(std::max<std::size_t>(count_, 1));
+  const Buffer buf{data.data(), count_, DType::f32};
+  CollOptions co;
+  co.algorithm = algorithm;
+  co.op = ReduceOp::sum;
+  // One name for every call, as a training loop names each gradient bucket.
+  const std::string name = "kf-bench-b2b";
+  std::vector<double> times_us(static_cast<std::size_t>(row.iters));
+  bool correct = true;
+  for (int t = 0; t < o_.warmup + row.iters; ++t) {
+    fill_back_to_back(data.data(), count_, peer_.rank());
+    peer_.barrier(next_name()).wait();
+    const auto start = Clock::now();
+    for (int c = 0; c < o_.calls; ++c) peer_.allreduce(name, buf, buf, co).wait();
+    const std::chrono::duration<double, std::micro> elapsed = Clock::now() - start;
+    correct = matches_back_to_back(data.data(), count_, peer_.size(), o_.calls) && correct;
+    if (t >= o_.warmup)
+      times_us[static_cast<std::size_t>(t - o_.warmup)] = elapsed.count() / o_.calls;
+  }
+  finish(row, times_us, correct);
+  return row;
+}
+
+void Bench::finish(Row& row, std::vector<double>& times_us, bool correct) {
   CollOptions max_op;
   max_op.op = ReduceOp::max;
   peer_
@@ -219,7 +260,6 @@ Row Bench::run_case(Algorithm algorithm, std::size_t bytes) {
     row.algbw_gbps = moved / (row.median_us * 1e-6) / 1e9;
     row.busbw_gbps = row.algbw_gbps * bus_factor(o_.op, peer_.size());
   }
-  return row;
 }
 
 }  // namespace
@@ -239,7 +279,14 @@ bool run_bench(Peer& peer, const BenchOptions& o, std::ostream& out) {
     dev = detail::cuda_device_api(why);
     if (!dev) throw Error(make_error_code(errc::device_error), "--device cuda: " + why);
   }
-  const RunInfo info{o.op, peer.size(), o.dtype, o.reduce, o.root, o.warmup};
+  if (o.method == Method::back_to_back && (o.op != CollOp::allreduce || o.device != "cpu")) {
+    throw std::invalid_argument(
+        "--method back-to-back measures allreduce of host memory only (--device cpu)");
+  }
+  if (o.method == Method::back_to_back && (o.dtype != DType::f32 || o.reduce != ReduceOp::sum)) {
+    throw std::invalid_argument("--method back-to-back measures f32 sum allreduce only");
+  }
+  const RunInfo info{o.op, peer.size(), o.dtype, o.reduce, o.root, o.warmup, o.method, o.calls};
   const bool printer = peer.rank() == 0;
   if (printer && !o.json) print_header(out, info);
   const std::vector<std::size_t> sizes =
@@ -248,7 +295,8 @@ bool run_bench(Peer& peer, const BenchOptions& o, std::ostream& out) {
   bool all_correct = true;
   for (const Algorithm a : o.algorithms) {
     for (const std::size_t bytes : sizes) {
-      const Row row = bench.run_case(a, bytes);
+      const Row row = o.method == Method::back_to_back ? bench.run_back_to_back(a, bytes)
+                                                       : bench.run_case(a, bytes);
       if (printer) print_row(out, info, row, o.json);
       all_correct = all_correct && row.correct;
     }

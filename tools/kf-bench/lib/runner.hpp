@@ -17,6 +17,7 @@
 #include <ostream>
 #include <vector>
 
+#include "kf-bench/lib/method.hpp"
 #include "kf/coll/types.hpp"
 #include "kf/peer.hpp"
 
@@ -33,6 +34,11 @@ struct BenchOptions {
   std::vector<std::size_t> sizes;
   std::optional<int> iters;  ///< timed iterations; default_iterations() when empty
   int warmup = 5;
+  /// barrier (the steps above) or back-to-back (method.hpp: allreduce only, host memory; a
+  /// barrier before each sample, then `calls` in-place allreduces of one warm buffer, timed
+  /// together; `iters` and `warmup` count samples).
+  Method method = Method::barrier;
+  int calls = kDefaultCalls;
   bool json = false;
   /// cuda: the buffers are in device memory (copied from and to the host slots outside the
   /// timed region); standin: host memory standing in for a device (checks the device path
@@ -43,7 +49,8 @@ struct BenchOptions {
 /// Measures every (algorithm, size) of `o` in that order and prints the rows on rank 0 (a
 /// header first unless o.json). Every worker of the job must call it with the same options.
 /// Returns whether every iteration of every row was correct on every worker.
-/// Throws: std::invalid_argument when o.root is not a rank of the job; kf::Error when a
+/// Throws: std::invalid_argument when o.root is not a rank of the job, or back-to-back is asked
+/// of another collective than allreduce or of device buffers; kf::Error when a
 /// collective fails (a peer lost, a timeout).
 bool run_bench(Peer& peer, const BenchOptions& o, std::ostream& out);
 
