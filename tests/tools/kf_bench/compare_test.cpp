@@ -162,6 +162,26 @@ TEST(CompareTables, ShowEveryImplementationAndTheRatios) {
   std::ostringstream none;
   print_tables(none, points, 4, 1);
   EXPECT_NE(none.str().find("no results"), std::string::npos);
+  EXPECT_NE(text.find("no copy rate measured"), std::string::npos) << text;
+
+  // With the copy rate measured in the run, kf's algbw is shown as a fraction of it.
+  std::ostringstream with_copy;
+  print_tables(with_copy, points, 2, 1, CopyRate{2, std::size_t{64} << 20, 2.0});
+  const std::string copy_text = with_copy.str();
+  EXPECT_NE(copy_text.find("2.00 GB/s (memcpy of 64M per thread, 2 at once, this run)"),
+            std::string::npos)
+      << copy_text;
+  EXPECT_NE(copy_text.find("   1.049   0.52"), std::string::npos) << copy_text;  // kf at 1 MiB
+}
+
+TEST(CopyRate, MeasuresEveryThreadsCopiesAndRefusesNothingToDo) {
+  const CopyRate r = measure_copy_rate(std::size_t{1} << 20, 2, 2);
+  EXPECT_EQ(r.threads, 2);
+  EXPECT_EQ(r.bytes, std::size_t{1} << 20);
+  EXPECT_GT(r.gbps, 0.0);
+  EXPECT_THROW(measure_copy_rate(0, 1, 1), std::invalid_argument);
+  EXPECT_THROW(measure_copy_rate(64, 0, 1), std::invalid_argument);
+  EXPECT_THROW(measure_copy_rate(64, 1, 0), std::invalid_argument);
 }
 
 // kf-tcp-nomac is kf's, not a baseline; its table gives both against the best TCP baseline and

@@ -12,9 +12,11 @@
 //   4. per np, a table of time and busbw, the time ratio of kf to the fastest baseline of its
 //      transport class, and a plot of busbw against size; every raw row goes to a JSON-lines
 //      file;
-//   5. all of this once per method (method.hpp: barrier, then back-to-back), each with its own
+//   5. this machine's copy rate (copy_rate.hpp), measured before the runs and after them with
+//      as many threads as the workers have cores, the reference for kf's large-message algbw;
+//   6. all of this once per method (method.hpp: barrier, then back-to-back), each with its own
 //      tables and plots;
-//   6. with another build (--against, compare_builds.hpp), each of kf's implementations also
+//   7. with another build (--against, compare_builds.hpp), each of kf's implementations also
 //      runs from that build's executables as "<impl>@old", beside this build's in every round,
 //      and a table per np gives new/old per cell with each side's run-to-run spread.
 // Thread-safety: pure functions, except run_compare() (children, files, its streams).
@@ -28,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kf-bench/lib/copy_rate.hpp"
 #include "kf-bench/lib/method.hpp"
 #include "kf-bench/lib/spawn.hpp"
 #include "kf-bench/lib/svg_plot.hpp"
@@ -173,8 +176,10 @@ std::optional<BestBaseline> best_baseline(const std::vector<Point>& points, int 
                                           std::string_view kf_impl = {});
 
 /// The tables of `np`: time and busbw per implementation; then kf against the best baselines,
-/// and kf's algbw against a memcpy and a loopback TCP stream for messages of 1 MiB and more.
-void print_tables(std::ostream& out, const std::vector<Point>& points, int np, int rounds);
+/// and kf's algbw against `copy` (measured in the run; none when its gbps is 0) and a loopback
+/// TCP stream for messages of 1 MiB and more.
+void print_tables(std::ostream& out, const std::vector<Point>& points, int np, int rounds,
+                  const CopyRate& copy = {});
 
 /// The plot of `np`: busbw against size, one series per implementation (dashed: tcp class).
 Plot busbw_plot(const std::vector<Point>& points, int np);

@@ -10,9 +10,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <system_error>
+#include <thread>
+#include <utility>
 
 #include "kf-bench/lib/compare.hpp"
 #include "kf-bench/lib/compare_builds.hpp"
@@ -28,6 +32,9 @@ using Clock = std::chrono::steady_clock;
 // From SIGTERM to SIGKILL for a run that timed out: kfrun's own grace before it kills its
 // workers is shorter, so that they are gone when the group is killed.
 constexpr auto kStopGrace = std::chrono::seconds(10);
+// The copy rate's buffers (per thread) and copies: 64 MiB, the largest default size.
+constexpr std::size_t kCopyBytes = std::size_t{64} << 20;
+constexpr int kCopyRepeats = 5;
 
 // A new empty directory under the system's temporary directory. Throws: std::runtime_error.
 fs::path make_temp_dir(const std::string& stem) {
@@ -74,6 +81,7 @@ class Compare {
     jsonl_.open(dir_ / "compare.jsonl", std::ios::trunc);
     if (!jsonl_) throw std::runtime_error("cannot write " + (dir_ / "compare.jsonl").string());
     print_plan();
+    measure_copy_rates("before the runs");
     for (const Method method : o_.methods) {
       for (const int np : o_.nps) {
         for (int round = 1; round <= o_.rounds && interrupted_by_ == 0; ++round) {
@@ -83,6 +91,7 @@ class Compare {
         }
       }
     }
+    if (interrupted_by_ == 0) measure_copy_rates("after the runs");
     write_results();
     if (interrupted_by_ != 0) return 128 + interrupted_by_;
     return all_ok_ ? 0 : 1;
@@ -154,6 +163,26 @@ class Compare {
     out_ << "# output: " << dir_.string() << std::endl;
   }
 
+  // The copy rate with as many threads as np workers have cores here, for each np; the faster
+  // of the two measurements (before and after the runs) is the reference.
+  static int copy_threads(int np) {
+    const int cores = static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
+    return std::min(np, cores);
+  }
+  void measure_copy_rates(const char* when) {
+    std::set<int> counts;
+    for (const int np : o_.nps) counts.insert(copy_threads(np));
+    for (const int threads : counts) {
+      const CopyRate r = measure_copy_rate(kCopyBytes, threads, kCopyRepeats);
+      char line[160];
+      std::snprintf(line, sizeof line,
+                    "copy rate %s: memcpy of %s, %d thread(s) at once: %.2f GB/s each", when,
+                    format_bytes(r.bytes).c_str(), threads, r.gbps);
+      err_ << line << std::endl;
+      if (r.gbps > copy_[threads].gbps) copy_[threads] = r;
+    }
+  }
+
   void run_one(const std::string& impl, int np, int round, Method method) {
     const bool other = is_other_build(impl);
     RunRequest request{
@@ -219,7 +248,7 @@ class Compare {
                                    : "compare-" + std::string(to_string(method)) + "-np";
       for (const int np : o_.nps) {
         out_ << "\n";
-        print_tables(out_, points, np, o_.rounds);
+        print_tables(out_, points, np, o_.rounds, copy_[copy_threads(np)]);
         if (!o_.against.empty()) {
           out_ << "\n";
           print_build_table(out_, points, np, o_.rounds, o_.against);
@@ -246,6 +275,7 @@ class Compare {
   fs::path dir_;
   std::ofstream jsonl_;
   std::vector<RunRows> runs_;
+  std::map<int, CopyRate> copy_;  // per thread count, the faster of the two measurements
   bool all_ok_ = true;
   int interrupted_by_ = 0;
 };

@@ -50,7 +50,7 @@ class JobMetrics {
  private:
   std::map<std::string, std::uint64_t> by_type_;
   std::map<std::string, std::uint64_t, std::less<>> by_kind_;
-  std::set<std::string> failed_;  // workers counted as failed and not joined since
+  std::set<std::string> failed_;   // workers counted as failed and not joined since
   std::set<std::string> noticed_;  // hosts under notice, no worker joined on them since
 };
 
