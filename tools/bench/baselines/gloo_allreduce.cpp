@@ -89,14 +89,7 @@ void finish(bench::Row& row, std::vector<double>& times_us, bool correct,
       .run();
   row.correct = times_us.back() == 0.0;
   times_us.pop_back();
-  row.median_us = bench::quantile(times_us, 0.5);
-  row.p90_us = bench::quantile(times_us, 0.9);
-  if (row.median_us > 0) {
-    const auto moved =
-        static_cast<double>(bench::algbw_bytes(kf::CollOp::allreduce, row.bytes, workers));
-    row.algbw_gbps = moved / (row.median_us * 1e-6) / 1e9;
-    row.busbw_gbps = row.algbw_gbps * bench::bus_factor(kf::CollOp::allreduce, workers);
-  }
+  bench::set_statistics(row, times_us, kf::CollOp::allreduce, workers);
 }
 
 // Measures one message size; every rank calls it with the same arguments.

@@ -14,6 +14,16 @@ bool has_root(CollOp op) { return op == CollOp::broadcast || op == CollOp::gathe
 
 }  // namespace
 
+void set_statistics(Row& row, const std::vector<double>& times_us, CollOp op, int workers) {
+  row.median_us = quantile(times_us, 0.5);
+  row.p90_us = quantile(times_us, 0.9);
+  if (row.median_us > 0) {
+    const double moved = static_cast<double>(algbw_bytes(op, row.bytes, workers));
+    row.algbw_gbps = moved / (row.median_us * 1e-6) / 1e9;
+    row.busbw_gbps = row.algbw_gbps * bus_factor(op, workers);
+  }
+}
+
 std::string_view command_name(CollOp op) noexcept {
   return op == CollOp::reduce_scatter ? "reduce-scatter" : to_string(op);
 }

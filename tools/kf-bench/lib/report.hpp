@@ -8,6 +8,7 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kf-bench/lib/method.hpp"
 #include "kf/coll/types.hpp"
@@ -39,6 +40,10 @@ struct Row {
   double busbw_gbps = 0;
   bool correct = false;
 };
+
+/// Fills `row`'s median_us and p90_us from `times_us` (each a sample's maximum over the workers)
+/// and its algbw and busbw from the median, for `op` over `workers`.
+void set_statistics(Row& row, const std::vector<double>& times_us, CollOp op, int workers);
 
 /// The name of `op` on the command line ("reduce-scatter").
 std::string_view command_name(CollOp op) noexcept;

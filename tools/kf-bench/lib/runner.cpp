@@ -253,13 +253,7 @@ void Bench::finish(Row& row, std::vector<double>& times_us, bool correct) {
   min_op.op = ReduceOp::min;
   peer_.allreduce(next_name(), buffer(&all_correct, 1), buffer(&all_correct, 1), min_op).wait();
   row.correct = all_correct == 1;
-  row.median_us = quantile(times_us, 0.5);
-  row.p90_us = quantile(times_us, 0.9);
-  if (row.median_us > 0) {
-    const double moved = static_cast<double>(algbw_bytes(o_.op, row.bytes, peer_.size()));
-    row.algbw_gbps = moved / (row.median_us * 1e-6) / 1e9;
-    row.busbw_gbps = row.algbw_gbps * bus_factor(o_.op, peer_.size());
-  }
+  set_statistics(row, times_us, o_.op, peer_.size());
 }
 
 }  // namespace
