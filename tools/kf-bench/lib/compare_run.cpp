@@ -214,8 +214,8 @@ class Compare {
         failure_of(r, run.rows.size(), o_.sizes.size(), correct, o_.timeout_s);
     char line[128];
     std::snprintf(line, sizeof line, "%s np=%d round %d/%d %-22s %7.1f s",
-                  method == Method::back_to_back ? "back-to-back" : "barrier", np, round, o_.rounds,
-                  impl.c_str(), seconds);
+                  std::string(to_string(method)).c_str(), np, round, o_.rounds, impl.c_str(),
+                  seconds);
     err_ << line << (failure.empty() ? "" : "  FAILED: ") << failure << std::endl;
     if (!failure.empty()) {
       all_ok_ = false;
