@@ -14,13 +14,6 @@
 
 namespace kf {
 
-using detail::key_of;
-using detail::sum_of_squares;
-using detail::torch_stream;
-using SteadyClock = std::chrono::steady_clock;
-
-namespace {
-
 Buffer tensor_buffer(const torch::Tensor& t, const std::string& what) {
   if (!t.is_contiguous() || (t.device().type() != torch::kCPU && !t.is_cuda())) {
     throw std::invalid_argument(what + ": must be a contiguous CPU or CUDA tensor");
@@ -38,7 +31,10 @@ Buffer tensor_buffer(const torch::Tensor& t, const std::string& what) {
   }
 }
 
-}  // namespace
+using detail::key_of;
+using detail::sum_of_squares;
+using detail::torch_stream;
+using SteadyClock = std::chrono::steady_clock;
 
 DistributedOptimizer::DistributedOptimizer(Session& session, torch::optim::Optimizer& optimizer,
                                            DistributedOptimizerOptions options)
@@ -141,47 +137,116 @@ void DistributedOptimizer::register_state(State& state, torch::nn::Module& modul
     return;
   }
   if (dynamic_cast<torch::optim::Adam*>(&optimizer_) != nullptr) {
-    adam_step_ = &state.counter("optimizer/adam_step");
+    register_moments<torch::optim::AdamOptions, torch::optim::AdamParamState>(state, "adam");
+    return;
+  }
+  if (dynamic_cast<torch::optim::AdamW*>(&optimizer_) != nullptr) {
+    register_moments<torch::optim::AdamWOptions, torch::optim::AdamWParamState>(state, "adamw");
+    return;
+  }
+  if (dynamic_cast<torch::optim::RMSprop*>(&optimizer_) != nullptr) {
+    step_count_ = &state.counter("optimizer/rmsprop_step");
+    set_steps_ = &set_steps<torch::optim::RMSpropParamState>;
     for (auto& group : optimizer_.param_groups()) {
-      const auto& o = static_cast<const torch::optim::AdamOptions&>(group.options());
+      const auto& o = static_cast<const torch::optim::RMSpropOptions&>(group.options());
       for (auto& p : group.params()) {
         const std::string tag = "optimizer/" + std::to_string(i++);
         auto& entry = st[key_of(p)];
         if (!entry) {
-          auto ps = std::make_unique<torch::optim::AdamParamState>();
+          // As RMSprop's first step makes them.
+          auto ps = std::make_unique<torch::optim::RMSpropParamState>();
           ps->step(0);
-          ps->exp_avg(torch::zeros_like(p));
-          ps->exp_avg_sq(torch::zeros_like(p));
-          if (o.amsgrad()) ps->max_exp_avg_sq(torch::zeros_like(p));
+          ps->square_avg(torch::zeros_like(p));
+          if (o.momentum() > 0) ps->momentum_buffer(torch::zeros_like(p));
+          if (o.centered()) ps->grad_avg(torch::zeros_like(p));
           entry = std::move(ps);
         }
-        const auto& ps = static_cast<torch::optim::AdamParamState&>(*entry);
-        state.add(tag + "/exp_avg", tensor_buffer(ps.exp_avg(), tag + " exp_avg"));
-        state.add(tag + "/exp_avg_sq", tensor_buffer(ps.exp_avg_sq(), tag + " exp_avg_sq"));
-        if (o.amsgrad()) {
-          state.add(tag + "/max_exp_avg_sq",
-                    tensor_buffer(ps.max_exp_avg_sq(), tag + " max_exp_avg_sq"));
+        const auto& ps = static_cast<torch::optim::RMSpropParamState&>(*entry);
+        state.add(tag + "/square_avg", tensor_buffer(ps.square_avg(), tag + " square_avg"));
+        if (o.momentum() > 0) {
+          state.add(tag + "/momentum",
+                    tensor_buffer(ps.momentum_buffer(), tag + " momentum_buffer"));
         }
+        if (o.centered()) {
+          state.add(tag + "/grad_avg", tensor_buffer(ps.grad_avg(), tag + " grad_avg"));
+        }
+      }
+    }
+    return;
+  }
+  if (dynamic_cast<torch::optim::Adagrad*>(&optimizer_) != nullptr) {
+    // Adagrad makes its state (the sums, at initial_accumulator_value) when it is constructed.
+    step_count_ = &state.counter("optimizer/adagrad_step");
+    set_steps_ = &set_steps<torch::optim::AdagradParamState>;
+    for (auto& group : optimizer_.param_groups()) {
+      for (auto& p : group.params()) {
+        const std::string tag = "optimizer/" + std::to_string(i++);
+        auto it = st.find(key_of(p));
+        if (it == st.end() || !it->second) {
+          throw std::invalid_argument(
+              "DistributedOptimizer::register_state: Adagrad has no "
+              "state for parameter " +
+              std::to_string(i - 1));
+        }
+        const auto& ps = static_cast<torch::optim::AdagradParamState&>(*it->second);
+        state.add(tag + "/sum", tensor_buffer(ps.sum(), tag + " sum"));
       }
     }
     return;
   }
   throw std::invalid_argument(
       "DistributedOptimizer::register_state: the state of this optimizer cannot be registered "
-      "(SGD and Adam can); wrap one of those");
+      "(SGD, Adam, AdamW, RMSprop and Adagrad can; LBFGS cannot); wrap one of those");
+}
+
+// Adam and AdamW: the two moments (and the maximum with amsgrad) of every parameter, made as
+// their first step makes them, and their step count as the counter optimizer/<name>_step.
+template <class Options, class ParamState>
+void DistributedOptimizer::register_moments(State& state, const std::string& name) {
+  step_count_ = &state.counter("optimizer/" + name + "_step");
+  set_steps_ = &set_steps<ParamState>;
+  auto& st = optimizer_.state();
+  std::size_t i = 0;
+  for (auto& group : optimizer_.param_groups()) {
+    const auto& o = static_cast<const Options&>(group.options());
+    for (auto& p : group.params()) {
+      const std::string tag = "optimizer/" + std::to_string(i++);
+      auto& entry = st[key_of(p)];
+      if (!entry) {
+        auto ps = std::make_unique<ParamState>();
+        ps->step(0);
+        ps->exp_avg(torch::zeros_like(p));
+        ps->exp_avg_sq(torch::zeros_like(p));
+        if (o.amsgrad()) ps->max_exp_avg_sq(torch::zeros_like(p));
+        entry = std::move(ps);
+      }
+      const auto& ps = static_cast<ParamState&>(*entry);
+      state.add(tag + "/exp_avg", tensor_buffer(ps.exp_avg(), tag + " exp_avg"));
+      state.add(tag + "/exp_avg_sq", tensor_buffer(ps.exp_avg_sq(), tag + " exp_avg_sq"));
+      if (o.amsgrad()) {
+        state.add(tag + "/max_exp_avg_sq",
+                  tensor_buffer(ps.max_exp_avg_sq(), tag + " max_exp_avg_sq"));
+      }
+    }
+  }
+}
+
+// The step count of every parameter's state (a per-parameter field in LibTorch, one counter
+// in the State, so that it is committed, restored and synced with the rest).
+template <class ParamState>
+void DistributedOptimizer::set_steps(torch::optim::Optimizer& optimizer, std::int64_t step) {
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) {
+      auto it = optimizer.state().find(key_of(p));
+      if (it != optimizer.state().end()) static_cast<ParamState&>(*it->second).step(step);
+    }
+  }
 }
 
 void DistributedOptimizer::run_optimizer() {
-  if (adam_step_ != nullptr) {
-    for (auto& group : optimizer_.param_groups()) {
-      for (auto& p : group.params()) {
-        auto it = optimizer_.state().find(key_of(p));
-        if (it != optimizer_.state().end()) {
-          static_cast<torch::optim::AdamParamState&>(*it->second).step(*adam_step_);
-        }
-      }
-    }
-    ++*adam_step_;
+  if (step_count_ != nullptr) {
+    set_steps_(optimizer_, *step_count_);
+    ++*step_count_;
   }
   optimizer_.step();
 }

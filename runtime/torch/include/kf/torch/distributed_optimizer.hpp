@@ -54,6 +54,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <torch/torch.h>
@@ -66,6 +67,11 @@
 #include "kf/runtime/training_mode.hpp"
 
 namespace kf {
+
+/// `t` as a kf::Buffer for State::add and the collectives: a contiguous CPU or CUDA tensor of
+/// float32, float64 or int64 (the tensor must outlive the buffer).
+/// Throws: std::invalid_argument starting with `what` for any other tensor.
+Buffer tensor_buffer(const torch::Tensor& t, const std::string& what);
 
 struct DistributedOptimizerOptions {
   /// Gradients are grouped, in reverse parameter order (the order backward produces them), into
@@ -95,10 +101,14 @@ class DistributedOptimizer {
 
   /// Registers with `state` (before Session::join): every parameter and buffer of `module` (as
   /// "model/<name>"), and the optimizer's per-parameter state, created now so that every worker
-  /// has the same layout before the first step (SGD's momentum buffers; Adam's moments and its
-  /// step count, a State counter). Pre-created state gives the same updates as LibTorch's lazy
-  /// creation for SGD with dampening 0 and for Adam. Throws: std::invalid_argument for another
-  /// optimizer that holds state, or a buffer of an unsupported type.
+  /// has the same layout before the first step: SGD's momentum buffers; the moments of Adam and
+  /// AdamW (and their maxima with amsgrad); RMSprop's square averages (with its momentum
+  /// buffers and gradient averages when it has momentum or is centered); Adagrad's sums. The
+  /// step count of Adam, AdamW, RMSprop and Adagrad is a State counter
+  /// ("optimizer/adam_step", "optimizer/adamw_step", ...). Pre-created state gives the same
+  /// updates as LibTorch's lazy creation for SGD with dampening 0 and for the others.
+  /// Throws: std::invalid_argument for another optimizer that holds state (LBFGS), or a buffer
+  /// of an unsupported type.
   void register_state(State& state, torch::nn::Module& module);
 
   /// Zeroes the gradients (the wrapped optimizer's zero_grad).
@@ -158,8 +168,13 @@ class DistributedOptimizer {
   DistributedOptimizerOptions options_;
   std::vector<Slot> slots_;  // one per parameter, in the optimizer's order
   std::vector<std::unique_ptr<Bucket>> buckets_;
-  std::int64_t* adam_step_ = nullptr;  // State counter of Adam's step count
-  double weight_ = 0;                  // local/global of this step; 0: 1/size
+  template <class Options, class ParamState>
+  void register_moments(State& state, const std::string& name);
+  template <class ParamState>
+  static void set_steps(torch::optim::Optimizer& optimizer, std::int64_t step);
+  std::int64_t* step_count_ = nullptr;  // State counter of the optimizer's step count
+  void (*set_steps_)(torch::optim::Optimizer&, std::int64_t) = nullptr;
+  double weight_ = 0;  // local/global of this step; 0: 1/size
   std::int64_t local_samples_ = -1;
   std::chrono::steady_clock::time_point began_{};  // begin_step's time, while begun_
   bool begun_ = false;
