@@ -118,8 +118,9 @@ class PyOptimizer : public torch::optim::Optimizer {
  private:
   static std::vector<torch::optim::OptimizerParamGroup> groups_of(const py::object& optimizer) {
     if (!py::hasattr(optimizer, "param_groups") || !py::hasattr(optimizer, "step")) {
-      throw py::type_error("DistributedOptimizer: wraps a torch.optim optimizer (an object with "
-                           "param_groups and step())");
+      throw py::type_error(
+          "DistributedOptimizer: wraps a torch.optim optimizer (an object with "
+          "param_groups and step())");
     }
     std::vector<torch::optim::OptimizerParamGroup> groups;
     for (const py::handle g : optimizer.attr("param_groups")) {
@@ -242,7 +243,9 @@ PYBIND11_MODULE(_kf, m) {
            "the state holds a reference to it")
       .def(
           "counter",
-          [](PyState& s, const std::string& name) { return Counter{&s.state.counter(name), name}; },
+          [](PyState& s, const std::string& name) {
+            return Counter{&s.state.counter(name), name};
+          },
           py::arg("name"), py::keep_alive<0, 1>(),
           "The counter of that name, created at 0 on first use")
       .def("commit", [](PyState& s) { s.state.commit(); })
@@ -255,8 +258,8 @@ PYBIND11_MODULE(_kf, m) {
       .def_property_readonly("layout", [](const PyState& s) { return s.state.layout(); });
 
   py::class_<kf::ElasticSampler>(m, "ElasticSampler")
-      .def(py::init<std::size_t, std::uint64_t, bool>(), py::arg("dataset_size"),
-           py::arg("seed"), py::arg("shuffle") = true)
+      .def(py::init<std::size_t, std::uint64_t, bool>(), py::arg("dataset_size"), py::arg("seed"),
+           py::arg("shuffle") = true)
       .def("start_epoch", &kf::ElasticSampler::start_epoch, py::arg("epoch"),
            py::arg("position") = 0)
       .def("batch", &kf::ElasticSampler::batch, py::arg("rank"), py::arg("size"),
@@ -271,8 +274,8 @@ PYBIND11_MODULE(_kf, m) {
 
   py::class_<kf::Session>(m, "Session")
       .def(py::init([](PyState& state, const py::object& defaults) {
-             const nlohmann::json d = defaults.is_none() ? nlohmann::json::object()
-                                                         : from_python(defaults, "defaults");
+             const nlohmann::json d =
+                 defaults.is_none() ? nlohmann::json::object() : from_python(defaults, "defaults");
              if (!d.is_object()) throw py::type_error("defaults must be a dict");
              return kf::Session::from_environment(state.state, d);
            }),
