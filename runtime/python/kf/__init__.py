@@ -21,10 +21,60 @@ and runs its steps through the session::
 docs/python.md says more: the loop, the sampler, policies, elastic jobs on one host and many.
 """
 
+import os as _os
+
 import torch as _torch  # noqa: F401  (loads LibTorch before the extension that links it)
 
+from . import _kf
 from ._kf import Counter, DistributedOptimizer as _DistributedOptimizer  # noqa: F401
-from ._kf import ElasticSampler, Error, Session, State
+from ._kf import ElasticSampler, Error, PolicyContext, PolicyRunner, State
+
+#: The hooks a policy may have, in the order of a job's life.
+HOOKS = ("before_train", "before_epoch", "after_step", "after_epoch", "on_membership_change")
+
+
+class Session(_kf.Session):
+    """The job as this worker sees it: made from the environment kfrun gives the worker.
+
+    ``state`` is the kf.State with everything a step changes (registered before ``join()``);
+    ``defaults`` are the program's own cluster settings (``{"mode": "sma"}``), which the job's
+    settings override. ``policies``, when given, replaces the job file's policies: each is the
+    name of a built-in or plugin policy, a ``(name, params)`` pair, or a Python object whose
+    methods named as in ``HOOKS`` are called with a ``kf.PolicyContext``. Such an object must
+    decide the same on every worker from the same inputs; kf checks it (docs/python.md). Its
+    name is its ``name`` attribute, else its class's. ``plugins`` are C++ policy plugins
+    (shared libraries made with KF_POLICY_PLUGIN) to load first.
+
+    Raises ValueError naming a bad environment variable or argument, TypeError for a policy
+    that is none of these, kf.Error from the runtime.
+    """
+
+    def __init__(self, state, defaults=None, policies=None, plugins=()):
+        super().__init__(state, defaults)
+        self.policies = None
+        if policies is None and not plugins:
+            return
+        runner = PolicyRunner()
+        for path in plugins:
+            runner.load_plugin(_os.path.abspath(path))
+        names = set()
+        for p in policies or ():
+            if isinstance(p, str):
+                runner.add(p)
+            elif isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str):
+                runner.add(p[0], p[1])
+            elif any(callable(getattr(p, h, None)) for h in HOOKS):
+                name = str(getattr(p, "name", type(p).__name__))
+                if name in names:
+                    raise ValueError("two Python policies are named '%s'; give each its own "
+                                     "name attribute" % name)
+                names.add(name)
+                self._add_python_policy(runner, p, name)
+            else:
+                raise TypeError("a policy is a name, a (name, params) pair or an object with "
+                                "one of the hooks %s, not %r" % (", ".join(HOOKS), p))
+        self._set_policies(runner)
+        self.policies = runner
 
 #: What Session.step() returns: the step is committed on every worker.
 COMMITTED = "committed"
@@ -39,6 +89,9 @@ __all__ = [
     "Counter",
     "ElasticSampler",
     "Error",
+    "HOOKS",
+    "PolicyContext",
+    "PolicyRunner",
     "LEFT",
     "ROLLED_BACK",
     "Session",
