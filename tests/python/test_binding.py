@@ -30,6 +30,23 @@ def test_state_registers_tensors_and_counters():
     assert torch.equal(t, torch.arange(4, dtype=torch.float32)) and c.value == 7
 
 
+def test_a_modules_state_dict_is_registered_in_place():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    s = kf.State()
+    s.add_state_dict("model", model.state_dict())
+    assert "model/0.weight" in s.names and "model/1.num_batches_tracked" in s.names
+    s.commit()
+    with torch.no_grad():
+        before = model[0].weight.clone()
+        model[0].weight.add_(1.0)
+    s.restore()
+    assert torch.equal(model[0].weight, before)
+    with pytest.raises(TypeError, match="'opt/param_groups' is a list"):
+        kf.State().add_state_dict("opt", {"param_groups": [1]})
+    with pytest.raises(TypeError, match="a mapping is needed"):
+        kf.State().add_state_dict("x", 3)
+
+
 @pytest.mark.parametrize("bad,why", [
     (torch.zeros(3, dtype=torch.int32), "cannot be registered"),
     (torch.zeros(4, 4).t(), "contiguous"),

@@ -45,6 +45,12 @@ def test_a_python_policy_changes_the_batch_on_every_worker_at_one_step():
     expect_batch_change_at_step_5(r.stdout)
     assert "[0] calls 10" in r.stdout and "[1] calls 10" in r.stdout, r.stdout
     assert "[0] disabled: \n" in r.stdout, r.stdout
+    # The decision, as every worker's session applied it.
+    for rank in (0, 1):
+        decisions = re.findall(r"^\[%d\] decision (.*)$" % rank, r.stdout, re.M)
+        assert len(decisions) == 1, r.stdout
+        assert decisions[0].startswith("step 5 after_step {'batch_size': 24"), decisions
+        assert "py-batch-at-step" in decisions[0], decisions
 
 
 def test_a_policy_that_decides_differently_on_each_worker_is_disabled_on_every_worker():

@@ -68,6 +68,28 @@ struct PyState {
   }
 };
 
+// State.add_state_dict: every tensor of a (nested) mapping, under prefix/key.
+void add_mapping(PyState& s, const std::string& prefix, const py::handle& mapping) {
+  if (!py::isinstance<py::dict>(mapping) && !py::hasattr(mapping, "items")) {
+    throw py::type_error("State.add_state_dict('" + prefix + "'): a mapping is needed, not " +
+                         std::string(py::str(mapping.get_type().attr("__name__"))));
+  }
+  for (const py::handle item : mapping.attr("items")()) {
+    const auto pair = py::reinterpret_borrow<py::tuple>(item);
+    const std::string key = prefix + "/" + std::string(py::str(pair[0]));
+    const py::handle value = pair[1];
+    if (THPVariable_Check(value.ptr())) {
+      s.add(key, value.cast<at::Tensor>());
+    } else if (py::isinstance<py::dict>(value)) {
+      add_mapping(s, key, value);
+    } else {
+      throw py::type_error("State.add_state_dict: '" + key + "' is a " +
+                           std::string(py::str(value.get_type().attr("__name__"))) +
+                           "; tensors and dicts of them can be registered");
+    }
+  }
+}
+
 // One of a State's counters: a view of the 64-bit integer the state owns.
 struct Counter {
   std::int64_t* value;
@@ -394,6 +416,14 @@ PYBIND11_MODULE(_kf, m) {
            "Registers a contiguous float32, float64 or int64 tensor (CPU or CUDA) under name; "
            "the state holds a reference to it")
       .def(
+          "add_state_dict",
+          [](PyState& s, const std::string& prefix, const py::handle& mapping) {
+            add_mapping(s, prefix, mapping);
+          },
+          py::arg("prefix"), py::arg("state_dict"),
+          "Registers every tensor of a state dict (a module's state_dict(), whose tensors share "
+          "the module's memory) as prefix/key; nested dicts as prefix/key/inner")
+      .def(
           "counter",
           [](PyState& s, const std::string& name) {
             return Counter{&s.state.counter(name), name};
@@ -589,6 +619,18 @@ PYBIND11_MODULE(_kf, m) {
                              [](const kf::Session& s) { return s.compression().str(); })
       .def_property_readonly("stop_requested", &kf::Session::stop_requested)
       .def_property_readonly("boundaries_on_change", &kf::Session::boundaries_on_change)
+      .def_property_readonly("decisions",
+                             [](const kf::Session& s) {
+                               py::list out;
+                               for (const auto& d : s.decisions()) {
+                                 py::dict e;
+                                 e["step"] = d.step;
+                                 e["hook"] = d.hook;
+                                 e["proposal"] = to_python(d.proposal.to_json());
+                                 out.append(e);
+                               }
+                               return out;
+                             })
       .def_property_readonly("changes",
                              [](const kf::Session& s) {
                                py::list out;

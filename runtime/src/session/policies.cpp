@@ -139,6 +139,8 @@ void revoke_workers(Cluster& next, const std::vector<std::string>& revoke, const
 void Session::apply(const Proposal& proposal, const char* hook) {
   if (proposal.empty() || proposal.changes_nothing(peer_->size(), settings_)) return;
   count_decisions(proposal);
+  decisions_.push_back(PolicyDecision{*steps_, hook, proposal});
+  if (decisions_.size() > kMaxDecisions) decisions_.pop_front();
   std::string why;
   for (const auto& r : proposal.reasons) why += (why.empty() ? "" : "; ") + r;
   // Captures a copy: the elastic branch runs it later, on the poster thread.

@@ -80,6 +80,8 @@ def main():
                                           session.settings.get("lr", 0.1)), flush=True)
     if kind == "python":
         print("calls %d" % policies[0].calls, flush=True)
+    for d in session.decisions:
+        print("decision step %d %s %s" % (d["step"], d["hook"], d["proposal"]), flush=True)
     print("disabled: %s" % "; ".join(session.policies.disabled), flush=True)
     return 0
 

@@ -27,6 +27,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <limits>
 #include <map>
@@ -185,6 +186,13 @@ struct ChangeRecord {
   std::string summary() const;
 };
 
+/// A proposal of the policies that this worker's session applied (Session::decisions).
+struct PolicyDecision {
+  std::int64_t step = 0;  ///< steps finished when it was made
+  std::string hook;       ///< "after_step", "on_membership_change", ...
+  Proposal proposal;
+};
+
 class Session {
  public:
   enum class Outcome {
@@ -330,6 +338,11 @@ class Session {
   /// Commits so far (State counter "kf.commits": steps every worker finished).
   std::int64_t commits() const noexcept { return *commits_; }
   const std::vector<ChangeRecord>& changes() const noexcept { return changes_; }
+  /// The policies' proposals this worker applied, oldest first: the last kMaxDecisions. (In an
+  /// elastic job rank 0 writes them to the config service and every worker takes them up with
+  /// the version; every worker made the same proposal.)
+  const std::deque<PolicyDecision>& decisions() const noexcept { return decisions_; }
+  static constexpr std::size_t kMaxDecisions = 256;
   /// Steps finished on every worker (State counter "kf.steps"; commits happen every
   /// commit_every of them).
   std::int64_t steps() const noexcept { return *steps_; }
@@ -442,6 +455,7 @@ class Session {
   std::chrono::steady_clock::time_point progress_at_ = std::chrono::steady_clock::now();
   int changes_since_progress_ = 0;
   std::vector<ChangeRecord> changes_;
+  std::deque<PolicyDecision> decisions_;
   double last_check_us_ = 0;
   std::uint64_t boundary_ = 0;
   std::uint64_t refused_version_ = 0;  ///< a version over max_workers, not switched to
