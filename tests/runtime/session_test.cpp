@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -185,6 +186,7 @@ TEST(Session, StaticJobPoliciesSeeAveragedMetricsAndChangeSettingsTogether) {
   std::vector<std::vector<std::int64_t>> batch_at(n);
   std::vector<std::vector<double>> seen(n);
   std::vector<std::string> scraped(n);
+  std::vector<std::deque<PolicyDecision>> decided(n);
   test::run_all(n, [&](int r) {
     State state;
     auto halver = std::make_unique<Halver>();
@@ -203,6 +205,7 @@ TEST(Session, StaticJobPoliciesSeeAveragedMetricsAndChangeSettingsTogether) {
       s.step([&] { s.set_metric(slot, r + 1.0); });
     }
     seen[r] = h->seen;
+    decided[r] = s.decisions();
     scraped[r] =
         run_command("curl -s http://127.0.0.1:" + std::to_string(s.metrics_port()) + "/metrics");
   });
@@ -211,6 +214,12 @@ TEST(Session, StaticJobPoliciesSeeAveragedMetricsAndChangeSettingsTogether) {
         << "rank " << r;
     ASSERT_EQ(seen[r].size(), 8u);
     for (double v : seen[r]) EXPECT_EQ(v, 2.0) << "mean of 1, 2, 3 on rank " << r;
+    // The one proposal, as the session applied it.
+    ASSERT_EQ(decided[r].size(), 1u) << "rank " << r;
+    EXPECT_EQ(decided[r][0].step, 5);
+    EXPECT_EQ(decided[r][0].hook, "after_step");
+    EXPECT_EQ(decided[r][0].proposal.batch_size, std::optional<std::int64_t>(32));
+    EXPECT_EQ(decided[r][0].proposal.reasons.size(), 3u);
     for (const char* action : {"batch_size", "algorithm", "mode"}) {
       EXPECT_NE(scraped[r].find("kf_policy_decisions_total{action=\"" + std::string(action) +
                                 "\",policy=\"halver\"} 1\n"),
