@@ -48,3 +48,21 @@ def test_a_bad_file_is_named(tmp_path):
     assert r.returncode != 0
     assert "train-images-idx3-ubyte: truncated header" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.skipif(not os.path.isdir(DATA), reason=DATA + " is missing (dataset-fashion-mnist)")
+@pytest.mark.parametrize("mode", ["sma:period=4", "pair-avg", "async-ps", "sync-sgd/topk:0.1",
+                                  "sync-sgd/fp16"])
+def test_the_training_modes_and_compression_train_from_python(mode):
+    mode, _, compression = mode.partition("/")
+    args = [example(), "--mode", mode, "--limit", "3000", "--epochs", "2", "--log-every", "1000"]
+    if compression:
+        args += ["--compression", compression]
+    r = run_workers(2, args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    accuracy, workers = final_accuracy(r.stdout)
+    assert workers == 2 and accuracy >= 0.6, r.stdout
+    # The models differ between averages in sma and pair-avg; the example averages them at the
+    # end, so every worker holds one.
+    assert "parameters identical on all 2 workers: yes" in r.stdout, r.stdout
+    assert ("mode %s, compression %s" % (mode, compression or "none")) in r.stdout, r.stdout
