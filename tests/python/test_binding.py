@@ -121,3 +121,18 @@ def test_a_worker_sees_the_session_and_its_errors():
                  "learning rate", "steps commit", "kf.Error", "bad arguments raise",
                  "the body's exception", "KeyboardInterrupt", "done"]:
         assert "ok: " + what in r.stdout, what + "\n" + r.stdout + r.stderr
+
+
+def test_a_dataloader_with_the_elastic_batch_sampler_takes_every_sample_once_per_epoch():
+    r = run_workers(2, [os.path.join(HERE, "workers", "loader_worker.py")])
+    assert r.returncode == 0, r.stdout + r.stderr
+    per_epoch = {0: [], 1: []}
+    steps = set()
+    for line in r.stdout.splitlines():
+        w = line.split()
+        if len(w) >= 4 and w[1] == "step":
+            steps.add(int(w[2]))
+            per_epoch[int(w[4])] += [int(i) for i in w[5:]]
+    for e, samples in per_epoch.items():
+        assert sorted(samples) == list(range(50)), "epoch %d: %s" % (e, sorted(samples))
+    assert steps == set(range(1, 15)), steps  # ceil(50 / 8) = 7 steps per epoch

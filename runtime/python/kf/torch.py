@@ -13,9 +13,10 @@ with a ``kf.State``, so that they are committed, restored and sent to joiners.
 import torch
 from torch.utils.data import default_collate
 
+from . import ElasticSampler as _ElasticSampler
 from . import _DistributedOptimizer
 
-__all__ = ["DistributedOptimizer", "elastic_batch"]
+__all__ = ["DistributedOptimizer", "ElasticBatchSampler", "elastic_batch"]
 
 
 def _zeros(p):
@@ -193,3 +194,55 @@ def elastic_batch(dataset, indices):
         idx = torch.as_tensor(indices, dtype=torch.long)
         return [t[idx] for t in dataset.tensors]
     return default_collate([dataset[i] for i in indices])
+
+
+class ElasticBatchSampler(torch.utils.data.Sampler):
+    """A ``torch.utils.data`` batch sampler over one epoch of a kf job: each item is this
+    worker's part of the next step (a list of indices), computed when it is asked for from the
+    State counters ``epoch`` and ``position``, the session's size and the settings' batch size.
+    So after a step that rolled back (the counters are back at the last commit) or a change of
+    the cluster, the next item is right again. The iteration ends when the epoch does.
+
+        sampler = kf.torch.ElasticBatchSampler(len(data), session, epoch, position, seed=7)
+        for x, y in torch.utils.data.DataLoader(data, batch_sampler=sampler):
+            def step():
+                ...                           # opt.begin_step(len(x), sampler.step_samples)
+                sampler.advance()             # inside the step: it moves the counters
+            session.step(step)
+
+    Use it with ``num_workers=0`` (the default): a DataLoader with worker processes asks for
+    batches ahead of the steps. ``batch_size`` is the global batch when the settings have none.
+    """
+
+    def __init__(self, dataset_size, session, epoch, position, seed, batch_size=64,
+                 shuffle=True):
+        self.session = session
+        self.epoch_counter = epoch
+        self.position_counter = position
+        self.batch_size = batch_size
+        self._sampler = _ElasticSampler(dataset_size, seed, shuffle)
+        self._epoch = None
+        self.step_samples = 0  # the current step's samples over every worker
+        self.global_batch = 0
+
+    def __len__(self):
+        return len(self._sampler)
+
+    def __iter__(self):
+        self._epoch = self.epoch_counter.value
+        while self.epoch_counter.value == self._epoch:
+            self.global_batch = int(self.session.settings.get("batch_size", self.batch_size))
+            self._sampler.start_epoch(self.epoch_counter.value, self.position_counter.value)
+            self.step_samples = self._sampler.step_samples(self.global_batch)
+            first, count = self.session.batch_part(self.step_samples)
+            yield self._sampler.range(first, count)
+
+    def advance(self):
+        """Moves the counters past the current step (call it inside the step, so that a step
+        that rolls back rolls it back too); at the epoch's end, to the next epoch."""
+        self._sampler.advance(self.global_batch)
+        if self._sampler.epoch_done:
+            self.epoch_counter.value += 1
+            self.position_counter.value = 0
+        else:
+            self.position_counter.value = self._sampler.position
