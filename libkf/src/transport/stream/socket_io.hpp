@@ -32,7 +32,11 @@ inline constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
 // after it is read (receiver). Chunks of 256 KiB, which stay in a core's L2 between the two
 // passes, made a 64 MiB allreduce of 2 workers over TCP slower, not faster: 48.7 against
 // 38.3 ms (kf-bench, median of 5 runs in turn), the system calls and wake-ups costing more
-// than the cache misses they saved.
+// than the cache misses they saved. Nor does hashing after the write help: a first write of
+// 256 KiB (whole segments) before its hash, so that the receiver starts at once, then the rest,
+// each hashed after it went, and the tag in a write of its own, made a 1 MiB allreduce of 2
+// workers slower (520 against 366 us; 64 MiB 53.0 against 49.6 ms; kf-bench compare
+// --against, back to back, 3 rounds).
 inline constexpr std::size_t kProgressChunk = std::size_t{4} << 20;
 // Asio's async_write hands the socket at most 64 KiB per system call (transfer_all's default).
 // Over loopback TCP, whose segments carry up to 65483 bytes, every such write went out as one
