@@ -40,3 +40,10 @@ def test_two_workers_on_halves_match_one_process_on_the_whole_batch(name, tmp_pa
         assert torch.equal(pa, pb), "the workers differ at parameter %d" % i
         assert torch.allclose(pa, w, rtol=1e-4, atol=1e-5), \
             "parameter %d: max difference %g" % (i, (pa - w).abs().max())
+
+
+@pytest.mark.parametrize("name", sorted(common.OPTIMIZERS))
+def test_the_registered_optimizer_state_comes_back_with_a_restore(name):
+    r = run_workers(1, [os.path.join(HERE, "workers", "restore_worker.py"), name])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "restored: 0/" in r.stdout, r.stdout

@@ -45,7 +45,10 @@ def _make_state(optimizer, group, p, st):
             st["max_exp_avg_sq"] = _zeros(p)
         return True
     if isinstance(optimizer, torch.optim.RMSprop):
-        st["step"] = 0
+        # A tensor, which RMSprop increments in place (+= 1), so that State.restore() puts it
+        # back where the optimizer reads it; an int for a differentiable RMSprop, which refuses
+        # a tensor.
+        st["step"] = 0 if group["differentiable"] else torch.zeros((), dtype=torch.int64)
         st["square_avg"] = _zeros(p)
         if group["momentum"] > 0:
             st["momentum_buffer"] = _zeros(p)
@@ -57,7 +60,8 @@ def _make_state(optimizer, group, p, st):
 
 class _Stepper:
     """What the C++ optimizer calls: the Python optimizer's step, with the integer entries of
-    its state (RMSprop's step) taken from and given back to their State counters."""
+    its state taken from and given back to their State counters (an entry read between a
+    restore and the next step still holds its value before the restore)."""
 
     def __init__(self, optimizer):
         self.optimizer = optimizer
@@ -108,9 +112,9 @@ class DistributedOptimizer:
         ``model`` as ``model/<name>`` and the optimizer's per-parameter state as
         ``optimizer/<i>/<key>``, created now as the optimizer's first step would create it, so
         that every worker has the same layout before the first step. Known: SGD, Adam, AdamW,
-        RMSprop (their state is made here) and every optimizer whose state exists once it is
-        constructed (Adagrad). Tensors are registered as they are; integer entries become State
-        counters. Raises TypeError for an optimizer whose state kf cannot make, ValueError for a
+        RMSprop (their state is made here; RMSprop's step as an int64 tensor) and every optimizer
+        whose state exists once it is constructed (Adagrad). Tensors are registered as they
+        are; integer entries become State counters, given to the optimizer before each step. Raises TypeError for an optimizer whose state kf cannot make, ValueError for a
         tensor kf cannot register."""
         for name, p in model.named_parameters():
             state.add("model/" + name, p.detach())
