@@ -69,11 +69,11 @@ class Session(_kf.Session):
                     raise ValueError("two Python policies are named '%s'; give each its own "
                                      "name attribute" % name)
                 names.add(name)
-                self._add_python_policy(runner, p, name)
+                _kf._add_python_policy(self, runner, p, name)
             else:
                 raise TypeError("a policy is a name, a (name, params) pair or an object with "
                                 "one of the hooks %s, not %r" % (", ".join(HOOKS), p))
-        self._set_policies(runner)
+        _kf._set_policies(self, runner)
         self.policies = runner
 
 #: What Session.step() returns: the step is committed on every worker.
