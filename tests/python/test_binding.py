@@ -136,3 +136,20 @@ def test_a_dataloader_with_the_elastic_batch_sampler_takes_every_sample_once_per
     for e, samples in per_epoch.items():
         assert sorted(samples) == list(range(50)), "epoch %d: %s" % (e, sorted(samples))
     assert steps == set(range(1, 15)), steps  # ceil(50 / 8) = 7 steps per epoch
+
+
+def test_plugins_without_policies_are_refused():
+    with pytest.raises(ValueError, match="plugins are loaded for the policies"):
+        kf.Session(kf.State(), plugins=["/nonexistent/libx.so"])
+
+
+
+@pytest.mark.parametrize("bad,kind,why", [
+    ([3], TypeError, "a policy is a name"),
+    ([("gns-batch-size",)], TypeError, "a policy is a name"),
+    ([type("P", (), {"after_step": lambda self, ctx: None})(),
+      type("P", (), {"after_step": lambda self, ctx: None})()], ValueError, "two Python policies"),
+])
+def test_policies_of_no_known_kind_are_refused_before_the_session_is_made(bad, kind, why):
+    with pytest.raises(kind, match=why):
+        kf.Session(kf.State(), policies=bad)

@@ -50,29 +50,39 @@ class Session(_kf.Session):
     """
 
     def __init__(self, state, defaults=None, policies=None, plugins=()):
-        super().__init__(state, defaults)
-        self.policies = None
-        if policies is None and not plugins:
-            return
-        runner = PolicyRunner()
-        for path in plugins:
-            runner.load_plugin(_os.path.abspath(path))
+        if policies is None and plugins:
+            raise ValueError("plugins are loaded for the policies given as policies=; a job "
+                             "file lists its own plugins")
+        # What each policy is, checked before the session is made.
+        wanted = []
         names = set()
         for p in policies or ():
             if isinstance(p, str):
-                runner.add(p)
+                wanted.append((p, None, None))
             elif isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str):
-                runner.add(p[0], p[1])
+                wanted.append((p[0], p[1], None))
             elif any(callable(getattr(p, h, None)) for h in HOOKS):
                 name = str(getattr(p, "name", type(p).__name__))
                 if name in names:
                     raise ValueError("two Python policies are named '%s'; give each its own "
                                      "name attribute" % name)
                 names.add(name)
-                _kf._add_python_policy(self, runner, p, name)
+                wanted.append((name, None, p))
             else:
                 raise TypeError("a policy is a name, a (name, params) pair or an object with "
                                 "one of the hooks %s, not %r" % (", ".join(HOOKS), p))
+        super().__init__(state, defaults)
+        self.policies = None
+        if policies is None:
+            return
+        runner = PolicyRunner()
+        for path in plugins:
+            runner.load_plugin(_os.path.abspath(path))
+        for name, params, python in wanted:
+            if python is None:
+                runner.add(name, params)
+            else:
+                _kf._add_python_policy(self, runner, python, name)
         _kf._set_policies(self, runner)
         self.policies = runner
 

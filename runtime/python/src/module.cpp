@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// kf._kf: the Python binding of kf's runtime (docs/python.md). One translation unit, since
-// LibTorch's and pybind11's headers are costly. The Python package around it (kf/__init__.py,
-// kf/torch.py) gives it its public names.
+// kf._kf: the Python binding of kf's runtime (docs/python.md). Two translation units, since
+// LibTorch's and pybind11's headers are costly: this one (the state, the session, the sampler,
+// the optimizer: LibTorch's headers) and policies.cpp (pybind11's only). The Python package
+// around it (kf/__init__.py, kf/torch.py) gives it its public names.
 //
 // Torch tensors pass both ways without copies (LibTorch's own type casters: a Python tensor is
 // the C++ tensor). Blocking calls (join, a step's boundary, collectives, the optimizer's wait for
@@ -95,7 +96,7 @@ class PyGroupOptions : public torch::optim::OptimizerCloneableOptions<PyGroupOpt
   PyGroupOptions& operator=(const PyGroupOptions&) = delete;
   ~PyGroupOptions() override {
     py::gil_scoped_acquire gil;
-    group_ = py::dict();
+    group_.release().dec_ref();
   }
   double get_lr() const override {
     py::gil_scoped_acquire gil;
@@ -120,7 +121,7 @@ class PyOptimizer : public torch::optim::Optimizer {
         optimizer_(std::move(optimizer)) {}
   ~PyOptimizer() override {
     py::gil_scoped_acquire gil;
-    optimizer_ = py::object();
+    optimizer_.release().dec_ref();
   }
   at::Tensor step(LossClosure closure) override {
     if (closure) throw std::invalid_argument("kf: a closure cannot be passed to step()");

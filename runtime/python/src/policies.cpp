@@ -60,7 +60,7 @@ class PyPolicy : public kf::Policy {
         square_slot_(square_slot) {}
   ~PyPolicy() override {
     py::gil_scoped_acquire gil;
-    policy_ = py::object();
+    policy_.release().dec_ref();
   }
   std::string name() const override { return name_; }
   void before_train(kf::PolicyContext& c) override { call("before_train", c); }
