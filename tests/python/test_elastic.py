@@ -112,12 +112,18 @@ def test_grown_by_add_and_killed_it_keeps_one_model_and_every_sample_once(tmp_pa
 
     # "[worker] membership vV step S workers N params H": one model per version.
     models = collections.defaultdict(set)
-    for version, params in re.findall(r"membership v(\d+) step \d+ workers \d+ params (\w+)",
-                                      out):
+    reporters = collections.defaultdict(set)
+    size_of = {}
+    for worker, version, size, params in re.findall(
+            r"^\[([^\]]+)\] membership v(\d+) step \d+ workers (\d+) params (\w+)", out, re.M):
         models[version].add(params)
+        reporters[version].add(worker)
+        size_of[version] = int(size)
     assert len(models) >= 3, out[-3000:]
     for version, hashes in models.items():
         assert len(hashes) == 1, "v%s: the workers hold different models %s" % (version, hashes)
+        if size_of[version] == 3:
+            assert len(reporters[version]) == 3, "v%s: the joiner and both survivors" % version
 
     # The newest version's lines of each step are its committed ones (a step that failed was
     # tried again in a newer version).

@@ -8,13 +8,10 @@
 
 #include <csignal>
 #include <filesystem>
-#include <fstream>
-#include <iostream>
 #include <map>
 #include <regex>
 #include <set>
 #include <sstream>
-#include <vector>
 
 #include "support/elastic_job.hpp"
 
@@ -38,35 +35,23 @@ std::string data_dir() {
   return d.empty() ? "/usr/share/datasets/fashion-mnist" : d;
 }
 
-// The program an elastic run starts: the C++ example, or the Python one under python3.
-struct Program {
-  std::string exe;
-  std::string args_before;  // before the example's own arguments
-  std::vector<std::string> env;
-  bool add = false;  // grow with `kf-member add` instead of `resize 3`
-};
-
-// 2 workers, grown to 3, then back to 2 by a resize or by a kill -9 of a random worker; the
+// 2 workers, resized to 3, then back to 2 by a resize or by a kill -9 of a random worker; the
 // models are compared after each change and at the end.
-void two_three_two(const std::string& name, const std::string& device_args, bool kill,
-                   Program program = {}) {
-  if (program.exe.empty()) {
-    program.exe = env_or_empty("KF_FASHION_MNIST");
-    if (program.exe.empty()) GTEST_SKIP() << "KF_FASHION_MNIST is not set";
-  }
+void two_three_two(const std::string& name, const std::string& device_args, bool kill) {
+  const std::string exe = env_or_empty("KF_FASHION_MNIST");
+  if (exe.empty()) GTEST_SKIP() << "KF_FASHION_MNIST is not set";
   if (!std::filesystem::exists(data_dir())) {
     GTEST_SKIP() << data_dir() << " is missing (dataset-fashion-mnist)";
   }
   ElasticJob job(name);
-  job.start_program(2, program.exe,
-                    program.args_before + "--data " + data_dir() +
-                        " --limit 3000 --epochs 1000 --batch 32 --log-every 10" + device_args,
-                    program.env);
+  job.start_program(2, exe,
+                    "--data " + data_dir() +
+                        " --limit 3000 --epochs 1000 --batch 32 --log-every 10" + device_args);
   const auto at_least = [&](long steps) {
     return eventually([&] { return newest_step(job.out()) >= steps; }, 120s);
   };
   ASSERT_TRUE(at_least(30)) << job.err();
-  ASSERT_EQ(job.member(program.add ? "add" : "resize 3").exit_code, 0);
+  ASSERT_EQ(job.member("resize 3").exit_code, 0);
   ASSERT_TRUE(job.wait_size(3)) << job.err();
   ASSERT_TRUE(at_least(newest_step(job.out()) + 30)) << job.err();
   if (kill) {
@@ -151,74 +136,6 @@ TEST(ElasticTorch, ParameterServerWithBoundariesOnChangeGrowsAndSurvivesKillNine
 // Compressed gradients, with each worker's residual, through a grow and a kill -9.
 TEST(ElasticTorch, CompressedGradientsGrowAndSurviveKillNine) {
   two_three_two("torch-topk", " --compression topk:0.05", /*kill=*/true);
-}
-
-// The Python example (examples/fashion_mnist.py on the kf package), grown by `kf-member add`
-// and shrunk by a kill -9: one model on every worker after each change and at the end, and
-// every sample of each epoch trained on exactly once by the committed steps. Each worker writes
-// the samples of each step as it starts it (--trace-samples); a step that failed is tried
-// again in a newer cluster version, so the newest version's lines of a step are the committed
-// ones. (A worker's step can end rolled back and still be committed: a survivor that met the
-// failure at the boundary takes the newer commit of one that passed it.)
-TEST(ElasticTorch, PythonExampleGrowsByAddAndSurvivesKillNine) {
-  const std::string python = env_or_empty("KF_PYTHON");
-  const std::string script = env_or_empty("KF_FASHION_MNIST_PY");
-  if (python.empty() || script.empty()) {
-    GTEST_SKIP() << "the Python package is not built (pybind11-dev, python3-torch)";
-  }
-  const auto traces =
-      std::filesystem::temp_directory_path() / ("kf-python-traces-" + std::to_string(::getpid()));
-  std::filesystem::remove_all(traces);
-  std::filesystem::create_directories(traces);
-  Program p{python,
-            "-u " + script + " --trace-samples " + traces.string() + " ",
-            {"PYTHONPATH=" + env_or_empty("KF_PYTHONPATH")},
-            /*add=*/true};
-  two_three_two("torch-python", "", /*kill=*/true, p);
-  if (HasFatalFailure() || IsSkipped()) return;
-
-  // step -> its newest version's epoch, position and samples.
-  struct Step {
-    long version = -1, epoch = -1, position = -1;
-    std::vector<long> samples;
-  };
-  std::map<long, Step> steps;
-  int files = 0;
-  for (const auto& f : std::filesystem::directory_iterator(traces)) {
-    ++files;
-    std::ifstream in(f.path());
-    for (std::string line; std::getline(in, line);) {
-      std::istringstream words(line);
-      std::string w;
-      long step = 0, version = 0, epoch = 0, position = 0;
-      words >> w >> step >> w >> version >> w >> epoch >> w >> position;
-      Step& s = steps[step];
-      if (version < s.version) continue;
-      if (version > s.version) s = Step{version, epoch, position, {}};
-      EXPECT_EQ(s.epoch, epoch) << "step " << step << " v" << version << " in two epochs";
-      EXPECT_EQ(s.position, position) << "step " << step << " v" << version << " at two places";
-      for (long i; words >> i;) s.samples.push_back(i);
-    }
-  }
-  EXPECT_GE(files, 3) << "a trace from each worker that ever trained";
-  // Within an epoch, no sample twice; a finished epoch (one whose successor began) has all of
-  // the --limit 3000.
-  std::map<long, std::set<long>> seen;
-  for (const auto& [step, s] : steps) {
-    for (long i : s.samples) {
-      EXPECT_TRUE(seen[s.epoch].insert(i).second)
-          << "sample " << i << " twice in epoch " << s.epoch << " (step " << step << ")";
-    }
-  }
-  ASSERT_GE(seen.size(), 2u) << "at least one whole epoch";
-  for (auto it = seen.begin(); std::next(it) != seen.end(); ++it) {
-    EXPECT_EQ(it->second.size(), 3000u) << "epoch " << it->first;
-  }
-  if (HasFailure()) {
-    std::cerr << "the traces stay in " << traces << "\n";
-  } else {
-    std::filesystem::remove_all(traces);
-  }
 }
 
 TEST(ElasticTorch, OnTheGpuGrowsAndSurvivesKillNine) {
