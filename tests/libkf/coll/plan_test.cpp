@@ -339,6 +339,21 @@ TEST(PlanRing, BlockLanesSplitEveryBlock) {
   }
 }
 
+TEST(PlanLanes, TwoWorkersRunOneLaneMoreRunUpToEight) {
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  for (const Algorithm a : {Algorithm::ring, Algorithm::rhd, Algorithm::tree}) {
+    EXPECT_EQ(default_lanes(CollOp::allreduce, a, 64 * MiB, 2), 1) << to_string(a);
+    EXPECT_EQ(default_lanes(CollOp::allgather, a, 64 * MiB, 2), 1) << to_string(a);
+    EXPECT_EQ(default_lanes(CollOp::allreduce, a, 4 * MiB, 4), 1) << to_string(a);
+    EXPECT_EQ(default_lanes(CollOp::allreduce, a, 9 * MiB, 3), 2) << to_string(a);
+    EXPECT_EQ(default_lanes(CollOp::allreduce, a, 64 * MiB, 4), 8) << to_string(a);
+    EXPECT_EQ(default_lanes(CollOp::broadcast, a, 1024 * MiB, 8), 8) << to_string(a);
+  }
+  EXPECT_EQ(default_lanes(CollOp::allreduce, Algorithm::clique, 64 * MiB, 4), 1);
+  EXPECT_EQ(default_lanes(CollOp::reduce_scatter, Algorithm::ring, 64 * MiB, 4), 1);
+  EXPECT_EQ(default_lanes(CollOp::allreduce, Algorithm::ring, 64 * MiB, 1), 1);
+}
+
 TEST(PlanErrors, RootOutOfRangeIsRejected) {
   EXPECT_THROW(make_plan(PlanRequest{CollOp::broadcast, Algorithm::ring, 0, 3, 4, 3, 1, 0}),
                std::invalid_argument);
