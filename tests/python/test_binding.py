@@ -143,7 +143,6 @@ def test_plugins_without_policies_are_refused():
         kf.Session(kf.State(), plugins=["/nonexistent/libx.so"])
 
 
-
 @pytest.mark.parametrize("bad,kind,why", [
     ([3], TypeError, "a policy is a name"),
     ([("gns-batch-size",)], TypeError, "a policy is a name"),
