@@ -141,6 +141,7 @@ TransportStats Peer::transport_stats() const noexcept {
   t.socket_bytes = c.socket_bytes.load(std::memory_order_relaxed);
   t.single_copy_bytes = c.single_copy_bytes.load(std::memory_order_relaxed);
   t.single_copy_refused = c.single_copy_refused.load(std::memory_order_relaxed);
+  t.shared_read_bytes = c.shared_read_bytes.load(std::memory_order_relaxed);
   t.shm_bytes = c.shm_bytes.load(std::memory_order_relaxed);
   t.early_bytes = impl_->mailbox().early_bytes();
   t.accept_failures = c.accept_failures.load(std::memory_order_relaxed);

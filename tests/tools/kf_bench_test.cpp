@@ -154,6 +154,35 @@ TEST_F(KfBench, AllreduceBackToBackIsCorrect) {
   EXPECT_NE(other.err.find("f32 sum"), std::string::npos) << other.err;
 }
 
+// Buffers in kf::SharedMemory (--memory shared): results as correct as with heap buffers, both
+// methods and a collective of each shape; rank 0 reads its peers' large payloads in place
+// (its transport line), and reads nothing in place from heap buffers.
+TEST_F(KfBench, SharedMemoryBuffersAreReadInPlaceAndCorrect) {
+  auto in_place = [](const std::string& out) {
+    const std::string key = "read in place from peers' shared memory: ";
+    const auto at = out.find(key);
+    return at == std::string::npos ? std::string("?") : out.substr(at + key.size(), 2);
+  };
+  for (const int np : {2, 3}) {
+    const Captured b2b = run_bench(np, {"allreduce", "--method", "back-to-back", "--calls", "3",
+                                        "--sizes", "4,2M", "--iters", "2", "--memory", "shared"});
+    ASSERT_EQ(b2b.exit_code, 0) << b2b.out << b2b.err;
+    EXPECT_EQ(b2b.out.find("false"), std::string::npos) << b2b.out;
+    EXPECT_NE(in_place(b2b.out), "0 ") << b2b.out;
+    EXPECT_NE(in_place(b2b.out), "?") << b2b.out;
+    for (const std::string op : {"allreduce", "broadcast", "allgather"}) {
+      const Captured r = run_bench(np, {op, "--algo", "all", "--sizes", "1K,2M", "--iters", "2",
+                                        "--memory", "shared", "--json"});
+      ASSERT_EQ(r.exit_code, 0) << op << ": " << r.out << r.err;
+      for (const auto& row : rows_of(r.out)) expect_complete_and_correct(row);
+    }
+  }
+  const Captured heap =
+      run_bench(2, {"allreduce", "--method", "back-to-back", "--sizes", "2M", "--iters", "2"});
+  ASSERT_EQ(heap.exit_code, 0) << heap.out << heap.err;
+  EXPECT_EQ(in_place(heap.out), "0 ") << heap.out;
+}
+
 TEST_F(KfBench, ReduceScatterAndGatherAreCorrectOnThreeWorkers) {
   const Captured rs = run_bench(3, {"reduce-scatter", "--algo", "all", "--dtype", "bf16", "--op",
                                     "avg", "--sizes", "2,4099", "--iters", "2", "--json"});

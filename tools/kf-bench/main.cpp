@@ -2,7 +2,7 @@
 // kf-bench: measures kf's collectives across the workers of a job started by kfrun:
 //   kfrun -np N kf-bench allreduce|broadcast|allgather|reduce-scatter|gather|barrier
 //         [--algo A[,A...]|all] [--dtype T] [--sizes S,S,...] [--op R] [--root R]
-//         [--iters K] [--warmup W] [--json] [--device cpu|cuda|standin]
+//         [--iters K] [--warmup W] [--json] [--device cpu|cuda|standin] [--memory heap|shared]
 //         [--method barrier|back-to-back] [--calls K]   (allreduce only)
 // or compares kf's allreduce with OpenMPI's and Gloo's, starting the jobs itself
 // (lib/compare.hpp):
@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
   std::string reduce = "sum";
   std::vector<std::string> sizes{"4", "1K", "64K", "1M", "16M", "64M"};
   std::string method = "barrier";
+  std::string memory = "heap";
 
   const auto algo_check = checked_by(
       [](const std::string& s) { return !bench::parse_algorithms(s).empty(); }, "an algorithm");
@@ -121,6 +122,13 @@ int main(int argc, char** argv) {
     if (op == CollOp::broadcast || op == CollOp::gather) {
       sub->add_option("--root", options.root, "root rank")
           ->check(CLI::NonNegativeNumber)
+          ->capture_default_str();
+    }
+    if (op != CollOp::barrier) {
+      sub->add_option("--memory", memory,
+                      "where host buffers live: heap, or shared (kf::SharedMemory, which "
+                      "same-host peers read in place instead of copying it out first)")
+          ->check(CLI::IsMember({"heap", "shared"}))
           ->capture_default_str();
     }
     sub->add_option("--iters", options.iters,
@@ -196,6 +204,7 @@ int main(int argc, char** argv) {
     for (const kf::Algorithm x : bench::parse_algorithms(a)) options.algorithms.push_back(x);
   }
   options.method = *bench::parse_method(method);
+  options.shared_memory = memory == "shared";
   options.dtype = *kf::parse_dtype(dtype);
   options.reduce = *kf::parse_reduce_op(reduce);
   for (const std::string& s : sizes) options.sizes.push_back(bench::parse_bytes(s));

@@ -32,7 +32,9 @@ enum class Transport : std::uint8_t {
   /// same-host socket, payloads of at least PeerOptions::single_copy_bytes are not written into
   /// the socket: the receiver copies them straight out of the sender's memory
   /// (process_vm_readv), one copy instead of two, and falls back to the socket when the kernel
-  /// refuses (another user, Yama ptrace restrictions). Small payloads to a same-host worker that
+  /// refuses (another user, Yama ptrace restrictions). A payload that lies in a
+  /// kf::SharedMemory is read by the receiver in place, from a mapping of that memory, without
+  /// a copy first (kf/shared_memory.hpp). Small payloads to a same-host worker that
   /// is polling go through a shared-memory ring (PeerOptions::shm_frame_bytes).
   automatic,
   unix_socket,  ///< like automatic, but every payload goes through the socket (no rings)
@@ -151,6 +153,9 @@ struct TransportStats {
   std::uint64_t tcp_bytes = 0;          ///< written into TCP connections
   std::uint64_t socket_bytes = 0;       ///< written into same-host (Unix-domain) sockets
   std::uint64_t single_copy_bytes = 0;  ///< copied by the receiver straight out of this process
+  /// Received single-copy payloads this worker read in place from a peer's kf::SharedMemory
+  /// (mapped, without copying them out first).
+  std::uint64_t shared_read_bytes = 0;
   /// Single-copy frames whose receiver could not copy from this process (they were then
   /// written into the socket, and the connection stopped trying).
   std::uint64_t single_copy_refused = 0;

@@ -383,13 +383,37 @@ awaitable<std::error_code> Mesh::take_remote_address(Incoming& in, const FrameHe
     why = "single-copy frame over a connection from another host";
     co_return make_error_code(errc::protocol_error);
   }
-  std::array<std::byte, transport::kRemoteAddressBytes> a;
-  if (auto ec = co_await read_exact(in, a.data(), a.size())) co_return ec;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    src.remote_addr |= static_cast<std::uint64_t>(a[i]) << (8 * i);
-  }
+  const bool shared = (h.flags & transport::kFlagShared) != 0;
+  std::array<std::byte, transport::kRemoteAddressBytes + transport::kSharedRefBytes> a;
+  const std::size_t a_bytes =
+      transport::kRemoteAddressBytes + (shared ? transport::kSharedRefBytes : 0);
+  if (auto ec = co_await read_exact(in, a.data(), a_bytes)) co_return ec;
+  auto get = [&](std::size_t at, std::size_t n) {
+    std::uint64_t v = 0;
+    for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(a[at + i]) << (8 * i);
+    return v;
+  };
+  src.remote_addr = get(0, 8);
   src.remote = in.single_copy;
   if (!src.remote || h.payload_bytes == 0) co_return std::error_code{};
+  if (shared && get(12, 4) != 0) {
+    why = "single-copy frame's shared-region reference has non-zero reserved bytes";
+    co_return make_error_code(errc::protocol_error);
+  }
+  if (shared && in.map_shared) {
+    if (!in.maps) in.maps = std::make_unique<transport::SharedMappings>(in.pid);
+    const std::error_code mec = in.maps->view(static_cast<int>(get(8, 4)), get(16, 8), get(24, 8),
+                                              h.payload_bytes, src.mapped, why);
+    if (!mec) co_return std::error_code{};
+    if (mec == make_error_code(errc::protocol_error) || mec == std::errc::no_such_process) {
+      co_return mec;
+    }
+    // Not allowed here, or no room to map it: copied out as any single-copy frame, from now on.
+    KF_LOG(info, "transport",
+           "{}: cannot map {}'s shared memory ({}); its payloads are copied out instead", identity_,
+           peers_[in.peer].key, mec.message());
+    in.map_shared = false;
+  }
   // One byte first: a refusal (another user, Yama's ptrace rules) is then known before
   // anything is delivered, and the sender writes the payload into the socket instead.
   std::byte probe;

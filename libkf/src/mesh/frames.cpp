@@ -25,7 +25,19 @@ awaitable<std::error_code> Mesh::receive_data(Incoming& in, int peer, const Fram
       co_return make_error_code(errc::protocol_error);
     }
     std::error_code ec;
-    if (req->reduce) {
+    if (req->reduce && src.mapped) {
+      // Reduced straight from the sender's shared region: no copy first. A piece at a time,
+      // stepping aside before each (read_payload says why).
+      for (std::size_t done = 0; done < req->bytes;) {
+        const std::size_t n = std::min(req->bytes - done, Incoming::kReduceChunk);
+        co_await asio::post(ex(), asio::use_awaitable);
+        deliver(*req, src.mapped + src.at, done, n);
+        src.at += n;
+        done += n;
+      }
+      Counters::add(counters_.shared_read_bytes, req->bytes);
+      peers_[static_cast<std::size_t>(peer)].last_rx = coarse_now();
+    } else if (req->reduce) {
       if (in.chunk.empty()) in.chunk.resize(Incoming::kReduceChunk);
       for (std::size_t done = 0; done < req->bytes && !ec;) {
         const std::size_t n = std::min(req->bytes - done, Incoming::kReduceChunk);

@@ -18,6 +18,7 @@
 #include "kf/cluster/cluster.hpp"
 #include "mailbox/request.hpp"
 #include "transport/frame_mac.hpp"
+#include "transport/shared_map.hpp"
 #include "transport/shm/shm_ring.hpp"
 
 namespace kf::detail {
@@ -72,6 +73,10 @@ struct Incoming {
   // Whether single-copy frames are copied: false for a dialer running as another user, and
   // once the kernel refused to copy from `pid`.
   bool single_copy = true;
+  // The dialer's kf::SharedMemory regions this side mapped (single-copy frames that name one
+  // are read in place), and whether it still tries: false once the kernel refused.
+  std::unique_ptr<transport::SharedMappings> maps;
+  bool map_shared = true;
   // The dialer's shared-memory ring, once it offered one and this side mapped it.
   std::unique_ptr<transport::ShmRing> ring;
   // Socket frames taken (heartbeats not counted) since the ring was set up; a ring record
@@ -88,10 +93,12 @@ struct Incoming {
 };
 
 /// Where a data frame's payload comes from: the connection, or (single-copy) the sender's
-/// memory at `remote_addr`, of which `at` bytes were taken already.
+/// memory at `remote_addr`, of which `at` bytes were taken already; read in place from `mapped`
+/// when the sender's memory is a region this side has mapped.
 struct PayloadSource {
   bool remote = false;
   std::uint64_t remote_addr = 0;
+  const std::byte* mapped = nullptr;
   std::size_t at = 0;
 };
 

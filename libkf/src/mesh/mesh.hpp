@@ -136,7 +136,8 @@ class Mesh {
   /// Bytes moved by each path; written by the I/O context, read from any thread.
   struct Counters {
     std::atomic<std::uint64_t> tcp_bytes{0}, socket_bytes{0}, single_copy_bytes{0},
-        single_copy_refused{0}, shm_bytes{0}, accept_failures{0}, handshakes_refused{0};
+        single_copy_refused{0}, shared_read_bytes{0}, shm_bytes{0}, accept_failures{0},
+        handshakes_refused{0};
     static void add(std::atomic<std::uint64_t>& c, std::uint64_t n) {
       c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
     }

@@ -92,9 +92,13 @@ bool decode(const HeaderBytes& b, std::uint64_t max_payload, FrameHeader& out, s
           std::to_string(limit);
     return false;
   }
-  if ((out.flags & ~kFlagRemote) != 0) {
+  if ((out.flags & ~(kFlagRemote | kFlagShared)) != 0) {
     std::snprintf(text, sizeof text, "unknown flags 0x%02x", out.flags);
     why = text;
+    return false;
+  }
+  if ((out.flags & kFlagShared) != 0 && (out.flags & kFlagRemote) == 0) {
+    why = "shared-region flag without the single-copy flag";
     return false;
   }
   if (out.flags != 0 && out.type != FrameType::data) {

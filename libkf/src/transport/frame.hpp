@@ -14,7 +14,8 @@ namespace kf::transport {
 inline constexpr std::uint32_t kMagic = 0x3146464bu;  // "KFF1" in little-endian byte order
 // 2: shared-memory ring records on cache lines, published by stamps (docs/protocol.md).
 // 3: the handshake keyed by the peers' key derived from the token, not by the token itself.
-inline constexpr std::uint16_t kProtocolVersion = 3;
+// 4: single-copy frames may name a shared region of the sender (kFlagShared).
+inline constexpr std::uint16_t kProtocolVersion = 4;
 inline constexpr std::size_t kHeaderBytes = 32;
 inline constexpr std::uint32_t kMaxNameBytes = 1024;
 inline constexpr std::uint64_t kMaxControlPayload = 4096;
@@ -45,6 +46,15 @@ enum class FrameType : std::uint8_t {
 /// RemoteReply byte on the same connection. The sender's buffer stays untouched until then.
 inline constexpr std::uint8_t kFlagRemote = 0x01;
 inline constexpr std::size_t kRemoteAddressBytes = 8;
+
+/// Header flag of a single-copy frame (only with kFlagRemote) whose payload lies in one of the
+/// sender's kf::SharedMemory regions: after the address come kSharedRefBytes naming it, the
+/// memory file's descriptor number in the sender (u32), zero (u32), the region's id (u64) and
+/// the payload's offset in the file (u64). The receiver may map the file (pidfd_getfd) and read
+/// the payload from the mapping, or copy it from the address as for any single-copy frame; it
+/// answers the same way.
+inline constexpr std::uint8_t kFlagShared = 0x02;
+inline constexpr std::size_t kSharedRefBytes = 24;
 
 enum class RemoteReply : std::uint8_t {
   copied = 1,       ///< the receiver has the payload; the sender may reuse its buffer

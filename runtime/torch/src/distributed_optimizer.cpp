@@ -95,7 +95,8 @@ DistributedOptimizer::DistributedOptimizer(Session& session, torch::optim::Optim
       b->dev = torch::zeros({static_cast<std::int64_t>(b->count)},
                             torch::TensorOptions().dtype(torch::kFloat).device(device_));
     } else {
-      b->data.resize(b->count);
+      b->memory = SharedMemory(b->count * sizeof(float));
+      b->data = b->memory.as<float>().first(b->count);
     }
   }
   reset_step();

@@ -22,10 +22,12 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <span>
 #include <string>
 #include <thread>
 
 #include "kf/common/env.hpp"
+#include "kf/shared_memory.hpp"
 #include "support/local_cluster.hpp"
 
 namespace kf {
@@ -120,6 +122,52 @@ TEST_P(TransportMix, EveryFrameSingleCopyGivesTheSameResults) {
     EXPECT_EQ(t.tcp_bytes, 0u);
     EXPECT_EQ(t.single_copy_refused, 0u);
     EXPECT_EQ(t.shm_bytes, 0u);
+  }
+}
+
+// Buffers in kf::SharedMemory: each receiver maps its senders' regions and reduces or copies
+// straight from them. In place, out of place into ordinary memory, and at an offset inside the
+// region; the sums are those of ordinary buffers, and only payloads in a region are read in
+// place.
+TEST_P(TransportMix, PayloadsInSharedMemoryAreReadInPlace) {
+  auto peers = make_cluster({Transport::automatic, Transport::automatic, Transport::automatic});
+  const int p = static_cast<int>(peers.size());
+  const std::size_t n = (std::size_t{5} << 20) / 4 + 3;
+  const std::size_t skip = 1000;  // elements before the buffer, inside the region
+  std::vector<SharedMemory> mem;
+  std::vector<std::vector<float>> out(p, std::vector<float>(n));
+  for (int r = 0; r < p; ++r) mem.emplace_back((n + skip) * sizeof(float));
+  test::run_all(p, [&](int r) {
+    CollOptions o;
+    o.algorithm = GetParam();
+    const std::span<float> v = mem[r].as<float>().subspan(skip, n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(r + 1 + (i % 7));
+    peers[r]->allreduce("out", buffer(v.data(), n), buffer(out[r].data(), n), o).wait();
+    peers[r]->allreduce("in", buffer(v.data(), n), buffer(v.data(), n), o).wait();
+  });
+  const int ranks = p * (p + 1) / 2;
+  for (int r = 0; r < p; ++r) {
+    const std::span<float> v = mem[r].as<float>().subspan(skip, n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto want = static_cast<float>(ranks + p * static_cast<int>(i % 7));
+      ASSERT_EQ(out[r][i], want) << "out of place: rank " << r << " element " << i;
+      ASSERT_EQ(v[i], want) << "in place: rank " << r << " element " << i;
+    }
+  }
+  std::uint64_t in_place = 0;
+  for (auto& peer : peers) {
+    const TransportStats t = peer->transport_stats();
+    EXPECT_GT(t.single_copy_bytes, 0u);
+    EXPECT_EQ(t.single_copy_refused, 0u);
+    in_place += t.shared_read_bytes;
+  }
+  EXPECT_GT(in_place, 0u);
+  // Ordinary buffers: copied out as before, nothing read in place.
+  auto plain = make_cluster({Transport::automatic, Transport::automatic, Transport::automatic});
+  expect_allreduce_works(plain, GetParam());
+  for (auto& peer : plain) {
+    EXPECT_GT(peer->transport_stats().single_copy_bytes, 0u);
+    EXPECT_EQ(peer->transport_stats().shared_read_bytes, 0u);
   }
 }
 
@@ -684,7 +732,7 @@ TEST(Transport, ASquattedSameHostNameFallsBackToTcp) {
 // With `other_user` (run as root), rank 1 becomes user nobody instead, and rank 0 keeps every
 // right: the kernel would let rank 0 read rank 1, but rank 0 must not, because rank 1 runs as
 // another user; rank 1 cannot read rank 0 anyway.
-int refusing_child(int to_parent, int from_parent, int rank, bool other_user) {
+int refusing_child(int to_parent, int from_parent, int rank, bool other_user, bool shared) {
   alarm(60);  // a hang fails the test instead of stalling it
   if (other_user) {
     if (rank == 1 && setuid(65534) != 0) return 12;
@@ -711,10 +759,24 @@ int refusing_child(int to_parent, int from_parent, int rank, bool other_user) {
     c.workers = {WorkerSpec{rank == 0 ? me : other, 0}, WorkerSpec{rank == 0 ? other : me, 1}};
     peer.start(c);
     const std::size_t n = std::size_t{1} << 20;  // 4 MiB: frames well over single_copy_bytes
-    std::vector<float> v(n, static_cast<float>(rank + 1));
+    std::vector<float> heap;
+    SharedMemory mem;
+    std::span<float> v;
+    if (shared) {
+      mem = SharedMemory(n * sizeof(float));
+      v = mem.as<float>();
+    } else {
+      heap.resize(n);
+      v = heap;
+    }
+    std::fill(v.begin(), v.end(), static_cast<float>(rank + 1));
     CollOptions co;
     co.algorithm = Algorithm::ring;
     peer.allreduce("refused", buffer(v.data(), n), buffer(v.data(), n), co).wait();
+    if (peer.transport_stats().shared_read_bytes != 0) {
+      std::fprintf(stderr, "rank %d: read in place from a peer it may not read\n", rank);
+      return 5;
+    }
     for (float x : v) {
       if (x != 3.0f) {
         std::fprintf(stderr, "rank %d: wrong sum %g\n", rank, static_cast<double>(x));
@@ -746,7 +808,7 @@ int refusing_child(int to_parent, int from_parent, int rank, bool other_user) {
 }
 
 // Runs refusing_child in two forked processes that find each other through the parent.
-void run_refusing_pair(bool other_user) {
+void run_refusing_pair(bool other_user, bool shared = false) {
   int up[2][2], down[2][2];
   for (int r = 0; r < 2; ++r) ASSERT_EQ(pipe(up[r]), 0);
   for (int r = 0; r < 2; ++r) ASSERT_EQ(pipe(down[r]), 0);
@@ -754,7 +816,7 @@ void run_refusing_pair(bool other_user) {
   for (int r = 0; r < 2; ++r) {
     pids[r] = fork();
     ASSERT_GE(pids[r], 0);
-    if (pids[r] == 0) _exit(refusing_child(up[r][1], down[r][0], r, other_user));
+    if (pids[r] == 0) _exit(refusing_child(up[r][1], down[r][0], r, other_user, shared));
   }
   std::uint16_t ports[2] = {0, 0};
   for (int r = 0; r < 2; ++r) {
@@ -780,6 +842,10 @@ void run_refusing_pair(bool other_user) {
 // rules, a seccomp profile), large payloads still arrive: through the socket, after one refused
 // attempt per connection. Two processes, because a process may always read its own memory.
 TEST(Transport, ARefusedSingleCopyFallsBackToTheSocket) { run_refusing_pair(false); }
+
+// The same for payloads in kf::SharedMemory: the kernel refuses the peer its memory file too
+// (pidfd_getfd checks what process_vm_readv does), and the payloads come through the socket.
+TEST(Transport, ARefusedMappingFallsBackToTheSocket) { run_refusing_pair(false, true); }
 
 // Workers of different users on one host never use each other's same-host sockets (a listener of
 // another user is not trusted with the name): they talk over TCP, and their payloads arrive.

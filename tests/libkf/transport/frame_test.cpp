@@ -81,9 +81,15 @@ TEST(Frame, RejectsUnknownFlagsAndFlagsOnControlFrames) {
   FrameHeader out;
   std::string why;
   FrameHeader d;
-  d.flags = 0x02;
+  d.flags = 0x04;
   EXPECT_FALSE(decode(encode(d), 1024, out, why));
-  EXPECT_NE(why.find("unknown flags 0x02"), std::string::npos) << why;
+  EXPECT_NE(why.find("unknown flags 0x04"), std::string::npos) << why;
+  d.flags = kFlagShared;
+  EXPECT_FALSE(decode(encode(d), 1024, out, why));
+  EXPECT_NE(why.find("shared-region flag without the single-copy flag"), std::string::npos) << why;
+  d.flags = kFlagRemote | kFlagShared;
+  EXPECT_TRUE(decode(encode(d), 1024, out, why)) << why;
+  EXPECT_EQ(out.flags, kFlagRemote | kFlagShared);
   d.flags = kFlagRemote | 0x80;
   EXPECT_FALSE(decode(encode(d), 1024, out, why));
   EXPECT_NE(why.find("unknown flags 0x81"), std::string::npos) << why;

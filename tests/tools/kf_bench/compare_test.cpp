@@ -235,6 +235,17 @@ TEST(CompareCommands, KfRunsUnderKfrunWithItsTransportChosen) {
   const auto unix_socket = commands_for(RunRequest{"kf-unix", 2, {4}, {}, 1, {}}, bin);
   ASSERT_EQ(unix_socket[0].env.size(), 2u);
   EXPECT_EQ(unix_socket[0].env[0].value, "unix");
+  EXPECT_EQ(std::find(unix_socket[0].argv.begin(), unix_socket[0].argv.end(), "--memory"),
+            unix_socket[0].argv.end());
+  // kf-shared: kf's default transport, with its buffers in kf::SharedMemory.
+  const auto shared = commands_for(RunRequest{"kf-shared", 2, {4}, {}, 1, {}}, bin);
+  ASSERT_EQ(shared[0].env.size(), 2u);
+  EXPECT_FALSE(shared[0].env[0].value.has_value());
+  const auto memory = std::find(shared[0].argv.begin(), shared[0].argv.end(), "--memory");
+  ASSERT_NE(memory, shared[0].argv.end());
+  ASSERT_NE(memory + 1, shared[0].argv.end());
+  EXPECT_EQ(*(memory + 1), "shared");
+  EXPECT_TRUE(is_kf("kf-shared"));
 }
 
 TEST(CompareCommands, BaselinesUseTheirTransports) {

@@ -29,11 +29,13 @@ TEST(Report, TransportLineNamesEveryPathAndTheEarlyBytes) {
   s.shm_bytes = 333;
   s.single_copy_bytes = 4444;
   s.early_bytes = 55555;
+  s.shared_read_bytes = 666666;
   std::ostringstream out;
   print_transport(out, s);
   EXPECT_EQ(out.str(),
             "# rank 0 sent: tcp 1 B, same-host socket 22 B, shared-memory ring 333 B, single "
-            "copy 4444 B; received before the receive was posted: 55555 B\n");
+            "copy 4444 B; received before the receive was posted: 55555 B; read in place from "
+            "peers' shared memory: 666666 B\n");
 }
 
 TEST(Report, JsonRowHasEveryKeyOnOneLine) {

@@ -58,7 +58,8 @@ void add_common(std::vector<std::string>& argv, const RunRequest& r) {
 }  // namespace
 
 bool is_kf(std::string_view impl) noexcept {
-  return impl == "kf" || impl == "kf-unix" || impl == "kf-tcp" || impl == "kf-tcp-nomac";
+  return impl == "kf" || impl == "kf-shared" || impl == "kf-unix" || impl == "kf-tcp" ||
+         impl == "kf-tcp-nomac";
 }
 
 namespace {
@@ -82,6 +83,7 @@ std::string_view to_string(TransportClass c) noexcept {
 const std::vector<ImplSpec>& known_impls() {
   static const std::vector<ImplSpec> impls{
       {"kf", "kf", TransportClass::local},
+      {"kf-shared", "kf-shared", TransportClass::local},
       {"kf-unix", "kf-unix", TransportClass::local},
       {"kf-tcp", "kf-tcp", TransportClass::tcp},
       {"kf-tcp-nomac", "kf-tcp-nomac", TransportClass::tcp},
@@ -154,6 +156,8 @@ std::vector<Command> commands_for(const RunRequest& r, const Binaries& bin) {
     c.argv = {bin.kfrun, "-np", np, "--", bin.kf_bench, "allreduce"};
     c.argv.insert(c.argv.end(), {"--algo", "auto", "--dtype", "f32", "--op", "sum"});
     add_common(c.argv, r);
+    // Buffers that same-host peers read in place (kf::SharedMemory).
+    if (r.impl == "kf-shared") c.argv.insert(c.argv.end(), {"--memory", "shared"});
     // kf's default (same-host sockets, large payloads single-copy) unless told otherwise.
     const bool tcp = r.impl == "kf-tcp" || r.impl == "kf-tcp-nomac";
     c.env.push_back({env::kTransport, tcp                   ? std::optional<std::string>("tcp")

@@ -48,14 +48,16 @@ struct ImplSpec {
   TransportClass transport;
 };
 
-/// Every implementation compare knows, in the order they run and are shown: kf, kf-unix,
+/// Every implementation compare knows, in the order they run and are shown: kf, kf-shared (kf
+/// with its buffers in kf::SharedMemory), kf-unix,
 /// kf-tcp, kf-tcp-nomac (kf-tcp with KF_FRAME_AUTH=off), mpi-tcp, mpi-shm, gloo-ring,
 /// gloo-ring_chunked, gloo-halving_doubling.
 const std::vector<ImplSpec>& known_impls();
 /// The spec of `name`, or nullptr when compare does not know it.
 const ImplSpec* find_impl(std::string_view name) noexcept;
 
-/// Whether `impl` is one of kf's own (kf, kf-unix, kf-tcp, kf-tcp-nomac) rather than a baseline.
+/// Whether `impl` is one of kf's own (kf, kf-shared, kf-unix, kf-tcp, kf-tcp-nomac) rather than
+/// a baseline.
 bool is_kf(std::string_view impl) noexcept;
 
 /// kf's implementation in `transport`'s class: kf-tcp for tcp, kf for local.

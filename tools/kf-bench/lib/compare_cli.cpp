@@ -27,7 +27,9 @@ CLI::App* add_compare_command(CLI::App& app, CompareCommand& command) {
       "compare-back-to-back-npN.svg)");
   sub->footer(
       "Implementations (transport class): kf (local: kf's default, same-host sockets with "
-      "large payloads single-copy), kf-unix (local: KF_TRANSPORT=unix, every payload through "
+      "large payloads single-copy), kf-shared (local: kf with its buffers in kf::SharedMemory, "
+      "which same-host peers read in place; kf-bench --memory shared), kf-unix (local: "
+      "KF_TRANSPORT=unix, every payload through "
       "the socket), kf-tcp (tcp: KF_TRANSPORT=tcp), kf-tcp-nomac (tcp: also KF_FRAME_AUTH=off, to "
       "show the frame MACs' cost), mpi-tcp (tcp), mpi-shm (local), gloo-ring, "
       "gloo-ring_chunked, "

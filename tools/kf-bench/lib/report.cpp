@@ -55,7 +55,8 @@ void print_header(std::ostream& out, const RunInfo& info) {
 void print_transport(std::ostream& out, const TransportStats& s) {
   out << "# rank 0 sent: tcp " << s.tcp_bytes << " B, same-host socket " << s.socket_bytes
       << " B, shared-memory ring " << s.shm_bytes << " B, single copy " << s.single_copy_bytes
-      << " B; received before the receive was posted: " << s.early_bytes << " B\n"
+      << " B; received before the receive was posted: " << s.early_bytes
+      << " B; read in place from peers' shared memory: " << s.shared_read_bytes << " B\n"
       << std::flush;
 }
 

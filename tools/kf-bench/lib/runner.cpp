@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <span>
 #include <stdexcept>
 #include <string>
 
@@ -17,6 +18,7 @@
 #include "kf-bench/lib/slots.hpp"
 #include "kf-bench/lib/stats.hpp"
 #include "kf/common/error.hpp"
+#include "kf/shared_memory.hpp"
 
 namespace kf::tools::bench {
 
@@ -64,6 +66,14 @@ class Bench {
   // Takes the maximum over the workers of each timed sample and whether all were correct,
   // and completes `row` with the median, p90 and bandwidths.
   void finish(Row& row, std::vector<double>& times_us, bool correct);
+  // Where host buffers come from: kf::SharedMemory with --memory shared, else (empty) the heap.
+  Slots::Allocate allocate() const {
+    if (!o_.shared_memory) return {};
+    return [](std::size_t bytes) {
+      auto m = std::make_shared<SharedMemory>(bytes);
+      return std::shared_ptr<std::byte>(m, m->data());
+    };
+  }
   void prepare(std::byte* send, std::byte* recv, std::uint64_t iter) const;
   bool verify(const std::byte* recv, std::uint64_t iter) const;
   Handle submit(const std::string& name, std::byte* send, std::byte* recv, Algorithm algorithm);
@@ -174,7 +184,7 @@ Row Bench::run_case(Algorithm algorithm, std::size_t bytes) {
   row.bytes = count_ * element_bytes;
   row.iters = o_.iters.value_or(default_iterations(row.bytes));
   const int total = o_.warmup + row.iters;
-  const Slots slots(layout_.send * element_bytes, layout_.recv * element_bytes, total);
+  const Slots slots(layout_.send * element_bytes, layout_.recv * element_bytes, total, allocate());
   const std::size_t rotation = slots.count();
   for (std::size_t s = 0; s < rotation && s < static_cast<std::size_t>(total); ++s) {
     prepare(slots.send(s), slots.recv(s), s);
@@ -218,7 +228,12 @@ Row Bench::run_back_to_back(Algorithm algorithm, std::size_t bytes) {
   row.bytes = count_ * sizeof(float);
   row.iters = o_.iters.value_or(default_iterations(row.bytes));
   // One buffer, written by this thread (warm, as a gradient just computed) and reduced in place.
-  std::vector<float> data(std::max<std::size_t>(count_, 1));
+  const std::size_t room = std::max<std::size_t>(count_, 1) * sizeof(float);
+  const std::shared_ptr<std::byte> memory =
+      o_.shared_memory
+          ? allocate()(room)
+          : std::shared_ptr<std::byte>(new std::byte[room](), std::default_delete<std::byte[]>());
+  const std::span<float> data(reinterpret_cast<float*>(memory.get()), room / sizeof(float));
   const Buffer buf{data.data(), count_, DType::f32};
   CollOptions co;
   co.algorithm = algorithm;

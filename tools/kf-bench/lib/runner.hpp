@@ -44,6 +44,9 @@ struct BenchOptions {
   /// timed region); standin: host memory standing in for a device (checks the device path
   /// without a GPU).
   std::string device = "cpu";
+  /// Host buffers from the heap, or (shared_memory) from kf::SharedMemory, which same-host
+  /// peers read in place (kf/shared_memory.hpp).
+  bool shared_memory = false;
 };
 
 /// Measures every (algorithm, size) of `o` in that order and prints the rows on rank 0 (a

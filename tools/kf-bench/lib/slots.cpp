@@ -22,12 +22,18 @@ std::size_t round_to_page(std::size_t bytes) {
 
 }  // namespace
 
-Slots::Slots(std::size_t send_bytes, std::size_t recv_bytes, int iterations)
+Slots::Slots(std::size_t send_bytes, std::size_t recv_bytes, int iterations,
+             const Allocate& allocate)
     : send_stride_(round_to_page(send_bytes)), stride_(send_stride_ + round_to_page(recv_bytes)) {
   if (stride_ == 0) return;  // barrier: nothing to rotate
   const std::size_t wanted = (kRotationBytes + stride_ - 1) / stride_;
   count_ = std::clamp<std::size_t>(wanted, 2, std::max(2, iterations));
-  memory_.reset(static_cast<std::byte*>(std::aligned_alloc(kPageBytes, count_ * stride_)));
+  if (allocate) {
+    memory_ = allocate(count_ * stride_);
+  } else {
+    memory_.reset(static_cast<std::byte*>(std::aligned_alloc(kPageBytes, count_ * stride_)),
+                  [](std::byte* p) { std::free(p); });
+  }
   if (!memory_) throw std::bad_alloc();
   warm(memory_.get(), count_ * stride_);
 }

@@ -8,16 +8,22 @@
 
 #include <cstddef>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 
 namespace kf::tools::bench {
 
 class Slots {
  public:
+  /// Page-aligned memory of the given size, freed when the last copy of the pointer goes.
+  using Allocate = std::function<std::shared_ptr<std::byte>(std::size_t bytes)>;
+
   /// Room for `iterations` pairs of a send buffer of `send_bytes` and a receive buffer of
   /// `recv_bytes` (either may be 0), each page-aligned; at most as many pairs as make 64 MiB,
-  /// at least 2. Throws: std::bad_alloc.
-  Slots(std::size_t send_bytes, std::size_t recv_bytes, int iterations);
+  /// at least 2. The memory comes from `allocate` (default: the heap). Throws: std::bad_alloc,
+  /// or what `allocate` throws.
+  Slots(std::size_t send_bytes, std::size_t recv_bytes, int iterations,
+        const Allocate& allocate = {});
 
   /// How many pairs there are; iteration i uses pair i % count().
   std::size_t count() const noexcept { return count_; }
@@ -25,9 +31,6 @@ class Slots {
   std::byte* recv(std::size_t iteration) const noexcept { return at(iteration) + send_stride_; }
 
  private:
-  struct Free {
-    void operator()(std::byte* p) const noexcept { std::free(p); }
-  };
   std::byte* at(std::size_t iteration) const noexcept {
     return memory_ ? memory_.get() + iteration % count_ * stride_ : nullptr;
   }
@@ -38,7 +41,7 @@ class Slots {
   std::size_t send_stride_;
   std::size_t stride_;
   std::size_t count_ = 1;
-  std::unique_ptr<std::byte, Free> memory_;
+  std::shared_ptr<std::byte> memory_;
 };
 
 }  // namespace kf::tools::bench

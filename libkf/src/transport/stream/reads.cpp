@@ -89,6 +89,19 @@ awaitable<std::error_code> Mesh::read_payload(Incoming& in, PayloadSource& src, 
                                               std::size_t n, std::string& why) {
   KF_DCHECK_IO(driver_);
   if (!src.remote) co_return co_await read_exact(in, dst, n);
+  if (src.mapped) {
+    // In place, from the sender's shared region, stepping aside before each piece as below.
+    for (std::size_t done = 0; done < n;) {
+      const std::size_t len = std::min(n - done, Incoming::kReduceChunk);
+      co_await asio::post(ex(), asio::use_awaitable);
+      std::memcpy(dst + done, src.mapped + src.at, len);
+      src.at += len;
+      done += len;
+    }
+    Counters::add(counters_.shared_read_bytes, n);
+    peers_[static_cast<std::size_t>(in.peer)].last_rx = coarse_now();
+    co_return std::error_code{};
+  }
   // From the sender's memory, in cache-sized pieces. The copy never waits, so before each piece
   // this coroutine steps aside for everything else that is ready: above all the sends this
   // worker's plan has queued meanwhile. Otherwise a peer waiting for this worker's next frame

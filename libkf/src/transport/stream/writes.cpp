@@ -3,6 +3,7 @@
 // single-copy payloads left in place for the receiver, and small frames written at once.
 #include <cstring>
 
+#include "common/shared_regions.hpp"
 #include "kf/common/log.hpp"
 #include "mesh/mesh.hpp"
 #include "transport/stream/socket_io.hpp"
@@ -34,11 +35,22 @@ awaitable<std::error_code> Mesh::write_frame(Outgoing& out, SendReq& req) {
     // request completes only after this returns.
     transport::HeaderBytes hb = req.header;
     hb[7] |= static_cast<std::byte>(transport::kFlagRemote);
-    std::array<std::byte, transport::kRemoteAddressBytes> addr;
-    const auto a = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(data));
-    for (std::size_t i = 0; i < addr.size(); ++i) addr[i] = static_cast<std::byte>(a >> (8 * i));
+    // The address, and the shared region it lies in, if any (transport::kFlagShared).
+    std::array<std::byte, transport::kRemoteAddressBytes + transport::kSharedRefBytes> addr{};
+    auto put = [&](std::size_t at, std::uint64_t v, std::size_t n) {
+      for (std::size_t i = 0; i < n; ++i) addr[at + i] = static_cast<std::byte>(v >> (8 * i));
+    };
+    put(0, static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(data)), 8);
+    std::size_t addr_bytes = transport::kRemoteAddressBytes;
+    if (const auto region = find_shared_region(data, req.bytes)) {
+      hb[7] |= static_cast<std::byte>(transport::kFlagShared);
+      put(8, static_cast<std::uint32_t>(region->fd), 4);
+      put(16, region->id, 8);
+      put(24, region->offset, 8);
+      addr_bytes += transport::kSharedRefBytes;
+    }
     std::array<asio::const_buffer, 3> bufs{asio::buffer(hb), asio::buffer(req.name),
-                                           asio::buffer(addr)};
+                                           asio::buffer(addr.data(), addr_bytes)};
     auto [wec, n] = co_await asio::async_write(out.sock, bufs, AllAtOnce{}, kTuple);
     touch();
     if (wec) co_return to_std(wec);

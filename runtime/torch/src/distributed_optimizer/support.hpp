@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "kf/peer.hpp"
+#include "kf/shared_memory.hpp"
 #include "kf/torch/distributed_optimizer.hpp"
 
 namespace kf {
@@ -33,8 +35,11 @@ struct DistributedOptimizer::Slot {
 
 struct DistributedOptimizer::Bucket {
   std::size_t index = 0;
-  std::vector<float> data;  // CPU parameters
-  torch::Tensor dev;        // CUDA parameters: the bucket on their device
+  // CPU parameters: the bucket, in memory that same-host peers reduce from in place
+  // (kf/shared_memory.hpp), `count` floats of `memory`.
+  SharedMemory memory;
+  std::span<float> data;
+  torch::Tensor dev;  // CUDA parameters: the bucket on their device
   std::size_t count = 0;
   std::vector<std::size_t> slots;
   std::size_t ready = 0;
