@@ -67,9 +67,9 @@ void remove_shared_region(const std::byte* base) {
 namespace {
 
 [[noreturn]] void fail(const char* call, std::size_t bytes) {
-  throw std::system_error(errno, std::system_category(),
-                          std::string("SharedMemory of ") + std::to_string(bytes) + " bytes: " +
-                              call);
+  throw std::system_error(
+      errno, std::system_category(),
+      std::string("SharedMemory of ") + std::to_string(bytes) + " bytes: " + call);
 }
 
 }  // namespace

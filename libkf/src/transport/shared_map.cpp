@@ -25,8 +25,8 @@ SharedMappings::~SharedMappings() {
   if (pidfd_ >= 0) ::close(pidfd_);
 }
 
-std::error_code SharedMappings::view(int fd, std::uint64_t id, std::uint64_t offset,
-                                     std::size_t n, const std::byte*& out, std::string& why) {
+std::error_code SharedMappings::view(int fd, std::uint64_t id, std::uint64_t offset, std::size_t n,
+                                     const std::byte*& out, std::string& why) {
   const Region* found = nullptr;
   for (const Region& r : regions_) {
     if (r.id == id) found = &r;
@@ -70,7 +70,7 @@ std::error_code SharedMappings::map(int fd, Region& r, std::string& why) {
   } closer{local};
   // Only a memory file that can no longer shrink: a page past its end would be SIGBUS here.
   const int seals = ::fcntl(local, F_GET_SEALS);
-  struct stat st{};
+  struct stat st {};
   if (seals < 0 || (seals & F_SEAL_SHRINK) == 0 || ::fstat(local, &st) != 0 || st.st_size <= 0) {
     why = "single-copy frame names descriptor " + std::to_string(fd) +
           ", which is not a memory file sealed against shrinking";

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "kf/common/log.hpp"
+#include "kf/shared_memory.hpp"
 #include "support/local_cluster.hpp"
 #include "support/log_capture.hpp"
 #include "support/process.hpp"
@@ -86,6 +87,30 @@ void send_single_copy_frame(int s, std::uint64_t addr) {
   std::memcpy(frame.data(), db.data(), db.size());
   frame[db.size()] = 'x';
   std::memcpy(frame.data() + db.size() + 1, &addr, 8);
+  ASSERT_EQ(send(s, frame.data(), frame.size(), 0), static_cast<ssize_t>(frame.size()));
+}
+
+// A single-copy frame of `bytes` that names a shared region: descriptor `fd` in the sender (this
+// process), region `id`, the payload at `offset`, and `reserved` where zero belongs.
+void send_shared_frame(int s, std::uint64_t addr, std::uint32_t fd, std::uint64_t id,
+                       std::uint64_t offset, std::uint64_t bytes, std::uint32_t reserved = 0) {
+  transport::FrameHeader d;
+  d.type = transport::FrameType::data;
+  d.flags = transport::kFlagRemote | transport::kFlagShared;
+  d.cluster_version = 1;
+  d.name_bytes = 1;
+  d.payload_bytes = bytes;
+  const auto db = transport::encode(d);
+  std::vector<char> frame(db.size() + 1 + 8 + transport::kSharedRefBytes);
+  char* p = frame.data();
+  std::memcpy(p, db.data(), db.size());
+  p += db.size();
+  *p++ = 'x';
+  std::memcpy(p, &addr, 8);  // little-endian host, as the frame
+  std::memcpy(p + 8, &fd, 4);
+  std::memcpy(p + 12, &reserved, 4);
+  std::memcpy(p + 16, &id, 8);
+  std::memcpy(p + 24, &offset, 8);
   ASSERT_EQ(send(s, frame.data(), frame.size(), 0), static_cast<ssize_t>(frame.size()));
 }
 
@@ -205,6 +230,57 @@ TEST(Robustness, BadSingleCopyFramesCloseTheConnection) {
       << text;
   EXPECT_NE(text.find("single-copy frame names memory its sender does not have"), std::string::npos)
       << text;
+}
+
+// A same-host client may lie about a shared region too: a descriptor it does not have, one that
+// is no sealed memory file, bytes past the region's end, non-zero reserved bytes. Each closes
+// its connection with the reason; nothing is mapped that could fault, nothing delivered.
+TEST(Robustness, BadSharedRegionReferencesCloseTheConnection) {
+  LogCapture log;
+  auto peers = test::make_local_cluster(2);
+  allreduce_works(peers, "before");
+  SharedMemory region(1 << 20);
+  const auto addr = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(region.data()));
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const int gone = 999'999;  // above any descriptor this process has open
+  ASSERT_EQ(fcntl(gone, F_GETFD), -1);
+  // The region's own descriptor: the only memfd this process has opened.
+  int region_fd = -1;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (target.find("memfd:kf-shared") != std::string::npos) {
+      region_fd = std::stoi(e.path().filename().string());
+    }
+  }
+  ASSERT_GE(region_fd, 0);
+  struct Lie {
+    std::uint32_t fd;
+    std::uint64_t offset, bytes;
+    std::uint32_t reserved;
+  };
+  for (const Lie& lie : {Lie{static_cast<std::uint32_t>(gone), 0, 1 << 20, 0},
+                         Lie{static_cast<std::uint32_t>(pipe_fds[0]), 0, 1 << 20, 0},
+                         Lie{static_cast<std::uint32_t>(region_fd), 4096, 1 << 20, 0},
+                         Lie{static_cast<std::uint32_t>(region_fd), 0, 1 << 20, 7}}) {
+    const int s = connect_local(peers[1]->endpoint());
+    ASSERT_GE(s, 0);
+    ASSERT_TRUE(authenticate(s, "127.0.0.1:2"));
+    send_shared_frame(s, addr, lie.fd, 1'000'000 + lie.fd + lie.offset, lie.offset, lie.bytes,
+                      lie.reserved);
+    EXPECT_TRUE(closed_by_peer(s));
+    close(s);
+  }
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
+  allreduce_works(peers, "after");
+  EXPECT_EQ(peers[1]->transport_stats().shared_read_bytes, 0u);
+  const std::string text = log.text();
+  for (const char* why : {"which its sender does not have", "not a memory file sealed",
+                          "of a shared region of 1048576", "non-zero reserved bytes"}) {
+    EXPECT_NE(text.find(why), std::string::npos) << why << "\n" << text;
+  }
 }
 
 // Two small data frames in one write, so the second is parsed straight from the receiver's

@@ -209,6 +209,32 @@ TEST(CompareTables, ShowTheFrameMacsCostWhenKfRanWithoutThem) {
   EXPECT_EQ(without.str().find("frame MACs"), std::string::npos) << without.str();
 }
 
+// kf-shared is kf's, not a baseline; its table gives it against the best local baseline and
+// against kf with heap buffers, with its algbw against the copy rate.
+TEST(CompareTables, ShowKfWithSharedMemoryBuffersWhenItRan) {
+  const std::size_t mib = 1 << 20;
+  const auto points = aggregate({
+      run("kf", 2, 1, {row(mib, 1000)}),
+      run("kf-shared", 2, 1, {row(mib, 500)}),
+      run("mpi-shm", 2, 1, {row(mib, 800)}),
+  });
+  const auto local = best_baseline(points, 2, mib, TransportClass::local);
+  ASSERT_TRUE(local.has_value());
+  EXPECT_EQ(local->impl, "mpi-shm") << "kf-shared must not count as a baseline";
+  std::ostringstream out;
+  print_tables(out, points, 2, 1, CopyRate{2, std::size_t{64} << 20, 2.0});
+  const std::string text = out.str();
+  EXPECT_NE(text.find("kf-shared (buffers in kf::SharedMemory"), std::string::npos) << text;
+  EXPECT_NE(text.find("0.62 (mpi-shm)"), std::string::npos) << text;   // 500 / 800
+  EXPECT_NE(text.find("          0.50"), std::string::npos) << text;   // 500 / 1000
+  EXPECT_NE(text.find("   2.097   1.05"), std::string::npos) << text;  // algbw, /copy
+  std::istringstream lines(text.substr(text.find("kf-shared (buffers")));
+  for (std::string line; std::getline(lines, line);) EXPECT_LE(line.size(), 140u) << line;
+  std::ostringstream without;
+  print_tables(without, aggregate({run("kf", 2, 1, {row(mib, 1000)})}), 2, 1);
+  EXPECT_EQ(without.str().find("kf-shared"), std::string::npos) << without.str();
+}
+
 TEST(CompareCommands, KfRunsUnderKfrunWithItsTransportChosen) {
   Binaries bin{"/b/kf-bench", "/b/kfrun", "/u/mpirun", "/b/kf-bench-mpi", "/b/kf-bench-gloo"};
   const auto kf = commands_for(RunRequest{"kf", 4, {4, 65536}, 7, 1, {}}, bin);

@@ -158,6 +158,32 @@ void print_mac_cost(std::ostream& out, const std::vector<Point>& points, int np,
   }
 }
 
+// With kf-shared among the points: kf with its buffers in kf::SharedMemory against the fastest
+// local baseline and against kf with heap buffers, and its algbw as a fraction of the copy rate.
+void print_shared_memory(std::ostream& out, const std::vector<Point>& points, int np,
+                         const Layout& l, const CopyRate& copy) {
+  if (std::find(l.impls.begin(), l.impls.end(), "kf-shared") == l.impls.end()) return;
+  out << "\n# np=" << np
+      << ": kf-shared (buffers in kf::SharedMemory, read in place by same-host peers) against "
+         "the fastest local baseline\n# and against kf (heap buffers); its algbw, and as a "
+         "fraction of the copy rate and of 3 GB/s as above\n";
+  char line[200];
+  std::snprintf(line, sizeof line, "#  size  %-31s  %14s  %8s %6s %6s\n", "kf-shared / best local",
+                "kf-shared / kf", "algbw", "/copy", "/3GB/s");
+  out << line;
+  for (const std::size_t bytes : l.sizes) {
+    const Point* shared = find_point(points, np, "kf-shared", bytes);
+    const Point* heap = find_point(points, np, "kf", bytes);
+    char vs_kf[32] = "             -";
+    if (shared != nullptr && heap != nullptr && heap->median_us > 0) {
+      std::snprintf(vs_kf, sizeof vs_kf, "%14.2f", shared->median_us / heap->median_us);
+    }
+    std::snprintf(line, sizeof line, "%7s", format_bytes(bytes).c_str());
+    out << line << ratio_cell(points, np, bytes, TransportClass::local, "kf-shared") << "  "
+        << vs_kf << algbw_cells(points, np, bytes, "kf-shared", copy) << "\n";
+  }
+}
+
 }  // namespace
 
 void print_tables(std::ostream& out, const std::vector<Point>& points, int np, int rounds,
@@ -171,6 +197,7 @@ void print_tables(std::ostream& out, const std::vector<Point>& points, int np, i
   out << "\n";
   print_ratios(out, points, np, l, copy);
   print_mac_cost(out, points, np, l);
+  print_shared_memory(out, points, np, l, copy);
   out << std::flush;
 }
 
