@@ -114,6 +114,24 @@ def test_elastic_batch_collates_a_dataset():
     assert kf.torch.elastic_batch(data, []) is None
 
 
+def test_a_shared_tensor_is_zeroed_memory_of_its_shape_and_type():
+    t = kf.shared_tensor((3, 5), dtype=torch.float64)
+    assert t.shape == (3, 5) and t.dtype == torch.float64 and t.is_contiguous()
+    assert torch.count_nonzero(t) == 0
+    t += 2
+    assert float(t.sum()) == 30.0
+    assert kf.shared_tensor(7).shape == (7,) and kf.shared_tensor(0).numel() == 0
+    assert kf.shared_tensor([2, 2], dtype=torch.int64).dtype == torch.int64
+    with pytest.raises(ValueError, match="negative size -1"):
+        kf.shared_tensor((2, -1))
+
+
+def test_peers_on_one_host_read_a_shared_tensor_in_place():
+    r = run_workers(2, [os.path.join(HERE, "workers", "shared_worker.py")])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("ok: rank") == 2, r.stdout + r.stderr
+
+
 def test_a_worker_sees_the_session_and_its_errors():
     r = run_workers(1, [os.path.join(HERE, "workers", "session_worker.py")])
     assert r.returncode == 0, r.stdout + r.stderr

@@ -341,6 +341,46 @@ TEST(TorchAdapterBuckets, OverlappedBucketsAndOneAllreduceAgreeBitForBit) {
   }
 }
 
+// A layer of 4 MiB: its gradient bucket and, with model averaging, the parameter vector are
+// exchanged in pieces too large for the shared-memory rings, which go single-copy, and both live in
+// kf::SharedMemory, so the peer on this host reduces them in place. The workers end with the same
+// model either way.
+TEST(TorchAdapterBuckets, LargeBucketsAndAveragedModelsAreReadInPlace) {
+  torch::set_num_threads(1);
+  for (const char* mode : {"sync", "sma"}) {
+    Job job = make_job(2);
+    job.cluster.settings = {{"mode", mode}};
+    std::vector<torch::nn::Linear> nets;
+    for (int r = 0; r < 2; ++r) {
+      torch::manual_seed(1 + r);
+      nets.emplace_back(torch::nn::LinearOptions(1024, 1024).bias(false));
+    }
+    torch::manual_seed(7);
+    const torch::Tensor x = torch::randn({8, 1024}), y = torch::randn({8, 1024});
+    std::vector<std::uint64_t> in_place(2);
+    test::run_all(2, [&](int r) {
+      State state;
+      torch::optim::SGD opt(nets[r]->parameters(), torch::optim::SGDOptions(0.01));
+      Session s(std::move(job.peers[r]), job.cluster, state, SessionOptions{});
+      DistributedOptimizer dist(s, opt, DistributedOptimizerOptions{});
+      dist.register_state(state, *nets[r]);
+      ASSERT_TRUE(s.join());
+      const auto half = x.slice(0, 4 * r, 4 * r + 4), target = y.slice(0, 4 * r, 4 * r + 4);
+      for (int i = 0; i < 2; ++i) {
+        ASSERT_EQ(s.step([&] {
+          dist.zero_grad();
+          torch::mse_loss(nets[r]->forward(half), target).backward();
+          dist.step();
+        }),
+                  Session::Outcome::committed);
+      }
+      in_place[r] = s.peer().transport_stats().shared_read_bytes;
+    });
+    EXPECT_TRUE(torch::equal(nets[0]->weight, nets[1]->weight)) << mode;
+    for (int r = 0; r < 2; ++r) EXPECT_GT(in_place[r], 0u) << mode << ", rank " << r;
+  }
+}
+
 TEST(TorchAdapterMonitors, TheExchangeFeedsTheNoiseScaleAndCommunication) {
   torch::set_num_threads(1);
   const Data d = make_data(64);

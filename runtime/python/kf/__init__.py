@@ -23,11 +23,28 @@ docs/python.md says more: the loop, the sampler, policies, elastic jobs on one h
 
 import os as _os
 
-import torch as _torch  # noqa: F401  (loads LibTorch before the extension that links it)
+import torch as _torch  # (loads LibTorch before the extension that links it)
 
 from . import _kf
 from ._kf import Counter, DistributedOptimizer as _DistributedOptimizer  # noqa: F401
 from ._kf import ElasticSampler, Error, PolicyContext, PolicyRunner, State
+
+def shared_tensor(shape, dtype=_torch.float32):
+    """A zeroed CPU tensor of ``shape`` and ``dtype`` in kf's shared memory (kf::SharedMemory).
+
+    Workers on the same host read such a tensor in place when it is exchanged
+    (``Session.allreduce``), instead of copying it out of this process first: allocate it once
+    for a buffer exchanged every step, not per step. Raises ValueError for a negative size.
+    """
+    dims = tuple(shape) if isinstance(shape, (tuple, list, _torch.Size)) else (shape,)
+    count = 1
+    for d in dims:
+        if int(d) < 0:
+            raise ValueError("shared_tensor: negative size %d in shape %s" % (int(d), dims))
+        count *= int(d)
+    itemsize = _torch.empty((), dtype=dtype).element_size()
+    return _kf._shared_bytes(count * itemsize).view(dtype).reshape(dims)
+
 
 #: The hooks a policy may have, in the order of a job's life.
 HOOKS = ("before_train", "before_epoch", "after_step", "after_epoch", "on_membership_change")
@@ -106,4 +123,5 @@ __all__ = [
     "ROLLED_BACK",
     "Session",
     "State",
+    "shared_tensor",
 ]

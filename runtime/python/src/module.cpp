@@ -30,6 +30,7 @@
 #include "kf/runtime/session.hpp"
 #include "kf/runtime/state.hpp"
 #include "kf/runtime/training_mode.hpp"
+#include "kf/shared_memory.hpp"
 #include "kf/torch/distributed_optimizer.hpp"
 
 namespace py = pybind11;
@@ -233,6 +234,20 @@ PYBIND11_MODULE(_kf, m) {
       "and .category (its category's name)",
       PyExc_RuntimeError, nullptr);
   m.attr("Error") = py::handle(g_error_type);
+
+  // kf.shared_tensor's memory: `bytes` zeroed bytes of a kf::SharedMemory as a uint8 tensor that
+  // owns it (the memory goes with the tensor's storage).
+  m.def(
+      "_shared_bytes",
+      [](std::int64_t bytes) {
+        if (bytes < 0) throw py::value_error("shared_tensor: " + std::to_string(bytes) + " bytes");
+        auto mem = std::make_shared<kf::SharedMemory>(static_cast<std::size_t>(bytes));
+        void* data = mem->data();
+        return torch::from_blob(
+            data, {bytes}, [mem](void*) mutable { mem.reset(); },
+            torch::TensorOptions().dtype(torch::kUInt8));
+      },
+      py::arg("bytes"));
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -344,6 +359,20 @@ PYBIND11_MODULE(_kf, m) {
       .def("add_metric", &kf::Session::add_metric, py::arg("name"))
       .def("set_metric", &kf::Session::set_metric, py::arg("slot"), py::arg("value"))
       .def_property_readonly("metrics", &kf::Session::metrics)
+      .def_property_readonly(
+          "transport_stats",
+          [](kf::Session& s) {
+            const kf::TransportStats t = s.peer().transport_stats();
+            py::dict d;
+            d["tcp_bytes"] = t.tcp_bytes;
+            d["socket_bytes"] = t.socket_bytes;
+            d["single_copy_bytes"] = t.single_copy_bytes;
+            d["shared_read_bytes"] = t.shared_read_bytes;
+            d["shm_bytes"] = t.shm_bytes;
+            d["early_bytes"] = t.early_bytes;
+            return d;
+          },
+          "Bytes this worker moved by each path since it started (kf::TransportStats)")
       .def("batch_part", &kf::Session::batch_part, py::arg("samples"))
       .def_property_readonly("rank", &kf::Session::rank)
       .def_property_readonly("size", &kf::Session::size)

@@ -261,6 +261,25 @@ torch::Tensor DistributedOptimizer::flat_parameters() const {
   return torch::cat(flat);
 }
 
+// The same vector, on the CPU, in memory kept from one call to the next that same-host peers
+// reduce from in place (kf::SharedMemory): model averaging exchanges it whole.
+torch::Tensor DistributedOptimizer::flat_parameters_shared() {
+  std::size_t total = 0;
+  for (const auto& s : slots_) total += s.numel;
+  if (!model_flat_ || model_flat_->size() != total * sizeof(float)) {
+    model_flat_ = std::make_unique<SharedMemory>(total * sizeof(float));
+  }
+  torch::Tensor all = torch::from_blob(model_flat_->data(), {static_cast<std::int64_t>(total)},
+                                       torch::TensorOptions().dtype(torch::kFloat));
+  std::int64_t offset = 0;
+  for (const auto& s : slots_) {
+    const auto n = static_cast<std::int64_t>(s.numel);
+    all.narrow(0, offset, n).copy_(s.param.reshape({-1}));
+    offset += n;
+  }
+  return all;
+}
+
 // The parameters from such a vector.
 void DistributedOptimizer::set_parameters(const torch::Tensor& all) {
   std::int64_t offset = 0;
@@ -273,7 +292,7 @@ void DistributedOptimizer::set_parameters(const torch::Tensor& all) {
 
 void DistributedOptimizer::average_model() {
   torch::NoGradGuard no_grad;
-  torch::Tensor all = flat_parameters();
+  torch::Tensor all = on_device_ ? flat_parameters() : flat_parameters_shared();
   const double own_sq = sum_of_squares(all).item<double>();
   const auto t0 = SteadyClock::now();
   CollOptions o;

@@ -68,6 +68,8 @@
 
 namespace kf {
 
+class SharedMemory;
+
 /// `t` as a kf::Buffer for State::add and the collectives: a contiguous CPU or CUDA tensor of
 /// float32, float64 or int64 (the tensor must outlive the buffer).
 /// Throws: std::invalid_argument starting with `what` for any other tensor.
@@ -157,6 +159,7 @@ class DistributedOptimizer {
   const ModePlan& plan();  // this step's, from the session's mode and step count
   void run_optimizer();
   torch::Tensor flat_parameters() const;
+  torch::Tensor flat_parameters_shared();
   void set_parameters(const torch::Tensor& all);
   void average_model();
   void average_with_pair();
@@ -190,7 +193,9 @@ class DistributedOptimizer {
   std::uint64_t bytes_sent_ = 0;
   int divergence_slot_ = -1, averaged_slot_ = -1;  // session metrics of model averaging
   int staleness_slot_ = -1;                        // and of pair averaging
-  std::unique_ptr<PairAverager> pair_;             // while the mode is pair-avg
+  // Model averaging of CPU parameters: their vector, in memory same-host peers read in place.
+  std::unique_ptr<SharedMemory> model_flat_;
+  std::unique_ptr<PairAverager> pair_;  // while the mode is pair-avg
   std::uint64_t pair_seed_ = 0;
   std::unique_ptr<ParameterServer> server_;  // while the mode is async-ps
   ParameterServer::Options server_options_;
