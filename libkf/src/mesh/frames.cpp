@@ -25,26 +25,16 @@ awaitable<std::error_code> Mesh::receive_data(Incoming& in, int peer, const Fram
       co_return make_error_code(errc::protocol_error);
     }
     std::error_code ec;
-    if (req->reduce && src.mapped) {
-      // Reduced straight from the sender's shared region: no copy first. A piece at a time,
-      // stepping aside before each (read_payload says why).
-      for (std::size_t done = 0; done < req->bytes;) {
-        const std::size_t n = std::min(req->bytes - done, Incoming::kReduceChunk);
-        co_await asio::post(ex(), asio::use_awaitable);
-        deliver(*req, src.mapped + src.at, done, n);
-        src.at += n;
-        done += n;
-      }
-      Counters::add(counters_.shared_read_bytes, req->bytes);
-      peers_[static_cast<std::size_t>(peer)].last_rx = coarse_now();
-    } else if (req->reduce) {
-      if (in.chunk.empty()) in.chunk.resize(Incoming::kReduceChunk);
+    if (req->reduce) {
+      // Piece by piece, each reduced while in cache (or straight from the sender's shared
+      // region, with no copy first).
       for (std::size_t done = 0; done < req->bytes && !ec;) {
         const std::size_t n = std::min(req->bytes - done, Incoming::kReduceChunk);
-        ec = co_await read_payload(in, src, in.chunk.data(), n, why);
+        const std::byte* piece = nullptr;
+        ec = co_await read_piece(in, src, n, piece, why);
         // With frame MACs the chunks are reduced before the tag at the end is checked: a frame
         // that fails it fails the receive, and the collective with it.
-        if (!ec) deliver(*req, in.chunk.data(), done, n);
+        if (!ec) deliver(*req, piece, done, n);
         done += n;
       }
     } else {

@@ -216,6 +216,10 @@ class Mesh {
   /// from the sender's memory for a single-copy frame).
   awaitable<std::error_code> read_payload(Incoming& in, PayloadSource& src, std::byte* dst,
                                           std::size_t n, std::string& why);
+  /// The next n (at most Incoming::kReduceChunk) payload bytes, for a streamed reduction: in
+  /// place in the sender's shared region when src is mapped, else read into in.chunk.
+  awaitable<std::error_code> read_piece(Incoming& in, PayloadSource& src, std::size_t n,
+                                        const std::byte*& piece, std::string& why);
   /// Reads the frame's payload into a posted receive or, when none is posted, into the
   /// mailbox's early frames. Returns an error that ends the connection.
   awaitable<std::error_code> receive_data(Incoming& in, int peer, const transport::FrameHeader& h,

@@ -254,11 +254,13 @@ void DistributedOptimizer::run_optimizer() {
 
 // Every parameter, one after another in the optimizer's order, as one vector (on the parameters'
 // device).
-torch::Tensor DistributedOptimizer::flat_parameters() const {
+torch::Tensor DistributedOptimizer::flat_parameters() const { return torch::cat(flat_views()); }
+
+std::vector<torch::Tensor> DistributedOptimizer::flat_views() const {
   std::vector<torch::Tensor> flat;
   flat.reserve(slots_.size());
   for (const auto& s : slots_) flat.push_back(s.param.reshape({-1}));
-  return torch::cat(flat);
+  return flat;
 }
 
 // The same vector, on the CPU, in memory kept from one call to the next that same-host peers
@@ -271,12 +273,7 @@ torch::Tensor DistributedOptimizer::flat_parameters_shared() {
   }
   torch::Tensor all = torch::from_blob(model_flat_->data(), {static_cast<std::int64_t>(total)},
                                        torch::TensorOptions().dtype(torch::kFloat));
-  std::int64_t offset = 0;
-  for (const auto& s : slots_) {
-    const auto n = static_cast<std::int64_t>(s.numel);
-    all.narrow(0, offset, n).copy_(s.param.reshape({-1}));
-    offset += n;
-  }
+  torch::cat_out(all, flat_views());
   return all;
 }
 

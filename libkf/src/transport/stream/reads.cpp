@@ -90,16 +90,13 @@ awaitable<std::error_code> Mesh::read_payload(Incoming& in, PayloadSource& src, 
   KF_DCHECK_IO(driver_);
   if (!src.remote) co_return co_await read_exact(in, dst, n);
   if (src.mapped) {
-    // In place, from the sender's shared region, stepping aside before each piece as below.
     for (std::size_t done = 0; done < n;) {
       const std::size_t len = std::min(n - done, Incoming::kReduceChunk);
-      co_await asio::post(ex(), asio::use_awaitable);
-      std::memcpy(dst + done, src.mapped + src.at, len);
-      src.at += len;
+      const std::byte* piece = nullptr;
+      co_await read_piece(in, src, len, piece, why);  // in place: never fails
+      std::memcpy(dst + done, piece, len);
       done += len;
     }
-    Counters::add(counters_.shared_read_bytes, n);
-    peers_[static_cast<std::size_t>(in.peer)].last_rx = coarse_now();
     co_return std::error_code{};
   }
   // From the sender's memory, in cache-sized pieces. The copy never waits, so before each piece
@@ -120,6 +117,23 @@ awaitable<std::error_code> Mesh::read_payload(Incoming& in, PayloadSource& src, 
     done += len;
     peers_[static_cast<std::size_t>(in.peer)].last_rx = coarse_now();
   }
+  co_return std::error_code{};
+}
+
+awaitable<std::error_code> Mesh::read_piece(Incoming& in, PayloadSource& src, std::size_t n,
+                                            const std::byte*& piece, std::string& why) {
+  KF_DCHECK_IO(driver_);
+  if (!src.mapped) {
+    if (in.chunk.empty()) in.chunk.resize(Incoming::kReduceChunk);
+    piece = in.chunk.data();
+    co_return co_await read_payload(in, src, in.chunk.data(), n, why);
+  }
+  // In place, from the sender's shared region; stepping aside first, as for a copied piece.
+  co_await asio::post(ex(), asio::use_awaitable);
+  piece = src.mapped + src.at;
+  src.at += n;
+  Counters::add(counters_.shared_read_bytes, n);
+  peers_[static_cast<std::size_t>(in.peer)].last_rx = coarse_now();
   co_return std::error_code{};
 }
 

@@ -158,6 +158,7 @@ class DistributedOptimizer {
   void reset_step();
   const ModePlan& plan();  // this step's, from the session's mode and step count
   void run_optimizer();
+  std::vector<torch::Tensor> flat_views() const;  // each parameter as a vector
   torch::Tensor flat_parameters() const;
   torch::Tensor flat_parameters_shared();
   void set_parameters(const torch::Tensor& all);
