@@ -126,6 +126,37 @@ TEST(ShmRing, RecordsStartOverWhenTheReaderHasTakenEverything) {
   EXPECT_GE(at_start, 150);
 }
 
+// The same when the reader is always a record behind (the writer sends its next frame before
+// the reader took the last one): records still start over near the ring's start, and come out
+// whole and in order across the trips back.
+TEST(ShmRing, RecordsStartOverWhileTheReaderIsARecordBehind) {
+  Pair p = make_pair();
+  ASSERT_TRUE(p.writer && p.reader);
+  std::byte payload[4096] = {};
+  ShmRing::Record rec;
+  std::string why;
+  const std::byte* first = nullptr;
+  std::uint32_t next_read = 0;
+  for (std::uint32_t i = 0; i < 3000; ++i) {
+    payload[0] = static_cast<std::byte>(i);
+    ASSERT_TRUE(
+        p.writer->try_write(0, data_header(i, 1, sizeof payload), "x", payload, sizeof payload))
+        << "record " << i;
+    if (i == 0) continue;  // from now on one record stays unread when the next is written
+    ASSERT_EQ(p.reader->peek(rec, 1 << 20, why), ShmRing::Peek::record) << why;
+    ASSERT_EQ(rec.header.tag, next_read);
+    ASSERT_EQ(rec.payload[0], static_cast<std::byte>(next_read));
+    if (first == nullptr) first = rec.payload.data();
+    ASSERT_LT(static_cast<std::size_t>(rec.payload.data() - first),
+              ShmRing::kRewindFrom + 3 * sizeof payload)
+        << "record " << next_read;
+    p.reader->pop();
+    ++next_read;
+  }
+  ASSERT_EQ(p.reader->peek(rec, 1 << 20, why), ShmRing::Peek::record) << why;
+  EXPECT_EQ(rec.header.tag, next_read);
+}
+
 FrameHeader data_frame(std::uint32_t tag, std::uint64_t version, std::size_t name_bytes,
                        std::size_t payload_bytes) {
   FrameHeader h;

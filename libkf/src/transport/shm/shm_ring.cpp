@@ -159,24 +159,27 @@ std::byte* ShmRing::reserve(std::size_t size) noexcept {
   std::size_t pos = static_cast<std::size_t>(tail_ & (kCapacity - 1));
   const std::size_t to_end = kCapacity - pos;
   // Padding to the end when the record does not fit there; and also, once the position is past
-  // the first kRewindFrom bytes, when the reader has taken everything and the record fits
-  // before the current position: then it goes to the start, so a reader that keeps up sees the
-  // same few pages over and over. Walking through all of the ring's pages instead cost 4-8x in
-  // latency for 1-4 KiB frames between 4 workers on 2 cores (pages that are not in the TLB and
-  // the cache; on this VM, shadow page faults).
+  // the first kRewindFrom bytes, whenever the record fits at the start: a reader that keeps up
+  // then sees the same few pages over and over. Walking through all of the ring's pages instead
+  // cost 4-8x in latency for 1-4 KiB frames between 4 workers on 2 cores (pages that are not in
+  // the TLB and the cache; on this VM, shadow page faults). A reader that is a record or two
+  // behind (frames in flight back to back) counts as keeping up: going back only when it had
+  // taken everything had a writer that was always a step ahead walk the whole ring, loading
+  // the reader's position for every record.
   //
-  // The reader's position is loaded only when that choice needs it, or when the record does
-  // not fit by the position last seen: the reader stores it with every record it takes, so
-  // each load is a cache line brought over from the reader's core, on the sending path.
-  const bool far = pos >= kRewindFrom;
-  if (far) head_seen_ = control()->head.load(std::memory_order_acquire);
-  std::size_t pad = 0;
-  for (bool fresh = far;; fresh = true) {
-    const bool rewind = far && head_seen_ == tail_ && size <= pos;
-    pad = (to_end < size || rewind) ? to_end : 0;
-    if (tail_ + pad + size - head_seen_ <= kCapacity) break;
-    if (fresh) return nullptr;
+  // The reader's position is loaded only when the record does not fit by the position last
+  // seen: the reader stores it with every record it takes, so each load is a cache line brought
+  // over from the reader's core, on the sending path. A stale position only ever says the ring
+  // is fuller than it is.
+  std::size_t pad = to_end < size ? to_end : 0;
+  if (pos >= kRewindFrom && size <= pos) pad = to_end;
+  const auto fits = [&](std::size_t padding) {
+    return tail_ + padding + size - head_seen_ <= kCapacity;
+  };
+  if (!fits(pad)) {
     head_seen_ = control()->head.load(std::memory_order_acquire);
+    // No room to go back to the start (the reader is far behind): on from here if it fits.
+    if (!fits(pad) && !(pad > 0 && to_end >= size && fits(pad = 0))) return nullptr;
   }
   std::byte* d = data();
   if (pad > 0) {
