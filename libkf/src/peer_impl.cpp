@@ -64,7 +64,7 @@ void PeerImpl::io_loop() {
   pthread_setname_np(pthread_self(), "kf-io");
   auto guard = asio::make_work_guard(ioc_);
   Driver& d = *driver_;
-  std::unique_lock<std::mutex> lk(d.mu);
+  std::unique_lock<RunLock> lk(d.mu);
   d.mark_running(true);
   IdleWindow idle;
   while (!ioc_.stopped()) {

@@ -38,11 +38,14 @@ class IdleWindow {
   }
   /// Idle polls since the last work.
   std::uint32_t idle_polls() const noexcept { return idle_; }
+  /// The clock as within() last read it (the epoch when it never did).
+  Clock::time_point last_reading() const noexcept { return last_; }
   /// An idle poll: whether `spin` has not passed yet since the window started.
   bool within(std::chrono::microseconds spin) noexcept {
     if (spin.count() == 0) return false;
     if (++idle_ % kCheckEvery != 0) return true;
     const auto now = Clock::now();
+    last_ = now;
     if (idle_ == kCheckEvery) {
       since_ = now;
       return true;
@@ -53,6 +56,7 @@ class IdleWindow {
  private:
   std::uint32_t idle_ = 0;  // idle polls since the last work
   Clock::time_point since_{};
+  Clock::time_point last_{};
 };
 
 }  // namespace kf::detail

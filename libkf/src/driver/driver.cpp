@@ -94,8 +94,13 @@ void Driver::drive_until(const OpState& s) {
     Clock::time_point give_up{};  // read when first needed: the context is usually free
     while (!s.ready.load(std::memory_order_acquire)) {
       if (mu.try_lock()) {
-        std::lock_guard<std::mutex> held(mu, std::adopt_lock);
+        std::lock_guard<RunLock> held(mu, std::adopt_lock);
         Running running(*this);
+        // The lease's start when the wait ends before its idle polls read the clock: read now,
+        // while the reply is on its way, rather than after it came, between the reply and the
+        // next collective's first frame.
+        const Clock::time_point began = Clock::now();
+        bool slept = false;
         IdleWindow idle;
         // When rings carry the traffic they are polled every time, and the context (an
         // epoll_wait system call when nothing is ready, under the scheduler's lock) less often,
@@ -120,14 +125,17 @@ void Driver::drive_until(const OpState& s) {
             // A context that ran out of work stops by itself: then nothing is left to wait for.
             if (ioc->stopped()) break;
             block_once();
+            slept = true;
             idle.worked();
           }
         }
         // One polling window, but never long: a job that polls for seconds (KF_SPIN_US) must
-        // not go without background progress for as long after each wait.
+        // not go without background progress for as long after each wait. It runs from the
+        // last reading of the clock, at most a few idle polls old; after a sleep in the kernel
+        // the clock is read again.
         const auto lease = std::min<Clock::duration>(spin, kMaxLease);
-        lease_until.store((Clock::now() + lease).time_since_epoch().count(),
-                          std::memory_order_relaxed);
+        const Clock::time_point from = slept ? Clock::now() : std::max(began, idle.last_reading());
+        lease_until.store((from + lease).time_since_epoch().count(), std::memory_order_relaxed);
         break;
       }
       if (!nudged) {
@@ -147,7 +155,7 @@ void Driver::drive_until(const OpState& s) {
 void Driver::run_ready() {
   if (spin().count() == 0 || closed.load(std::memory_order_relaxed)) return;
   if (!mu.try_lock()) return;  // the I/O thread or a waiter runs the context: it runs them
-  std::lock_guard<std::mutex> held(mu, std::adopt_lock);
+  std::lock_guard<RunLock> held(mu, std::adopt_lock);
   Running running(*this);
   run_ready_locked();
 }
