@@ -5,6 +5,7 @@
 
 #include <stdexcept>
 
+#include "common/recycle.hpp"
 #include "kf/common/env.hpp"
 #include "kf/common/fd.hpp"
 #include "peer_impl.hpp"
@@ -162,7 +163,7 @@ namespace {
 
 std::shared_ptr<detail::CollCtx> make_ctx(CollOp op, std::string_view name, Buffer send,
                                           Buffer recv, const CollOptions& o) {
-  auto c = std::make_shared<detail::CollCtx>();
+  auto c = detail::make_recycled<detail::CollCtx>();
   c->op = op;
   c->name = std::string(name);
   c->send = send;

@@ -4,6 +4,7 @@
 #include <array>
 
 #include "backend/backend.hpp"
+#include "common/recycle.hpp"
 #include "kf/coll/cost_model.hpp"
 #include "peer_impl.hpp"
 
@@ -41,8 +42,8 @@ Algorithm PeerImpl::resolve(CollOp op, Algorithm a, std::size_t bytes) const noe
 }
 
 Handle PeerImpl::submit(std::shared_ptr<CollCtx> ctx) {
-  ctx->state = std::make_shared<OpState>();
-  ctx->state->driver = driver_;
+  ctx->state = make_recycled<OpState>();
+  if (ctx->state->driver != driver_) ctx->state->driver = driver_;
   Handle h(ctx->state);
   if (cluster_.workers.empty())
     return fail_request(*ctx, "the peer has no cluster yet (call start())");

@@ -259,6 +259,16 @@ struct OpState {
       st.cv.notify_all();
     }
   }
+  /// Back to a fresh state for the next collective (make_recycled): called by the last owner,
+  /// when nobody waits on it. The driver stays (the next user sets its own).
+  void recycle() noexcept {
+    claimed.store(false, std::memory_order_relaxed);
+    sleepers.store(0, std::memory_order_relaxed);
+    ready.store(false, std::memory_order_relaxed);
+    ec = {};
+    what.clear();
+    device.reset();
+  }
   /// Sleeps until complete() has run.
   void sleep_until_ready() {
     sleepers.fetch_add(1, std::memory_order_seq_cst);

@@ -112,10 +112,49 @@ struct CollCtx {
   CollCtx() noexcept {}
   CollCtx(const CollCtx&) = delete;
   CollCtx& operator=(const CollCtx&) = delete;
-  /// The last owner is the collective's coroutine. If that is destroyed unfinished (the peer was
+  /// The last owner is the engine. If it lets go of a collective unfinished (the peer was
   /// destroyed with the collective in flight, and its context with it), the waiter still learns
   /// that the buffers are free again.
-  ~CollCtx() {
+  ~CollCtx() { release_waiter(); }
+  /// Back to the state of a new CollCtx, every reference dropped (make_recycled: collectives
+  /// take their contexts from a per-thread cache). Every member is reset here.
+  void recycle() noexcept {
+    release_waiter();
+    lanes.clear();  // first, as the destructor would: lanes point into the plan
+    op = CollOp::allreduce;
+    name.clear();
+    algorithm = Algorithm::auto_select;
+    opts = CollOptions{};
+    send = Buffer{};
+    recv = Buffer{};
+    agreed = nullptr;
+    version = 0;
+    lazy_src = nullptr;
+    filled = RangeSet{};
+    rank_to_peer.reset();
+    hosts.reset();
+    rank = 0;
+    size = 1;
+    timeout = {};
+    state.reset();
+    plan.reset();
+    count = 0;
+    work = nullptr;
+    pooled = ScratchPool::Block{};
+    digest = {};
+    barrier_byte = std::byte{1};
+    lanes_left = 0;
+    first = {};
+    why.clear();
+    run_index = 0;
+    x_dist = 0;
+    x_peer = -1;
+    x_waiting = false;
+    x_deadline = {};
+  }
+
+ private:
+  void release_waiter() noexcept {
     if (state && !state->ready.load(std::memory_order_acquire)) {
       state->complete(make_error_code(errc::closed),
                       std::string(to_string(op)) + " '" + name +
