@@ -289,7 +289,8 @@ std::shared_ptr<SendReq> Mesh::post_send(int peer, const FrameHeader& h, std::st
       transport::ShmRing::fits(name.size(), h.payload_bytes) && !out.ring->reader_sleeping() &&
       out.ring->try_write(out.socket_frames, h, name, data)) {
     Counters::add(counters_.shm_bytes, h.payload_bytes);
-    ps.last_tx = coarse_now();
+    // No sign of life (last_tx): a record in the ring says nothing of whether the peer takes
+    // what it is sent, as bytes leaving a socket do.
     // It went to sleep as the record landed, perhaps without seeing it: a frame on the socket
     // (a heartbeat) wakes it, and it takes the ring's records before that frame.
     if (out.ring->reader_sleeping()) post_control(peer, FrameType::heartbeat, {});
