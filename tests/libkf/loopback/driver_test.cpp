@@ -74,6 +74,41 @@ TEST(Driver, WaitingOnManyOutstandingHandlesInAnyOrder) {
   }
 }
 
+// Collectives take their context and completion state from a per-thread cache
+// (common/recycle.hpp). A handle kept after its collective finished keeps that collective's
+// outcome however many collectives follow; a handle waited on and dropped by another thread
+// leaves its state to that thread; results stay exact throughout.
+TEST(Driver, KeptAndHandedOverHandlesKeepTheirOutcomes) {
+  auto peers = test::make_local_cluster(2, polling(std::chrono::microseconds(200)));
+  test::run_all(2, [&](int r) {
+    Peer& p = *peers[r];
+    float one = 1.0f;
+    double other = 0.0;
+    // Refused at once (send and recv differ in type): failed before it started.
+    Handle refused = p.allreduce("refused", buffer(&one, 1), buffer(&other, 1));
+    float kept_value = static_cast<float>(r + 1);
+    Handle kept = p.allreduce("kept", buffer(&kept_value, 1), buffer(&kept_value, 1));
+    kept.wait();
+    std::vector<float> v(16);
+    for (int i = 0; i < 200; ++i) {
+      for (auto& x : v) x = static_cast<float>(r + i);
+      Handle h = p.allreduce("loop", buffer(v.data(), v.size()), buffer(v.data(), v.size()));
+      if (i % 3 == 0) {
+        // Waited on and released by a thread of its own, which then ends.
+        std::thread([h = std::move(h)] { h.wait(); }).join();
+      } else {
+        h.wait();
+      }
+      for (float x : v) ASSERT_EQ(x, static_cast<float>(1 + 2 * i)) << "call " << i;
+    }
+    EXPECT_EQ(refused.wait_status(), make_error_code(errc::invalid_argument));
+    EXPECT_NE(refused.message().find("differ"), std::string::npos) << refused.message();
+    EXPECT_FALSE(kept.wait_status());
+    EXPECT_TRUE(kept.message().empty()) << kept.message();
+    EXPECT_EQ(kept_value, 3.0f);
+  });
+}
+
 // A thread waits (and drives) on a collective that cannot finish, because the other worker never
 // takes part; destroying the peer fails the collective, and the waiter returns with the error
 // instead of running a context that no longer exists.
