@@ -165,7 +165,9 @@ std::shared_ptr<detail::CollCtx> make_ctx(CollOp op, std::string_view name, Buff
                                           Buffer recv, const CollOptions& o) {
   auto c = detail::make_recycled<detail::CollCtx>();
   c->op = op;
-  c->name = std::string(name);
+  // Into the recycled context's own buffer: a name as long as one it held before needs no
+  // allocation.
+  c->name.assign(name);
   c->send = send;
   c->recv = recv;
   c->opts = o;
