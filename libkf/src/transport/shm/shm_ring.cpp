@@ -178,8 +178,11 @@ std::byte* ShmRing::reserve(std::size_t size) noexcept {
   };
   if (!fits(pad)) {
     head_seen_ = control()->head.load(std::memory_order_acquire);
-    // No room to go back to the start (the reader is far behind): on from here if it fits.
-    if (!fits(pad) && !(pad > 0 && to_end >= size && fits(pad = 0))) return nullptr;
+    if (!fits(pad)) {
+      // No room to go back to the start (the reader is far behind): on from here if it fits.
+      if (pad == 0 || to_end < size || !fits(0)) return nullptr;
+      pad = 0;
+    }
   }
   std::byte* d = data();
   if (pad > 0) {
