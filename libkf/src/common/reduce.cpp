@@ -7,7 +7,8 @@
 // 12's -O2 default takes only loops that need no scalar tail, and every loop here needs one) and
 // -fno-trapping-math (else GCC will not compute unconditionally the float that only one case of
 // a half conversion uses). On x86-64 with AVX2 and F16C, f16 and bf16 go 8 elements at a time
-// through intrinsics, f16 converted by F16C; the portable loops give the same bits
+// through intrinsics, f16 converted by F16C, and the other types through the portable loops
+// compiled a second time for AVX2 (reduce_to_avx2); the portable loops give the same bits
 // (tests/libkf/common/reduce_test.cpp).
 #include "common/reduce.hpp"
 
@@ -332,6 +333,22 @@ bool have_simd() noexcept {
   return yes;
 }
 
+// The same loops as reduce_to_portable's, compiled for AVX2: flatten inlines them here, where
+// the vectoriser may use 256-bit registers. The element operations are the same, so the bits are.
+__attribute__((target("avx2"), flatten)) void reduce_to_avx2(void* out, const void* a,
+                                                             const void* b, std::size_t count,
+                                                             DType t, ReduceOp op) noexcept {
+  switch (t) {
+    case DType::f32: return reduce_typed<float>(out, a, b, count, op);
+    case DType::f64: return reduce_typed<double>(out, a, b, count, op);
+    case DType::i32: return reduce_typed<std::int32_t>(out, a, b, count, op);
+    case DType::i64: return reduce_typed<std::int64_t>(out, a, b, count, op);
+    case DType::u8: return reduce_typed<std::uint8_t>(out, a, b, count, op);
+    case DType::f16:
+    case DType::bf16: break;  // reduce_half_simd
+  }
+}
+
 #endif  // KF_REDUCE_X86
 
 }  // namespace
@@ -383,6 +400,9 @@ void reduce_to(void* out, const void* a, const void* b, std::size_t count, DType
     const auto* y = static_cast<const std::uint16_t*>(b);
     if (t == DType::f16) return reduce_half_simd<F16x8, F16>(o, x, y, count, op);
     return reduce_half_simd<Bf16x8, Bf16>(o, x, y, count, op);
+  }
+  if (t != DType::f16 && t != DType::bf16 && have_simd()) {
+    return reduce_to_avx2(out, a, b, count, t, op);
   }
 #endif
   detail::reduce_to_portable(out, a, b, count, t, op);

@@ -84,7 +84,7 @@ void patterns(const Half& h, std::vector<std::uint16_t>& a, std::vector<std::uin
 
 TEST(ReduceKernels, HalvesMatchTheElementWiseDefinitionBitForBit) {
   // Without AVX2 and F16C, reduce_to is the portable loop: then this checks that alone.
-  std::cout << "f16/bf16 reductions use AVX2 and F16C here: "
+  std::cout << "reductions use AVX2 (and F16C for f16/bf16) here: "
             << (detail::reduce_uses_simd() ? "yes" : "no") << "\n";
   for (const Half& h : kHalves) {
     std::vector<std::uint16_t> a, b;
