@@ -50,6 +50,17 @@ struct LaneRun : Waiter {
   StepVec<std::shared_ptr<SendReq>> sends;
   StepVec<std::shared_ptr<RecvReq>> recvs;
   StepVec<int> send_peer, recv_peer;
+  // Receives of later steps posted before their step (Engine::post_ahead), in plan order: a
+  // frame that comes while the lane is still at an earlier step then goes straight to its
+  // place instead of being kept and copied once more. `ahead_step` and `ahead_xfer` are the
+  // next transfer to consider.
+  struct Ahead {
+    std::size_t step = 0, xfer = 0;
+    std::shared_ptr<RecvReq> req;
+    int peer = -1;
+  };
+  StepVec<Ahead> ahead;
+  std::size_t ahead_step = 0, ahead_xfer = 0;
   // While waiting (Waiter::waiting_on): the peer it depends on, and when the wait times out
   // unless that peer was heard from meanwhile.
   int wait_peer = -1;

@@ -55,8 +55,15 @@ class Engine {
   /// Runs a lane until it must wait, fails, or finishes, or has reduced kReduceSliceBytes: then
   /// the rest of it is posted to the context, after whatever else is ready there.
   void advance(LaneRun& l);
-  /// Posts the current step's transfers.
+  /// Posts the current step's transfers (taking those post_ahead posted), then post_ahead's.
   void post_step(LaneRun& l);
+  /// Posts, in plan order, the large receives of the next few steps that land where no step
+  /// before theirs reads or writes (LaneRun::ahead); stops at the first that cannot be.
+  void post_ahead(LaneRun& l);
+  /// Posts one receive of the lane's collective: reduced on arrival when `stream`, else a
+  /// reduction into `scratch` or a copy into the work buffer.
+  std::shared_ptr<RecvReq> post_receive(LaneRun& l, const coll::Xfer& x, bool stream,
+                                        std::byte* scratch);
   /// Reduces what the current step received, in plan order, taking the bytes it reduces from
   /// `budget`; returns false when the budget ran out first (LaneRun::reduce_x and reduce_done
   /// say where it stopped).

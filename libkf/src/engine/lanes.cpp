@@ -22,41 +22,59 @@ constexpr std::size_t kStreamReduceMinBytes = 64 * 1024;
 // takes about 0.2 ms here at release speed, against a post of about 1 us.
 constexpr std::size_t kReduceSliceBytes = 1 << 20;
 
-bool overlaps(const coll::Xfer& a, const coll::Xfer& b) {
-  return a.offset < b.offset + b.count && b.offset < a.offset + a.count;
+// Receives posted before their step (Engine::post_ahead) are at most this many steps ahead, and
+// only large ones: a small frame that comes early costs less to copy once more than to track.
+constexpr std::size_t kAheadSteps = 8;
+
+// The step's receive that is reduced on arrival, if any: its only reduction, into a range no
+// send of the step reads, of at least kStreamReduceMinBytes.
+const coll::Xfer* stream_of(const coll::Step& st, std::size_t es) {
+  const coll::Xfer* x = coll::sole_reduction(st);
+  return x != nullptr && x->count * es >= kStreamReduceMinBytes ? x : nullptr;
 }
 
 }  // namespace
+
+std::shared_ptr<RecvReq> Engine::post_receive(LaneRun& l, const coll::Xfer& x, bool stream,
+                                              std::byte* scratch) {
+  CollCtx& c = *l.coll;
+  const std::size_t es = dtype_bytes(c.send.dtype);
+  const int peer = (*c.rank_to_peer)[static_cast<std::size_t>(x.peer)];
+  const MailKeyView key{peer, c.version, l.tag, c.name};
+  std::byte* at = c.work + x.offset * es;
+  if (stream) {
+    ReduceOnArrival how;
+    how.dtype = c.send.dtype;
+    how.op = c.opts.op;
+    if (c.lazy_src && c.filled.disjoint(x.offset, x.offset + x.count)) {
+      how.src = c.lazy_src + x.offset * es;
+    } else {
+      fill(c, es, x.offset, x.count);
+    }
+    return mesh_.post_recv(key, at, x.count * es, &how);
+  }
+  if (x.kind == coll::XferKind::recv_reduce) return mesh_.post_recv(key, scratch, x.count * es);
+  return mesh_.post_recv(key, at, x.count * es);
+}
 
 void Engine::post_step(LaneRun& l) {
   KF_DCHECK_IO(driver_);
   CollCtx& c = *l.coll;
   const coll::Step& st = l.lane->steps[l.step];
-  const DType dt = c.send.dtype;
-  const std::size_t es = dtype_bytes(dt);
+  const std::size_t es = dtype_bytes(c.send.dtype);
   l.sends.clear();
   l.recvs.clear();
   l.send_peer.clear();
   l.recv_peer.clear();
   l.reduce_x = l.reduce_done = l.reduce_sc = 0;
   // A step's only reduction, into a range no send of the step reads, can reduce on arrival.
-  l.stream = nullptr;
-  int reductions = 0;
-  for (const auto& x : st.xfers) {
-    if (x.kind == coll::XferKind::recv_reduce) {
-      ++reductions;
-      l.stream = &x;
-    }
-  }
-  if (reductions != 1 || l.stream->count * es < kStreamReduceMinBytes) l.stream = nullptr;
-  for (const auto& x : st.xfers) {
-    if (l.stream && x.kind == coll::XferKind::send && overlaps(x, *l.stream)) l.stream = nullptr;
-  }
+  l.stream = stream_of(st, es);
   std::size_t sc = 0;
-  for (const auto& x : st.xfers) {
+  for (std::size_t i = 0; i < st.xfers.size(); ++i) {
+    const coll::Xfer& x = st.xfers[i];
     const int peer = (*c.rank_to_peer)[static_cast<std::size_t>(x.peer)];
-    std::byte* at = c.work + x.offset * es;
     if (x.kind == coll::XferKind::send) {
+      std::byte* at = c.work + x.offset * es;
       const std::byte* from = at;
       if (c.lazy_src && c.filled.disjoint(x.offset, x.offset + x.count)) {
         from = c.lazy_src + x.offset * es;  // untouched so far: send straight from the input
@@ -73,24 +91,50 @@ void Engine::post_step(LaneRun& l) {
       l.send_peer.push_back(peer);
       continue;
     }
-    const MailKeyView key{peer, c.version, l.tag, c.name};
-    if (&x == l.stream) {
-      ReduceOnArrival how;
-      how.dtype = dt;
-      how.op = c.opts.op;
-      if (c.lazy_src && c.filled.disjoint(x.offset, x.offset + x.count)) {
-        how.src = c.lazy_src + x.offset * es;
-      } else {
-        fill(c, es, x.offset, x.count);
-      }
-      l.recvs.push_back(mesh_.post_recv(key, at, x.count * es, &how));
-    } else if (x.kind == coll::XferKind::recv_reduce) {
-      l.recvs.push_back(mesh_.post_recv(key, l.scratch.data.get() + sc, x.count * es));
+    const bool stream = &x == l.stream;
+    if (!l.ahead.empty() && l.ahead.front().step == l.step && l.ahead.front().xfer == i) {
+      l.recvs.push_back(std::move(l.ahead.front().req));  // posted by post_ahead
+      l.ahead.erase(l.ahead.begin());
+    } else if (x.kind == coll::XferKind::recv_reduce && !stream) {
+      l.recvs.push_back(post_receive(l, x, false, l.scratch.data.get() + sc));
       sc += x.count * es;
     } else {
-      l.recvs.push_back(mesh_.post_recv(key, at, x.count * es));
+      l.recvs.push_back(post_receive(l, x, stream, nullptr));
     }
     l.recv_peer.push_back(peer);
+  }
+  post_ahead(l);
+}
+
+// A receive of a later step may be posted now when what it writes is not read or written by any
+// step from the current one to its own (coll::may_post_ahead; a send of the current step that
+// is done reads nothing any more), so its data may land at any time in between, and it
+// needs no scratch (a copy, or its step's reduction on arrival: the range holds then what it
+// would hold at its step, so the sum is the same). Receives are posted in plan order, so that
+// the frames of a peer still match them in order: the first receive that cannot be posted
+// stops the walk, to be tried again at the next step.
+void Engine::post_ahead(LaneRun& l) {
+  KF_DCHECK_IO(driver_);
+  const auto& steps = l.lane->steps;
+  if (l.ahead_step <= l.step) {
+    l.ahead_step = l.step + 1;
+    l.ahead_xfer = 0;
+  }
+  const std::size_t es = dtype_bytes(l.coll->send.dtype);
+  for (; l.ahead_step < steps.size() && l.ahead_step <= l.step + kAheadSteps;
+       ++l.ahead_step, l.ahead_xfer = 0) {
+    const coll::Step& st = steps[l.ahead_step];
+    for (; l.ahead_xfer < st.xfers.size(); ++l.ahead_xfer) {
+      const coll::Xfer& x = st.xfers[l.ahead_xfer];
+      if (x.kind == coll::XferKind::send) continue;
+      if (x.count * es < kStreamReduceMinBytes) return;
+      const bool stream = x.kind == coll::XferKind::recv_reduce;
+      if (stream && stream_of(st, es) != &x) return;
+      const auto send_done = [&](std::size_t i) { return l.sends[i]->ev.done; };
+      if (!coll::may_post_ahead(*l.lane, l.step, l.ahead_step, x, send_done)) return;
+      const int peer = (*l.coll->rank_to_peer)[static_cast<std::size_t>(x.peer)];
+      l.ahead.push_back({l.ahead_step, l.ahead_xfer, post_receive(l, x, stream, nullptr), peer});
+    }
   }
 }
 
@@ -266,6 +310,12 @@ void Engine::fail_transfer(LaneRun& l, bool recv, int peer, std::error_code ec) 
 void Engine::fail_lane(LaneRun& l, std::error_code ec, std::string why) {
   KF_DCHECK_IO(driver_);
   l.stop_waiting();
+  // Receives posted ahead are abandoned with the step's.
+  for (auto& a : l.ahead) {
+    l.recvs.push_back(std::move(a.req));
+    l.recv_peer.push_back(a.peer);
+  }
+  l.ahead.clear();
   ++driver_.handlers_posted;
   std::shared_ptr<CollCtx> keep = runs_[l.coll->run_index];
   asio::co_spawn(

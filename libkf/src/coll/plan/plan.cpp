@@ -35,6 +35,20 @@ std::size_t work_count(const PlanRequest& r) noexcept {
   return r.count;
 }
 
+const Xfer* sole_reduction(const Step& st) noexcept {
+  const Xfer* only = nullptr;
+  for (const Xfer& x : st.xfers) {
+    if (x.kind != XferKind::recv_reduce) continue;
+    if (only != nullptr) return nullptr;
+    only = &x;
+  }
+  if (only == nullptr) return nullptr;
+  for (const Xfer& x : st.xfers) {
+    if (x.kind == XferKind::send && overlaps(x, *only)) return nullptr;
+  }
+  return only;
+}
+
 namespace {
 
 // Merges neighbouring transfers of the same kind to the same peer over adjacent ranges, then

@@ -78,6 +78,36 @@ struct PlanRequest {
 /// The element count of the work buffer for a request (see the layout above).
 std::size_t work_count(const PlanRequest& r) noexcept;
 
+/// Whether two transfers' ranges of the work buffer share an element.
+inline bool overlaps(const Xfer& a, const Xfer& b) noexcept {
+  return a.offset < b.offset + b.count && b.offset < a.offset + a.count;
+}
+
+/// The step's only reduction when no send of the step reads its range (it may then be reduced
+/// as it arrives); null when the step reduces more than one receive or none, or a send reads it.
+const Xfer* sole_reduction(const Step& st) noexcept;
+
+/// Whether `x`, a receive of step `later` of `lane`, may be posted while the lane is at step
+/// `now` (< later), so that its data may land at any moment before its step: no transfer of
+/// the steps `now` to `later` - 1 reads or writes its range, except a send of step `now` for
+/// which `send_done(i)` is true (i counts the step's sends from 0): its data is gone already.
+/// A receive reduced on arrival then finds its range as it would be at its own step.
+template <typename SendDone>
+bool may_post_ahead(const Lane& lane, std::size_t now, std::size_t later, const Xfer& x,
+                    SendDone&& send_done) {
+  std::size_t send_i = 0;
+  for (const Xfer& y : lane.steps[now].xfers) {
+    const bool gone = y.kind == XferKind::send && send_done(send_i++);
+    if (!gone && overlaps(x, y)) return false;
+  }
+  for (std::size_t i = now + 1; i < later; ++i) {
+    for (const Xfer& y : lane.steps[i].xfers) {
+      if (overlaps(x, y)) return false;
+    }
+  }
+  return true;
+}
+
 /// Builds the plan for one rank. Throws: std::invalid_argument for a root out of range or an
 /// algorithm that is not concrete.
 Plan make_plan(const PlanRequest& r);
