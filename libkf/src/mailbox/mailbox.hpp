@@ -69,9 +69,10 @@ struct QuickEarly {
 };
 
 /// Receives posted for one key, and frames that came before them. Almost always one entry on one
-/// side only, and it lives for one transfer: kept inline, so a transfer allocates nothing here.
+/// side only, or two posted receives (a lane's receive posted ahead behind its current one from
+/// the same peer), and it lives for one transfer: kept inline, so a transfer allocates nothing.
 struct Slot {
-  boost::container::small_vector<std::shared_ptr<RecvReq>, 1> posted;
+  boost::container::small_vector<std::shared_ptr<RecvReq>, 2> posted;
   boost::container::small_vector<EarlyFrame, 1> unexpected;
 
   bool empty() const noexcept { return posted.empty() && unexpected.empty(); }
