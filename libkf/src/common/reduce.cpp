@@ -193,6 +193,20 @@ void reduce_half(void* out, const void* a, const void* b, std::size_t n, ReduceO
   });
 }
 
+// Every type's loop: reduce_to_portable, and reduce_to_avx2, where flatten compiles it for AVX2.
+inline void reduce_any(void* out, const void* a, const void* b, std::size_t count, DType t,
+                       ReduceOp op) noexcept {
+  switch (t) {
+    case DType::f32: return reduce_typed<float>(out, a, b, count, op);
+    case DType::f64: return reduce_typed<double>(out, a, b, count, op);
+    case DType::i32: return reduce_typed<std::int32_t>(out, a, b, count, op);
+    case DType::i64: return reduce_typed<std::int64_t>(out, a, b, count, op);
+    case DType::u8: return reduce_typed<std::uint8_t>(out, a, b, count, op);
+    case DType::f16: return reduce_half<F16>(out, a, b, count, op);
+    case DType::bf16: return reduce_half<Bf16>(out, a, b, count, op);
+  }
+}
+
 template <typename T>
 void divide_typed(T* buf, std::size_t n, std::size_t d) noexcept {
   if constexpr (std::is_integral_v<T>) {
@@ -338,15 +352,7 @@ bool have_simd() noexcept {
 __attribute__((target("avx2"), flatten)) void reduce_to_avx2(void* out, const void* a,
                                                              const void* b, std::size_t count,
                                                              DType t, ReduceOp op) noexcept {
-  switch (t) {
-    case DType::f32: return reduce_typed<float>(out, a, b, count, op);
-    case DType::f64: return reduce_typed<double>(out, a, b, count, op);
-    case DType::i32: return reduce_typed<std::int32_t>(out, a, b, count, op);
-    case DType::i64: return reduce_typed<std::int64_t>(out, a, b, count, op);
-    case DType::u8: return reduce_typed<std::uint8_t>(out, a, b, count, op);
-    case DType::f16:
-    case DType::bf16: break;  // reduce_half_simd
-  }
+  reduce_any(out, a, b, count, t, op);
 }
 
 // Where the AVX2 copy of a loop is faster than the baseline one (kf-bench-reduce, 64 KiB): the
@@ -374,15 +380,7 @@ namespace detail {
 
 void reduce_to_portable(void* out, const void* a, const void* b, std::size_t count, DType t,
                         ReduceOp op) noexcept {
-  switch (t) {
-    case DType::f32: return reduce_typed<float>(out, a, b, count, op);
-    case DType::f64: return reduce_typed<double>(out, a, b, count, op);
-    case DType::i32: return reduce_typed<std::int32_t>(out, a, b, count, op);
-    case DType::i64: return reduce_typed<std::int64_t>(out, a, b, count, op);
-    case DType::u8: return reduce_typed<std::uint8_t>(out, a, b, count, op);
-    case DType::f16: return reduce_half<F16>(out, a, b, count, op);
-    case DType::bf16: return reduce_half<Bf16>(out, a, b, count, op);
-  }
+  reduce_any(out, a, b, count, t, op);
 }
 
 void finish_avg_portable(void* buf, std::size_t count, DType t, std::size_t n) noexcept {
