@@ -7,8 +7,9 @@
 // 12's -O2 default takes only loops that need no scalar tail, and every loop here needs one) and
 // -fno-trapping-math (else GCC will not compute unconditionally the float that only one case of
 // a half conversion uses). On x86-64 with AVX2 and F16C, f16 and bf16 go 8 elements at a time
-// through intrinsics, f16 converted by F16C, and the other types through the portable loops
-// compiled a second time for AVX2 (reduce_to_avx2); the portable loops give the same bits
+// through intrinsics, f16 converted by F16C, and the other types, where it measured faster
+// (avx2_gains), through the portable loops compiled a second time for AVX2 (reduce_to_avx2);
+// the portable loops give the same bits
 // (tests/libkf/common/reduce_test.cpp).
 #include "common/reduce.hpp"
 
@@ -356,7 +357,7 @@ __attribute__((target("avx2"), flatten)) void reduce_to_avx2(void* out, const vo
 }
 
 // Where the AVX2 copy of a loop is faster than the baseline one (kf-bench-reduce, 64 KiB): the
-// float types (21 to 29 GB/s for f32 sum, 4.4 to 12 for f64 min) and the integer operations
+// float types (19 to 29 GB/s for f32 sum, 4.4 to 12 for f64 min) and the integer operations
 // that SSE2 lacks an instruction for (i32 product 14 to 30, i64 min 15 to 19). Integer sums and
 // u8 min and max, which SSE2 has, measured slower in 256 bits (30 to 25 GB/s).
 constexpr bool avx2_gains(DType t, ReduceOp op) noexcept {

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The reduction kernels behind kf::reduce_to and kf::finish_avg (kf/common/dtype.hpp), and the
 // portable loops they fall back to where the CPU lacks a faster path (on x86-64 with AVX2 and
-// F16C: f16 and bf16 through intrinsics, the other types through the same loops built for AVX2).
+// F16C: f16 and bf16 through intrinsics, the other types, where that measured faster, through
+// the same loops built for AVX2).
 // Tests compare the two bit for bit. Thread-safety: pure functions.
 #pragma once
 
