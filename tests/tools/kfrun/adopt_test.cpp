@@ -4,6 +4,10 @@
 
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
+#include <string>
+
 #include <gtest/gtest.h>
 
 namespace kf::tools {
@@ -53,6 +57,22 @@ TEST(Adopt, ReadsThisProcessFromProc) {
   EXPECT_EQ(me->group, ::getpgrp());
   EXPECT_FALSE(me->environment.empty());
   EXPECT_FALSE(read_process(0));
+}
+
+// A read that fails after the open (a /proc file of a process that exits meanwhile fails with
+// ESRCH; a directory, here, with EISDIR) is "cannot be read", not an exception that ends kfrun.
+TEST(Adopt, AFileThatCannotBeReadWholeIsNothingAndNoThrow) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("kf-adopt-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  EXPECT_FALSE(read_whole_file(dir.string()));
+  EXPECT_FALSE(read_whole_file((dir / "missing").string()));
+  // Longer than one read: every byte, in order.
+  std::string text;
+  for (int i = 0; i < 3000; ++i) text += std::to_string(i) + '\0';
+  std::ofstream((dir / "environ").string(), std::ios::binary) << text;
+  EXPECT_EQ(read_whole_file((dir / "environ").string()), text);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

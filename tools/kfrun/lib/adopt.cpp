@@ -1,15 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kfrun/lib/adopt.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <cerrno>
 #include <charconv>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <sstream>
+
+#include "kfrun/lib/unique_fd.hpp"
 
 namespace kf::tools {
 
@@ -33,15 +36,21 @@ std::optional<long> to_long(std::string_view s) {
   return v;
 }
 
-std::optional<std::string> slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return std::nullopt;
-  return s;
-}
-
 }  // namespace
+
+std::optional<std::string> read_whole_file(const std::string& path) {
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.is_open()) return std::nullopt;
+  std::string text;
+  std::array<char, 4096> chunk{};
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), chunk.data(), chunk.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return std::nullopt;
+    if (n == 0) return text;
+    text.append(chunk.data(), static_cast<std::size_t>(n));
+  }
+}
 
 std::optional<Orphan> orphan_of(const ProcessFacts& p, std::string_view job_id,
                                 std::string_view host) {
@@ -61,7 +70,7 @@ std::optional<ProcessFacts> read_process(pid_t pid) {
   const std::string dir = "/proc/" + std::to_string(pid);
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || st.st_uid != ::geteuid()) return std::nullopt;
-  const auto stat_text = slurp(dir + "/stat");
+  const auto stat_text = read_whole_file(dir + "/stat");
   if (!stat_text) return std::nullopt;
   // "PID (COMM) STATE PPID PGRP ...": COMM may hold spaces and parentheses, so parse after the
   // last ')'.
@@ -71,7 +80,7 @@ std::optional<ProcessFacts> read_process(pid_t pid) {
   std::string state;
   long parent = 0, group = 0;
   if (!(fields >> state >> parent >> group)) return std::nullopt;
-  const auto env_text = slurp(dir + "/environ");
+  const auto env_text = read_whole_file(dir + "/environ");
   if (!env_text) return std::nullopt;
   ProcessFacts p{pid, static_cast<pid_t>(parent), static_cast<pid_t>(group), {}};
   std::size_t start = 0;
