@@ -5,7 +5,9 @@
 // keep-alive give, one JSON message per line.
 #include "config_client/connection.hpp"
 
+#include <array>
 #include <cstdlib>
+#include <span>
 #include <string_view>
 
 #include <boost/asio/connect.hpp>
@@ -30,30 +32,149 @@ using tcp = asio::ip::tcp;
 using PlainStream = beast::tcp_stream;
 using TlsStream = beast::ssl_stream<beast::tcp_stream>;  // etcds://
 
-template <typename S>
-S make_stream(asio::io_context& ioc, asio::ssl::context* tls) {
-  if constexpr (std::is_same_v<S, TlsStream>) {
-    return S(ioc, *tls);
-  } else {
-    return S(ioc);
+// The completion handler of one read or write of an AnyStream, type-erased and move-only, as
+// Beast's handlers are. It runs on the stream's executor: everything here runs on the client's
+// one io_context, driven by the calling thread (ConfigConnection::run).
+class IoHandler {
+ public:
+  template <typename H>
+  explicit IoHandler(H handler) : impl_(std::make_unique<Impl<H>>(std::move(handler))) {}
+  void operator()(beast::error_code ec, std::size_t bytes) {
+    const std::unique_ptr<Base> impl = std::move(impl_);
+    impl->call(ec, bytes);
   }
-}
 
-// The TCP stream under `s` (itself, or what TLS runs on).
+ private:
+  struct Base {
+    virtual ~Base() = default;
+    virtual void call(beast::error_code ec, std::size_t bytes) = 0;
+  };
+  template <typename H>
+  struct Impl final : Base {
+    explicit Impl(H&& h) : handler(std::move(h)) {}
+    void call(beast::error_code ec, std::size_t bytes) override { std::move(handler)(ec, bytes); }
+    H handler;
+  };
+  std::unique_ptr<Base> impl_;
+};
+
+// A connection's stream, plain or TLS, as one type: Beast's HTTP reads and writes are compiled
+// once, over this, rather than once per kind of stream (over TLS they were most of this file's
+// compile time). A read goes into the first non-empty buffer it is given and a write takes up to
+// kGather of its buffers, as read_some and write_some may; Beast's operations loop for the rest.
+class AnyStream {
+ public:
+  using executor_type = asio::any_io_executor;
+  static constexpr std::size_t kGather = 16;
+
+  AnyStream() = default;
+  AnyStream(const AnyStream&) = delete;
+  AnyStream& operator=(const AnyStream&) = delete;
+  virtual ~AnyStream() = default;
+  virtual executor_type get_executor() = 0;
+  // The TCP stream underneath (the stream itself, or what TLS runs on).
+  virtual beast::tcp_stream& tcp() = 0;
+  // Over TLS: the client's handshake, the member's certificate checked against `host` (an
+  // address against the certificate's IP names, a name also sent as SNI); plain: nothing.
+  // `done` runs once, with the outcome.
+  virtual void handshake(const std::string& host, std::function<void(beast::error_code)> done) = 0;
+
+  template <typename Buffers, typename Token>
+  auto async_read_some(const Buffers& buffers, Token&& token) {
+    return asio::async_initiate<Token, void(beast::error_code, std::size_t)>(
+        [this](auto handler, const Buffers& b) {
+          asio::mutable_buffer into;
+          for (auto it = asio::buffer_sequence_begin(b); it != asio::buffer_sequence_end(b); ++it) {
+            const asio::mutable_buffer one(*it);
+            if (one.size() > 0) {
+              into = one;
+              break;
+            }
+          }
+          read_some(into, IoHandler(std::move(handler)));
+        },
+        token, buffers);
+  }
+
+  template <typename Buffers, typename Token>
+  auto async_write_some(const Buffers& buffers, Token&& token) {
+    return asio::async_initiate<Token, void(beast::error_code, std::size_t)>(
+        [this](auto handler, const Buffers& b) {
+          gathered_ = 0;
+          for (auto it = asio::buffer_sequence_begin(b);
+               it != asio::buffer_sequence_end(b) && gathered_ < kGather; ++it) {
+            const asio::const_buffer one(*it);
+            if (one.size() > 0) gather_[gathered_++] = one;
+          }
+          write_some(IoHandler(std::move(handler)));
+        },
+        token, buffers);
+  }
+
+ protected:
+  virtual void read_some(asio::mutable_buffer into, IoHandler handler) = 0;
+  // Writes from gathered(), which stays as it is until the handler runs (one write at a time).
+  virtual void write_some(IoHandler handler) = 0;
+  std::span<const asio::const_buffer> gathered() const noexcept {
+    return {gather_.data(), gathered_};
+  }
+
+ private:
+  std::array<asio::const_buffer, kGather> gather_{};
+  std::size_t gathered_ = 0;
+};
+
 template <typename S>
-beast::tcp_stream& tcp_of(S& s) {
-  return beast::get_lowest_layer(s);
+class StreamOf final : public AnyStream {
+ public:
+  StreamOf(asio::io_context& ioc, asio::ssl::context* tls) : stream_(make(ioc, tls)) {}
+  executor_type get_executor() override { return stream_.get_executor(); }
+  beast::tcp_stream& tcp() override { return beast::get_lowest_layer(stream_); }
+
+  void handshake(const std::string& host, std::function<void(beast::error_code)> done) override {
+    if constexpr (std::is_same_v<S, TlsStream>) {
+      beast::error_code not_an_address;
+      asio::ip::make_address(host, not_an_address);
+      if (not_an_address) SSL_set_tlsext_host_name(stream_.native_handle(), host.c_str());
+      stream_.set_verify_callback(asio::ssl::host_name_verification(host));
+      stream_.async_handshake(asio::ssl::stream_base::client, std::move(done));
+    } else {
+      done(beast::error_code{});
+    }
+  }
+
+ private:
+  static S make(asio::io_context& ioc, asio::ssl::context* tls) {
+    if constexpr (std::is_same_v<S, TlsStream>) {
+      return S(ioc, *tls);
+    } else {
+      return S(ioc);
+    }
+  }
+  void read_some(asio::mutable_buffer into, IoHandler handler) override {
+    stream_.async_read_some(into, std::move(handler));
+  }
+  void write_some(IoHandler handler) override {
+    stream_.async_write_some(gathered(), std::move(handler));
+  }
+
+  S stream_;
+};
+
+// A fresh stream: over TLS with `tls`, plain TCP without.
+std::unique_ptr<AnyStream> open_stream(asio::io_context& ioc, asio::ssl::context* tls) {
+  if (tls != nullptr) return std::make_unique<StreamOf<TlsStream>>(ioc, tls);
+  return std::make_unique<StreamOf<PlainStream>>(ioc, nullptr);
 }
 
 // One request on a fresh connection: everything it touches, shared with its handlers so that a
 // request cut short (deadline, cancel) leaves nothing dangling in the io_context; its handlers run,
 // harmlessly, during a later request.
-template <typename S>
-struct BasicExchange {
-  BasicExchange(asio::io_context& ioc, asio::ssl::context* tls)
-      : resolver(ioc), stream(make_stream<S>(ioc, tls)) {}
+struct Exchange {
+  Exchange(asio::io_context& ioc, asio::ssl::context* tls)
+      : resolver(ioc), stream(open_stream(ioc, tls)) {}
   tcp::resolver resolver;
-  S stream;
+  std::unique_ptr<AnyStream> stream;
   beast::flat_buffer buffer;
   http::request<http::string_body> request;
   http::response<http::string_body> response;
@@ -68,61 +189,47 @@ void fail(const std::shared_ptr<X>& x, beast::error_code ec) {
   x->done = true;
 }
 
-// Resolves, connects (and over TLS shakes hands, checking the member's certificate against the
-// host it was dialled as) and writes x's request, then calls `read(x)` to take the answer; a
-// failure on the way ends `x` (either kind of exchange below). An address (what kf writes in URLs
-// it makes) is connected to as it is: asio looks names up on a thread of its own, which would
-// cost a thread per client and a hop to it per request.
+// Resolves, connects (and over TLS shakes hands) and writes x's request, then calls `read(x)` to
+// take the answer; a failure on the way ends `x` (either kind of exchange below). An address
+// (what kf writes in URLs it makes) is connected to as it is: asio looks names up on a thread of
+// its own, which would cost a thread per client and a hop to it per request.
 template <typename X, typename Read>
 void connect_and_send(const std::shared_ptr<X>& x, const Endpoint& server, Read read) {
-  auto write = [x, read] {
-    http::async_write(x->stream, x->request, [x, read](beast::error_code write_ec, std::size_t) {
+  auto write = [x, read](beast::error_code handshake_ec) {
+    if (handshake_ec) return fail(x, handshake_ec);
+    http::async_write(*x->stream, x->request, [x, read](beast::error_code write_ec, std::size_t) {
       if (write_ec) return fail(x, write_ec);
       read(x);
     });
   };
   auto send = [x, write, host = server.host](beast::error_code connect_ec) {
     if (connect_ec) return fail(x, connect_ec);
-    set_close_on_exec(tcp_of(x->stream).socket().native_handle());
-    if constexpr (std::is_same_v<std::decay_t<decltype(x->stream)>, TlsStream>) {
-      beast::error_code not_an_address;
-      asio::ip::make_address(host, not_an_address);
-      // A name goes as SNI; an address is checked against the certificate's IP names.
-      if (not_an_address) SSL_set_tlsext_host_name(x->stream.native_handle(), host.c_str());
-      x->stream.set_verify_callback(asio::ssl::host_name_verification(host));
-      x->stream.async_handshake(asio::ssl::stream_base::client, [x, write](beast::error_code ec) {
-        if (ec) return fail(x, ec);
-        write();
-      });
-    } else {
-      write();
-    }
+    set_close_on_exec(x->stream->tcp().socket().native_handle());
+    x->stream->handshake(host, write);
   };
   beast::error_code not_an_address;
   const auto address = asio::ip::make_address(server.host, not_an_address);
   if (!not_an_address) {
-    tcp_of(x->stream).async_connect(tcp::endpoint(address, server.port), std::move(send));
+    x->stream->tcp().async_connect(tcp::endpoint(address, server.port), std::move(send));
     return;
   }
   x->resolver.async_resolve(
       server.host, std::to_string(server.port),
       [x, send](beast::error_code resolve_ec, tcp::resolver::results_type results) {
         if (resolve_ec) return fail(x, resolve_ec);
-        tcp_of(x->stream).async_connect(
-            results,
-            [send](beast::error_code connect_ec, const tcp::endpoint&) { send(connect_ec); });
+        x->stream->tcp().async_connect(results, [send](beast::error_code connect_ec,
+                                                       const tcp::endpoint&) { send(connect_ec); });
       });
 }
 
 // Starts resolve, connect, write and read; `x->done` is set when they have ended.
-template <typename X>
-void start(const std::shared_ptr<X>& x, const Endpoint& server) {
-  connect_and_send(x, server, [](const std::shared_ptr<X>& ex) {
-    http::async_read(ex->stream, ex->buffer, ex->response,
+void start(const std::shared_ptr<Exchange>& x, const Endpoint& server) {
+  connect_and_send(x, server, [](const std::shared_ptr<Exchange>& ex) {
+    http::async_read(*ex->stream, ex->buffer, ex->response,
                      [ex](beast::error_code read_ec, std::size_t) {
                        if (read_ec) return fail(ex, read_ec);
                        beast::error_code ignored;
-                       tcp_of(ex->stream).socket().shutdown(tcp::socket::shutdown_both, ignored);
+                       ex->stream->tcp().socket().shutdown(tcp::socket::shutdown_both, ignored);
                        ex->done = true;
                      });
   });
@@ -130,12 +237,11 @@ void start(const std::shared_ptr<X>& x, const Endpoint& server) {
 
 // A request whose answer is a stream of JSON messages, one per line (etcd's watch through its
 // JSON gateway): each complete line goes to on_message, which returns true to stop reading.
-template <typename S>
-struct BasicStreamExchange {
-  BasicStreamExchange(asio::io_context& ioc, asio::ssl::context* tls)
-      : resolver(ioc), stream(make_stream<S>(ioc, tls)) {}
+struct StreamExchange {
+  StreamExchange(asio::io_context& ioc, asio::ssl::context* tls)
+      : resolver(ioc), stream(open_stream(ioc, tls)) {}
   tcp::resolver resolver;
-  S stream;
+  std::unique_ptr<AnyStream> stream;
   beast::flat_buffer buffer;
   http::request<http::string_body> request;
   http::response_parser<http::string_body> parser;
@@ -152,8 +258,7 @@ constexpr std::size_t kMaxStreamedMessage = std::size_t{64} << 20;
 // Hands the complete lines of the body received so far to on_message, and drops them from the
 // body, so that a long watch holds no more than the message being received. Returns true to
 // stop.
-template <typename X>
-bool take_lines(X& x) {
+bool take_lines(StreamExchange& x) {
   std::string& body = x.parser.get().body();
   for (;;) {
     const auto end = body.find('\n', x.consumed);
@@ -179,9 +284,8 @@ bool take_lines(X& x) {
   }
 }
 
-template <typename X>
-void read_stream(const std::shared_ptr<X>& x) {
-  http::async_read_some(x->stream, x->buffer, x->parser, [x](beast::error_code ec, std::size_t) {
+void read_stream(const std::shared_ptr<StreamExchange>& x) {
+  http::async_read_some(*x->stream, x->buffer, x->parser, [x](beast::error_code ec, std::size_t) {
     if (ec) {
       x->ec = ec;
       x->done = true;
@@ -189,7 +293,7 @@ void read_stream(const std::shared_ptr<X>& x) {
     }
     if (take_lines(*x) || x->parser.is_done()) {
       beast::error_code ignored;
-      tcp_of(x->stream).socket().shutdown(tcp::socket::shutdown_both, ignored);
+      x->stream->tcp().socket().shutdown(tcp::socket::shutdown_both, ignored);
       x->done = true;
       return;
     }
@@ -197,10 +301,9 @@ void read_stream(const std::shared_ptr<X>& x) {
   });
 }
 
-template <typename X>
-void start_stream(const std::shared_ptr<X>& x, const Endpoint& server) {
+void start_stream(const std::shared_ptr<StreamExchange>& x, const Endpoint& server) {
   x->parser.body_limit(boost::none);  // take_lines() bounds what is held
-  connect_and_send(x, server, [](const std::shared_ptr<X>& sx) { read_stream(sx); });
+  connect_and_send(x, server, [](const std::shared_ptr<StreamExchange>& sx) { read_stream(sx); });
 }
 
 // Takes an answer of kf's service only when its X-KF-Answer MAC matches (under the job's control
@@ -235,7 +338,7 @@ void check_answer(const Key& control, const std::string& what, http::verb verb,
 template <typename X>
 beast::error_code ConfigConnection::run(const std::shared_ptr<X>& x,
                                         std::chrono::milliseconds deadline) {
-  tcp_of(x->stream).expires_after(deadline);
+  x->stream->tcp().expires_after(deadline);
   // The resolver has no deadline of its own: bound the whole run as well.
   const auto end = std::chrono::steady_clock::now() + deadline + std::chrono::milliseconds(100);
   while (!x->done) {
@@ -249,7 +352,7 @@ beast::error_code ConfigConnection::run(const std::shared_ptr<X>& x,
   // Cut short: close what is open; its handlers complete later, on shared state.
   x->resolver.cancel();
   beast::error_code ignored;
-  tcp_of(x->stream).socket().close(ignored);
+  x->stream->tcp().socket().close(ignored);
   return cancelled_.load() ? beast::error_code(asio::error::operation_aborted)
                            : beast::error_code(beast::error::timeout);
 }
@@ -258,29 +361,12 @@ Answer ConfigConnection::call(const Endpoint& server, const Key* control, http::
                               const std::string& target, const json* body,
                               std::chrono::milliseconds deadline,
                               const std::string* authorization) {
-  return tls_ ? call_on<TlsStream>(server, control, verb, target, body, deadline, authorization)
-              : call_on<PlainStream>(server, control, verb, target, body, deadline, authorization);
-}
-
-bool ConfigConnection::stream(const Endpoint& server, const std::string& target, const json& body,
-                              std::chrono::milliseconds wait,
-                              const std::function<bool(const json&)>& on_message,
-                              const std::string* authorization) {
-  return tls_ ? stream_on<TlsStream>(server, target, body, wait, on_message, authorization)
-              : stream_on<PlainStream>(server, target, body, wait, on_message, authorization);
-}
-
-template <typename S>
-Answer ConfigConnection::call_on(const Endpoint& server, const Key* control, http::verb verb,
-                                 const std::string& target, const json* body,
-                                 std::chrono::milliseconds deadline,
-                                 const std::string* authorization) {
   const std::string what = std::string(http::to_string(verb)) + (tls_ ? " https://" : " http://") +
                            server.str() + target;
-  std::shared_ptr<BasicExchange<S>> x;
+  std::shared_ptr<Exchange> x;
   for (int attempt = 0;; ++attempt) {
     if (cancelled_.load()) throw Error(make_error_code(errc::cancelled), what + ": cancelled");
-    x = std::make_shared<BasicExchange<S>>(ioc_, tls_.get());
+    x = std::make_shared<Exchange>(ioc_, tls_.get());
     auto& req = x->request;
     req = http::request<http::string_body>{verb, target, 11};
     req.set(http::field::host, server.str());
@@ -355,15 +441,14 @@ Answer ConfigConnection::call_on(const Endpoint& server, const Key* control, htt
   throw Error(make_error_code(errc::protocol_error), message);
 }
 
-template <typename S>
-bool ConfigConnection::stream_on(const Endpoint& server, const std::string& target,
-                                 const json& body, std::chrono::milliseconds wait,
-                                 const std::function<bool(const json&)>& on_message,
-                                 const std::string* authorization) {
+bool ConfigConnection::stream(const Endpoint& server, const std::string& target, const json& body,
+                              std::chrono::milliseconds wait,
+                              const std::function<bool(const json&)>& on_message,
+                              const std::string* authorization) {
   const std::string what =
       std::string(tls_ ? "POST https://" : "POST http://") + server.str() + target;
   if (cancelled_.load()) throw Error(make_error_code(errc::cancelled), what + ": cancelled");
-  auto x = std::make_shared<BasicStreamExchange<S>>(ioc_, tls_.get());
+  auto x = std::make_shared<StreamExchange>(ioc_, tls_.get());
   auto& req = x->request;
   req = http::request<http::string_body>{http::verb::post, target, 11};
   req.set(http::field::host, server.str());

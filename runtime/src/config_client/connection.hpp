@@ -138,15 +138,6 @@ class ConfigConnection {
   const std::shared_ptr<asio::ssl::context>& tls() const noexcept { return tls_; }
 
  private:
-  template <typename S>
-  Answer call_on(const Endpoint& server, const Key* control, http::verb verb,
-                 const std::string& target, const json* body, std::chrono::milliseconds deadline,
-                 const std::string* authorization);
-  template <typename S>
-  bool stream_on(const Endpoint& server, const std::string& target, const json& body,
-                 std::chrono::milliseconds wait, const std::function<bool(const json&)>& on_message,
-                 const std::string* authorization);
-
   // Runs `x` until it is done, the deadline passes or cancel() is called. Returns the error, or
   // none with x's answer filled in.
   template <typename X>
