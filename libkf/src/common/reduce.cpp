@@ -9,8 +9,7 @@
 // a half conversion uses). On x86-64 with AVX2 and F16C, f16 and bf16 go 8 elements at a time
 // through intrinsics, f16 converted by F16C, and the other types, where it measured faster
 // (avx2_gains), through the portable loops compiled a second time for AVX2 (reduce_to_avx2);
-// the portable loops give the same bits
-// (tests/libkf/common/reduce_test.cpp).
+// the portable loops give the same bits (tests/libkf/common/reduce_test.cpp).
 #include "common/reduce.hpp"
 
 #include <bit>
