@@ -223,7 +223,12 @@ awaitable<void> Mesh::serve_incoming(std::shared_ptr<Incoming> in, std::string f
     }
     transport::HeaderBytes hb;
     if (in->mac) in->mac->begin();
-    if ((ec = co_await read_exact(*in, hb.data(), hb.size()))) break;
+    // A header already in the read-ahead buffer (the second and later frames of a read) is
+    // taken without the coroutine call.
+    if (!take_buffered(*in, hb.data(), hb.size()) &&
+        (ec = co_await read_exact(*in, hb.data(), hb.size()))) {
+      break;
+    }
     FrameHeader h;
     if (!transport::decode(hb, opts_.max_frame_bytes, h, why)) {
       ec = make_error_code(errc::protocol_error);
@@ -272,8 +277,9 @@ awaitable<void> Mesh::serve_incoming(std::shared_ptr<Incoming> in, std::string f
         ec = make_error_code(errc::protocol_error);
         break;
     }
-    // Every handler checks the tag before it acts; one it did not reach is checked here.
-    if (!ec && !said_bye) ec = co_await check_tag(*in, why);
+    // Every handler checks the tag before it acts; one it did not reach is checked here (not a
+    // coroutine call when there is nothing left to check: no MACs, or checked already).
+    if (!ec && !said_bye && in->mac && in->mac->active()) ec = co_await check_tag(*in, why);
     if (ec || said_bye) break;
     // The peer's version is taken from a frame only once its tag is checked: a forged header
     // would otherwise make every receive from this peer look stale for as many versions as it

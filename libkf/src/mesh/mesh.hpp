@@ -147,6 +147,9 @@ class Mesh {
   /// Reads exactly n bytes of `in` (through its read-ahead buffer). Public for the handshake's
   /// read_control (transport/stream/socket_io.hpp).
   awaitable<std::error_code> read_exact(Incoming& in, std::byte* dst, std::size_t n);
+  /// read_exact's first step alone: when the read-ahead buffer holds n bytes, takes them (into
+  /// the frame's MAC too) and returns true; otherwise takes nothing.
+  static bool take_buffered(Incoming& in, std::byte* dst, std::size_t n) noexcept;
 
  private:
   asio::any_io_executor ex() { return ioc_.get_executor(); }

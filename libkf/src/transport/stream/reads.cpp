@@ -37,6 +37,14 @@ std::error_code drop_peeked(Incoming& in) {
 
 }  // namespace
 
+bool Mesh::take_buffered(Incoming& in, std::byte* dst, std::size_t n) noexcept {
+  if (in.end - in.begin < n) return false;
+  if (in.mac && in.mac->active()) in.mac->update(in.buf.data() + in.begin, n);
+  std::memcpy(dst, in.buf.data() + in.begin, n);
+  in.begin += n;
+  return true;
+}
+
 awaitable<std::error_code> Mesh::read_exact(Incoming& in, std::byte* dst, std::size_t n) {
   KF_DCHECK_IO(driver_);
   // With frame MACs, every byte of a frame counts towards its tag (but the tag's own).
