@@ -4,13 +4,17 @@
 // Two processes swap a small message, both sending at once and then both receiving, as two
 // workers of a 2-worker allreduce do. Layout "per-direction": each process sends on the
 // connection it dialled and receives on the one it accepted (kf's layout: one connection per
-// ordered pair, docs/design.md). Layout "shared": one connection carries both directions (OpenMPI's
-// TCP transport). The rounds alternate the layouts so that drift of the machine hits both.
+// ordered pair, docs/design.md), with plain reads. Layout "peeked": the same connections read as
+// kf reads them, with MSG_PEEK, the bytes dropped (MSG_TRUNC) only before the next read, after
+// the next send. Layout "shared": one connection carries both directions (OpenMPI's TCP
+// transport), with plain reads. The rounds alternate the layouts so that drift of the machine
+// hits all three.
 //
 // Besides the time, each row gives the TCP segments the host sent per exchange (the Tcp OutSegs
 // counter of /proc/net/snmp, which counts every process: run it on a quiet machine). On a
 // connection that carries data one way only, the receiver answers with pure ACKs, sent from
-// inside its own recv (Linux acknowledges every second small segment once the queue is read).
+// inside the call that empties the receive queue: the recv itself with plain reads, and the
+// later drop when peeked.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -127,10 +131,40 @@ long long tcp_out_segments() {
   return -1;
 }
 
+enum class Layout { per_direction, peeked, shared };
+constexpr Layout kLayouts[] = {Layout::per_direction, Layout::peeked, Layout::shared};
+
+const char* layout_name(Layout l) {
+  switch (l) {
+    case Layout::per_direction: return "per-direction";
+    case Layout::peeked: return "peeked";
+    case Layout::shared: return "shared";
+  }
+  return "?";
+}
+
+// What one side's receiving end carries from one exchange to the next: bytes read ahead into
+// the next exchange, and (peeked) bytes that were taken but are still in the socket.
+struct Reader {
+  std::vector<char> in = std::vector<char>(64 * 1024);
+  std::size_t extra = 0;
+  bool peek = false;
+  std::size_t peeked = 0;
+
+  // Drops the bytes taken by peeking; they are there, so this never waits.
+  void drop(int rx) {
+    while (peeked > 0) {
+      const ssize_t n = ::recv(rx, in.data(), peeked, MSG_TRUNC | MSG_DONTWAIT);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail("recv (drop)");
+      peeked -= std::min(peeked, static_cast<std::size_t>(n));
+    }
+  }
+};
+
 // Sends `bytes` on tx and takes `bytes` from rx, `count` times; polls without sleeping, as a
-// worker waiting on a collective does. `extra` carries bytes read ahead into the next exchange.
-void exchange(int tx, int rx, std::size_t bytes, int count, std::vector<char>& in,
-              std::size_t& extra) {
+// worker waiting on a collective does.
+void exchange(int tx, int rx, std::size_t bytes, int count, Reader& r) {
   const std::vector<char> out(bytes, 'k');
   for (int i = 0; i < count; ++i) {
     for (std::size_t sent = 0; sent < bytes;) {
@@ -139,8 +173,9 @@ void exchange(int tx, int rx, std::size_t bytes, int count, std::vector<char>& i
       if (n < 0) fail("send");
       sent += static_cast<std::size_t>(n);
     }
+    r.drop(rx);
     auto give_up = Clock::time_point::max();
-    for (unsigned idle = 0; extra < bytes;) {
+    for (unsigned idle = 0; r.extra < bytes;) {
       pollfd p{rx, POLLIN, 0};
       const int ready = ::poll(&p, 1, 0);
       if (ready < 0 && errno != EINTR) fail("poll");
@@ -152,15 +187,18 @@ void exchange(int tx, int rx, std::size_t bytes, int count, std::vector<char>& i
         }
         continue;
       }
-      const ssize_t n = ::recv(rx, in.data(), in.size(), MSG_DONTWAIT);
+      r.drop(rx);
+      const ssize_t n =
+          ::recv(rx, r.in.data(), r.in.size(), MSG_DONTWAIT | (r.peek ? MSG_PEEK : 0));
       if (n == 0) throw std::runtime_error("the other process closed the connection");
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
       if (n < 0) fail("recv");
-      extra += static_cast<std::size_t>(n);
+      if (r.peek) r.peeked = static_cast<std::size_t>(n);
+      r.extra += static_cast<std::size_t>(n);
       idle = 0;
       give_up = Clock::time_point::max();
     }
-    extra -= bytes;
+    r.extra -= bytes;
   }
 }
 
@@ -170,7 +208,8 @@ struct Result {
 };
 
 // One round in one layout: forks the other process, warms up, times `iters` exchanges.
-Result run_round(bool shared, std::size_t bytes, int iters) {
+Result run_round(Layout layout, std::size_t bytes, int iters) {
+  const bool shared = layout == Layout::shared;
   std::uint16_t p1 = 0, p2 = 0;
   Fd l1 = listen_any(p1);
   Fd l2 = shared ? Fd() : listen_any(p2);
@@ -184,9 +223,9 @@ Result run_round(bool shared, std::size_t bytes, int iters) {
       Fd to_parent = dial(p1);
       Fd from_parent = shared ? Fd() : accept_one(l2.get());
       const int rx = shared ? to_parent.get() : from_parent.get();
-      std::vector<char> in(64 * 1024);
-      std::size_t extra = 0;
-      exchange(to_parent.get(), rx, bytes, kWarmup + iters, in, extra);
+      Reader reader;
+      reader.peek = layout == Layout::peeked;
+      exchange(to_parent.get(), rx, bytes, kWarmup + iters, reader);
     } catch (const std::exception& e) {
       std::cerr << "kf-bench-tcp-pairs: the other process: " << e.what() << "\n";
       code = 1;
@@ -199,12 +238,12 @@ Result run_round(bool shared, std::size_t bytes, int iters) {
     Fd from_child = accept_one(l1.get());
     Fd to_child = shared ? Fd() : dial(p2);
     const int tx = shared ? from_child.get() : to_child.get();
-    std::vector<char> in(64 * 1024);
-    std::size_t extra = 0;
-    exchange(tx, from_child.get(), bytes, kWarmup, in, extra);
+    Reader reader;
+    reader.peek = layout == Layout::peeked;
+    exchange(tx, from_child.get(), bytes, kWarmup, reader);
     const long long seg0 = tcp_out_segments();
     const auto t0 = Clock::now();
-    exchange(tx, from_child.get(), bytes, iters, in, extra);
+    exchange(tx, from_child.get(), bytes, iters, reader);
     const std::chrono::duration<double, std::micro> took = Clock::now() - t0;
     const long long seg1 = tcp_out_segments();
     r.us = took.count() / iters;
@@ -234,9 +273,9 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   CLI::App app{
       "Measures a symmetric small exchange between two processes over loopback TCP, with one "
-      "connection per direction (kf's layout) and with one connection for both directions "
-      "(OpenMPI's), in alternating rounds; prints the time and the TCP segments sent per "
-      "exchange."};
+      "connection per direction (kf's layout) read plainly and read as kf reads it (peeked, "
+      "dropped after the next send), and with one connection for both directions (OpenMPI's), "
+      "in alternating rounds; prints the time and the TCP segments sent per exchange."};
   int iters = 100000;
   int rounds = 3;
   std::size_t bytes = 48;
@@ -250,25 +289,28 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    std::vector<double> us[2], seg[2];
+    constexpr std::size_t kN = std::size(kLayouts);
+    std::vector<double> us[kN], seg[kN];
     std::cout << "# kf-bench-tcp-pairs: " << bytes << " bytes each way, " << iters
               << " exchanges per round; segments: Tcp OutSegs of the whole host\n"
               << "# layout          round   us_per_exchange   segments_per_exchange\n";
     for (int r = 0; r < rounds; ++r) {
-      for (int shared = 0; shared < 2; ++shared) {
-        const Result res = run_round(shared != 0, bytes, iters);
-        us[shared].push_back(res.us);
-        if (res.segments >= 0) seg[shared].push_back(res.segments);
-        std::printf("%-17s %5d   %15.3f   %21.2f\n", shared ? "shared" : "per-direction", r + 1,
-                    res.us, res.segments);
+      for (std::size_t l = 0; l < kN; ++l) {
+        const Result res = run_round(kLayouts[l], bytes, iters);
+        us[l].push_back(res.us);
+        if (res.segments >= 0) seg[l].push_back(res.segments);
+        std::printf("%-17s %5d   %15.3f   %21.2f\n", layout_name(kLayouts[l]), r + 1, res.us,
+                    res.segments);
       }
     }
-    const char* names[2] = {"per-direction", "shared"};
-    for (int shared = 0; shared < 2; ++shared) {
-      std::printf("median %-10s        %15.3f   %21.2f\n", names[shared], median(us[shared]),
-                  seg[shared].empty() ? -1.0 : median(seg[shared]));
+    for (std::size_t l = 0; l < kN; ++l) {
+      std::printf("median %-13s     %15.3f   %21.2f\n", layout_name(kLayouts[l]), median(us[l]),
+                  seg[l].empty() ? -1.0 : median(seg[l]));
     }
-    std::printf("per-direction / shared: %.2f\n", median(us[0]) / median(us[1]));
+    static_assert(kLayouts[kN - 1] == Layout::shared);
+    const double shared = median(us[kN - 1]);
+    std::printf("per-direction / shared: %.2f\npeeked / shared: %.2f\n", median(us[0]) / shared,
+                median(us[1]) / shared);
   } catch (const std::exception& e) {
     std::cerr << "kf-bench-tcp-pairs: " << e.what() << "\n";
     return 1;
