@@ -52,6 +52,7 @@ PeerOptions Peer::options_from(const Env& e) {
     o.heartbeat_timeout = *e.heartbeat_timeout;
     o.heartbeat_interval = *e.heartbeat_timeout / 4;
   }
+  if (e.connect_timeout) o.connect_timeout = *e.connect_timeout;
   // The environment beats the cluster's settings (docs/configuration.md); the message names
   // where the bad value came from.
   std::optional<std::string> algo = e.algorithm;

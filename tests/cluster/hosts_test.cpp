@@ -8,10 +8,24 @@
 // namespaces (not root, no iproute2) every test skips and says why.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "cluster/cluster_job.hpp"
 
 namespace kf::test {
 namespace {
+
+// A variable set for the processes one test starts, unset again however the test ends.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  ~ScopedEnv() { ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
 
 // 3 hosts: 2 workers start on host 1, `kf-member add --host` puts 2 on host 2 and 2 on host 3
 // (run on host 1), then host 3 vanishes (its agent and workers killed at once): the 4
@@ -120,11 +134,13 @@ TEST(ClusterHosts, AnAgentKilledAndRestartedAdoptsItsWorkers) {
 }
 
 // Joiners whose host vanishes (with the agent that would report them) before they joined: the
-// survivors give up on them after SessionOptions::joiner_timeout, remove them from the cluster,
-// and the job goes on at its old size.
+// survivors' invitations to them fail once the connect timeout passes (3 s here, 20 s by
+// default), the survivors give up on them after SessionOptions::joiner_timeout, remove them
+// from the cluster, and the job goes on at its old size.
 TEST(ClusterHosts, JoinersWhoseHostVanishesBeforeTheyJoinAreDropped) {
   const Hosts hosts(unique_name("v"), 3);
   if (!hosts.error().empty()) GTEST_SKIP() << "no test hosts here: " << hosts.error();
+  const ScopedEnv connect("KF_CONNECT_TIMEOUT_MS", "3000");
   ClusterJob job(hosts, "vanish", 3);
   job.start_agents(2, kArgs);
   ASSERT_TRUE(job.wait_progress(20)) << job.logs();
@@ -175,7 +191,7 @@ TEST(ClusterHosts, AHostCutOffIsDroppedAndItsWorkersLeaveWhenItReturns) {
 TEST(ClusterHosts, APartitionLeavesOneJobOnTheSideOfTheService) {
   const Hosts hosts(unique_name("p"), 3);
   if (!hosts.error().empty()) GTEST_SKIP() << "no test hosts here: " << hosts.error();
-  setenv("KF_SERVICE_TIMEOUT_MS", "3000", 1);
+  const ScopedEnv service("KF_SERVICE_TIMEOUT_MS", "3000");
   ClusterJob job(hosts, "partition", 3);
   job.grow_to_two_per_host();
   if (HasFatalFailure()) return;
@@ -195,7 +211,6 @@ TEST(ClusterHosts, APartitionLeavesOneJobOnTheSideOfTheService) {
   job.finish_soon();
   job.expect_agents_exit({1});
   job.expect_identical_finals(2);
-  unsetenv("KF_SERVICE_TIMEOUT_MS");
 }
 
 // etcd as the control plane, a member on each host: the etcd leader is killed right after a

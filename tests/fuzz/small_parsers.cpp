@@ -45,6 +45,7 @@ const char* const kVariables[] = {
     "KF_SPIN_US",
     "KF_EXPRESS_BYTES",
     "KF_HEARTBEAT_MS",
+    "KF_CONNECT_TIMEOUT_MS",
     "KF_CHECKPOINT_EVERY",
     "KF_MONITORS",
     "KF_GNS_THETA",

@@ -221,6 +221,10 @@ Env Env::from_environment() {
                            "a number of milliseconds (0 disables heartbeats)")) {
     e.heartbeat_timeout = std::chrono::milliseconds(*v);
   }
+  if (auto v = get_integer(env::kConnectTimeoutMs, 1, 3'600'000,
+                           "a number of milliseconds in 1-3600000")) {
+    e.connect_timeout = std::chrono::milliseconds(*v);
+  }
   if (auto v = get_integer(env::kSpinUs, 0, 1'000'000, "a number of microseconds in 0-1000000")) {
     e.spin = std::chrono::microseconds(*v);
   }

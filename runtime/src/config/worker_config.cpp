@@ -35,6 +35,7 @@ void apply_environment(const Env& e, PeerOptions& peer, SessionOptions& session)
     peer.heartbeat_timeout = from_env.heartbeat_timeout;
     peer.heartbeat_interval = from_env.heartbeat_interval;
   }
+  if (e.connect_timeout) peer.connect_timeout = from_env.connect_timeout;
   if (e.transport) peer.transport = from_env.transport;
   if (e.algorithm) peer.default_algorithm = from_env.default_algorithm;
   if (e.frame_auth) {

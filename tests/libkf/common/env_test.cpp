@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kf/peer.hpp"
 #include "support/log_capture.hpp"
 
 namespace kf {
@@ -185,6 +186,32 @@ TEST(Env, SummaryIntervalIsMillisecondsAndZeroTurnsSummariesOff) {
     }
   }
   ::unsetenv("KF_SUMMARY_INTERVAL_MS");
+  ::unsetenv("KF_CLUSTER");
+  ::unsetenv("KF_SELF");
+  ::unsetenv("KF_JOB_TOKEN");
+}
+
+TEST(Env, ConnectTimeoutIsMillisecondsFromOneToAnHour) {
+  ::setenv("KF_SELF", "127.0.0.1:9001", 1);
+  ::setenv("KF_JOB_TOKEN", "t", 1);
+  ::setenv("KF_CLUSTER", R"({"version":1,"workers":[{"host":"127.0.0.1","port":9001,"slot":0}]})",
+           1);
+  EXPECT_FALSE(Env::from_environment().connect_timeout);
+  ::setenv("KF_CONNECT_TIMEOUT_MS", "3600000", 1);
+  EXPECT_EQ(Env::from_environment().connect_timeout, std::chrono::milliseconds(3600000));
+  ::setenv("KF_CONNECT_TIMEOUT_MS", "1500", 1);
+  EXPECT_EQ(Peer::options_from(Env::from_environment()).connect_timeout,
+            std::chrono::milliseconds(1500));
+  for (const char* bad : {"0", "-5", "later", "3600001"}) {
+    ::setenv("KF_CONNECT_TIMEOUT_MS", bad, 1);
+    try {
+      Env::from_environment();
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("KF_CONNECT_TIMEOUT_MS"), std::string::npos) << e.what();
+    }
+  }
+  ::unsetenv("KF_CONNECT_TIMEOUT_MS");
   ::unsetenv("KF_CLUSTER");
   ::unsetenv("KF_SELF");
   ::unsetenv("KF_JOB_TOKEN");

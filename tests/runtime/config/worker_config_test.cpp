@@ -96,6 +96,12 @@ TEST(WorkerConfig, EnvironmentOverridesSettingsAndJobFile) {
   EXPECT_EQ(c.session.recovery_writer_wait, 0ms);
 }
 
+TEST(WorkerConfig, TheConnectTimeoutVariableOverridesTheJobFile) {
+  Env e = base_env();
+  e.connect_timeout = 1500ms;
+  EXPECT_EQ(resolve_worker_config(e, job()).peer.connect_timeout, 1500ms);
+}
+
 // Every peer variable reaches a session's peer, not only Peer::from_environment's.
 TEST(WorkerConfig, FrameAuthAndDeviceBackendVariablesReachThePeer) {
   const auto defaults = resolve_worker_config(base_env(), std::nullopt);

@@ -34,8 +34,10 @@ inline constexpr const char* kConfigServer = "KF_CONFIG_SERVER";   ///< URL of t
 inline constexpr const char* kAlgorithm = "KF_ALGORITHM";          ///< job default algorithm
 inline constexpr const char* kTimeoutMs = "KF_TIMEOUT_MS";         ///< collective deadline, ms
 inline constexpr const char* kHeartbeatMs = "KF_HEARTBEAT_MS";     ///< silent-peer timeout, ms
-inline constexpr const char* kSpinUs = "KF_SPIN_US";               ///< I/O polling window, us
-inline constexpr const char* kExpressBytes = "KF_EXPRESS_BYTES";   ///< express allreduce limit
+/// How long a new connection may take to open and authenticate, ms.
+inline constexpr const char* kConnectTimeoutMs = "KF_CONNECT_TIMEOUT_MS";
+inline constexpr const char* kSpinUs = "KF_SPIN_US";              ///< I/O polling window, us
+inline constexpr const char* kExpressBytes = "KF_EXPRESS_BYTES";  ///< express allreduce limit
 inline constexpr const char* kTransport =
     "KF_TRANSPORT";  ///< auto | unix | tcp (see kf::Transport)
 inline constexpr const char* kDeviceBackend =
@@ -92,15 +94,16 @@ struct Env {
   std::optional<std::chrono::microseconds> spin;
   std::optional<std::size_t> express_bytes;
   std::optional<std::chrono::milliseconds> heartbeat_timeout;
-  std::optional<std::string> job_file;           ///< KF_JOB_FILE
-  std::optional<std::string> checkpoint;         ///< KF_CHECKPOINT
-  std::optional<std::int64_t> checkpoint_every;  ///< KF_CHECKPOINT_EVERY, >= 1
-  std::optional<bool> monitors;                  ///< KF_MONITORS, 0 or 1
-  std::optional<double> gns_theta;               ///< KF_GNS_THETA, in (0, 1)
-  std::optional<std::uint16_t> metrics_port;     ///< KF_METRICS_PORT, 0-65535 (0: any port)
-  std::optional<std::string> metrics_host;       ///< KF_METRICS_HOST
-  std::optional<std::string> metrics_jsonl;      ///< KF_METRICS_JSONL
-  std::optional<std::int64_t> metrics_every;     ///< KF_METRICS_EVERY, >= 1
+  std::optional<std::chrono::milliseconds> connect_timeout;  ///< KF_CONNECT_TIMEOUT_MS
+  std::optional<std::string> job_file;                       ///< KF_JOB_FILE
+  std::optional<std::string> checkpoint;                     ///< KF_CHECKPOINT
+  std::optional<std::int64_t> checkpoint_every;              ///< KF_CHECKPOINT_EVERY, >= 1
+  std::optional<bool> monitors;                              ///< KF_MONITORS, 0 or 1
+  std::optional<double> gns_theta;                           ///< KF_GNS_THETA, in (0, 1)
+  std::optional<std::uint16_t> metrics_port;  ///< KF_METRICS_PORT, 0-65535 (0: any port)
+  std::optional<std::string> metrics_host;    ///< KF_METRICS_HOST
+  std::optional<std::string> metrics_jsonl;   ///< KF_METRICS_JSONL
+  std::optional<std::int64_t> metrics_every;  ///< KF_METRICS_EVERY, >= 1
   std::optional<std::chrono::milliseconds> service_timeout;       ///< KF_SERVICE_TIMEOUT_MS, >= 1
   std::optional<std::chrono::milliseconds> recovery_writer_wait;  ///< KF_RECOVERY_WRITER_WAIT_MS
   std::optional<std::chrono::milliseconds> recovery_joiner_wait;  ///< KF_RECOVERY_JOINER_WAIT_MS
