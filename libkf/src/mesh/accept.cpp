@@ -252,9 +252,10 @@ awaitable<void> Mesh::serve_incoming(std::shared_ptr<Incoming> in, std::string f
     }
     switch (h.type) {
       case FrameType::data:
-        if ((h.flags & transport::kFlagRemote) == 0 &&
-            in->end - in->begin >=
-                h.name_bytes + h.payload_bytes + (in->mac ? transport::kTagBytes : 0)) {
+        in->small_frames = (h.flags & transport::kFlagRemote) == 0 &&
+                           in->end - in->begin >= h.name_bytes + h.payload_bytes +
+                                                      (in->mac ? transport::kTagBytes : 0);
+        if (in->small_frames) {
           ec = on_data_read_ahead(*in, h, why);
         } else {
           ec = co_await on_data(*in, h, name, why);

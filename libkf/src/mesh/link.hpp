@@ -67,6 +67,9 @@ struct Incoming {
   // which comes after the frames were delivered and the waiter saw its collective complete.
   bool peek = false;
   std::size_t peeked = 0;  // bytes in `buf` still in the socket
+  // The last data frame was whole in the read-ahead buffer: the next peeking read takes bytes
+  // that are there at once rather than through Asio (read_exact).
+  bool small_frames = false;
   // The dialer's process on a same-host connection (SO_PEERCRED), whose memory single-copy
   // frames are read from; 0 over TCP.
   pid_t pid = 0;

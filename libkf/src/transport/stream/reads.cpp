@@ -73,17 +73,19 @@ awaitable<std::error_code> Mesh::read_exact(Incoming& in, std::byte* dst, std::s
       // before it cost more of the shared cores than the ACK's place on the path does (4
       // workers over TCP, 4 B 33.6-37.2 -> 37.0-43.5 us, 64 KiB 113-115 -> 126-130).
       const bool peek = in.peek && !driver_.yield.load(std::memory_order_relaxed);
-      // Peeking, bytes that are there already are taken at once, without an operation of
-      // Asio's: one that completes at once is queued behind the reactor's next poll, an
-      // epoll_wait that would come between the frame and the collective it completes. This is
-      // the rule after the step aside before each peeking read (serve_incoming), when the
-      // peer's next frame arrived meanwhile; that step aside also keeps a connection that
-      // always has bytes from holding the context. Anything else (no bytes yet, the end, an
-      // error; not peeking) goes through Asio.
+      // Peeking after small frames, bytes that are there already are taken at once, without
+      // an operation of Asio's: one that completes at once is queued behind the reactor's next
+      // poll, an epoll_wait that would come between the frame and the collective it completes.
+      // This is the rule after the step aside before each peeking read (serve_incoming), when
+      // the peer's next frame arrived meanwhile; that step aside also keeps a connection that
+      // always has bytes from holding the context. After a large frame the queued operation
+      // is the better order: the handlers that run first include this worker's own sends of the
+      // collective. Anything else (no bytes yet, the end, an error; not peeking) goes through
+      // Asio.
       std::size_t got = 0;
-      const ssize_t now = peek ? ::recv(in.sock.native_handle(), in.buf.data(), in.buf.size(),
-                                        MSG_DONTWAIT | MSG_PEEK)
-                               : -1;
+      const ssize_t now = peek && in.small_frames ? ::recv(in.sock.native_handle(), in.buf.data(),
+                                                           in.buf.size(), MSG_DONTWAIT | MSG_PEEK)
+                                                  : -1;
       if (now > 0) {
         got = static_cast<std::size_t>(now);
       } else {
