@@ -929,6 +929,11 @@ TEST_F(ServiceTest, ServesTheDashboardAndItsChartingLibrary) {
   const auto stub = get(without, "/chart.js");
   EXPECT_EQ(stub.status, 200);
   EXPECT_NE(stub.body.find("libjs-chart.js"), std::string::npos) << stub.body;
+
+  // A directory where the file should be: the same (reading it would fail with EISDIR).
+  o.chart_js = dir_;
+  Service on_a_directory(o);
+  EXPECT_NE(get(on_a_directory, "/chart.js").body.find("libjs-chart.js"), std::string::npos);
 }
 
 // Membership changes by kind, counted in the order of the events: a loss reported by its agent

@@ -134,6 +134,25 @@ std::map<std::string, std::string> parse_query(const std::string& query) {
   return params;
 }
 
+namespace {
+
+// The charting library's text, or nothing when there is no such file, it is not a regular file
+// (a directory, say) or it cannot be read whole: the dashboard then shows its tables only. A
+// read error would otherwise surface as the standard library's exception and stop the server.
+std::string read_chart_js(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return {};
+  try {
+    std::ifstream in(path, std::ios::binary);
+    std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    return in.bad() ? std::string() : text;
+  } catch (const std::ios_base::failure&) {
+    return {};
+  }
+}
+
+}  // namespace
+
 Service::Service(ServiceOptions options)
     : options_(std::move(options)),
       control_key_(derive_key(options_.token, KeyUse::control)),
@@ -149,9 +168,7 @@ Service::Service(ServiceOptions options)
     state_.logged = 0;
   }
   for (const auto& e : state_.events) metrics_.count(e);
-  if (std::ifstream in(options_.chart_js, std::ios::binary); in) {
-    chart_js_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
+  chart_js_ = read_chart_js(options_.chart_js);
 }
 
 Response Service::handle(const Request& request) {
