@@ -13,6 +13,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -141,104 +142,67 @@ TEST_F(EnvFile, TheClusterComesInlineOrFromAFile) {
   ::unsetenv("KF_JOB_TOKEN");
 }
 
-TEST(Env, RecoveryWriterWaitTakesZeroAndRefusesWhatIsNoDuration) {
-  ::setenv("KF_SELF", "127.0.0.1:9001", 1);
-  ::setenv("KF_JOB_TOKEN", "t", 1);
-  ::setenv("KF_CLUSTER", R"({"version":1,"workers":[{"host":"127.0.0.1","port":9001,"slot":0}]})",
-           1);
+// The variables every Env needs, set for one test and unset after it.
+class EnvVariables : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ::setenv("KF_SELF", "127.0.0.1:9001", 1);
+    ::setenv("KF_JOB_TOKEN", "t", 1);
+    ::setenv("KF_CLUSTER", R"({"version":1,"workers":[{"host":"127.0.0.1","port":9001,"slot":0}]})",
+             1);
+  }
+  void TearDown() override {
+    ::unsetenv("KF_CLUSTER");
+    ::unsetenv("KF_SELF");
+    ::unsetenv("KF_JOB_TOKEN");
+  }
+  // Each of `bad` as the value of `name` is refused with a message that names the variable;
+  // `name` is unset after.
+  static void expect_refused(const char* name, std::initializer_list<const char*> bad) {
+    for (const char* value : bad) {
+      ::setenv(name, value, 1);
+      try {
+        Env::from_environment();
+        ADD_FAILURE() << name << "='" << value << "' was accepted";
+      } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      }
+    }
+    ::unsetenv(name);
+  }
+};
+
+TEST_F(EnvVariables, RecoveryWriterWaitTakesZeroAndRefusesWhatIsNoDuration) {
   ::setenv("KF_RECOVERY_WRITER_WAIT_MS", "0", 1);
   EXPECT_EQ(Env::from_environment().recovery_writer_wait, std::chrono::milliseconds(0));
   ::setenv("KF_RECOVERY_WRITER_WAIT_MS", "40", 1);
   EXPECT_EQ(Env::from_environment().recovery_writer_wait, std::chrono::milliseconds(40));
-  for (const char* bad : {"-1", "soon", "3600001"}) {
-    ::setenv("KF_RECOVERY_WRITER_WAIT_MS", bad, 1);
-    try {
-      Env::from_environment();
-      ADD_FAILURE() << bad << " was accepted";
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("KF_RECOVERY_WRITER_WAIT_MS"), std::string::npos)
-          << e.what();
-    }
-  }
-  ::unsetenv("KF_RECOVERY_WRITER_WAIT_MS");
+  expect_refused("KF_RECOVERY_WRITER_WAIT_MS", {"-1", "soon", "3600001"});
   EXPECT_FALSE(Env::from_environment().recovery_writer_wait);
-  ::unsetenv("KF_CLUSTER");
-  ::unsetenv("KF_SELF");
-  ::unsetenv("KF_JOB_TOKEN");
 }
 
-TEST(Env, SummaryIntervalIsMillisecondsAndZeroTurnsSummariesOff) {
-  ::setenv("KF_SELF", "127.0.0.1:9001", 1);
-  ::setenv("KF_JOB_TOKEN", "t", 1);
-  ::setenv("KF_CLUSTER", R"({"version":1,"workers":[{"host":"127.0.0.1","port":9001,"slot":0}]})",
-           1);
+TEST_F(EnvVariables, SummaryIntervalIsMillisecondsAndZeroTurnsSummariesOff) {
   EXPECT_FALSE(Env::from_environment().summary_interval);
   ::setenv("KF_SUMMARY_INTERVAL_MS", "0", 1);
   EXPECT_EQ(Env::from_environment().summary_interval, std::chrono::milliseconds(0));
-  for (const char* bad : {"-1", "soon", "86400001"}) {
-    ::setenv("KF_SUMMARY_INTERVAL_MS", bad, 1);
-    try {
-      Env::from_environment();
-      ADD_FAILURE() << bad << " was accepted";
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("KF_SUMMARY_INTERVAL_MS"), std::string::npos)
-          << e.what();
-    }
-  }
-  ::unsetenv("KF_SUMMARY_INTERVAL_MS");
-  ::unsetenv("KF_CLUSTER");
-  ::unsetenv("KF_SELF");
-  ::unsetenv("KF_JOB_TOKEN");
+  expect_refused("KF_SUMMARY_INTERVAL_MS", {"-1", "soon", "86400001"});
 }
 
-TEST(Env, ConnectTimeoutIsMillisecondsFromOneToAnHour) {
-  ::setenv("KF_SELF", "127.0.0.1:9001", 1);
-  ::setenv("KF_JOB_TOKEN", "t", 1);
-  ::setenv("KF_CLUSTER", R"({"version":1,"workers":[{"host":"127.0.0.1","port":9001,"slot":0}]})",
-           1);
+TEST_F(EnvVariables, ConnectTimeoutIsMillisecondsFromOneToAnHour) {
   EXPECT_FALSE(Env::from_environment().connect_timeout);
   ::setenv("KF_CONNECT_TIMEOUT_MS", "3600000", 1);
   EXPECT_EQ(Env::from_environment().connect_timeout, std::chrono::milliseconds(3600000));
   ::setenv("KF_CONNECT_TIMEOUT_MS", "1500", 1);
   EXPECT_EQ(Peer::options_from(Env::from_environment()).connect_timeout,
             std::chrono::milliseconds(1500));
-  for (const char* bad : {"0", "-5", "later", "3600001"}) {
-    ::setenv("KF_CONNECT_TIMEOUT_MS", bad, 1);
-    try {
-      Env::from_environment();
-      ADD_FAILURE() << bad << " was accepted";
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("KF_CONNECT_TIMEOUT_MS"), std::string::npos) << e.what();
-    }
-  }
-  ::unsetenv("KF_CONNECT_TIMEOUT_MS");
-  ::unsetenv("KF_CLUSTER");
-  ::unsetenv("KF_SELF");
-  ::unsetenv("KF_JOB_TOKEN");
+  expect_refused("KF_CONNECT_TIMEOUT_MS", {"0", "-5", "later", "3600001"});
 }
 
-TEST(Env, BoundaryIntervalIsAPositiveNumberOfMilliseconds) {
-  ::setenv("KF_SELF", "127.0.0.1:9001", 1);
-  ::setenv("KF_JOB_TOKEN", "t", 1);
-  ::setenv("KF_CLUSTER", R"({"version":1,"workers":[{"host":"127.0.0.1","port":9001,"slot":0}]})",
-           1);
+TEST_F(EnvVariables, BoundaryIntervalIsAPositiveNumberOfMilliseconds) {
   EXPECT_FALSE(Env::from_environment().boundary_interval);
   ::setenv("KF_BOUNDARY_INTERVAL_MS", "250", 1);
   EXPECT_EQ(Env::from_environment().boundary_interval, std::chrono::milliseconds(250));
-  for (const char* bad : {"0", "-5", "often", "86400001"}) {
-    ::setenv("KF_BOUNDARY_INTERVAL_MS", bad, 1);
-    try {
-      Env::from_environment();
-      ADD_FAILURE() << bad << " was accepted";
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("KF_BOUNDARY_INTERVAL_MS"), std::string::npos)
-          << e.what();
-    }
-  }
-  ::unsetenv("KF_BOUNDARY_INTERVAL_MS");
-  ::unsetenv("KF_CLUSTER");
-  ::unsetenv("KF_SELF");
-  ::unsetenv("KF_JOB_TOKEN");
+  expect_refused("KF_BOUNDARY_INTERVAL_MS", {"0", "-5", "often", "86400001"});
 }
 
 }  // namespace
