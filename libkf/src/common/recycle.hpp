@@ -16,7 +16,7 @@
 // Thread-safety: any thread; each thread has its own cache. A thread's cached objects are
 // destroyed when it ends; an object released after that (by a later thread-exit destructor) is
 // destroyed at once. Each make_recycled and each last release reads the thread-local cache
-// once (through a TLS descriptor: a few instructions; libkf/meson.build).
+// once (a call into the dynamic linker from a shared library: about 20 instructions).
 #pragma once
 
 #include <cstddef>
