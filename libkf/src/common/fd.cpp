@@ -7,6 +7,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <array>
+#include <cerrno>
 #include <mutex>
 #include <set>
 
@@ -38,6 +40,22 @@ int claim_inherited_fd(int fd) {
   static std::set<int> claimed;
   std::lock_guard<std::mutex> lk(mu);
   return claimed.insert(fd).second ? fd : -1;
+}
+
+std::optional<std::string> read_whole_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::optional<std::string> text(std::in_place);
+  std::array<char, 4096> chunk{};
+  for (;;) {
+    const ssize_t n = ::read(fd, chunk.data(), chunk.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) text.reset();
+    if (n <= 0) break;
+    text->append(chunk.data(), static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return text;
 }
 
 }  // namespace kf

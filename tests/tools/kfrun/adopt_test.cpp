@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include "kf/common/fd.hpp"
+
 namespace kf::tools {
 namespace {
 
@@ -59,8 +61,9 @@ TEST(Adopt, ReadsThisProcessFromProc) {
   EXPECT_FALSE(read_process(0));
 }
 
-// A read that fails after the open (a /proc file of a process that exits meanwhile fails with
-// ESRCH; a directory, here, with EISDIR) is "cannot be read", not an exception that ends kfrun.
+// kf::read_whole_file, which kfrun reads /proc with: a read that fails after the open (a /proc
+// file of a process that exits meanwhile fails with ESRCH; a directory, here, with EISDIR) is
+// "cannot be read", not an exception that ends kfrun.
 TEST(Adopt, AFileThatCannotBeReadWholeIsNothingAndNoThrow) {
   const auto dir =
       std::filesystem::temp_directory_path() / ("kf-adopt-" + std::to_string(::getpid()));

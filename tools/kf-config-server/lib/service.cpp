@@ -4,13 +4,12 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
-#include <fstream>
-#include <iterator>
 #include <stdexcept>
 #include <utility>
 
 #include "kf-config-server/lib/dashboard.hpp"
 
+#include "kf/common/fd.hpp"
 #include "kf/common/json.hpp"
 #include "kf/common/log.hpp"
 #include "kf/runtime/cluster_settings.hpp"
@@ -142,13 +141,7 @@ namespace {
 std::string read_chart_js(const std::filesystem::path& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return {};
-  try {
-    std::ifstream in(path, std::ios::binary);
-    std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    return in.bad() ? std::string() : text;
-  } catch (const std::ios_base::failure&) {
-    return {};
-  }
+  return read_whole_file(path.string()).value_or(std::string());
 }
 
 }  // namespace

@@ -1,18 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kfrun/lib/adopt.hpp"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
-#include <cerrno>
 #include <charconv>
 #include <filesystem>
 #include <sstream>
 
-#include "kfrun/lib/unique_fd.hpp"
+#include "kf/common/fd.hpp"
 
 namespace kf::tools {
 
@@ -37,20 +34,6 @@ std::optional<long> to_long(std::string_view s) {
 }
 
 }  // namespace
-
-std::optional<std::string> read_whole_file(const std::string& path) {
-  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.is_open()) return std::nullopt;
-  std::string text;
-  std::array<char, 4096> chunk{};
-  for (;;) {
-    const ssize_t n = ::read(fd.get(), chunk.data(), chunk.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return std::nullopt;
-    if (n == 0) return text;
-    text.append(chunk.data(), static_cast<std::size_t>(n));
-  }
-}
 
 std::optional<Orphan> orphan_of(const ProcessFacts& p, std::string_view job_id,
                                 std::string_view host) {

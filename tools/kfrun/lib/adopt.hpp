@@ -41,11 +41,6 @@ struct Orphan {
 std::optional<Orphan> orphan_of(const ProcessFacts& p, std::string_view job_id,
                                 std::string_view host);
 
-/// The whole of a small file such as /proc/PID/environ; nullopt when it cannot be opened or a
-/// read fails. (A /proc file of a process that exits while it is read fails with ESRCH, which
-/// std::ifstream's buffer reports by throwing.)
-std::optional<std::string> read_whole_file(const std::string& path);
-
 /// The facts of one process from /proc/PID/stat and /proc/PID/environ; nullopt when it is gone,
 /// belongs to another user or cannot be read.
 std::optional<ProcessFacts> read_process(pid_t pid);

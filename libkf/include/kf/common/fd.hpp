@@ -6,6 +6,9 @@
 // functions on the descriptor.
 #pragma once
 
+#include <optional>
+#include <string>
+
 namespace kf {
 
 /// Sets FD_CLOEXEC on `fd`; false (errno set) when the descriptor is not open.
@@ -21,5 +24,10 @@ void close_on_exec_from(int first) noexcept;
 /// the first time it is claimed in this process and -1 every time after, so that a second user
 /// never takes over a descriptor the first one owns (and may have closed). Thread-safe.
 int claim_inherited_fd(int fd);
+
+/// The whole of a file, read with read(2); nullopt when it cannot be opened or a read fails.
+/// Never throws on a read error, where std::ifstream's buffer does: a /proc file of a process
+/// that exits while it is read (ESRCH), a directory (EISDIR).
+std::optional<std::string> read_whole_file(const std::string& path);
 
 }  // namespace kf
