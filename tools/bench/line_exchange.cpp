@@ -83,8 +83,8 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", rounds, "rounds, each printed")->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
 
-  void* page = ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE,
-                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  void* page =
+      ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (page == MAP_FAILED) {
     std::perror("kf-bench-line-exchange: mmap");
     return 1;
