@@ -20,7 +20,6 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
-#include <iostream>
 #include <new>
 
 namespace {
@@ -92,7 +91,7 @@ int main(int argc, char** argv) {
   auto* s = new (page) Shared{};
   // Warm-up: both processes running and the lines where they will stay.
   constexpr std::uint64_t kWarmup = 10000;
-  std::cout.flush();  // nothing buffered twice by the fork
+  std::fflush(stdout);  // nothing buffered twice by the fork
   const pid_t child = ::fork();
   if (child < 0) {
     std::perror("kf-bench-line-exchange: fork");
