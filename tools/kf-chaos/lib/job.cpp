@@ -2,8 +2,10 @@
 #include "kf-chaos/lib/job.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -280,8 +282,22 @@ void Job::kill_workers() {
   } catch (const std::exception&) {
     // The service is down: the pids known so far are all there is.
   }
+  std::vector<pid_t> killed;
   for (const auto& [w, pid] : pids_) {
-    if (running(pid)) ::kill(pid, SIGKILL);
+    if (running(pid) && ::kill(pid, SIGKILL) == 0) killed.push_back(pid);
+  }
+  // The signal takes effect after kill() returns: wait (5 s at most) until each has exited, so
+  // that whoever looks next finds none of them running. They are kfrun's children, not ours:
+  // their pidfds say when.
+  const auto until = Clock::now() + std::chrono::seconds(5);
+  for (const pid_t pid : killed) {
+    const long fd = ::syscall(SYS_pidfd_open, pid, 0);
+    if (fd < 0) continue;  // gone already (ESRCH), or no pidfds here: nothing to wait on
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+    pollfd p{static_cast<int>(fd), POLLIN, 0};
+    if (left > 0) ::poll(&p, 1, static_cast<int>(left));
+    ::close(static_cast<int>(fd));
   }
 }
 
