@@ -167,8 +167,9 @@ std::shared_ptr<detail::CollCtx> make_ctx(CollOp op, std::string_view name, Buff
   auto c = detail::make_recycled<detail::CollCtx>();
   c->op = op;
   // Into the recycled context's own buffer: a name as long as one it held before needs no
-  // allocation.
-  c->name.assign(name);
+  // allocation. Appended to the empty name a fresh or recycled context has: the plain copy,
+  // without assign's handling of a source inside the string itself.
+  c->name.append(name);
   c->send = send;
   c->recv = recv;
   c->opts = o;

@@ -105,6 +105,11 @@ void PeerImpl::io_loop() {
 
 void PeerImpl::start(const Cluster& c) { update(c); }
 
+std::uint64_t PeerImpl::next_resolve_key() noexcept {
+  static std::atomic<std::uint64_t> taken{0};
+  return taken.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
 // Adopts a new cluster version. Connections to workers that stay are kept; only joiners are
 // dialled (lazily, on the first message). Messages of older versions still buffered are dropped.
 void PeerImpl::update(const Cluster& c) {
@@ -154,6 +159,7 @@ void PeerImpl::update(const Cluster& c) {
                              *std::max_element(per_host.begin(), per_host.end())};
   const bool crowded = local > usable_cores();
   same_host_link_ = opts_.transport == Transport::automatic && local == c.workers.size();
+  resolve_key_ = next_resolve_key();
   auto spin = opts_.spin ? *opts_.spin : crowded ? kCrowdedSpin : kDefaultSpin;
   if (kOnlyIoThreadRuns) spin = std::chrono::microseconds(0);
   driver_->spin_us.store(spin.count(), std::memory_order_relaxed);

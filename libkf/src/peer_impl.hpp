@@ -71,6 +71,10 @@ class PeerImpl {
   // and how the workers spread over hosts, for `auto`.
   std::shared_ptr<const std::vector<int>> host_of_rank_;
   coll::Topology topology_;
+  // Names what resolve() decides from (the worker count, topology_, same_host_link_): a number
+  // (from 1) that no other peer of this process had, taken anew at each update().
+  static std::uint64_t next_resolve_key() noexcept;
+  std::uint64_t resolve_key_ = next_resolve_key();
 
  private:
   /// Completes `c` at once with invalid_argument and `why`; its handle.

@@ -14,31 +14,27 @@ Algorithm PeerImpl::resolve(CollOp op, Algorithm a, std::size_t bytes) const noe
   if (a == Algorithm::job_default) a = default_algorithm_.load(std::memory_order_relaxed);
   if (a == Algorithm::job_default) a = Algorithm::auto_select;
   if (a != Algorithm::auto_select) return a;
-  const int p = std::max(1, cluster_.size());
   // choose() is a pure function of these and costs as much as a small collective's
-  // bookkeeping; jobs repeat the same few sizes, so each thread remembers its last answers.
+  // bookkeeping; jobs repeat the same few sizes, so each thread remembers its last answers, by
+  // size and operation under resolve_key_ (which stands for the rest, for every peer).
   struct Memo {
-    CollOp op;
-    int p = 0;
+    std::uint64_t key = 0;  // no peer's: resolve keys start at 1
     std::size_t bytes = 0;
+    CollOp op;
     Algorithm a;
-    bool same_host = false;
-    coll::Topology t;
   };
   thread_local std::array<Memo, 16> memo{};
-  const bool local = same_host_link_;
+  Memo& m = (*pinned(&memo))[(bytes * 31 + static_cast<std::size_t>(op)) % memo.size()];
+  if (m.key == resolve_key_ && m.bytes == bytes && m.op == op) return m.a;
+  const int p = std::max(1, cluster_.size());
   const coll::Topology& t = topology_;
-  Memo& m = memo[(bytes * 31 + static_cast<std::size_t>(p) * 7 + static_cast<std::size_t>(op)) %
-                 memo.size()];
-  if (m.p != p || m.bytes != bytes || m.op != op || m.same_host != local || m.t.hosts != t.hosts ||
-      m.t.min_per_host != t.min_per_host || m.t.max_per_host != t.max_per_host) {
-    // Across hosts, flat schedules run at the pace of TCP, and hierarchical is a candidate.
-    const Algorithm chosen =
-        t.hosts > 1 ? coll::choose(op, bytes, p, t, coll::kSameHostLink, coll::LinkParams{})
-                    : coll::choose(op, bytes, p, local ? coll::kSameHostLink : coll::LinkParams{});
-    m = Memo{op, p, bytes, chosen, local, t};
-  }
-  return m.a;
+  // Across hosts, flat schedules run at the pace of TCP, and hierarchical is a candidate.
+  const Algorithm chosen =
+      t.hosts > 1
+          ? coll::choose(op, bytes, p, t, coll::kSameHostLink, coll::LinkParams{})
+          : coll::choose(op, bytes, p, same_host_link_ ? coll::kSameHostLink : coll::LinkParams{});
+  m = Memo{resolve_key_, bytes, op, chosen};
+  return chosen;
 }
 
 Handle PeerImpl::submit(std::shared_ptr<CollCtx> ctx) {
@@ -54,7 +50,7 @@ Handle PeerImpl::submit(std::shared_ptr<CollCtx> ctx) {
   if (const std::string why = check_arguments(*ctx); !why.empty()) return fail_request(*ctx, why);
   ctx->timeout = ctx->opts.timeout.count() > 0 ? ctx->opts.timeout : opts_.timeout;
   ctx->algorithm = resolve(ctx->op, ctx->opts.algorithm, ctx->send.bytes());
-  ctx->rank_to_peer = rank_to_peer_;
+  if (ctx->rank_to_peer != rank_to_peer_) ctx->rank_to_peer = rank_to_peer_;
   if (ctx->algorithm == Algorithm::hierarchical) ctx->hosts = host_of_rank_;
   switch (backend) {
     case BackendKind::host:

@@ -252,12 +252,13 @@ struct OpState {
     if (claimed.exchange(true, std::memory_order_acq_rel)) return;
     ec = e;
     what = std::move(w);
-    ready.store(true, std::memory_order_seq_cst);
-    if (sleepers.load(std::memory_order_seq_cst) > 0) {
-      SleepStripe& st = sleep_stripe(this);
-      std::lock_guard<std::mutex> lk(st.mu);
-      st.cv.notify_all();
-    }
+    publish();
+  }
+  /// complete() without an error or a message: `ec` and `what` stay as a fresh state has
+  /// them (empty), so nothing is written but the flags.
+  void complete_ok() {
+    if (claimed.exchange(true, std::memory_order_acq_rel)) return;
+    publish();
   }
   /// Back to a fresh state for the next collective (make_recycled): called by the last owner,
   /// when nobody waits on it. The driver stays (the next user sets its own).
@@ -276,6 +277,17 @@ struct OpState {
     std::unique_lock<std::mutex> lk(st.mu);
     st.cv.wait(lk, [&] { return ready.load(std::memory_order_seq_cst); });
     sleepers.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+ private:
+  /// `ready`, and a wake-up for the sleepers if any.
+  void publish() {
+    ready.store(true, std::memory_order_seq_cst);
+    if (sleepers.load(std::memory_order_seq_cst) > 0) {
+      SleepStripe& st = sleep_stripe(this);
+      std::lock_guard<std::mutex> lk(st.mu);
+      st.cv.notify_all();
+    }
   }
 };
 

@@ -236,7 +236,7 @@ void Engine::finish_collective(CollCtx& c) {
       default: break;
     }
     scratch_.release(std::move(c.pooled));
-    c.state->complete({}, {});
+    c.state->complete_ok();
     return;
   }
   scratch_.release(std::move(c.pooled));

@@ -127,8 +127,9 @@ struct CollCtx {
   /// destroyed with the collective in flight, and its context with it), the waiter still learns
   /// that the buffers are free again.
   ~CollCtx() { release_waiter(); }
-  /// Back to the state of a new CollCtx, every reference dropped (make_recycled: collectives
-  /// take their contexts from a per-thread cache). Every member is reset here.
+  /// Back to the state of a new CollCtx (make_recycled: collectives take their contexts from a
+  /// per-thread cache). Every member is reset here, and every reference dropped but
+  /// rank_to_peer's (below).
   void recycle() noexcept {
     release_waiter();
     lanes.clear();  // first, as the destructor would: lanes point into the plan
@@ -142,7 +143,10 @@ struct CollCtx {
     version = 0;
     lazy_src = nullptr;
     filled = RangeSet{};
-    rank_to_peer.reset();
+    // rank_to_peer stays: the next collective submitted from this cache is most likely of the
+    // same cluster version, and finding the same map there saves taking and dropping a
+    // reference (two atomic read-modify-writes) per collective. A context in the cache holds
+    // at most one map alive after its version has passed.
     hosts.reset();
     rank = 0;
     size = 1;

@@ -31,7 +31,8 @@ bool Engine::express_eligible(const CollCtx& c) const noexcept {
   const std::size_t bytes = c.send.bytes();
   if (bytes == 0 || bytes > opts_.express_bytes || bytes > opts_.max_frame_bytes) return false;
   // The plan would run recursive doubling in one lane too (see coll::make_plan).
-  return c.send.count <= coll::kRecursiveDoublingMaxBytes / dtype_bytes(c.send.dtype) &&
+  // (bytes <= the limit: the plan's count <= limit / element size, without the division.)
+  return bytes <= coll::kRecursiveDoublingMaxBytes &&
          coll::default_lanes(c.op, c.algorithm, bytes, c.size) == 1;
 }
 
@@ -74,7 +75,7 @@ void Engine::express_step(CollCtx& c) {
     if (c.x_dist == 1 && c.op == CollOp::allreduce && c.send.data != c.recv.data) {
       data = static_cast<const std::byte*>(c.send.data);
     }
-    mesh_.post_send(peer, h, c.name, data, /*copy_if_queued=*/true);
+    mesh_.send_frame(peer, h, c.name, data, /*copy_if_queued=*/true);
     if (data != c.work) std::memmove(c.work, data, bytes);
     // The frame came before this round: reduced at once.
     if (auto taken = mailbox_.take_early(MailKeyView{peer, c.version, 0, c.name})) {
@@ -128,8 +129,8 @@ bool Engine::express_take(const MailKeyView& key, std::span<const std::byte> pay
   // A socket frame delivered from the read-ahead buffer sits wherever its header and name left
   // it; the reduction reads whole elements, so a misaligned payload is copied first (ring
   // records are aligned).
-  const std::size_t align = dtype_bytes(c.send.dtype);
-  if (reinterpret_cast<std::uintptr_t>(payload.data()) % align != 0) {
+  const std::size_t align = dtype_bytes(c.send.dtype);  // a power of two
+  if ((reinterpret_cast<std::uintptr_t>(payload.data()) & (align - 1)) != 0) {
     ScratchPool::Block tmp = scratch_.acquire(bytes);
     std::memcpy(tmp.data.get(), payload.data(), bytes);
     reduce_into(c.work, tmp.data.get(), c.count, c.send.dtype, c.opts.op);

@@ -260,8 +260,8 @@ awaitable<void> Mesh::run_outgoing(std::shared_ptr<Outgoing> out) {
   }
 }
 
-std::shared_ptr<SendReq> Mesh::post_send(int peer, const FrameHeader& h, std::string_view name,
-                                         const std::byte* data, bool copy_if_queued) {
+std::shared_ptr<SendReq> Mesh::send_frame(int peer, const FrameHeader& h, std::string_view name,
+                                          const std::byte* data, bool copy_if_queued) {
   KF_DCHECK_IO(driver_);
   auto& ps = peers_[static_cast<std::size_t>(peer)];
   auto refused = [&](std::error_code ec) {
@@ -294,7 +294,7 @@ std::shared_ptr<SendReq> Mesh::post_send(int peer, const FrameHeader& h, std::st
     // It went to sleep as the record landed, perhaps without seeing it: a frame on the socket
     // (a heartbeat) wakes it, and it takes the ring's records before that frame.
     if (out.ring->reader_sleeping()) post_control(peer, FrameType::heartbeat, {});
-    return sent_;
+    return nullptr;
   }
   const transport::HeaderBytes header = transport::encode(h);
   // Straight into the socket while the writer has nothing to do. A frame that went whole is
@@ -310,7 +310,7 @@ std::shared_ptr<SendReq> Mesh::post_send(int peer, const FrameHeader& h, std::st
     written = write_now(out, header, name, data, h.payload_bytes, tag);
     tagged = out.mac != nullptr;
     if (written == header.size() + name.size() + h.payload_bytes + (tagged ? tag.size() : 0)) {
-      return sent_;
+      return nullptr;
     }
     // Nothing went: the frame is not numbered yet. Queued, it may still be cancelled, and a
     // number taken by a frame never sent would make the receiver refuse the next one's tag; the
