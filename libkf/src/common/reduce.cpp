@@ -208,6 +208,26 @@ inline void reduce_any(void* out, const void* a, const void* b, std::size_t coun
 }
 
 template <typename T>
+void reduce_scalar(void* out, const void* a, const void* b, ReduceOp op) noexcept {
+  by_op(op, [&](auto f) {
+    *static_cast<T*>(out) = f(*static_cast<const T*>(a), *static_cast<const T*>(b));
+  });
+}
+
+// One element of a type but the half ones, by the loops' element operations.
+void reduce_one(void* out, const void* a, const void* b, DType t, ReduceOp op) noexcept {
+  switch (t) {
+    case DType::f32: return reduce_scalar<float>(out, a, b, op);
+    case DType::f64: return reduce_scalar<double>(out, a, b, op);
+    case DType::i32: return reduce_scalar<std::int32_t>(out, a, b, op);
+    case DType::i64: return reduce_scalar<std::int64_t>(out, a, b, op);
+    case DType::u8: return reduce_scalar<std::uint8_t>(out, a, b, op);
+    case DType::f16:
+    case DType::bf16: break;
+  }
+}
+
+template <typename T>
 void divide_typed(T* buf, std::size_t n, std::size_t d) noexcept {
   if constexpr (std::is_integral_v<T>) {
     // Divide in 64 bits: d need not fit T (a u8 average over 256 ranks would divide by zero).
@@ -408,6 +428,10 @@ bool reduce_uses_simd() noexcept {
 
 void reduce_to(void* out, const void* a, const void* b, std::size_t count, DType t,
                ReduceOp op) noexcept {
+  // One element (a scalar allreduce, a barrier's byte): the loops' setup costs more than the
+  // element itself. reduce_one runs the loops' own operation, so the bits are the same. (Half
+  // types are left to their loops, whose SIMD conversions are their own.)
+  if (count == 1 && t != DType::f16 && t != DType::bf16) return reduce_one(out, a, b, t, op);
 #ifdef KF_REDUCE_X86
   if ((t == DType::f16 || t == DType::bf16) && have_simd()) {
     auto* o = static_cast<std::uint16_t*>(out);

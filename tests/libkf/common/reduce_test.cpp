@@ -149,9 +149,10 @@ std::vector<unsigned char> random_elements(DType t, std::size_t n, std::mt19937&
   return v;
 }
 
-// Every length up to 70 (every tail of a 8-, 16- or 32-element step) and a long one, with the
-// result written over the first operand (reduce_into) and into a third buffer: the same bytes as
-// the same reduction done one element at a time through the portable loop.
+// Every length up to 70 (every tail of a 8-, 16- or 32-element step; one element takes a path
+// of its own) and a long one, with the result written over the first operand (reduce_into) and
+// into a third buffer: the same bytes as the same reduction done one element at a time through
+// the portable loop.
 TEST(ReduceKernels, EveryLengthInPlaceAndOutOfPlaceMatchesElementByElement) {
   std::mt19937 rng(5);
   for (DType t :
