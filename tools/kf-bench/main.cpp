@@ -115,7 +115,9 @@ int main(int argc, char** argv) {
                       "f32 sum on host memory only; --iters and --warmup then count samples)")
           ->check(CLI::IsMember({"barrier", "back-to-back"}))
           ->capture_default_str();
-      sub->add_option("--calls", options.calls, "back-to-back: allreduces per sample")
+      sub->add_option("--calls", options.calls,
+                      "back-to-back: allreduces per sample (each multiplies the values by the "
+                      "worker count: at most 128 with 2 workers, 64 with 4)")
           ->check(CLI::Range(1, bench::kMaxCalls))
           ->capture_default_str();
     }

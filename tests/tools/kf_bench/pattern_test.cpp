@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -142,9 +143,42 @@ TEST(BackToBack, InPlaceSumsOfTheFilledBuffersMatchAndNothingElseDoes) {
     }
   }
   EXPECT_EQ(parse_method("back-to-back"), Method::back_to_back);
+  EXPECT_EQ(max_back_to_back_calls(1), kMaxCalls);
+  EXPECT_EQ(max_back_to_back_calls(2), 128);
+  EXPECT_EQ(max_back_to_back_calls(4), 64);
+  EXPECT_EQ(check_back_to_back_calls(kDefaultCalls, 64), "");
+  EXPECT_NE(check_back_to_back_calls(129, 2).find("use at most 128"), std::string::npos);
   EXPECT_EQ(parse_method("barrier"), Method::barrier);
   EXPECT_EQ(parse_method("b2b"), std::nullopt);
   EXPECT_EQ(to_string(Method::back_to_back), "back-to-back");
+}
+
+// At the most calls max_back_to_back_calls allows, the sums (done here in f32 as a collective
+// would) are finite and match, non-power-of-two worker counts with their rounding included;
+// one call more passes 2^127.
+TEST(BackToBack, TheMostCallsAllowedStayInRangeAndMatch) {
+  constexpr std::size_t kCount = 5;
+  for (const int workers : {2, 3, 4, 5, 7, 8, 64}) {
+    const int calls = max_back_to_back_calls(workers);
+    std::vector<std::vector<float>> bufs(static_cast<std::size_t>(workers),
+                                         std::vector<float>(kCount));
+    for (int r = 0; r < workers; ++r) fill_back_to_back(bufs[r].data(), kCount, r);
+    std::vector<float> sum(kCount);
+    for (int c = 0; c <= calls; ++c) {
+      std::fill(sum.begin(), sum.end(), 0.0F);
+      for (const auto& b : bufs) {
+        for (std::size_t i = 0; i < kCount; ++i) sum[i] += b[i];
+      }
+      if (c + 1 == calls) {
+        const std::string what = std::to_string(workers) + " workers, " + std::to_string(calls);
+        EXPECT_TRUE(std::isfinite(*std::max_element(sum.begin(), sum.end()))) << what;
+        EXPECT_TRUE(matches_back_to_back(sum.data(), kCount, workers, calls)) << what;
+      }
+      for (auto& b : bufs) b = sum;
+    }
+    // The call after the last allowed one passes 2^127, the bound the limit keeps to.
+    EXPECT_GE(*std::max_element(sum.begin(), sum.end()), 0x1p127F) << workers << " workers";
+  }
 }
 
 }  // namespace

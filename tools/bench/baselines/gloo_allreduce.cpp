@@ -254,6 +254,11 @@ int main(int argc, char** argv) {
           rank->get_name(),
           std::to_string(o.rank) + " is not below --size " + std::to_string(o.size));
     }
+    if (o.method == "back-to-back") {
+      if (std::string why = bench::check_back_to_back_calls(o.calls, o.size); !why.empty()) {
+        throw CLI::ValidationError(std::move(why));
+      }
+    }
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : kUsageError;

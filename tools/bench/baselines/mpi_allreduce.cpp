@@ -241,6 +241,14 @@ int main(int argc, char** argv) {
     return code;
   }
 
+  if (o.method == "back-to-back") {
+    if (const std::string why = bench::check_back_to_back_calls(o.calls, workers); !why.empty()) {
+      if (rank == 0) std::cerr << "kf-bench-mpi: " << why << std::endl;
+      MPI_Finalize();
+      return kUsageError;
+    }
+  }
+
   try {
     code = run(o, rank, workers) ? 0 : kIncorrect;
   } catch (const std::exception& e) {

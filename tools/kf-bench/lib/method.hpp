@@ -8,12 +8,15 @@
 // Every worker times every sample; a sample's time is the maximum over the workers.
 // The back-to-back values: worker r's element i is 1 when i + r is odd, else 0, so after one sum
 // every element holds S(i), the number of such workers, and after k in-place sums
-// S(i) * np^(k-1), exact in f32 for the worker counts and calls used (checked to 1e-6).
+// S(i) * np^(k-1): exact in f32 for a power-of-two np, rounded once per addition otherwise
+// (checked to within that rounding). The sums pass f32's range after
+// max_back_to_back_calls(np) calls, and a run asked for more refuses to start.
 // Thread-safety: pure functions.
 #pragma once
 
 #include <cstddef>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace kf::tools::bench {
@@ -28,6 +31,13 @@ std::optional<Method> parse_method(std::string_view text) noexcept;
 /// back-to-back's calls per sample when none are given.
 inline constexpr int kDefaultCalls = 10;
 inline constexpr int kMaxCalls = 1000;
+
+/// The most back-to-back calls per sample whose sums over `workers` workers stay within f32's
+/// range (128 for 2 workers, 64 for 4), at most kMaxCalls.
+int max_back_to_back_calls(int workers) noexcept;
+/// Empty when `calls` back-to-back calls suit `workers` workers, else why not (for the
+/// command line's error).
+std::string check_back_to_back_calls(int calls, int workers);
 
 /// Writes worker `rank`'s back-to-back values over `count` floats.
 void fill_back_to_back(float* data, std::size_t count, int rank) noexcept;

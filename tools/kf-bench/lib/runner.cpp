@@ -295,6 +295,11 @@ bool run_bench(Peer& peer, const BenchOptions& o, std::ostream& out) {
   if (o.method == Method::back_to_back && (o.dtype != DType::f32 || o.reduce != ReduceOp::sum)) {
     throw std::invalid_argument("--method back-to-back measures f32 sum allreduce only");
   }
+  if (o.method == Method::back_to_back) {
+    if (std::string why = check_back_to_back_calls(o.calls, peer.size()); !why.empty()) {
+      throw std::invalid_argument(why);
+    }
+  }
   const RunInfo info{o.op, peer.size(), o.dtype, o.reduce, o.root, o.warmup, o.method, o.calls};
   const bool printer = peer.rank() == 0;
   if (printer && !o.json) print_header(out, info);
