@@ -49,6 +49,10 @@ Engine::Engine(const PeerOptions& opts, asio::io_context& ioc, Driver& driver, M
 void Engine::start_collective(std::shared_ptr<CollCtx> ctx) {
   KF_DCHECK_IO(driver_);
   CollCtx& c = *ctx;
+  // The express path takes the context over: runs_ owns it from then on, without a second
+  // reference to take and drop (two atomic read-modify-writes), and `c` may be gone once it
+  // returns.
+  if (!mesh_.broken() && express_eligible(c)) return start_express(std::move(ctx));
   try {
     prepare_collective(ctx);
   } catch (const std::exception& e) {
@@ -140,7 +144,6 @@ void Engine::prepare_collective(const std::shared_ptr<CollCtx>& ctx) {
                                           " is broken: " + mesh_.broken_why());
     return;
   }
-  if (express_eligible(c)) return start_express(ctx);
   const std::size_t es = dtype_bytes(c.send.dtype);
   coll::PlanRequest req;
   req.op = c.op;

@@ -93,8 +93,10 @@ class Engine {
   /// PeerOptions::express_bytes, or a barrier, by recursive doubling over a power-of-two number
   /// of workers.
   bool express_eligible(const CollCtx& c) const noexcept;
-  /// Starts an eligible collective (its context in `ctx`) as an express allreduce.
-  void start_express(const std::shared_ptr<CollCtx>& ctx);
+  /// Starts an eligible collective as an express allreduce. Takes `ctx` over (runs_ holds it
+  /// until it finishes, perhaps before this returns), and leaves it as it was only if it
+  /// could not be kept (then the collective failed).
+  void start_express(std::shared_ptr<CollCtx>&& ctx);
   /// Runs the express allreduce's rounds until it waits for a frame, fails or finishes (then
   /// `c` may be gone).
   void express_step(CollCtx& c);

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The express allreduce: a tiny allreduce by recursive doubling, without plan, lanes or
 // requests.
+#include <algorithm>
 #include <bit>
 
 #include "engine/engine.hpp"
@@ -36,7 +37,7 @@ bool Engine::express_eligible(const CollCtx& c) const noexcept {
          coll::default_lanes(c.op, c.algorithm, bytes, c.size) == 1;
 }
 
-void Engine::start_express(const std::shared_ptr<CollCtx>& ctx) {
+void Engine::start_express(std::shared_ptr<CollCtx>&& ctx) {
   KF_DCHECK_IO(driver_);
   CollCtx& c = *ctx;
   if (c.op == CollOp::barrier) {
@@ -48,12 +49,28 @@ void Engine::start_express(const std::shared_ptr<CollCtx>& ctx) {
     c.count = c.send.count;
     c.work = static_cast<std::byte*>(c.recv.data);
   }
-  c.run_index = runs_.size();
-  runs_.push_back(ctx);
   c.x_dist = 1;
-  express_step(c);
-  // The partner's frame may be in a ring already: taken now, it needs no wait at all.
-  if (!express_waiting_.empty() && mesh_.reads_rings()) mesh_.poll_rings();
+  try {
+    c.run_index = runs_.size();
+    runs_.push_back(std::move(ctx));  // or, if it throws, the caller's `ctx` still holds it
+  } catch (const std::exception& e) {
+    return fail_express(c, make_error_code(errc::protocol_error), e.what());
+  }
+  // From here runs_ owns the collective, and finish_collective lets it go: nothing touches `c`
+  // after the step that finishes it.
+  try {
+    express_step(c);
+    // The partner's frame may be in a ring already: taken now, it needs no wait at all.
+    if (!express_waiting_.empty() && mesh_.reads_rings()) mesh_.poll_rings();
+  } catch (const std::exception& e) {
+    // Allocation and the like: the collective fails, the peer goes on. Unless it finished
+    // already: then it is out of runs_ (found by address only: it may be gone).
+    const CollCtx* const mine = &c;
+    const bool running =
+        std::any_of(runs_.begin(), runs_.end(), [&](const auto& r) { return r.get() == mine; });
+    KF_LOG(err, "coll", "an express allreduce's start raised: {}", e.what());
+    if (running) fail_express(c, make_error_code(errc::protocol_error), e.what());
+  }
 }
 
 void Engine::express_step(CollCtx& c) {
