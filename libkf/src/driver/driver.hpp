@@ -254,10 +254,13 @@ struct OpState {
     what = std::move(w);
     publish();
   }
-  /// complete() without an error or a message: `ec` and `what` stay as a fresh state has
-  /// them (empty), so nothing is written but the flags.
+  /// complete() without an error or a message, by the engine: `ec` and `what` stay as a fresh
+  /// state has them (empty). Only the thread that runs the I/O context completes a host
+  /// collective's state (the engine, its deadlines, the peer's shutdown), so nothing can claim
+  /// it meanwhile and the claim needs no read-modify-write.
   void complete_ok() {
-    if (claimed.exchange(true, std::memory_order_acq_rel)) return;
+    if (claimed.load(std::memory_order_relaxed)) return;
+    claimed.store(true, std::memory_order_relaxed);
     publish();
   }
   /// Back to a fresh state for the next collective (make_recycled): called by the last owner,
