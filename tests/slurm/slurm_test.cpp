@@ -491,8 +491,9 @@ TEST_F(Slurm, KfReplayTurnsATraceIntoRealPreemptionsAndAllocations) {
 // job is suspended: rank 0 writes the last commit to the checkpoint (KF_CHECKPOINT, on storage
 // every node reads) and every worker leaves at that step; the requeueable allocation's agent asks
 // Slurm to requeue it. When it runs again (Slurm holds a requeued job for about two minutes; the
-// test lets it start at once, as `scontrol update JobId=ID StartTime=now` lets a user), its agent
-// resumes the job, whose workers load the checkpoint and go on from that step to a clean finish.
+// test lets it start a second later, as `scontrol update JobId=ID StartTime=now+1` lets a user),
+// its agent resumes the job, whose workers load the checkpoint and go on from that step to a
+// clean finish.
 TEST_F(Slurm, AWholeJobPreemptedIsSuspendedAndItsRequeuedAllocationResumesIt) {
   const auto kept_out = (job_ / "kept.out").string();
   const auto rq_out = (job_ / "requeued.out").string();
@@ -540,7 +541,12 @@ TEST_F(Slurm, AWholeJobPreemptedIsSuspendedAndItsRequeuedAllocationResumesIt) {
   ASSERT_TRUE(eventually(
       [&] { return run_shell("squeue -h -j " + rq + " -o %T").output.find("PENDING") == 0; }, 60s))
       << slurm_state(rq_out);
-  ASSERT_EQ(run_shell("scontrol update JobId=" + rq + " StartTime=now").exit_code, 0);
+  // Not StartTime=now: slurmd refuses a job's credential made in the same second as its
+  // revocation at the requeue ("Killing non-startable batch JobId=..: Job credential revoked" in
+  // slurmctld.log, and the allocation is gone), which a release within that second met under
+  // load. The revocation is done by now (the prio job on its node has come and gone since), so a
+  // start one second on is always in a later second than it.
+  ASSERT_EQ(run_shell("scontrol update JobId=" + rq + " StartTime=now+1").exit_code, 0);
   ASSERT_TRUE(eventually(
       [&] { return has_event([](const ConfigEvent& e) { return e.type == "resumed"; }); }, 60s))
       << slurm_state(rq_out);
