@@ -282,6 +282,7 @@ class Mesh {
   std::vector<PeerState> peers_;
   std::unordered_map<std::string, int> peer_by_key_;
   std::vector<std::shared_ptr<Incoming>> ring_readers_;  // connections with a ring to read
+  bool barrier_refused_ = false;  // the kernel refused a ring's sleep barrier (logged once)
   std::error_code broken_;
   std::atomic<std::uint64_t> broken_version_{0};
   std::string broken_why_;

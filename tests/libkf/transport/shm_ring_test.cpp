@@ -12,9 +12,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace kf::transport {
@@ -252,6 +255,63 @@ TEST(ShmRing, TheReadersSleepFlagReachesTheWriter) {
   EXPECT_TRUE(p.writer->reader_sleeping());
   p.reader->set_reader_sleeping(false);
   EXPECT_FALSE(p.writer->reader_sleeping());
+}
+
+// The sleep handshake under a race: in each round the writer publishes a record and then looks
+// at the sleep flag, while the reader announces its sleep (with the barrier a lightly published
+// ring needs) and then looks for the record, both at once. A reader that would sleep without
+// seeing the record while the writer did not see the flag would miss its wake-up: never allowed.
+// As a sleeping reader would, it keeps the flag set until the writer has looked.
+TEST(ShmRing, AWriterSeesTheSleepOrTheReaderSeesTheRecord) {
+  Pair p = make_pair();
+  ASSERT_TRUE(p.writer && p.reader);
+  EXPECT_EQ(p.writer->light_publish(), p.reader->light_publish());
+  constexpr int kRounds = 20000;
+  std::atomic<int> go{0}, looked{0}, done{0};
+  std::vector<char> writer_saw(kRounds), reader_saw(kRounds);
+  bool barrier_ok = true;
+  std::thread reader([&] {
+    ShmRing::Record rec;
+    std::string why;
+    for (int i = 0; i < kRounds; ++i) {
+      while (go.load(std::memory_order_acquire) <= i) {
+      }
+      p.reader->set_reader_sleeping(true);
+      if (p.reader->light_publish() && !ShmRing::sleep_barrier()) barrier_ok = false;
+      reader_saw[static_cast<std::size_t>(i)] =
+          p.reader->peek(rec, 1 << 20, why) == ShmRing::Peek::record;
+      // The round's record, taken now or once it shows.
+      while (p.reader->peek(rec, 1 << 20, why) != ShmRing::Peek::record) {
+      }
+      p.reader->pop();
+      while (looked.load(std::memory_order_acquire) <= i) {
+      }
+      p.reader->set_reader_sleeping(false);
+      done.store(i + 1, std::memory_order_release);
+    }
+  });
+  const std::byte payload[8] = {};
+  for (int i = 0; i < kRounds; ++i) {
+    go.store(i + 1, std::memory_order_release);
+    ASSERT_TRUE(
+        p.writer->try_write(0, data_header(static_cast<std::uint32_t>(i), 1, 8), "r", payload, 8));
+    writer_saw[static_cast<std::size_t>(i)] = p.writer->reader_sleeping();
+    looked.store(i + 1, std::memory_order_release);
+    while (done.load(std::memory_order_acquire) <= i) {
+    }
+  }
+  reader.join();
+  EXPECT_TRUE(barrier_ok) << "the kernel refused the barrier it said it had";
+  int missed = 0, both = 0;
+  for (int i = 0; i < kRounds; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    missed += !writer_saw[k] && !reader_saw[k];
+    both += writer_saw[k] && reader_saw[k];
+  }
+  EXPECT_EQ(missed, 0) << "of " << kRounds << " rounds (light publish " << p.writer->light_publish()
+                       << ")";
+  std::cout << "[ light publish " << p.writer->light_publish() << "; rounds where both saw the "
+            << "other: " << both << " of " << kRounds << " ]" << std::endl;
 }
 
 TEST(ShmRing, OpeningRemovesTheNameAndForeignNamesAreRefused) {

@@ -115,12 +115,25 @@ std::size_t Mesh::poll_rings() {
 
 // Before it sleeps, the thread running the context tells every writer so (writers then use the
 // socket, which wakes it), and looks once more: a record published before a writer could see
-// the flag is taken now instead of waiting for the next socket event.
+// the flag is taken now instead of waiting for the next socket event. Where a writer publishes
+// without a fence, a system-wide barrier between the two makes sure of it (ShmRing::
+// sleep_barrier); should the kernel refuse it, the thread does not sleep (it polls on).
 bool Mesh::rings_asleep(bool asleep) {
   KF_DCHECK_IO(driver_);
   if (ring_readers_.empty()) return true;
-  for (auto& in : ring_readers_) in->ring->set_reader_sleeping(asleep);
-  if (!asleep || poll_rings() == 0) return true;
+  bool light = false;
+  for (auto& in : ring_readers_) {
+    in->ring->set_reader_sleeping(asleep);
+    light = light || in->ring->light_publish();
+  }
+  if (!asleep) return true;
+  bool may_sleep = !light || transport::ShmRing::sleep_barrier();
+  if (!may_sleep && !barrier_refused_) {
+    barrier_refused_ = true;
+    KF_LOG(warn, "transport",
+           "{}: the kernel refused membarrier; polling the rings instead of sleeping", identity_);
+  }
+  if (may_sleep && poll_rings() == 0) return true;
   for (auto& in : ring_readers_) in->ring->set_reader_sleeping(false);
   return false;
 }

@@ -2,8 +2,10 @@
 #include "transport/shm/shm_ring.hpp"
 
 #include <fcntl.h>
+#include <linux/membarrier.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,10 +16,12 @@
 namespace kf::transport {
 
 // The control words, each on its own cache line, both stored by the reader: `head` and
-// `sleeping`. The writer publishes in the records themselves (their stamps).
+// `sleeping`. The writer publishes in the records themselves (their stamps), and says once, at
+// creation, whether it publishes them lightly (`light`: 1).
 struct ShmRing::Control {
   alignas(64) std::atomic<std::uint64_t> head;
   alignas(64) std::atomic<std::uint32_t> sleeping;
+  alignas(64) std::atomic<std::uint32_t> light;
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
               "the ring's control words are shared between processes");
@@ -75,7 +79,32 @@ bool valid_name(const std::string& name) {
   return true;
 }
 
+// Whether this process can take part in light publishing: the kernel has the system-wide
+// expedited barrier, and this process is registered for it (once; registration covers every
+// thread of the process, also later ones). Without it (an old kernel, a seccomp filter that
+// refuses membarrier) rings publish with a fence.
+//
+// Why: a writer's stamp store and its look at `sleeping` right after must not be reordered (the
+// reader does the mirror: announce, then look at the ring). A sequentially consistent store is
+// a full fence (an xchg on x86), which waits until the record's line has been taken from the
+// reader's core, where the reader last read it: at every record, on the critical path of a
+// small collective. With the barrier moved to the reader's rare sleep, a 4-byte allreduce of two
+// workers took 0.49-0.51 us against 0.54-0.56 us (alternating runs, back to back).
+bool light_publishing() noexcept {
+  static const bool ok = [] {
+    const long cmds = ::syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+    const long need = MEMBARRIER_CMD_GLOBAL_EXPEDITED | MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED;
+    if (cmds < 0 || (cmds & need) != need) return false;
+    return ::syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0;
+  }();
+  return ok;
+}
+
 }  // namespace
+
+bool ShmRing::sleep_barrier() noexcept {
+  return ::syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0) == 0;
+}
 
 ShmRing::ShmRing(std::string name, void* map, bool owner) noexcept
     : name_(std::move(name)), map_(map), owner_(owner), linked_(true) {}
@@ -115,9 +144,13 @@ std::unique_ptr<ShmRing> ShmRing::create(std::error_code& ec) {
     ec = std::error_code(err, std::generic_category());
     return nullptr;
   }
-  new (map) Control{};
+  auto* control = new (map) Control{};
+  const bool light = light_publishing();
+  control->light.store(light ? 1 : 0, std::memory_order_relaxed);
   ec.clear();
-  return std::unique_ptr<ShmRing>(new ShmRing(name, map, true));
+  auto ring = std::unique_ptr<ShmRing>(new ShmRing(name, map, true));
+  ring->light_ = light;
+  return ring;
 }
 
 std::unique_ptr<ShmRing> ShmRing::open(const std::string& name, std::string& why) {
@@ -148,6 +181,15 @@ std::unique_ptr<ShmRing> ShmRing::open(const std::string& name, std::string& why
   if (map == MAP_FAILED) return nullptr;
   auto ring = std::unique_ptr<ShmRing>(new ShmRing(name, map, false));
   ring->unlink();
+  // A writer that publishes lightly relies on this side's barrier before it sleeps: a reader
+  // that cannot make it must not take the ring (the connection then carries every frame).
+  ring->light_ = ring->control()->light.load(std::memory_order_relaxed) != 0;
+  if (ring->light_ && !light_publishing()) {
+    why = "shared-memory ring " + name +
+          " is published without fences, and this process cannot make the barrier "
+          "(membarrier) that reading it then needs";
+    return nullptr;
+  }
   // Start where the writer is: a fresh ring is empty, and the reader never trusts more.
   ring->head_ = ring->control()->head.load(std::memory_order_acquire);
   ring->next_ = ring->head_;
@@ -195,9 +237,16 @@ std::byte* ShmRing::reserve(std::size_t size) noexcept {
   return d + pos;
 }
 
-// Sequentially consistent, to pair with the reader's sleep flag (see reader_sleeping).
+// Paired with the reader's sleep flag (see reader_sleeping): sequentially consistent, or, when
+// publishing lightly, a release store that the compiler must keep before the look at the flag
+// (the processor may still let the look pass the store; the reader's sleep_barrier covers it).
 void ShmRing::publish(std::byte* r, std::size_t size) noexcept {
-  stamp_at(r).store(stamp_for(tail_), std::memory_order_seq_cst);
+  if (light_) {
+    stamp_at(r).store(stamp_for(tail_), std::memory_order_release);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  } else {
+    stamp_at(r).store(stamp_for(tail_), std::memory_order_seq_cst);
+  }
   tail_ += size;
 }
 

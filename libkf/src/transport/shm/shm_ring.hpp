@@ -84,9 +84,20 @@ class ShmRing {
   /// Appends a full record with this encoded header, whatever it holds (the reader checks it).
   bool try_write(std::uint64_t socket_before, const HeaderBytes& header, std::string_view name,
                  const std::byte* payload, std::size_t payload_bytes) noexcept;
-  /// Whether the reader has said it sleeps in the kernel (a sequentially consistent load, to
-  /// pair with the reader's announcement: see set_reader_sleeping).
+  /// Whether the reader has said it sleeps in the kernel, looked at right after a record was
+  /// published: either the reader sees that record or this sees its announcement (see
+  /// set_reader_sleeping).
   bool reader_sleeping() const noexcept;
+  /// Whether this ring's writer publishes records with a plain store (no fence): its process is
+  /// registered for the system-wide barrier that a reader then makes before it sleeps
+  /// (sleep_barrier). Otherwise each stamp is stored with a full fence, as on kernels without
+  /// `membarrier`. Set by the writer at create() and read by the reader at open().
+  bool light_publish() const noexcept { return light_; }
+  /// The reader's side of a light publish: a memory barrier on every core that runs a thread of
+  /// a registered process (membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED), made after announcing
+  /// sleep and before looking at the ring once more. False when the kernel refused it (the
+  /// reader must then not sleep).
+  static bool sleep_barrier() noexcept;
 
   // ---- reader ----
   struct Record {
@@ -104,8 +115,9 @@ class ShmRing {
   /// record peek() returns lies inside it.
   std::span<const std::byte> records() const noexcept { return {data(), kCapacity}; }
   /// Announces (true) that the reader is about to sleep in the kernel, or that it is awake.
-  /// Sequentially consistent: after announcing sleep the reader looks at the ring once more,
-  /// and a writer that published first sees the flag or its record is seen.
+  /// After announcing sleep the reader looks at the ring once more (after sleep_barrier() where
+  /// the writer publishes lightly), and a writer that published first sees the flag or its
+  /// record is seen.
   void set_reader_sleeping(bool sleeping) noexcept;
 
  private:
@@ -132,6 +144,7 @@ class ShmRing {
   void* map_ = nullptr;
   bool owner_ = false;  // created it: unlinks the name if the reader never did
   bool linked_ = false;
+  bool light_ = false;           // records are published without a fence (light_publish)
   std::uint64_t tail_ = 0;       // writer: bytes published; reader: unused
   std::uint64_t head_seen_ = 0;  // writer: the reader's position when last loaded
   std::uint64_t head_ = 0;       // reader: bytes consumed; writer: unused
