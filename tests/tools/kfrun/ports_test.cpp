@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <optional>
 #include <set>
 #include <stdexcept>
 
@@ -13,21 +14,26 @@
 namespace kf::tools {
 namespace {
 
-// A TCP socket bound to an ephemeral port of 127.0.0.1, holding that port while it lives.
+// A TCP socket bound to `port` of 127.0.0.1 (0: an ephemeral one), holding that port while it
+// lives. `bound()` is false when the port was in use.
 class HeldPort {
  public:
-  HeldPort() {
+  explicit HeldPort(std::uint16_t port = 0) {
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port);
     socklen_t length = sizeof a;
-    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return;
     EXPECT_EQ(::listen(fd_, 1), 0);
     EXPECT_EQ(::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &length), 0);
     port_ = ntohs(a.sin_port);
   }
+  HeldPort(const HeldPort&) = delete;
+  HeldPort& operator=(const HeldPort&) = delete;
   ~HeldPort() { ::close(fd_); }
+  bool bound() const { return port_ != 0; }
   std::uint16_t port() const { return port_; }
 
  private:
@@ -61,6 +67,7 @@ TEST(PickFreePorts, GivesDistinctPortsInRange) {
 
 TEST(PickFreePorts, SkipsPortInUse) {
   HeldPort held;
+  ASSERT_TRUE(held.bound());
   const PortRange range{held.port(), held.port()};
   try {
     pick_free_ports("127.0.0.1", range, 1);
@@ -115,16 +122,28 @@ TEST(PortsForHost, TestsThePortsOfThisMachineOnly) {
   EXPECT_FALSE(is_local_host("192.0.2.1"));
   EXPECT_THROW(is_local_host("no-such-host.invalid"), std::invalid_argument);
 
-  HeldPort held;
-  EXPECT_FALSE(port_is_free("127.0.0.1", held.port()));
+  // Four ports in a row below the kernel's ephemeral range, the first held here and the others
+  // free when found. Other tests' connections take ephemeral ports, so the neighbours of an
+  // ephemeral port may all be in use by the time the pick looks at them.
+  std::optional<HeldPort> held;
+  for (std::uint16_t first = 15000; first < 20000 && !held; first += 4) {
+    held.emplace(first);
+    const auto free = [&](int i) {
+      return port_is_free("127.0.0.1", static_cast<std::uint16_t>(first + i));
+    };
+    if (!held->bound() || !free(1) || !free(2) || !free(3)) held.reset();
+  }
+  ASSERT_TRUE(held) << "no four free ports in a row in 15000-19999";
+  EXPECT_FALSE(port_is_free("127.0.0.1", held->port()));
   // Here: test-bound, and never one that is taken or in use.
-  const PortRange range{held.port(), static_cast<std::uint16_t>(held.port() + 3)};
-  const std::vector<std::uint16_t> taken{static_cast<std::uint16_t>(held.port() + 1)};
-  const PortPick here = pick_ports_for("127.0.0.1", range, 1, taken);
+  const PortRange range{held->port(), static_cast<std::uint16_t>(held->port() + 3)};
+  const std::vector<std::uint16_t> taken{static_cast<std::uint16_t>(held->port() + 1)};
+  const PortPick here = pick_ports_for("127.0.0.1", range, 2, taken);
   EXPECT_TRUE(here.checked);
-  ASSERT_EQ(here.ports.size(), 1u);
-  EXPECT_GE(here.ports[0], held.port() + 2);
-  EXPECT_TRUE(port_is_free("127.0.0.1", here.ports[0]));
+  EXPECT_EQ(std::set<std::uint16_t>(here.ports.begin(), here.ports.end()),
+            (std::set<std::uint16_t>{static_cast<std::uint16_t>(held->port() + 2),
+                                     static_cast<std::uint16_t>(held->port() + 3)}));
+  EXPECT_THROW(pick_ports_for("127.0.0.1", range, 3, taken), std::invalid_argument);
 
   // Another machine: drawn from the range unchecked, distinct, never a taken one.
   const PortRange wide{40000, 40007};

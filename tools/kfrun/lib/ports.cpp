@@ -125,12 +125,7 @@ PortPick pick_ports_for(const std::string& host, PortRange range, int count_port
   };
   PortPick pick;
   if (is_local_host(host)) {
-    // Enough candidates that the taken ones can be skipped.
-    for (const auto port :
-         pick_free_ports(host, range, count_ports + static_cast<int>(taken.size()))) {
-      if (std::ssize(pick.ports) == count_ports) break;
-      if (!is_taken(port)) pick.ports.push_back(port);
-    }
+    pick.ports = pick_free_ports(host, range, count_ports, taken);
     return pick;
   }
   pick.checked = false;
@@ -150,7 +145,8 @@ PortPick pick_ports_for(const std::string& host, PortRange range, int count_port
 }
 
 std::vector<std::uint16_t> pick_free_ports(const std::string& host, PortRange range,
-                                           int count_ports) {
+                                           int count_ports,
+                                           const std::vector<std::uint16_t>& skip) {
   socklen_t length = 0;
   const sockaddr_storage address = resolve(host, length);
   const std::size_t span = range.count_ports();
@@ -159,6 +155,7 @@ std::vector<std::uint16_t> pick_free_ports(const std::string& host, PortRange ra
   std::vector<std::uint16_t> ports;
   for (std::size_t i = 0; i < span && std::ssize(ports) < count_ports; ++i) {
     const auto port = static_cast<std::uint16_t>(range.first + (start + i) % span);
+    if (std::find(skip.begin(), skip.end(), port) != skip.end()) continue;
     if (try_bind(address, length, port, host)) ports.push_back(port);
   }
   if (std::ssize(ports) < count_ports) {

@@ -32,13 +32,14 @@ struct PortRange {
 
 /// Picks `count_ports` distinct ports of `range` that can be bound on `host` now (a name or an
 /// address literal; the first address it resolves to is tested). Each candidate is bound without
-/// SO_REUSEADDR and closed at once; a port in use is skipped. The search starts at a random
-/// offset and wraps around the range once.
+/// SO_REUSEADDR and closed at once; a port in use, or one in `skip`, is passed over. The search
+/// starts at a random offset and wraps around the range once.
 /// Throws: std::invalid_argument when `host` does not resolve or is not an address of this
 /// machine, or when the range cannot supply `count_ports` free ports (the message names the
 /// range); std::system_error when a socket cannot be created.
 std::vector<std::uint16_t> pick_free_ports(const std::string& host, PortRange range,
-                                           int count_ports);
+                                           int count_ports,
+                                           const std::vector<std::uint16_t>& skip = {});
 
 /// Whether `host` resolves to an address of this machine (one a socket can be bound to).
 /// Throws: std::invalid_argument when it does not resolve; std::system_error when a socket
