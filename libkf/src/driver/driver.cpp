@@ -114,27 +114,32 @@ void Driver::drive_until(const OpState& s) {
         // workers, 4 B 0.66-0.72 -> 0.62-0.68 us, 64 B 0.77-0.80 -> 0.69-0.76). Over TCP, where
         // the context is all there is to poll, it is polled every time (skipping cost 20 %).
         const bool crowded = yield.load(std::memory_order_relaxed);
+        const std::chrono::microseconds polling = window();
+        Clock::time_point woke{};
         while (!s.ready.load(std::memory_order_acquire) && !stopped()) {
           const bool skip = reads_rings && !context_due &&
                             (crowded ? idle.idle_polls() % 4 != 3 : idle.idle_polls() % 16 != 15);
           if (poll_once(skip) > 0) {
             idle.worked();
-          } else if (idle.within(spin)) {
+          } else if (idle.within(polling)) {
             relax();
           } else {
             // A context that ran out of work stops by itself: then nothing is left to wait for.
             if (ioc->stopped()) break;
+            const Clock::time_point window_ended = idle.last_reading();
             block_once();
+            woke = Clock::now();
+            adapt_window(woke - window_ended, polling);
             slept = true;
             idle.worked();
           }
         }
         // One polling window, but never long: a job that polls for seconds (KF_SPIN_US) must
         // not go without background progress for as long after each wait. It runs from the
-        // last reading of the clock, at most a few idle polls old; after a sleep in the kernel
-        // the clock is read again.
+        // last reading of the clock, at most a few idle polls old, or from the end of the last
+        // sleep in the kernel.
         const auto lease = std::min<Clock::duration>(spin, kMaxLease);
-        const Clock::time_point from = slept ? Clock::now() : std::max(began, idle.last_reading());
+        const Clock::time_point from = std::max(slept ? woke : began, idle.last_reading());
         lease_until.store((from + lease).time_since_epoch().count(), std::memory_order_relaxed);
         break;
       }

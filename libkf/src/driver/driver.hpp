@@ -5,6 +5,7 @@
 // thread at a time runs the context (Driver::mu), and KF_DCHECK_IO checks it in debug builds.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -122,6 +123,29 @@ struct Driver {
   std::atomic<std::int64_t> spin_us{0};
   std::chrono::microseconds spin() const noexcept {
     return std::chrono::microseconds(spin_us.load(std::memory_order_relaxed));
+  }
+  // A waiting thread's polling window is spin() doubled `stretch` times (at most kMaxStretch,
+  // and never past kMaxWindow unless spin() is longer). A wait whose sleep after the window
+  // ended within one more window's length stretches it once; a sleep of more than four windows
+  // shrinks it once (adapt_window). Beside a busy process on shared cores a worker that waits
+  // longer than 200 us for its peer is the rule, and each sleep and wake-up then costs more
+  // than the window (2 workers on 2 cores and one busy loop, 64 KiB back to back: 470 us a
+  // call with 200 us windows, 10-11 us with 5 ms); a worker whose peer computes between
+  // collectives sleeps long, and its window stays short. Touched only under `mu`.
+  int stretch = 0;
+  static constexpr int kMaxStretch = 5;
+  static constexpr auto kMaxWindow = std::chrono::microseconds(8000);
+  std::chrono::microseconds window() const noexcept {
+    const auto base = spin();
+    return std::max(base, std::min(base * (1 << stretch), std::chrono::microseconds(kMaxWindow)));
+  }
+  /// After a sleep of `slept` that followed a polling window of `window`.
+  void adapt_window(Clock::duration slept, std::chrono::microseconds window) noexcept {
+    if (slept < window) {
+      stretch = std::min(stretch + 1, kMaxStretch);
+    } else if (slept > 4 * window && stretch > 0) {
+      --stretch;
+    }
   }
   // More workers on this host than cores: poll with sched_yield() instead of a pause.
   std::atomic<bool> yield{false};

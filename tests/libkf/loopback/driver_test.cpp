@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/cores.hpp"
+#include "driver/driver.hpp"
 #include "support/local_cluster.hpp"
 
 namespace kf {
@@ -176,6 +177,34 @@ PeerOptions silent_when_idle() {
   o.heartbeat_interval = std::chrono::milliseconds(0);
   o.heartbeat_timeout = std::chrono::milliseconds(0);
   return o;
+}
+
+// A waiting thread's polling window doubles after each wait whose sleep ended within one more
+// window (the peer came back soon: a longer window would have caught it), up to 32 times the
+// spin or 8 ms, and halves after each sleep of more than four windows; a longer spin of the
+// user's own is never shortened.
+TEST(Driver, AWaitsPollingWindowStretchesAfterShortSleepsAndShrinksAfterLongOnes) {
+  using std::chrono::microseconds;
+  boost::asio::io_context ioc;
+  detail::Driver d(ioc);
+  d.spin_us.store(200);
+  EXPECT_EQ(d.window(), microseconds(200));
+  for (const int want : {400, 800, 1600, 3200, 6400, 6400}) {
+    d.adapt_window(microseconds(150), d.window());
+    EXPECT_EQ(d.window(), microseconds(want));
+  }
+  d.adapt_window(microseconds(6400 * 4), d.window());  // not more than four windows: as it was
+  EXPECT_EQ(d.window(), microseconds(6400));
+  d.adapt_window(microseconds(6400 * 4 + 1), d.window());
+  EXPECT_EQ(d.window(), microseconds(3200));
+  for (int i = 0; i < 10; ++i) d.adapt_window(std::chrono::seconds(1), d.window());
+  EXPECT_EQ(d.window(), microseconds(200));
+  // Stretched as far as it goes: 8 ms at most, or the spin when that is longer.
+  for (int i = 0; i < 10; ++i) d.adapt_window(microseconds(0), d.window());
+  d.spin_us.store(1000);
+  EXPECT_EQ(d.window(), microseconds(8000));
+  d.spin_us.store(20000);
+  EXPECT_EQ(d.window(), microseconds(20000));
 }
 
 // Whether a host's workers outnumber its cores is judged by the cores this process may use (its
