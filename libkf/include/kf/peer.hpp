@@ -91,6 +91,9 @@ struct PeerOptions {
   /// Zero: always sleep at once, and waiting threads leave the I/O to the I/O thread. Unset:
   /// 200 us while the workers on this host are no more than its hardware threads, else 1000 us
   /// (either way, with more workers than cores a polling thread yields its core between polls).
+  /// A waiting thread doubles its window after each wait whose sleep ended within one more
+  /// window, up to 8 ms (or this value, when longer), and halves it after a sleep of more than
+  /// four windows.
   std::optional<std::chrono::microseconds> spin;
   Transport transport = Transport::automatic;
   /// Same-host payloads this large or larger that do not go through a shared-memory ring
