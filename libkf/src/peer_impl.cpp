@@ -78,7 +78,13 @@ void PeerImpl::io_loop() {
         lk.unlock();
       }
       std::unique_lock<std::mutex> pl(d.park_mu);
-      d.park_cv.wait_until(pl, recheck, [&] { return d.closed.load() || ioc_.stopped(); });
+      // Until the lease ends, or is ended early: a long collective was handed to this thread
+      // (Driver::start_on_io).
+      d.park_cv.wait_until(pl, recheck, [&] {
+        return d.closed.load() || ioc_.stopped() ||
+               (d.lease_until.load(std::memory_order_relaxed) == 0 &&
+                d.wanted.load(std::memory_order_relaxed) == 0);
+      });
       continue;
     }
     if (!lk.owns_lock()) {
@@ -164,6 +170,7 @@ void PeerImpl::update(const Cluster& c) {
   if (kOnlyIoThreadRuns) spin = std::chrono::microseconds(0);
   driver_->spin_us.store(spin.count(), std::memory_order_relaxed);
   driver_->yield.store(crowded, std::memory_order_relaxed);
+  crowded_ = crowded;
 }
 
 void PeerImpl::watch_arrivals(std::string name) {

@@ -54,6 +54,13 @@ Handle PeerImpl::submit(std::shared_ptr<CollCtx> ctx) {
   if (ctx->algorithm == Algorithm::hierarchical) ctx->hosts = host_of_rank_;
   switch (backend) {
     case BackendKind::host:
+      // On crowded cores a long collective goes to the I/O thread (kCrowdedIoThreadBytes).
+      if (crowded_ && std::max(ctx->send.bytes(), ctx->recv.bytes()) >= kCrowdedIoThreadBytes) {
+        ctx->state->driver = nullptr;  // the waiter sleeps
+        driver_->start_on_io(
+            [this, ctx = std::move(ctx)]() mutable { engine_.start_collective(std::move(ctx)); });
+        break;
+      }
       // Started here when the context is free (the I/O thread parked on a waiter's lease): its
       // first frames leave now, not when the next thread to run the context gets to it.
       driver_->start([this, ctx = std::move(ctx)]() mutable {

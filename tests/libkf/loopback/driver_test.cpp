@@ -207,6 +207,32 @@ TEST(Driver, AWaitsPollingWindowStretchesAfterShortSleepsAndShrinksAfterLongOnes
   EXPECT_EQ(d.window(), microseconds(20000));
 }
 
+// On crowded cores a long collective is handed to the I/O thread (Driver::start_on_io) while its
+// waiter sleeps: posted to the context, and a lease that keeps the I/O thread parked ends at
+// once, so that the parked thread takes the context back instead of sleeping out the lease. An
+// ended lease stays ended, and one that ran out already is left as it is.
+TEST(Driver, AHandOverToTheIoThreadEndsALease) {
+  boost::asio::io_context ioc;
+  detail::Driver d(ioc);
+  d.spin_us.store(1000);
+  const auto now = detail::Clock::now();
+  d.lease_until.store((now + std::chrono::seconds(10)).time_since_epoch().count());
+  detail::Clock::time_point recheck;
+  ASSERT_TRUE(d.leased(now, recheck));
+  int ran = 0;
+  d.start_on_io([&] { ++ran; });
+  EXPECT_FALSE(d.leased(detail::Clock::now(), recheck));
+  EXPECT_EQ(d.lease_until.load(), 0);
+  d.start_on_io([&] { ++ran; });
+  EXPECT_EQ(d.lease_until.load(), 0);
+  const auto past = (now - std::chrono::seconds(1)).time_since_epoch().count();
+  d.lease_until.store(past);
+  d.start_on_io([&] { ++ran; });
+  EXPECT_EQ(d.lease_until.load(), past);
+  EXPECT_EQ(ioc.poll(), 3u);
+  EXPECT_EQ(ran, 3);
+}
+
 // Whether a host's workers outnumber its cores is judged by the cores this process may use (its
 // affinity mask), not the machine's: two workers held to one core must yield while they poll.
 TEST(Driver, CoresAreCountedFromTheAffinityMask) {
