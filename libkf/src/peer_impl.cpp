@@ -170,7 +170,6 @@ void PeerImpl::update(const Cluster& c) {
   if (kOnlyIoThreadRuns) spin = std::chrono::microseconds(0);
   driver_->spin_us.store(spin.count(), std::memory_order_relaxed);
   driver_->yield.store(crowded, std::memory_order_relaxed);
-  crowded_ = crowded;
 }
 
 void PeerImpl::watch_arrivals(std::string name) {

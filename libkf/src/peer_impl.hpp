@@ -66,9 +66,6 @@ class PeerImpl {
   // Every worker on this host and the default transport: `auto` prices messages by
   // coll::kSameHostLink instead of the TCP-sized defaults.
   bool same_host_link_ = false;
-  // More workers on this host than it has cores: long collectives are then run by the I/O
-  // thread while their waiter sleeps (kCrowdedIoThreadBytes).
-  bool crowded_ = false;
   std::shared_ptr<const std::vector<int>> rank_to_peer_;
   // The host of each rank (equal numbers: one host; this host is 0), for hierarchical plans,
   // and how the workers spread over hosts, for `auto`.

@@ -54,8 +54,10 @@ Handle PeerImpl::submit(std::shared_ptr<CollCtx> ctx) {
   if (ctx->algorithm == Algorithm::hierarchical) ctx->hosts = host_of_rank_;
   switch (backend) {
     case BackendKind::host:
-      // On crowded cores a long collective goes to the I/O thread (kCrowdedIoThreadBytes).
-      if (crowded_ && std::max(ctx->send.bytes(), ctx->recv.bytes()) >= kCrowdedIoThreadBytes) {
+      // On crowded cores (Driver::yield) a long collective goes to the I/O thread
+      // (kCrowdedIoThreadBytes).
+      if (driver_->yield.load(std::memory_order_relaxed) &&
+          std::max(ctx->send.bytes(), ctx->recv.bytes()) >= kCrowdedIoThreadBytes) {
         ctx->state->driver = nullptr;  // the waiter sleeps
         driver_->start_on_io(
             [this, ctx = std::move(ctx)]() mutable { engine_.start_collective(std::move(ctx)); });
