@@ -38,11 +38,11 @@ inline constexpr auto kCrowdedSpin = std::chrono::microseconds(1000);
 /// polls its idle moments away with sched_yield(), with a window that stretches up to 8 ms; that
 /// saves wake-ups worth microseconds, which a collective of milliseconds does not notice, and
 /// takes the cores the other workers' copies need. kf-bench, 4 workers on 2 cores, back to back,
-/// driven by the waiter against handed to the I/O thread: 64 KiB 63-85 us against 113-126,
-/// 256 KiB 232-300 against 172-227, 1 MiB 579-737 against 398-533, 64 MiB 91-93 ms against
-/// 50-62 (1.5 million involuntary context switches against 0.06-0.17 million, sys 24-25 s
-/// against 15-17 s). With a core each, the waiter drives at every size: the I/O thread's
-/// wake-ups cost 2 workers 0.2-0.4 ms at 1 MiB.
+/// driven by the waiter against handed to the I/O thread: 64 KiB 55-82 us against 98-126,
+/// 256 KiB 227-285 against 184-230, 1 MiB 509-771 against 471-545; 64 MiB 98-107 ms against
+/// 62-68, with 1.55 million involuntary context switches against 0.06-0.17 million (figures and
+/// the 3-worker sweep that set the threshold: docs/performance.md). With a core each, the waiter
+/// drives at every size: the I/O thread's wake-ups cost 2 workers 0.2-0.4 ms at 1 MiB.
 inline constexpr std::size_t kCrowdedIoThreadBytes = std::size_t{256} << 10;
 
 /// Whether only the I/O thread may run the context (no polling window, so no hand-over to a
