@@ -1,9 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """A kf worker (started by kfrun): the optimizer's state registered by kf.torch comes back with
 State.restore() after steps that were not committed, and the next steps then give exactly what
-they gave the first time.
-    restore_worker.py OPTIMIZER"""
+they gave the first time. For each optimizer named, one after the other, each in a session of its
+own.
+    restore_worker.py OPTIMIZER..."""
 
+import gc
 import sys
 
 import torch
@@ -21,12 +23,11 @@ def snapshot(opt):
     return out
 
 
-def main():
-    torch.set_num_threads(1)
+def check(name):
     state = kf.State()
     session = kf.Session(state)
     net = common.make_net(1)
-    base = common.OPTIMIZERS[sys.argv[1]](net.parameters())
+    base = common.OPTIMIZERS[name](net.parameters())
     opt = kf.torch.DistributedOptimizer(session, base)
     opt.register_state(state, net)
     assert session.join()
@@ -57,7 +58,14 @@ def main():
     body()
     for p, want in zip(net.parameters(), after_two):
         assert torch.equal(p, want), "the restored state stepped differently"
-    print("restored: %s" % ", ".join(sorted(committed)), flush=True)
+    print("restored %s: %s" % (name, ", ".join(sorted(committed))), flush=True)
+
+
+def main():
+    torch.set_num_threads(1)
+    for name in sys.argv[1:]:
+        check(name)
+        gc.collect()  # this optimizer's session ends before the next one's starts
     return 0
 
 

@@ -1,8 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """A kf worker (started by kfrun) that trains common.Net on its rows of common's batch with a
-kf.torch.DistributedOptimizer, and saves its parameters to OUT.<rank>.
-    train_worker.py OPTIMIZER STEPS OUT"""
+kf.torch.DistributedOptimizer, and saves its parameters to OUT.<optimizer>.<rank>: for each
+optimizer named, one after the other, each in a session of its own (one start of Python and
+torch for them all).
+    train_worker.py STEPS OUT OPTIMIZER..."""
 
+import gc
 import sys
 
 import torch
@@ -12,9 +15,7 @@ import kf
 import kf.torch
 
 
-def main():
-    name, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    torch.set_num_threads(1)
+def train(name, steps, out):
     state = kf.State()
     session = kf.Session(state)
     # Every worker starts from its own weights: rank 0's (those of plain PyTorch) reach the
@@ -35,7 +36,15 @@ def main():
 
     for _ in range(steps):
         assert session.step(body) == kf.COMMITTED
-    torch.save([p.detach() for p in net.parameters()], "%s.%d" % (out, r))
+    torch.save([p.detach() for p in net.parameters()], "%s.%s.%d" % (out, name, r))
+
+
+def main():
+    steps, out = int(sys.argv[1]), sys.argv[2]
+    torch.set_num_threads(1)
+    for name in sys.argv[3:]:
+        train(name, steps, out)
+        gc.collect()  # this optimizer's session ends before the next one's starts
     return 0
 
 
